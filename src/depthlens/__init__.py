@@ -1,0 +1,3 @@
+"""depthlens: a trained transformer language model as a dynamical system over depth."""
+
+__version__ = "0.1.0"

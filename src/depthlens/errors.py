@@ -1,0 +1,31 @@
+"""The one error family of depthlens.
+
+Every error the toolkit raises on bad input is a :class:`DepthlensError` whose message is a
+single line saying what is wrong and what to do about it. The command line prints that line
+without a traceback and exits with status 2.
+"""
+
+from __future__ import annotations
+
+
+class DepthlensError(Exception):
+    """Base class: a one-line, actionable message about bad input or an impossible request."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))
+
+
+class InputError(DepthlensError, ValueError):
+    """An array, parameter or option is not acceptable (shape, dtype, range, structure)."""
+
+
+class ModelError(DepthlensError):
+    """A model spec cannot be resolved, loaded or analysed."""
+
+
+class DataError(DepthlensError):
+    """A text source is missing, empty or too short for the request."""
+
+
+class RunError(DepthlensError):
+    """A run directory cannot be created, resumed or written."""

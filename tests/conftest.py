@@ -1,0 +1,26 @@
+"""Shared fixtures. Test tiers (DESIGN.md): unit (synthetic arrays, no model), integration
+(tiny random models built in code), real (the embedded SmolLM2, marked ``real``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+WIKITEXT = SHARED / "data" / "wikitext-2" / "valid.txt"
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A seeded generator so every test is deterministic."""
+    return np.random.default_rng(12345)
+
+
+@pytest.fixture(scope="session")
+def wikitext_path() -> Path:
+    """WikiText-2 validation text from ../shared; skips when the folder is absent."""
+    if not WIKITEXT.is_file():
+        pytest.skip(f"{WIKITEXT} is absent (../shared is not beside this checkout)")
+    return WIKITEXT
