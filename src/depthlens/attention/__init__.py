@@ -1,0 +1,1 @@
+"""Per-head attention operators: capture, pattern features, resolvent features, nulls, roles."""

@@ -1,0 +1,74 @@
+"""The capture stage: every head's attention pattern features and the residual stream at
+every sub-layer boundary, per chunk.
+
+One unit of work is one batch of chunks (fixed boundaries, so a resumed run recomputes
+exactly the same batches). Tables:
+
+- ``attention_patterns``: one row per (layer, head, chunk): ``sink_mass``, ``prev_weight``,
+  ``row_entropy`` (METHODS A3).
+- ``attention_summary``: one row per (layer, head): the median over chunks of each.
+- ``residual_summary``: one row per (chunk, boundary): see :func:`depthlens.residual.summarise_boundaries`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .attention.patterns import prev_weight, row_entropy, sink_mass
+from .residual import summarise_boundaries
+
+STAGE = "capture"
+PATTERN_FEATURES = {"sink_mass": sink_mass, "prev_weight": prev_weight, "row_entropy": row_entropy}
+
+
+def capture_batch(adapter, input_ids: torch.Tensor, first_chunk: int) -> dict[str, pd.DataFrame]:
+    """Pattern features and residual summaries for one batch of chunks.
+
+    Parameters
+    ----------
+    adapter : Adapter
+        The model's adapter (``depthlens.models``).
+    input_ids : LongTensor, shape (B, T)
+        Token ids of ``B`` chunks.
+    first_chunk : int
+        Global index of the first chunk of the batch.
+
+    Returns
+    -------
+    dict with tables ``attention_patterns`` and ``residual_summary``.
+    """
+    chunk_ids = np.arange(first_chunk, first_chunk + input_ids.shape[0])
+    pattern_tables = []
+    for layer, probs in adapter.attention_probs(input_ids):
+        A = probs.detach().cpu().numpy()  # (B, H, T, T) float64
+        n_heads = A.shape[1]
+        table = pd.DataFrame(
+            {
+                "layer": layer,
+                "head": np.tile(np.arange(n_heads), len(chunk_ids)),
+                "chunk": np.repeat(chunk_ids, n_heads),
+            }
+        )
+        for name, feature in PATTERN_FEATURES.items():
+            table[name] = feature(A).reshape(-1)
+        pattern_tables.append(table)
+    states = adapter.residual_states(input_ids).detach().to(torch.float64).cpu().numpy()
+    residual_tables = []
+    for i, chunk in enumerate(chunk_ids):
+        table = summarise_boundaries(states[:, i])
+        table.insert(0, "chunk", int(chunk))
+        residual_tables.append(table)
+    return {
+        "attention_patterns": pd.concat(pattern_tables, ignore_index=True),
+        "residual_summary": pd.concat(residual_tables, ignore_index=True),
+    }
+
+
+def summarise_heads(patterns: pd.DataFrame) -> pd.DataFrame:
+    """Median over chunks of each pattern feature, one row per (layer, head)."""
+    keys = [c for c in ("model", "revision", "layer", "head") if c in patterns.columns]
+    out = patterns.groupby(keys, sort=True, dropna=False)[list(PATTERN_FEATURES)].median().reset_index()
+    out["n_chunks"] = patterns.groupby(keys, sort=True, dropna=False).size().to_numpy()
+    return out

@@ -1,0 +1,108 @@
+"""Typed, validated run configuration, read from TOML files and command-line flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines a run's numbers.
+
+    Execution options that do not change the results (output folder, resume/overwrite,
+    progress bars) are not part of the configuration, so a resumed run has the same hash.
+
+    Parameters
+    ----------
+    model : str
+        Model spec: ``smollm2-135m`` (embedded default), a hub id, a local folder, a
+        ``.gguf`` file, or ``random:<family>[:<overrides>]``.
+    revision : str or None
+        Hub revision (checkpoint) of ``model``.
+    text : str
+        Text source: ``python-docs`` (default, offline), ``wikitext-2`` or a file path.
+    chunks : int
+        Number of text chunks (>= 1).
+    seq_len : int
+        Tokens per chunk including BOS (>= 2).
+    seed : int
+        The one seed of the run; every unit spawns its own stream from it.
+    batch_size : int
+        Chunks per forward pass (>= 1); also the size of one resumable unit.
+    dtype : str
+        Model weight dtype; analyses are float64 regardless.
+    device : str
+        Torch device for the model.
+    trust_remote_code : bool
+        Allow a hub model's own code to run.
+    """
+
+    model: str = "smollm2-135m"
+    revision: str | None = None
+    text: str = "python-docs"
+    chunks: int = 8
+    seq_len: int = 128
+    seed: int = 0
+    batch_size: int = 4
+    dtype: str = "float32"
+    device: str = "cpu"
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        for name, low in (("chunks", 1), ("seq_len", 2), ("batch_size", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                flag = "--" + name.replace("_", "-")
+                raise InputError(f"{name} = {value!r} is invalid; pass {flag} as an integer >= {low}.")
+        if self.dtype not in DTYPES:
+            raise InputError(f"dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
+        if not self.model:
+            raise InputError("model is empty; pass --model smollm2-135m, a hub id, a folder or a .gguf file.")
+        if not self.text:
+            raise InputError("text is empty; pass --text python-docs, wikitext-2 or a file path.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration as a plain dict (JSON-serialisable)."""
+        return dataclasses.asdict(self)
+
+    def hash(self) -> str:
+        """A short stable hash of the configuration (16 hex digits of SHA-256)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    @classmethod
+    def from_sources(cls, toml_path: str | Path | None = None, **overrides: Any) -> "RunConfig":
+        """Build a configuration from an optional TOML file, then explicit overrides.
+
+        ``None`` overrides are ignored, so unset command-line flags keep the file's value.
+
+        Raises
+        ------
+        InputError
+            If the file is missing or malformed, or has unknown keys or bad values.
+        """
+        values: dict[str, Any] = {}
+        if toml_path is not None:
+            path = Path(toml_path)
+            try:
+                values = tomllib.loads(path.read_text())
+            except FileNotFoundError:
+                raise InputError(f"config file {path} does not exist; pass an existing TOML file.") from None
+            except tomllib.TOMLDecodeError as exc:
+                raise InputError(f"config file {path} is not valid TOML ({exc}).") from None
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise InputError(f"unknown config key {unknown[0]!r}; known keys: {', '.join(sorted(known))}.")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

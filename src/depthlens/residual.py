@@ -1,0 +1,84 @@
+"""Residual-stream summaries per sub-layer boundary (array functions, no model).
+
+Boundary ``b`` of a model with ``L`` layers: ``b = 2l`` is the pre-attention residual of
+layer ``l``, ``b = 2l + 1`` its pre-MLP residual, ``b = 2L`` the output of the last layer
+before the final norm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .errors import InputError
+
+MASSIVE_ABS = 100.0
+MASSIVE_RATIO = 1000.0
+
+
+def boundary_names(n_layers: int) -> list[tuple[int, str]]:
+    """``(layer, boundary)`` for each of the ``2L + 1`` boundaries, in depth order."""
+    names = [(layer, kind) for layer in range(n_layers) for kind in ("pre_attn", "pre_mlp")]
+    return names + [(n_layers, "final")]
+
+
+def massive_mask(h: np.ndarray, abs_min: float = MASSIVE_ABS, ratio: float = MASSIVE_RATIO) -> np.ndarray:
+    """Massive activations of one boundary (METHODS A7).
+
+    An entry is massive when ``|h| >= abs_min`` and ``|h| >= ratio * median(|h|)``, the
+    median taken over all entries of that boundary (all tokens and dimensions given).
+
+    Parameters
+    ----------
+    h : ndarray, shape (..., d)
+        Residual states at one boundary.
+
+    Returns
+    -------
+    ndarray of bool, same shape as ``h``.
+    """
+    mag = np.abs(np.asarray(h, dtype=np.float64))
+    return (mag >= abs_min) & (mag >= ratio * np.median(mag))
+
+
+def summarise_boundaries(states: np.ndarray) -> pd.DataFrame:
+    """Per-boundary summary of residual states of one chunk.
+
+    Parameters
+    ----------
+    states : ndarray, shape (2L + 1, T, d)
+        Residual states of one chunk at every boundary.
+
+    Returns
+    -------
+    DataFrame
+        One row per boundary: ``layer``, ``boundary``, ``rms`` (root mean square over all
+        entries), ``median_abs``, ``max_abs`` and its ``max_pos`` / ``max_dim``, and
+        ``n_massive`` (count of :func:`massive_mask` entries). Exact float64 reductions.
+
+    Raises
+    ------
+    InputError
+        If ``states`` is not 3-D with an odd number of boundaries.
+    """
+    arr = np.asarray(states, dtype=np.float64)
+    if arr.ndim != 3 or arr.shape[0] % 2 != 1:
+        raise InputError(f"residual states have shape {arr.shape}; expected (2L + 1, T, d).")
+    rows = []
+    for b, (layer, kind) in enumerate(boundary_names(arr.shape[0] // 2)):
+        h = arr[b]
+        mag = np.abs(h)
+        pos, dim = np.unravel_index(int(np.argmax(mag)), mag.shape)
+        rows.append(
+            {
+                "layer": layer,
+                "boundary": kind,
+                "rms": float(np.sqrt(np.mean(h * h))),
+                "median_abs": float(np.median(mag)),
+                "max_abs": float(mag[pos, dim]),
+                "max_pos": int(pos),
+                "max_dim": int(dim),
+                "n_massive": int(massive_mask(h).sum()),
+            }
+        )
+    return pd.DataFrame(rows)

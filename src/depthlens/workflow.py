@@ -1,0 +1,145 @@
+"""Run orchestration: validate every input, then open the run directory and run stages.
+
+All checks that can fail on bad input (model spec, text source, chunk count, context length)
+run before the run directory is created, so a refused run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from . import capture, data
+from .config import RunConfig
+from .errors import InputError
+from .models import LoadedModel, load_model
+from .runs import Mode, RunDirectory, check_target
+
+PACKAGES = ("depthlens", "numpy", "scipy", "torch", "transformers", "pandas", "pyarrow", "numba")
+
+
+@dataclass
+class Prepared:
+    """A validated configuration with its model and token chunks, ready to run."""
+
+    config: RunConfig
+    loaded: LoadedModel
+    token_ids: torch.Tensor
+    text_sha256: str
+
+    def manifest(self) -> dict:
+        """The manifest of a new run (config, hashes, versions, seed)."""
+        return {
+            "config": self.config.to_dict(),
+            "config_hash": self.config.hash(),
+            "seed": self.config.seed,
+            "model": self.loaded.provenance,
+            "data": {
+                "source": self.config.text,
+                "text_sha256": self.text_sha256,
+                "tokens_sha256": hashlib.sha256(self.token_ids.numpy().tobytes()).hexdigest(),
+                "shape": list(self.token_ids.shape),
+            },
+            "versions": _versions(),
+            "python": platform.python_version(),
+        }
+
+
+def prepare(config: RunConfig) -> Prepared:
+    """Load the model and the text chunks of ``config``, checking each on the way.
+
+    Raises
+    ------
+    DepthlensError
+        Unknown model spec, unreadable or short text, a ``seq_len`` beyond the model's
+        context, and the other one-line errors of the loaders.
+    """
+    loaded = load_model(
+        config.model,
+        revision=config.revision,
+        dtype=config.dtype,
+        device=config.device,
+        trust_remote_code=config.trust_remote_code,
+        seed=config.seed,
+    )
+    context = loaded.adapter.max_seq_len
+    if context is not None and config.seq_len > context:
+        raise InputError(
+            f"seq_len {config.seq_len} exceeds the context of {loaded.name} ({context} tokens); pass --seq-len {context} or less."
+        )
+    source = data.load_text(config.text)
+    ids = data.chunks(source, loaded.tokenizer, config.chunks, config.seq_len, seed=config.seed)
+    return Prepared(config, loaded, ids, source.sha256)
+
+
+def run(
+    config: RunConfig,
+    out: str | Path,
+    mode: Mode = Mode.NEW,
+    stages: Sequence[str] = ("capture",),
+    quiet: bool = False,
+) -> Path:
+    """Run ``stages`` of ``config`` into the run directory ``out`` and return its path.
+
+    Each stage works in resumable units; with ``mode=Mode.RESUME`` finished units are
+    skipped and the final tables equal those of an uninterrupted run.
+    """
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise InputError(f"unknown stage {unknown[0]!r}; known stages: {', '.join(STAGES)}.")
+    check_target(out, mode, config.hash())  # fail fast, before the model loads
+    prepared = prepare(config)
+    run_dir = RunDirectory.open(out, mode, prepared.manifest())
+    for stage in stages:
+        run_dir.mark_stage(stage, "running")
+        STAGES[stage](run_dir, prepared, quiet)
+        run_dir.mark_stage(stage, "done")
+    return run_dir.root
+
+
+def _run_capture(run_dir: RunDirectory, prepared: Prepared, quiet: bool) -> None:
+    cfg = prepared.config
+    ids = prepared.token_ids
+    starts = list(range(0, ids.shape[0], cfg.batch_size))
+    keys = [f"batch{start // cfg.batch_size:05d}" for start in starts]
+    todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(capture.STAGE, k)]
+    bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc="capture", unit="batch", disable=quiet)
+    with torch.inference_mode():
+        for key, start in todo:
+            tables = capture.capture_batch(prepared.loaded.adapter, ids[start : start + cfg.batch_size], start)
+            run_dir.write_unit(capture.STAGE, key, tables)
+            bar.update()
+    bar.close()
+    ident = {"model": prepared.loaded.name, "revision": cfg.revision or ""}
+    patterns = _with_ident(run_dir.read_units(capture.STAGE, keys, "attention_patterns"), ident)
+    residual = _with_ident(run_dir.read_units(capture.STAGE, keys, "residual_summary"), ident)
+    run_dir.write_table("attention_patterns", patterns)
+    run_dir.write_table("attention_summary", capture.summarise_heads(patterns))
+    run_dir.write_table("residual_summary", residual)
+
+
+STAGES = {capture.STAGE: _run_capture}
+
+
+def _with_ident(table: pd.DataFrame, ident: dict[str, str]) -> pd.DataFrame:
+    for i, (name, value) in enumerate(ident.items()):
+        table.insert(i, name, value)
+    return table
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
