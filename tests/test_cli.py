@@ -1,0 +1,138 @@
+"""The command line end to end on a tiny random model: outputs, errors, exit codes, resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from depthlens.cli import main
+
+TEXT = " ".join(f"Sentence number {i} talks about topic {i % 7} and the weather." for i in range(400))
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("text") / "corpus.txt"
+    path.write_text(TEXT)
+    return path
+
+
+def _args(text: Path, out: Path, *extra: str) -> list[str]:
+    return ["capture", "--model", "random:llama", "--text", str(text), "--chunks", "6", "--seq-len", "24",
+            "--batch-size", "2", "--out", str(out), "--quiet", *extra]
+
+
+def test_capture_writes_tables(text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert main(_args(text_file, out)) == 0
+    assert "run directory" in capsys.readouterr().out
+    patterns = pd.read_parquet(out / "tables" / "attention_patterns.parquet")
+    summary = pd.read_parquet(out / "tables" / "attention_summary.parquet")
+    residual = pd.read_parquet(out / "tables" / "residual_summary.parquet")
+    from depthlens.models import load_model
+
+    adapter = load_model("random:llama").adapter
+    n_heads, n_layers = adapter.n_heads, adapter.n_layers
+    assert len(patterns) == n_layers * n_heads * 6 and len(summary) == n_layers * n_heads
+    assert len(residual) == 6 * (2 * n_layers + 1)
+    assert set(patterns.columns) >= {"model", "revision", "layer", "head", "chunk", "sink_mass", "prev_weight", "row_entropy"}
+    grouped = patterns.groupby(["layer", "head"])["sink_mass"].median().to_numpy()
+    np.testing.assert_allclose(summary["sink_mass"].to_numpy(), grouped)
+    assert ((patterns["sink_mass"] > 0) & (patterns["sink_mass"] <= 1)).all()
+
+
+def test_capture_matches_model_attentions(text_file: Path, tmp_path: Path) -> None:
+    """Per-head features equal those computed from the model's own eager attentions."""
+    import torch
+
+    from depthlens import data
+    from depthlens.attention.patterns import sink_mass
+    from depthlens.models import load_model
+
+    out = tmp_path / "run"
+    assert main(_args(text_file, out, "--seed", "3")) == 0
+    loaded = load_model("random:llama", seed=3)
+    ids = data.chunks(str(text_file), loaded.tokenizer, 6, 24, seed=3)
+    with torch.no_grad():
+        att = loaded.model(ids, output_attentions=True).attentions
+    patterns = pd.read_parquet(out / "tables" / "attention_patterns.parquet").set_index(["layer", "head", "chunk"])
+    for layer, a in enumerate(att):
+        expect = sink_mass(a.double().numpy())  # (chunks, heads)
+        got = np.array([[patterns.loc[(layer, h, c), "sink_mass"] for h in range(a.shape[1])] for c in range(6)])
+        np.testing.assert_allclose(got, expect, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--model", "no-such-model-xyz"], "model"),
+        (["--chunks", "0"], "chunks"),
+        (["--seq-len", "100000"], "seq_len"),
+        (["--chunks", "100000"], "chunks"),
+    ],
+)
+def test_bad_input_one_line_exit_2(text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                   extra: list[str], match: str) -> None:
+    out = tmp_path / "run"
+    assert main(_args(text_file, out) + extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("depthlens: error:") and "\n" not in err and match in err
+    assert not out.exists()
+
+
+def test_empty_text_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    out = tmp_path / "run"
+    assert main(_args(empty, out)) == 2
+    assert "\n" not in capsys.readouterr().err.strip()
+    assert not out.exists()
+
+
+def test_refuses_non_empty_out(text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "x").write_text("x")
+    assert main(_args(text_file, out)) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_models_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models"]) == 0
+    text = capsys.readouterr().out
+    assert "smollm2-135m" in text and "llama" in text and "gpt_neox" in text
+
+
+def test_sigkill_then_resume_gives_identical_tables(text_file: Path, tmp_path: Path) -> None:
+    """A run killed with SIGKILL midway and resumed ends with the same Parquet tables."""
+    args = ["capture", "--model", "random:llama:hidden_size=128,num_hidden_layers=4", "--text", str(text_file),
+            "--chunks", "40", "--seq-len", "64", "--batch-size", "1", "--quiet"]
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    assert main([*args, "--out", str(full)]) == 0
+    cmd = [sys.executable, "-m", "depthlens", *args, "--out", str(killed)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    units = killed / "units" / "capture"
+
+    def finished() -> int:
+        return len(list(units.glob("*.done"))) if units.exists() else 0
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and finished() < 3 and proc.poll() is None:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = finished()
+    assert 0 < done < 40, f"kill landed at {done} finished units; the run must be interrupted midway"
+    assert not (killed / "tables").exists()
+    assert main([*args, "--out", str(killed), "--resume"]) == 0
+    for name in ("attention_patterns", "attention_summary", "residual_summary"):
+        pd.testing.assert_frame_equal(pd.read_parquet(full / "tables" / f"{name}.parquet"),
+                                      pd.read_parquet(killed / "tables" / f"{name}.parquet"))
