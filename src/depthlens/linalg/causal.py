@@ -104,7 +104,7 @@ def check_causal_stochastic(A: ArrayLike, atol: float = 1e-10, name: str = "A") 
         col = int(np.argmin(vals))
         raise InputError(f"{where} has negative weight {vals[col]:.3g} at column {col}; {fix}.")
     raise InputError(
-        f"{where} sums to {sums[idx]!r}, not 1 within atol={atol:g}; {fix}: softmax variants whose rows do "
+        f"{where} sums to {float(sums[idx]):.15g}, not 1 within atol={atol:g}; {fix}: softmax variants whose rows do "
         f"not sum to one (e.g. softmax-off-by-one, attention sinks as extra logits) are not supported."
     )
 
@@ -433,6 +433,6 @@ def eig_gap(D_norm: ArrayLike, E: ArrayLike) -> np.ndarray:
     for name, v in (("D_norm", d), ("E", e)):
         if not np.all(np.isfinite(v)) or np.any(v < 0):
             raise InputError(f"{name} has negative or non-finite values; pass finite norms and predictions ≥ 0.")
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
         gap = np.log10(d) - np.log10(e)
     return np.where((d == 0) & (e == 0), 0.0, gap)

@@ -1,0 +1,103 @@
+"""Complex Schur split (METHODS B4)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from depthlens.errors import InputError
+from depthlens.linalg.normality import henrici
+from depthlens.linalg.schur import schur_form, schur_split
+
+
+def _same_spectrum(X: np.ndarray, Y: np.ndarray, atol: float) -> None:
+    a, b = np.linalg.eigvals(X), np.linalg.eigvals(Y)
+    # Match each eigenvalue of X to its nearest in Y (robust to ordering and conjugate pairs).
+    dist = np.abs(a[:, None] - b[None, :])
+    assert np.all(dist.min(axis=1) <= atol) and np.all(dist.min(axis=0) <= atol)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 10), complex_input=st.booleans())
+def test_endpoints(seed: int, n: int, complex_input: bool) -> None:
+    rng = np.random.default_rng(seed)
+    M = rng.standard_normal((n, n)) + (1j * rng.standard_normal((n, n)) if complex_input else 0)
+    one, zero = schur_split(M, [1.0, 0.0])
+    np.testing.assert_array_equal(one, M)
+    np.testing.assert_allclose(zero @ zero.conj().T, zero.conj().T @ zero, atol=1e-11 * max(1, np.linalg.norm(M) ** 2))
+    _same_spectrum(zero, M, atol=1e-8 * max(1, np.linalg.norm(M)))
+
+
+def test_matches_direct_reconstruction(rng: np.random.Generator) -> None:
+    # A Schur form built by hand, diagonal already in canonical order (descending modulus):
+    # the split is unique up to diagonal phases, so it must equal Q(Λ + αN)Q* exactly.
+    n = 7
+    lam = np.array([3.0, -2.5 + 1j, 2.0j, 1.5, 1.0 - 0.5j, -0.7, 0.2j])
+    N = np.triu(rng.standard_normal((n, n)) + 1j * rng.standard_normal((n, n)), 1)
+    Q, _ = np.linalg.qr(rng.standard_normal((n, n)) + 1j * rng.standard_normal((n, n)))
+    M = Q @ (np.diag(lam) + N) @ Q.conj().T
+    np.testing.assert_allclose(np.diagonal(schur_form(M).t), lam, atol=1e-12)
+    for a in (0.0, 0.25, 0.5, 0.75):
+        np.testing.assert_allclose(schur_split(M, a), Q @ (np.diag(lam) + a * N) @ Q.conj().T, atol=1e-12)
+
+
+@pytest.mark.parametrize("complex_input", [False, True])
+def test_split_is_unitarily_covariant(complex_input: bool, rng: np.random.Generator) -> None:
+    # LAPACK's own eigenvalue order differs between M and U M U*; the canonical order does not.
+    n = 8
+    M = rng.standard_normal((n, n)) + (1j * rng.standard_normal((n, n)) if complex_input else 0)
+    U = scipy.linalg.qr(rng.standard_normal((n, n)))[0]
+    Pm = np.eye(n)[rng.permutation(n)]
+    for V in (U, Pm):
+        np.testing.assert_allclose(schur_split(V @ M @ V.T, 0.3), V @ schur_split(M, 0.3) @ V.T, atol=1e-11)
+
+
+def test_canonical_order(rng: np.random.Generator) -> None:
+    lam = np.diagonal(schur_form(rng.standard_normal((10, 10))).t)
+    mod = np.abs(lam)
+    assert np.all(np.diff(mod) <= 1e-12 * mod[0])
+    pairs = np.flatnonzero(np.abs(np.diff(mod)) <= 1e-12 * mod[0])
+    assert np.all(lam[pairs].imag >= lam[pairs + 1].imag)
+
+
+def test_scales_henrici_and_keeps_spectrum(rng: np.random.Generator) -> None:
+    M = rng.standard_normal((8, 8))
+    alphas = [0.0, 0.25, 0.5, 0.75, 1.0]
+    out = schur_split(M, alphas)
+    assert out.shape == (5, 8, 8)
+    h = henrici(M)
+    for a, J in zip(alphas, out):
+        assert henrici(J) == pytest.approx(a * h, abs=1e-11)
+        _same_spectrum(J, M, atol=1e-9)
+        np.testing.assert_array_equal(J, schur_split(M, a))
+
+
+def test_real_output_iff_real_spectrum(rng: np.random.Generator) -> None:
+    S = rng.standard_normal((6, 6))
+    M = S @ np.triu(rng.standard_normal((6, 6))) @ np.linalg.inv(S)  # real eigenvalues
+    J = schur_split(M, 0.5)
+    assert J.dtype == np.float64
+    _same_spectrum(J, M, atol=1e-8)
+    R = np.array([[0.0, -2.0, 0.3], [1.0, 0.0, 0.1], [0.0, 0.0, 0.5]])  # a complex pair
+    Jc = schur_split(R, 0.0)
+    assert Jc.dtype == np.complex128
+    assert np.abs(Jc.imag).max() > 0.1  # genuinely complex, not rounding
+
+
+def test_schur_form_record(rng: np.random.Generator) -> None:
+    M = rng.standard_normal((5, 5))
+    form = schur_form(M)
+    np.testing.assert_allclose(form.q @ form.t @ form.q.conj().T, M, atol=1e-13)
+    np.testing.assert_allclose(form.q.conj().T @ form.q, np.eye(5), atol=1e-14)
+    np.testing.assert_array_equal(np.tril(form.t, -1), 0)
+    assert np.linalg.norm(form.nonnormal) == pytest.approx(henrici(M), rel=1e-14)
+    np.testing.assert_array_equal(schur_split(form, 0.3), schur_split(M, 0.3))
+
+
+@pytest.mark.parametrize("alpha", [[], [np.nan], [[0.5]]])
+def test_bad_alpha(alpha: object) -> None:
+    with pytest.raises(InputError, match="alpha"):
+        schur_split(np.eye(2), alpha)  # type: ignore[arg-type]
