@@ -1,0 +1,24 @@
+"""Topology coupling (METHODS B5): correlation graphs of residual coordinates, signed Leiden
+CPM communities, boundary nodes and their coupling to Jacobian amplification, with FDR over
+layers. Model-free: arrays in, arrays, records and tables out."""
+
+from .communities import (
+    GAMMA_RANGE,
+    LeidenRecord,
+    Plateau,
+    ResolutionProfile,
+    choose_plateau,
+    resolution_profile,
+    signed_leiden,
+    signed_quality,
+)
+from .correlation import Edges, RunningMoments, topk_graph
+from .coupling import (
+    CouplingRecord,
+    amplification,
+    boundary_nodes,
+    coupling_table,
+    participation,
+    permutation_pvalue,
+    rank_biserial,
+)

@@ -1,0 +1,1 @@
+"""Tests of depthlens.topology (unit tier: synthetic arrays, no model)."""

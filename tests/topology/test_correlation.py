@@ -1,0 +1,115 @@
+"""RunningMoments against numpy.corrcoef / numpy.cov; topk_graph against a brute-force loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from depthlens.errors import InputError
+from depthlens.topology import Edges, RunningMoments, topk_graph
+
+
+def _stream(X: np.ndarray, cuts: list[int]) -> RunningMoments:
+    rm = RunningMoments(X.shape[1])
+    for a, b in zip([0, *cuts], [*cuts, X.shape[0]]):
+        rm.update(X[a:b])
+    return rm
+
+
+def _mixed(rng: np.random.Generator, n: int = 300, d: int = 7) -> np.ndarray:
+    return rng.normal(size=(n, 3)) @ rng.normal(size=(3, d)) + rng.normal(size=(n, d))
+
+
+@settings(max_examples=25, deadline=None)
+@given(cuts=st.lists(st.integers(0, 300), max_size=6).map(sorted))
+def test_matches_corrcoef_for_any_batch_split(cuts: list[int]) -> None:
+    X = _mixed(np.random.default_rng(1))
+    rm = _stream(X, cuts)
+    assert rm.count == 300
+    np.testing.assert_allclose(rm.mean, X.mean(axis=0), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(rm.covariance(), np.cov(X, rowvar=False), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(rm.correlation(), np.corrcoef(X, rowvar=False), rtol=0, atol=1e-12)
+
+
+def test_large_offset_costs_no_accuracy(rng: np.random.Generator) -> None:
+    X = _mixed(rng, n=2000, d=6) + 1e6
+    rm = _stream(X, list(range(100, 2000, 100)))
+    np.testing.assert_allclose(rm.correlation(), np.corrcoef(X, rowvar=False), rtol=0, atol=1e-12)
+    # The naive one-pass formula Σx² − n·mean² loses most digits at this offset.
+    naive = (X.T @ X - X.shape[0] * np.outer(X.mean(0), X.mean(0))) / (X.shape[0] - 1)
+    assert np.max(np.abs(naive - np.cov(X, rowvar=False))) > 1e-6
+
+
+def test_float32_batches_accumulate_in_float64(rng: np.random.Generator) -> None:
+    X = _mixed(rng).astype(np.float32)
+    rm = _stream(X, [50, 51, 200])
+    np.testing.assert_allclose(rm.correlation(), np.corrcoef(X.astype(np.float64), rowvar=False), rtol=0, atol=1e-12)
+
+
+def test_constant_columns_have_zero_correlation_not_nan(rng: np.random.Generator) -> None:
+    X = _mixed(rng, n=100, d=5)
+    X[:, 1] = 0.1  # its batch means are rounded, so only an exact test catches it
+    X[:, 3] = -7.0
+    rm = _stream(X, [33, 66])
+    R = rm.correlation()
+    assert not np.isnan(R).any()
+    np.testing.assert_array_equal(rm.constant, [False, True, False, True, False])
+    np.testing.assert_array_equal(R[1], np.eye(5)[1])
+    np.testing.assert_array_equal(rm.covariance()[:, 3], 0.0)
+    keep = [0, 2, 4]
+    np.testing.assert_allclose(R[np.ix_(keep, keep)], np.corrcoef(X[:, keep], rowvar=False), rtol=0, atol=1e-12)
+
+
+def test_bad_input_raises() -> None:
+    rm = RunningMoments(3)
+    with pytest.raises(InputError):
+        rm.update(np.ones((4, 2)))
+    with pytest.raises(InputError):
+        rm.update(np.array([[1.0, np.nan, 0.0]]))
+    rm.update(np.ones((1, 3)))
+    with pytest.raises(InputError):
+        rm.correlation()
+    with pytest.raises(InputError):
+        RunningMoments(0)
+
+
+def _brute_topk(R: np.ndarray, k: int) -> set[tuple[int, int]]:
+    d = R.shape[0]
+    pairs = set()
+    for i in range(d):
+        others = [j for j in range(d) if j != i]
+        others.sort(key=lambda j: (-abs(R[i, j]), j))
+        for j in others[:k]:
+            if R[i, j] != 0.0:
+                pairs.add((min(i, j), max(i, j)))
+    return pairs
+
+
+@pytest.mark.parametrize("k", [1, 3, 8, 40])
+def test_topk_matches_brute_force(rng: np.random.Generator, k: int) -> None:
+    R = np.corrcoef(_mixed(rng, n=60, d=30), rowvar=False)
+    e = topk_graph(R, k)
+    got = list(zip(e.i.tolist(), e.j.tolist()))
+    assert got == sorted(_brute_topk(R, k))
+    np.testing.assert_array_equal(e.weight, [R[i, j] for i, j in got])
+
+
+def test_topk_ties_break_to_smaller_index() -> None:
+    R = np.eye(5)
+    R[0, 1:] = R[1:, 0] = [0.5, -0.5, 0.5, 0.2]
+    e = topk_graph(R, 1)
+    # node 0 nominates 1 (tie with 2 and 3); nodes 1, 2, 3, 4 nominate 0; zeros carry no edge.
+    assert list(zip(e.i, e.j)) == [(0, 1), (0, 2), (0, 3), (0, 4)]
+    assert sorted(_brute_topk(R, 1)) == list(zip(e.i.tolist(), e.j.tolist()))
+
+
+def test_topk_rejects_bad_input() -> None:
+    with pytest.raises(InputError):
+        topk_graph(np.array([[1.0, 0.5], [0.2, 1.0]]))
+    with pytest.raises(InputError):
+        topk_graph(np.eye(3), k=0)
+    with pytest.raises(InputError):
+        topk_graph(np.ones((2, 3)))
+    assert isinstance(topk_graph(np.eye(1)), Edges)
