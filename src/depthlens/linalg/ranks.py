@@ -14,7 +14,7 @@ from numpy.typing import ArrayLike
 from ..errors import InputError
 from ._checks import as_square
 
-__all__ = ["erank", "erank_sigma", "participation", "self_alignment", "stable_rank"]
+__all__ = ["erank", "erank_sigma", "participation", "self_alignment", "self_alignment_svd", "stable_rank"]
 
 
 def _scaled_sv(M_or_sv: ArrayLike) -> np.ndarray:
@@ -118,9 +118,49 @@ def self_alignment(M: ArrayLike, k: int) -> np.ndarray:
     unique and the value depends on LAPACK's choice of basis.
     """
     arr = as_square(M, "M", batched=True)
-    n = arr.shape[-1]
+    _check_k(k, arr.shape[-1])
+    U, _, Vh = np.linalg.svd(arr)
+    return self_alignment_svd(U, Vh, k)
+
+
+def _check_k(k: int, n: int) -> None:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
         raise InputError(f"k is {k!r}; pass an integer subspace size between 1 and n = {n}.")
-    U, _, Vh = np.linalg.svd(arr)
-    overlap = np.conj(np.swapaxes(U[..., :, :k], -1, -2)) @ np.conj(np.swapaxes(Vh[..., :k, :], -1, -2))
+
+
+def self_alignment_svd(u: ArrayLike, vh: ArrayLike, k: int) -> np.ndarray:
+    """:func:`self_alignment` from singular vectors already computed, ``M = u diag(σ) vh``.
+
+    Lets a caller that needs the SVD anyway (and several k) pay for it once.
+
+    Parameters
+    ----------
+    u, vh : array_like, shape (..., n, n)
+        Left singular vectors (columns of ``u``) and conjugate-transposed right singular
+        vectors (rows of ``vh``), in descending order of σ, as ``numpy.linalg.svd`` returns
+        them.
+    k : int
+        Subspace dimension, 1 ≤ k ≤ n.
+
+    Returns
+    -------
+    numpy.ndarray, shape (...), float64
+        ``‖u_kᴴ v_k‖_F² / k``, exact to rounding; identical to ``self_alignment(M, k)`` when
+        ``u, vh`` come from ``numpy.linalg.svd(M)``.
+
+    Raises
+    ------
+    InputError
+        If ``u`` and ``vh`` are not finite square batches of one shape, or k is out of range.
+
+    Notes
+    -----
+    Cost O(n k²) per matrix.
+    """
+    left = as_square(u, "u", batched=True)
+    right = as_square(vh, "vh", batched=True)
+    if left.shape != right.shape:
+        raise InputError(f"u has shape {left.shape} and vh {right.shape}; pass both factors of one SVD.")
+    _check_k(k, left.shape[-1])
+    overlap = np.conj(np.swapaxes(left[..., :, :k], -1, -2)) @ np.conj(np.swapaxes(right[..., :k, :], -1, -2))
     return np.sum(np.abs(overlap) ** 2, axis=(-2, -1)) / k

@@ -1,0 +1,214 @@
+"""Cumulative products over depth and the Schur funnel (METHODS B3, B4), against explicit
+products and SVDs at every depth."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from depthlens.errors import InputError
+from depthlens.jacobian.cumulative import cumulative_ranks, schur_funnel
+from depthlens.linalg.ranks import erank, erank_sigma, participation
+from depthlens.linalg.schur import schur_form, schur_split
+
+RANK_FNS = {"erank": erank, "erank_sigma": erank_sigma, "participation": participation}
+
+
+def random_ops(rng: np.random.Generator, n: int, d: int, scale: float = 1.0) -> list[np.ndarray]:
+    return [scale * (np.eye(d) + rng.standard_normal((d, d)) / np.sqrt(d)) for _ in range(n)]
+
+
+def product(ops: list[np.ndarray], lo: int, hi: int) -> np.ndarray:
+    """``J_hi ⋯ J_lo`` (inclusive) built from scratch."""
+    factors = ops[lo : hi + 1][::-1]
+    return factors[0] if len(factors) == 1 else np.linalg.multi_dot(factors)
+
+
+def reference(ops: list[np.ndarray], direction: str, rank: int | None = None) -> pd.DataFrame:
+    """Explicit product at every depth, optionally truncated by a full SVD after every step."""
+    n = len(ops)
+    rows = []
+    if rank is None:
+        spans = [(0, b) if direction == "forward" else (b, n - 1) for b in range(n)]
+        mats = [product(ops, lo, hi) for lo, hi in spans]
+    else:  # literal protocol: multiply, then keep the best rank-r approximation, every step
+        mats, C = {}, None
+        for b in range(n) if direction == "forward" else range(n - 1, -1, -1):
+            C = ops[b] if C is None else (ops[b] @ C if direction == "forward" else C @ ops[b])
+            u, s, vh = np.linalg.svd(C)
+            C = (u[:, :rank] * s[:rank]) @ vh[:rank]
+            mats[b] = C
+        mats = [mats[b] for b in range(n)]
+    for b, C in enumerate(mats):
+        sv = np.linalg.svd(C, compute_uv=False)
+        rows.append({"depth": b, "log_norm": np.log(sv[0]), **{k: float(f(sv)) for k, f in RANK_FNS.items()}})
+    return pd.DataFrame(rows)
+
+
+def assert_curve(got: pd.DataFrame, want: pd.DataFrame, rel: float = 1e-9) -> None:
+    assert got["depth"].tolist() == want["depth"].tolist()
+    for col in ("erank", "erank_sigma", "participation", "log_norm"):
+        np.testing.assert_allclose(got[col], want[col], rtol=rel, atol=rel, err_msg=col)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_exact_against_explicit_products(rng: np.random.Generator, direction: str) -> None:
+    ops = random_ops(rng, 7, 12)
+    got = cumulative_ranks(ops, direction)
+    assert list(got.columns) == ["depth", "steps", "erank", "erank_sigma", "participation", "log_norm"]
+    assert got["steps"].tolist() == (list(range(1, 8)) if direction == "forward" else list(range(7, 0, -1)))
+    assert_curve(got, reference(ops, direction))
+    assert all(got[c].dtype == np.float64 for c in ("erank", "erank_sigma", "participation", "log_norm"))
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("exponent", [27, -27])
+def test_huge_and_tiny_scales(rng: np.random.Generator, direction: str, exponent: int) -> None:
+    """60 operators of norm ~1e±8: the plain product over/underflows, the ranks do not move."""
+    base = random_ops(rng, 60, 10)
+    scale = 2.0**exponent  # a power of two, so scaled and unscaled products agree exactly
+    ops = [scale * J for J in base]
+    with np.errstate(over="ignore", invalid="ignore"):
+        naive = np.linalg.multi_dot(ops[::-1])
+    assert not np.all(np.isfinite(naive)) if exponent > 0 else np.abs(naive).max() < 1e-300
+    got = cumulative_ranks(ops, direction)
+    want = cumulative_ranks(base, direction)
+    for col in ("erank", "erank_sigma", "participation"):
+        np.testing.assert_allclose(got[col], want[col], rtol=1e-12)
+    np.testing.assert_allclose(got["log_norm"] - want["log_norm"], got["steps"] * exponent * np.log(2.0), rtol=1e-12)
+    assert_curve(want, reference(base, direction), rel=1e-8)  # the unscaled products stay finite
+
+
+def test_scale_invariance_of_ranks(rng: np.random.Generator) -> None:
+    ops = random_ops(rng, 5, 9)
+    a = cumulative_ranks(ops)
+    b = cumulative_ranks([3.7 * J for J in ops])
+    np.testing.assert_allclose(b["erank"], a["erank"], rtol=1e-12)
+    np.testing.assert_allclose(b["log_norm"] - a["log_norm"], a["steps"] * np.log(3.7), rtol=1e-12)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_truncation_at_or_above_d_is_exact(rng: np.random.Generator, direction: str) -> None:
+    ops = random_ops(rng, 6, 8)
+    exact = cumulative_ranks(ops, direction)
+    for r in (8, 9, 512):
+        pd.testing.assert_frame_equal(cumulative_ranks(ops, direction, rank=r), exact)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_truncation_on_diagonal_operators(rng: np.random.Generator, direction: str) -> None:
+    """Diagonal operators whose first r entries always dominate: truncation commutes with
+    the product, so every depth is the best rank-r approximation of the exact product."""
+    d, r, n = 12, 4, 9
+    diags = np.concatenate([rng.uniform(2.0, 3.0, (n, r)), rng.uniform(0.1, 1.0, (n, d - r))], axis=1)
+    ops = [np.diag(v) for v in diags]
+    got = cumulative_ranks(ops, direction, rank=r)
+    spans = [diags[: b + 1] if direction == "forward" else diags[b:] for b in range(n)]
+    for b, span in enumerate(spans):
+        top = np.sort(np.abs(np.prod(span, axis=0)))[::-1][:r]
+        for col, fn in RANK_FNS.items():
+            assert got[col][b] == pytest.approx(float(fn(top)), rel=1e-12)
+        assert got["log_norm"][b] == pytest.approx(np.log(top[0]), rel=1e-12)
+    assert np.all(got["erank"] <= r)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_truncation_against_literal_protocol(rng: np.random.Generator, direction: str) -> None:
+    """Truncating the full product after every step (reference) equals the rank-r factor."""
+    ops = random_ops(rng, 8, 10)
+    assert_curve(cumulative_ranks(ops, direction, rank=3), reference(ops, direction, rank=3), rel=1e-8)
+
+
+def test_rank_one_start_stays_rank_one(rng: np.random.Generator) -> None:
+    got = cumulative_ranks(random_ops(rng, 5, 6), rank=1)
+    np.testing.assert_allclose(got["erank"], 1.0, rtol=1e-14)
+
+
+def test_stacked_array_input(rng: np.random.Generator) -> None:
+    ops = random_ops(rng, 4, 5)
+    pd.testing.assert_frame_equal(cumulative_ranks(np.stack(ops), "backward"), cumulative_ranks(ops, "backward"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"operators": []}, "empty"),
+        ({"operators": {(0, "attn"): np.eye(2)}}, "mapping"),
+        ({"operators": [np.eye(3), np.eye(4)]}, r"operators\[1\] has shape"),
+        ({"operators": [np.eye(3), np.full((3, 3), np.inf)]}, "non-finite"),
+        ({"operators": [np.eye(2)], "direction": "up"}, "direction"),
+        ({"operators": [np.eye(2)], "rank": 0}, "rank"),
+        ({"operators": [np.eye(2)], "rank": 2.5}, "rank"),
+        ({"operators": [np.eye(2), np.zeros((2, 2))]}, "zero"),
+        ({"operators": [np.eye(2), np.full((2, 2), 1.5e308)]}, "overflow"),
+        ({"operators": [np.full((2, 2), 1e308), np.full((2, 2), 1e308)]}, "overflow"),
+    ],
+)
+def test_errors(kwargs: dict, match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        cumulative_ranks(**kwargs)
+
+
+def nonnormal_ops(rng: np.random.Generator, n: int, d: int) -> list[np.ndarray]:
+    """I + low rank + noise: complex eigenvalue pairs and a clear non-normal part."""
+    return [np.eye(d) + rng.standard_normal((d, 3)) @ rng.standard_normal((3, d)) / 2 + rng.standard_normal((d, d)) / (3 * np.sqrt(d)) for _ in range(n)]
+
+
+def test_funnel_alpha_one_is_plain_curve(rng: np.random.Generator) -> None:
+    ops = nonnormal_ops(rng, 6, 10)
+    funnel = schur_funnel(ops, alphas=(1.0,), ranks=(None, 4))
+    assert list(funnel.columns) == ["alpha", "direction", "truncation", "depth", "steps", "erank", "erank_sigma", "participation", "log_norm"]
+    for direction in ("forward", "backward"):
+        for rank, cap in ((None, 10), (4, 4)):
+            part = funnel[(funnel["direction"] == direction) & (funnel["truncation"] == cap)]
+            plain = cumulative_ranks(ops, direction, rank=rank)
+            pd.testing.assert_frame_equal(part[plain.columns].reset_index(drop=True), plain)
+
+
+def test_funnel_matches_schur_split(rng: np.random.Generator) -> None:
+    ops = nonnormal_ops(rng, 5, 9)
+    alphas = (0.0, 0.5)
+    funnel = schur_funnel(ops, alphas=alphas, directions=("forward",))
+    for a in alphas:
+        want = cumulative_ranks([schur_split(J, a) for J in ops])
+        got = funnel[funnel["alpha"] == a].reset_index(drop=True)
+        assert_curve(got, want, rel=1e-10)
+    # removing the non-normal part changes this funnel
+    assert not np.allclose(funnel[funnel["alpha"] == 0]["erank"], cumulative_ranks(ops)["erank"], rtol=1e-3)
+
+
+def test_funnel_normal_input_unchanged(rng: np.random.Generator) -> None:
+    """For normal operators (symmetric, orthogonal) α has nothing to scale."""
+    sym = [np.eye(8) + (X + X.T) / 8 for X in rng.standard_normal((4, 8, 8))]
+    orth = [np.linalg.qr(X)[0] for X in rng.standard_normal((3, 8, 8))]
+    ops = sym + orth
+    funnel = schur_funnel(ops, alphas=(0.0, 0.5, 1.0))
+    for direction in ("forward", "backward"):
+        plain = cumulative_ranks(ops, direction)
+        for a in (0.0, 0.5):
+            got = funnel[(funnel["alpha"] == a) & (funnel["direction"] == direction)].reset_index(drop=True)
+            assert_curve(got, plain, rel=1e-9)
+
+
+def test_funnel_reuses_schur_forms(rng: np.random.Generator) -> None:
+    ops = nonnormal_ops(rng, 4, 7)
+    forms = [schur_form(J) for J in ops]
+    pd.testing.assert_frame_equal(schur_funnel(forms, alphas=(0.0, 0.75)), schur_funnel(ops, alphas=(0.0, 0.75)))
+
+
+def test_funnel_layout_and_errors(rng: np.random.Generator) -> None:
+    ops = nonnormal_ops(rng, 3, 5)
+    funnel = schur_funnel(ops, ranks=(None, 2, 99))
+    assert len(funnel) == 5 * 2 * 3 * 3
+    assert sorted(funnel["truncation"].unique()) == [2, 5]  # 99 is capped at d = 5
+    assert funnel["alpha"].dtype == np.float64 and funnel["truncation"].dtype.kind == "i"
+    for kwargs, match in (
+        ({"alphas": ()}, "alphas"),
+        ({"alphas": (0.0, np.nan)}, "alphas"),
+        ({"directions": ()}, "non-empty"),
+        ({"directions": ("sideways",)}, "direction"),
+        ({"ranks": (-1,)}, "rank"),
+    ):
+        with pytest.raises(InputError, match=match):
+            schur_funnel(ops, **kwargs)
