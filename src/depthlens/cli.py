@@ -7,18 +7,28 @@ Every error caused by bad input prints one line (``depthlens: error: ...``) and 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+# Multi-threaded OpenBLAS is several times slower than one thread on small dense problems
+# (n <= 1000) on 2-core machines, and fights torch's own thread pool; one BLAS thread is the
+# default unless the user chose otherwise. Must run before numpy is imported.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from collections.abc import Sequence
 
-from .config import DTYPES, RunConfig
-from .errors import DepthlensError
-from .runs import Mode
+from .config import DTYPES, RunConfig  # noqa: E402
+from .errors import DepthlensError, InputError  # noqa: E402
+from .runs import Mode  # noqa: E402
 
-RUN_STAGES = ("capture",)
+RUN_STAGES = ("capture", "attention")
 STAGE_HELP = {
     "run": "the main job: every stage on the chosen model and text",
     "capture": "attention pattern features per head and residual summaries per boundary",
+    "attention": "resolvent view of every head: Kreiss constants, transients, nulls, roles, depth products",
 }
+OPTIONS = ("model", "revision", "text", "chunks", "seq_len", "seed", "batch_size", "dtype", "device",
+           "trust_remote_code", "null_mode", "null_samples", "null_chunks", "extras_chunks", "certify",
+           "probe_seqs", "probe_len")
 
 
 def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -27,13 +37,23 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--model", help="smollm2-135m (default), hub id, folder, .gguf file or random:<family>[:k=v,...]")
     p.add_argument("--revision", help="hub revision (checkpoint) of --model")
     p.add_argument("--text", help="python-docs (default), wikitext-2 or a text file path")
-    p.add_argument("--chunks", type=int, help="number of text chunks (default 8)")
+    p.add_argument("--chunks", type=int, help="number of text chunks (default 32)")
     p.add_argument("--seq-len", type=int, dest="seq_len", help="tokens per chunk including BOS (default 128)")
     p.add_argument("--seed", type=int, help="the run's seed (default 0)")
     p.add_argument("--batch-size", type=int, dest="batch_size", help="chunks per forward pass (default 4)")
     p.add_argument("--dtype", choices=DTYPES, help="model weight dtype (default float32)")
     p.add_argument("--device", help="torch device (default cpu)")
     p.add_argument("--trust-remote-code", action="store_true", default=None, help="allow a hub model's own code to run")
+    a = p.add_argument_group("attention stage")
+    a.add_argument("--null-mode", dest="null_mode", choices=("spec", "sink", "full"), help="shuffle null (default spec)")
+    a.add_argument("--null-samples", dest="null_samples", type=int, help="null samples per matrix (default 16)")
+    a.add_argument("--null-chunks", dest="null_chunks", type=int, help="chunks that get nulls (default 8)")
+    a.add_argument("--extras-chunks", dest="extras_chunks", type=int,
+                   help="chunks that get pseudospectral radii and numerical range (default 4)")
+    a.add_argument("--certify", choices=("median", "all", "none"), help="certified Kreiss brackets (default median)")
+    a.add_argument("--probe-seqs", dest="probe_seqs", type=int, help="repeated-token probe sequences (default 128)")
+    a.add_argument("--probe-len", dest="probe_len", type=int, help="repeated-token block length (default 64)")
+    p.add_argument("--jobs", type=int, default=2, help="worker processes for the numerics (default 2)")
     p.add_argument("--out", default="runs/default", help="run directory (default runs/default)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
@@ -62,14 +82,15 @@ def _models() -> None:
 
 
 def _stage(args: argparse.Namespace) -> None:
-    from .workflow import run
+    from .workflow import Execution, run
 
-    options = {k: getattr(args, k) for k in ("model", "revision", "text", "chunks", "seq_len", "seed",
-                                              "batch_size", "dtype", "device", "trust_remote_code")}
+    options = {k: getattr(args, k) for k in OPTIONS}
     config = RunConfig.from_sources(args.config, **options)
     mode = Mode.RESUME if args.resume else Mode.OVERWRITE if args.overwrite else Mode.NEW
     stages = RUN_STAGES if args.command == "run" else (args.command,)
-    root = run(config, args.out, mode=mode, stages=stages, quiet=args.quiet)
+    if args.jobs < 1:
+        raise InputError(f"--jobs {args.jobs} is invalid; pass a positive number of worker processes.")
+    root = run(config, args.out, mode=mode, stages=stages, execution=Execution(quiet=args.quiet, jobs=args.jobs))
     print(f"run directory: {root}")
 
 

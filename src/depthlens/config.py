@@ -8,9 +8,12 @@ import json
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
+
+if TYPE_CHECKING:
+    from .attention.analysis import AttentionOptions
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 
@@ -45,31 +48,49 @@ class RunConfig:
         Torch device for the model.
     trust_remote_code : bool
         Allow a hub model's own code to run.
+    null_mode, null_samples, null_chunks, extras_chunks, certify, probe_seqs, probe_len
+        Attention-stage options, see :class:`depthlens.attention.analysis.AttentionOptions`.
     """
 
     model: str = "smollm2-135m"
     revision: str | None = None
     text: str = "python-docs"
-    chunks: int = 8
+    chunks: int = 32
     seq_len: int = 128
     seed: int = 0
     batch_size: int = 4
     dtype: str = "float32"
     device: str = "cpu"
     trust_remote_code: bool = False
+    null_mode: str = "spec"
+    null_samples: int = 16
+    null_chunks: int = 8
+    extras_chunks: int = 4
+    certify: str = "median"
+    probe_seqs: int = 128
+    probe_len: int = 64
 
     def __post_init__(self) -> None:
-        for name, low in (("chunks", 1), ("seq_len", 2), ("batch_size", 1), ("seed", 0)):
+        for name, low in (("chunks", 1), ("seq_len", 2), ("batch_size", 1), ("seed", 0), ("null_samples", 1),
+                          ("null_chunks", 0), ("extras_chunks", 0), ("probe_seqs", 1), ("probe_len", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 flag = "--" + name.replace("_", "-")
                 raise InputError(f"{name} = {value!r} is invalid; pass {flag} as an integer >= {low}.")
         if self.dtype not in DTYPES:
             raise InputError(f"dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
+        self.attention_options()  # validates the attention-stage options
         if not self.model:
             raise InputError("model is empty; pass --model smollm2-135m, a hub id, a folder or a .gguf file.")
         if not self.text:
             raise InputError("text is empty; pass --text python-docs, wikitext-2 or a file path.")
+
+    def attention_options(self) -> "AttentionOptions":
+        """The attention-stage options of this configuration (validated)."""
+        from .attention.analysis import AttentionOptions
+
+        names = ("null_mode", "null_samples", "null_chunks", "extras_chunks", "certify", "probe_seqs", "probe_len")
+        return AttentionOptions(**{n: getattr(self, n) for n in names}, seed=self.seed)
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as a plain dict (JSON-serialisable)."""

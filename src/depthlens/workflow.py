@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import capture, data
+from .attention import stage as attention_stage
 from .config import RunConfig
 from .errors import InputError
 from .models import LoadedModel, load_model
@@ -80,17 +81,25 @@ def prepare(config: RunConfig) -> Prepared:
     return Prepared(config, loaded, ids, source.sha256)
 
 
+@dataclass(frozen=True)
+class Execution:
+    """How to run, without changing any number: progress bars and worker processes."""
+
+    quiet: bool = False
+    jobs: int = 2
+
+
 def run(
     config: RunConfig,
     out: str | Path,
     mode: Mode = Mode.NEW,
     stages: Sequence[str] = ("capture",),
-    quiet: bool = False,
+    execution: Execution = Execution(),
 ) -> Path:
     """Run ``stages`` of ``config`` into the run directory ``out`` and return its path.
 
     Each stage works in resumable units; with ``mode=Mode.RESUME`` finished units are
-    skipped and the final tables equal those of an uninterrupted run.
+    skipped and the final tables equal those of an uninterrupted run, whatever ``jobs``.
     """
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
@@ -100,18 +109,18 @@ def run(
     run_dir = RunDirectory.open(out, mode, prepared.manifest())
     for stage in stages:
         run_dir.mark_stage(stage, "running")
-        STAGES[stage](run_dir, prepared, quiet)
+        STAGES[stage](run_dir, prepared, execution)
         run_dir.mark_stage(stage, "done")
     return run_dir.root
 
 
-def _run_capture(run_dir: RunDirectory, prepared: Prepared, quiet: bool) -> None:
+def _run_capture(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
     cfg = prepared.config
     ids = prepared.token_ids
     starts = list(range(0, ids.shape[0], cfg.batch_size))
     keys = [f"batch{start // cfg.batch_size:05d}" for start in starts]
     todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(capture.STAGE, k)]
-    bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc="capture", unit="batch", disable=quiet)
+    bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc="capture", unit="batch", disable=execution.quiet)
     with torch.inference_mode():
         for key, start in todo:
             tables = capture.capture_batch(prepared.loaded.adapter, ids[start : start + cfg.batch_size], start)
@@ -126,7 +135,13 @@ def _run_capture(run_dir: RunDirectory, prepared: Prepared, quiet: bool) -> None
     run_dir.write_table("residual_summary", residual)
 
 
-STAGES = {capture.STAGE: _run_capture}
+def _run_attention(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
+    cfg = prepared.config
+    attention_stage.run(run_dir, prepared.loaded, prepared.token_ids, cfg.attention_options(),
+                        batch_size=cfg.batch_size, jobs=execution.jobs, quiet=execution.quiet)
+
+
+STAGES = {capture.STAGE: _run_capture, "attention": _run_attention}
 
 
 def _with_ident(table: pd.DataFrame, ident: dict[str, str]) -> pd.DataFrame:

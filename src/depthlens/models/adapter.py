@@ -43,6 +43,7 @@ adapter never adds a BOS token (see :meth:`Adapter.prepend_bos`).
 from __future__ import annotations
 
 import contextlib
+import operator
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -61,6 +62,16 @@ ABLATION_MODES: tuple[str, ...] = ("zero", "mean", "resample")
 
 class _Stop(Exception):
     """Raised inside a hook to end a forward pass early once everything needed is captured."""
+
+
+def _as_index(value: object) -> int | None:
+    """``value`` as a Python int if it is an integer (numpy integers included, bools not)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def _first_arg(args: tuple, kwargs: dict, name: str = "hidden_states") -> Tensor:
@@ -277,17 +288,20 @@ class Adapter(ABC):
 
     def _check_layer(self, layer: int, *, allow_end: bool = False) -> int:
         top = self.n_layers if allow_end else self.n_layers - 1
-        if not isinstance(layer, int) or isinstance(layer, bool) or not 0 <= layer <= top:
+        index = _as_index(layer)
+        if index is None or not 0 <= index <= top:
             raise InputError(f"layer {layer!r} is out of range; this model has layers 0 .. {self.n_layers - 1}.")
-        return layer
+        return index
 
     def _check_heads(self, head: int | Iterable[int]) -> list[int]:
-        heads = [head] if isinstance(head, int) else list(head)
+        heads = [head] if _as_index(head) is not None else list(head)
         if not heads:
             raise InputError("no heads given; pass a head index or a non-empty list of them.")
-        for h in heads:
-            if not isinstance(h, int) or isinstance(h, bool) or not 0 <= h < self.n_heads:
+        for i, h in enumerate(heads):
+            index = _as_index(h)
+            if index is None or not 0 <= index < self.n_heads:
                 raise InputError(f"head {h!r} is out of range; layers have heads 0 .. {self.n_heads - 1}.")
+            heads[i] = index
         if len(set(heads)) != len(heads):
             raise InputError(f"heads {heads} repeat an index; list each head once.")
         return heads

@@ -1,0 +1,115 @@
+"""Per-matrix quantities of METHODS A3 for one causal attention matrix, in float64.
+
+Kept model-free: a matrix in, a flat dict of named numbers out, so every column of the
+attention tables traces back to one function here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..linalg.causal import check_causal_stochastic, deflate, flag_nonsimple_perron
+from ..linalg.kreiss import kreiss
+from ..linalg.normality import henrici, numerical_abscissa, numerical_radius
+from ..linalg.nulls import shuffle_null
+from ..linalg.pseudospectra import pseudospectral_radius
+from ..linalg.sigma import sigma_min
+from ..linalg.transients import peak_transient
+from .patterns import prev_weight, row_entropy, sink_mass
+
+EPSILONS: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
+#: Distance from 1 of the point where the K(A) = √n check is evaluated.
+KREISS_A_DELTA = 1e-7
+#: Relative tolerance of the K(A) = √n check.
+KREISS_A_RTOL = 1e-3
+
+
+def kreiss_a_check(A: np.ndarray, delta: float = KREISS_A_DELTA) -> float:
+    """Lower bound on ``K(A)`` from one point: ``δ / σ_min((1+δ)I − A)``.
+
+    For a causal row-stochastic ``A``, ``K(A) ≤ sup_k ‖A^k‖ ≤ √n`` exactly (METHODS A2), and
+    ``(z−1)(zI−A)⁻¹ = P/z + (z−1)(zI−B)⁻¹`` tends to ``P`` (norm √n) as ``z → 1⁺``, so this
+    value lies within ``δ(√n + ‖(I−B)⁻¹‖)`` (to first order) below √n whenever the Perron
+    root is simple. A value below ``√n(1 − rtol)`` flags a matrix whose Perron root is
+    (numerically) not simple.
+    """
+    return float(delta / sigma_min(A, 1.0 + delta).sigma)
+
+
+def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSILONS) -> dict[str, float]:
+    """All METHODS A3 quantities of one causal attention matrix.
+
+    Parameters
+    ----------
+    A : ndarray, shape (n, n)
+        Causal row-stochastic attention matrix (float64).
+    extras : bool
+        Also compute the costlier ε-pseudospectral radii and numerical range of ``B``.
+
+    Returns
+    -------
+    dict
+        ``sink_mass, prev_weight, row_entropy, rho_B, norm_B, henrici_A, henrici_A_rel,
+        henrici_B, henrici_B_rel, kreiss_A, kreiss_A_ok, perron_simple, kreiss_B,
+        kreiss_B_upper, TR1, peak_B, peak_k, TR2``, and with ``extras``: ``psr_B@ε`` and
+        ``TR4@ε`` for each ε, ``num_abscissa_B``, ``num_radius_B`` (NaN columns otherwise,
+        marked as not computed by the caller's ``extras`` flag).
+
+    Notes
+    -----
+    ``kreiss_B`` is the value of a global search (a lower bound, typically exact to 1e-10);
+    ``kreiss_B_upper`` the rigorous power-norm upper bound. ``henrici`` uses the triangular
+    closed form (exact). ``norm_B`` is a dense SVD (exact to rounding).
+    """
+    A = check_causal_stochastic(A)
+    B = deflate(A)
+    n = A.shape[-1]
+    out: dict[str, float] = {
+        "sink_mass": float(sink_mass(A)),
+        "prev_weight": float(prev_weight(A)),
+        "row_entropy": float(row_entropy(A)),
+        "rho_B": float(np.diagonal(A)[1:].max()) if n > 1 else 0.0,
+        "norm_B": float(np.linalg.norm(B, 2)),
+    }
+    for name, M in (("A", A), ("B", B)):
+        h = float(henrici(M))
+        out[f"henrici_{name}"] = h
+        out[f"henrici_{name}_rel"] = h / float(np.linalg.norm(M)) if h > 0 else 0.0
+    simple = not bool(flag_nonsimple_perron(A))
+    k_a = kreiss_a_check(A) if simple else math.nan
+    out["perron_simple"] = float(simple)
+    out["kreiss_A"] = k_a
+    out["kreiss_A_ok"] = float(simple and k_a >= math.sqrt(n) * (1.0 - KREISS_A_RTOL))
+    kb = kreiss(B)
+    out["kreiss_B"] = kb.value
+    out["kreiss_B_upper"] = kb.upper
+    out["TR1"] = math.log(kb.value)
+    peak = peak_transient(B)
+    out["peak_B"] = peak.peak
+    out["peak_k"] = float(peak.argmax)
+    out["TR2"] = math.log(peak.peak) if peak.peak > 0 else -math.inf
+    for e in eps:
+        if extras:
+            r = pseudospectral_radius(B, e).value
+            out[f"psr_B@{e:g}"] = r
+            out[f"TR4@{e:g}"] = (r - out["rho_B"]) / e
+        else:
+            out[f"psr_B@{e:g}"] = out[f"TR4@{e:g}"] = math.nan
+    out["num_abscissa_B"] = float(numerical_abscissa(B)) if extras else math.nan
+    out["num_radius_B"] = float(numerical_radius(B)) if extras else math.nan
+    return out
+
+
+def null_reserves(A: np.ndarray, mode: str, n_samples: int, rng: np.random.Generator) -> np.ndarray:
+    """``TR1 = log K(B̃)`` of ``n_samples`` matched shuffle nulls of ``A`` (METHODS A4)."""
+    nulls = shuffle_null(A, mode, n_samples, rng=rng)
+    return np.array([math.log(kreiss(deflate(N), upper=False).value) for N in nulls])
+
+
+def certified_reserve(A: np.ndarray, rtol: float) -> dict[str, float]:
+    """Certified bracket ``[lo, hi]`` of ``K(B)`` within ``rtol`` (branch and bound)."""
+    res = kreiss(deflate(A), certify=True, rtol=rtol)
+    return {"kreiss_B_lo": res.lo, "kreiss_B_hi": res.hi, "kreiss_B_certified": float(res.certified)}

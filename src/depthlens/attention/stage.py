@@ -1,0 +1,182 @@
+"""The ``attention`` stage over a model: runs the phases of
+:mod:`depthlens.attention.analysis` as resumable units and writes ``heads.parquet``,
+``head_chunks.parquet``, ``head_probe.parquet``, ``depth.parquet`` and ``attention.json``.
+
+Memory: the attention matrices of one layer for one batch of chunks are the most held at a
+time; each layer's matrices go to the worker pool and are released before the next layer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .. import data
+from ..linalg.nulls import shuffle_null
+from ..parallel import executor, ordered_map
+from ..runs import RunDirectory
+from . import analysis as an
+from .depth import layer_operators
+from .roles import assign_roles, probe_scores, role_overlap
+
+PROBE_BATCH = 16
+
+
+def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: an.AttentionOptions,
+        *, batch_size: int, jobs: int, quiet: bool) -> dict:
+    """Run every phase (skipping finished units) and write the stage's tables.
+
+    Returns the JSON summary that is also written to ``attention.json``.
+    """
+    adapter = loaded.adapter
+    with executor(jobs) as pool, torch.inference_mode():
+        probe = _probe_phase(run_dir, adapter, loaded.tokenizer, opts, pool, quiet)
+        chunks = _heads_phase(run_dir, adapter, token_ids, opts, pool, batch_size, quiet)
+        heads = an.aggregate_heads(chunks).merge(probe, on=["layer", "head"], how="left")
+        heads["role"] = assign_roles(heads["prev_token_score"], heads["induction_score"], heads["sink_mass"], opts.thresholds)
+        heads["excess_sign"] = np.sign(heads["delta_TR1"]).map({1.0: "positive", -1.0: "negative", 0.0: "zero"})
+        heads = heads.merge(_certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, quiet),
+                            on=["layer", "head"], how="left")
+        heads = heads.merge(_induction_phase(run_dir, adapter, loaded.tokenizer, heads, opts, pool, quiet),
+                            on=["layer", "head"], how="left")
+        depth = _depth_phase(run_dir, adapter, token_ids, an.chain_heads(heads), opts, quiet)
+    ident = {"model": loaded.name, "revision": loaded.provenance.get("revision") or ""}
+    for name, table in (("heads", heads), ("head_chunks", chunks), ("head_probe", probe), ("depth", depth)):
+        run_dir.write_table(name, _with_ident(table, ident))
+    summary = an.summarise(heads, depth)
+    summary["role_overlap"] = role_overlap(heads["role"].to_numpy(), heads["delta_TR1"].to_numpy()).to_dict()
+    summary["options"] = an.options_record(opts)
+    run_dir.write_json("attention", summary)
+    return summary
+
+
+def _with_ident(table: pd.DataFrame, ident: dict[str, str]) -> pd.DataFrame:
+    table = table.copy()
+    for i, (name, value) in enumerate(ident.items()):
+        table.insert(i, name, value)
+    return table
+
+
+def _bar(total: int, done: int, desc: str, quiet: bool) -> tqdm:
+    return tqdm(total=total, initial=done, desc=desc, unit="unit", disable=quiet)
+
+
+# ----------------------------------------------------------------------------- phases
+def _probe_phase(run_dir, adapter, tokenizer, opts, pool, quiet) -> pd.DataFrame:
+    key = "probe"
+    if not run_dir.has_unit(an.STAGE, key):
+        ids = data.repeated_random_tokens(tokenizer, opts.probe_seqs, opts.probe_len, seed=opts.seed)
+        sums: dict[tuple[int, str], np.ndarray] = {}
+        bar = tqdm(total=ids.shape[0], desc="attention probe", unit="seq", disable=quiet)
+        for start in range(0, ids.shape[0], PROBE_BATCH):
+            batch = ids[start : start + PROBE_BATCH]
+            for layer, probs in adapter.attention_probs(batch):
+                for name, value in probe_scores(probs.numpy(), opts.probe_len).items():
+                    sums[(layer, name)] = sums.get((layer, name), 0.0) + value.sum(axis=0)
+            bar.update(batch.shape[0])
+        bar.close()
+        rows = []
+        for layer in range(adapter.n_layers):
+            for head in range(adapter.n_heads):
+                rows.append({"layer": layer, "head": head,
+                             **{name: float(sums[(layer, name)][head] / ids.shape[0])
+                                for name in ("prev_token_score", "duplicate_score", "induction_score")}})
+        run_dir.write_unit(an.STAGE, key, {"probe": pd.DataFrame(rows)})
+    return run_dir.read_units(an.STAGE, [key], "probe")
+
+
+def _heads_phase(run_dir, adapter, token_ids, opts, pool, batch_size, quiet) -> pd.DataFrame:
+    starts = list(range(0, token_ids.shape[0], batch_size))
+    keys = [f"heads{s // batch_size:05d}" for s in starts]
+    todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(an.STAGE, k)]
+    bar = _bar(len(keys), len(keys) - len(todo), "attention heads", quiet)
+    for key, start in todo:
+        rows = []
+        batch = token_ids[start : start + batch_size]
+        for layer, probs in adapter.attention_probs(batch):
+            A = probs.numpy()
+            tasks = [(A[b, h], layer, h, start + b, opts, start + b < opts.null_chunks,
+                      start + b < opts.extras_chunks, opts.certify == "all")
+                     for b in range(A.shape[0]) for h in range(A.shape[1])]
+            rows.extend(ordered_map(pool, an.head_chunk_row, tasks))
+        run_dir.write_unit(an.STAGE, key, {"rows": pd.DataFrame(rows)})
+        bar.update()
+    bar.close()
+    return run_dir.read_units(an.STAGE, keys, "rows")
+
+
+def _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, quiet) -> pd.DataFrame:
+    cols = ["kreiss_B_lo", "kreiss_B_hi", "kreiss_B_certified"]
+    if opts.certify == "none":
+        return pd.DataFrame(columns=["layer", "head", *cols])
+    targets = an.median_chunks(chunks)
+    if opts.certify == "all":
+        merged = targets.merge(chunks[["layer", "head", "chunk", *cols]], on=["layer", "head", "chunk"])
+        return merged.rename(columns={"chunk": "certified_chunk"})
+    keys = {int(c): f"certify{int(c):05d}" for c in sorted(targets["chunk"].unique())}
+    todo = [c for c, k in keys.items() if not run_dir.has_unit(an.STAGE, k)]
+    bar = _bar(len(keys), len(keys) - len(todo), "attention certify", quiet)
+    for chunk in todo:
+        wanted = targets[targets["chunk"] == chunk]
+        layers = sorted(wanted["layer"].unique())
+        rows = []
+        for layer, probs in adapter.attention_probs(token_ids[chunk : chunk + 1], layers=layers):
+            A = probs[0].numpy()
+            heads = wanted.loc[wanted["layer"] == layer, "head"]
+            rows.extend(ordered_map(pool, an.certify_row, [(A[h], layer, int(h), chunk, opts.rtol) for h in heads]))
+        run_dir.write_unit(an.STAGE, keys[chunk], {"rows": pd.DataFrame(rows)})
+        bar.update()
+    bar.close()
+    out = run_dir.read_units(an.STAGE, list(keys.values()), "rows")
+    return out.rename(columns={"chunk": "certified_chunk"})
+
+
+def _induction_phase(run_dir, adapter, tokenizer, heads, opts, pool, quiet) -> pd.DataFrame:
+    key = "induction"
+    routing = heads[heads["role"] == "routing"]
+    if not run_dir.has_unit(an.STAGE, key):
+        rows = []
+        if len(routing):
+            ids = data.repeated_random_tokens(tokenizer, opts.probe_seqs, opts.probe_len, seed=opts.seed)[: opts.ratio_seqs]
+            layers = sorted(routing["layer"].unique())
+            bar = tqdm(total=len(layers), desc="attention induction", unit="layer", disable=quiet)
+            for layer, probs in adapter.attention_probs(ids, layers=layers):
+                A = probs.numpy()
+                tasks = [(A[s, h], layer, int(h), s, opts.probe_len, opts)
+                         for h in routing.loc[routing["layer"] == layer, "head"] for s in range(A.shape[0])]
+                rows.extend(ordered_map(pool, an.induction_row, tasks))
+                bar.update()
+            bar.close()
+        table = pd.DataFrame(rows, columns=["layer", "head", "seq", "delta_second", "delta_first"])
+        run_dir.write_unit(an.STAGE, key, {"rows": table})
+    table = run_dir.read_units(an.STAGE, [key], "rows")
+    per_head = table.groupby(["layer", "head"])[["delta_first", "delta_second"]].median().reset_index()
+    ratio = per_head["delta_second"] / per_head["delta_first"]
+    per_head["induction_ratio"] = ratio.where(per_head["delta_first"] > 0)
+    return per_head.rename(columns={"delta_first": "delta_TR1_first_copy", "delta_second": "delta_TR1_second_copy"})
+
+
+def _depth_phase(run_dir, adapter, token_ids, chains, opts, quiet) -> pd.DataFrame:
+    keys = [f"depth{c:05d}" for c in range(token_ids.shape[0])]
+    todo = [c for c, k in enumerate(keys) if not run_dir.has_unit(an.STAGE, k)]
+    bar = _bar(len(keys), len(keys) - len(todo), "attention depth", quiet)
+    for chunk in todo:
+        with_nulls = chunk < opts.null_chunks
+        per_kind: dict[str, list[np.ndarray]] = {}
+        for layer, probs in adapter.attention_probs(token_ids[chunk : chunk + 1]):
+            A = probs[0].numpy()
+            choice = {name: heads[layer] for name, heads in chains.items()}
+            ops = layer_operators(A, choice)
+            if with_nulls:
+                rng = an.null_rng(opts.seed, 2, layer, chunk)
+                null_ops = layer_operators(shuffle_null(A, opts.null_mode, opts.null_samples, rng=rng), choice)
+            for kind, op in ops.items():
+                stack = np.concatenate([op[None], null_ops[kind]]) if with_nulls else op[None]
+                per_kind.setdefault(kind, []).append(stack)
+        table = an.chunk_depth_rows({k: np.stack(v) for k, v in per_kind.items()}, chunk)
+        run_dir.write_unit(an.STAGE, keys[chunk], {"rows": table})
+        bar.update()
+    bar.close()
+    return run_dir.read_units(an.STAGE, keys, "rows")

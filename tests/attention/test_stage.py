@@ -1,0 +1,134 @@
+"""The attention stage end to end on a tiny random model with planted heads."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from depthlens import data
+from depthlens.attention import stage
+from depthlens.attention.analysis import AttentionOptions
+from depthlens.attention.features import matrix_features
+from depthlens.models import load_model
+from depthlens.runs import Mode, RunDirectory
+
+PLANTED = {(0, 1): "prev", (1, 2): "induction", (1, 0): "sink"}
+TEXT = " ".join(f"token stream {i % 13} with words {i % 5} and more {i}" for i in range(300))
+
+
+def planted_matrix(kind: str, ids: torch.Tensor) -> np.ndarray:
+    """Exact previous-token, induction (attend to the token after the latest earlier
+    occurrence of the current token, else BOS) or sink (A = P) pattern for one sequence."""
+    n = ids.shape[0]
+    A = np.zeros((n, n))
+    A[0, 0] = 1.0
+    for i in range(1, n):
+        if kind == "prev":
+            A[i, i - 1] = 1.0
+        elif kind == "induction":
+            earlier = [j for j in range(i) if ids[j] == ids[i]]
+            A[i, earlier[-1] + 1 if earlier else 0] = 1.0
+        else:
+            A[i, 0] = 1.0
+    return A
+
+
+class PlantedAdapter:
+    """The real adapter of a random model with some heads replaced by exact patterns."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def attention_probs(self, input_ids: torch.Tensor, layers: Iterable[int] | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        for layer, probs in self._inner.attention_probs(input_ids, layers=layers):
+            probs = probs.clone()
+            for (pl, head), kind in PLANTED.items():
+                if pl == layer:
+                    for b in range(probs.shape[0]):
+                        probs[b, head] = torch.from_numpy(planted_matrix(kind, input_ids[b]))
+            yield layer, probs
+
+
+@pytest.fixture(scope="module")
+def planted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    loaded = load_model("random:llama", seed=0)
+    loaded.adapter = PlantedAdapter(loaded.adapter)
+    text = tmp_path_factory.mktemp("t") / "text.txt"
+    text.write_text(TEXT)
+    ids = data.chunks(str(text), loaded.tokenizer, 4, 24, seed=None)
+    opts = AttentionOptions(null_samples=4, null_chunks=2, extras_chunks=1, probe_seqs=8, probe_len=12, ratio_seqs=2)
+    root = tmp_path_factory.mktemp("run")
+    run_dir = RunDirectory.open(root / "r", Mode.NEW, {"config_hash": "x"})
+    summary = stage.run(run_dir, loaded, ids, opts, batch_size=2, jobs=1, quiet=True)
+    return root / "r", summary
+
+
+def test_roles_recovered_exactly(planted_run: tuple[Path, dict]) -> None:
+    root, summary = planted_run
+    heads = pd.read_parquet(root / "tables" / "heads.parquet").set_index(["layer", "head"])
+    assert heads.loc[(0, 1), "role"] == "routing" and heads.loc[(0, 1), "prev_token_score"] == 1.0
+    assert heads.loc[(1, 2), "role"] == "routing" and heads.loc[(1, 2), "induction_score"] >= 0.9
+    assert heads.loc[(1, 0), "role"] == "sink" and heads.loc[(1, 0), "sink_mass"] == 1.0
+    unplanted = heads.drop(index=list(PLANTED))
+    assert (unplanted["role"] == "other").all()
+    assert summary["n_heads"] == len(heads) and summary["roles"]["routing"] == 2
+
+
+def test_planted_closed_forms(planted_run: tuple[Path, dict]) -> None:
+    root, _ = planted_run
+    chunks = pd.read_parquet(root / "tables" / "head_chunks.parquet").set_index(["layer", "head", "chunk"])
+    n = 24
+    prev = chunks.xs((0, 1), level=("layer", "head"))
+    np.testing.assert_allclose(prev["peak_B"], math.sqrt(n - 1), rtol=1e-12)
+    assert (prev["peak_k"] == 1).all() and (prev["rho_B"] == 0).all()
+    sink = chunks.xs((1, 0), level=("layer", "head"))
+    assert (sink["norm_B"] == 0).all() and (sink["henrici_B"] == 0).all()
+
+
+def test_every_matrix_passes_the_kreiss_check(planted_run: tuple[Path, dict]) -> None:
+    root, summary = planted_run
+    chunks = pd.read_parquet(root / "tables" / "head_chunks.parquet")
+    assert ((chunks["kreiss_A_ok"] == 1) | (chunks["perron_simple"] == 0)).all()
+    np.testing.assert_array_less(chunks["kreiss_A"], math.sqrt(24) * (1 + 1e-12))
+    assert summary["kreiss_A_flagged_matrices"] == int((chunks["kreiss_A_ok"] == 0).sum())
+
+
+def test_null_and_certified_columns(planted_run: tuple[Path, dict]) -> None:
+    root, _ = planted_run
+    chunks = pd.read_parquet(root / "tables" / "head_chunks.parquet")
+    heads = pd.read_parquet(root / "tables" / "heads.parquet")
+    with_nulls = chunks[chunks["chunk"] < 2]
+    assert with_nulls["delta_TR1"].notna().all() and chunks.loc[chunks["chunk"] >= 2, "delta_TR1"].isna().all()
+    np.testing.assert_allclose(with_nulls["delta_TR1"], with_nulls["TR1"] - with_nulls["null_TR1_mean"])
+    assert (chunks.loc[chunks["chunk"] < 1, "psr_B@0.01"].notna()).all()
+    assert heads["null_q"].between(0, 1).all() and (heads["null_q"] >= heads["null_p"] - 1e-15).all()
+    assert (heads["kreiss_B_lo"] <= heads["kreiss_B_hi"]).all() and heads["kreiss_B_certified"].all()
+    # the certified bracket of the median chunk contains that chunk's search value
+    merged = heads.merge(chunks, left_on=["layer", "head", "certified_chunk"], right_on=["layer", "head", "chunk"],
+                         suffixes=("", "_chunk"))
+    assert (merged["kreiss_B_lo"] <= merged["kreiss_B_chunk"] * (1 + 1e-9)).all()
+    assert (merged["kreiss_B_chunk"] <= merged["kreiss_B_hi"] * (1 + 1e-9)).all()
+
+
+def test_depth_table(planted_run: tuple[Path, dict]) -> None:
+    root, summary = planted_run
+    depth = pd.read_parquet(root / "tables" / "depth.parquet")
+    assert set(depth["operator"]) == {"mean", "rollout", "chain_routing", "chain_sink"}
+    model = depth[depth["source"] == "model"]
+    assert len(model) == 4 * 4 * 2  # operators x chunks x layers
+    assert len(depth[depth["source"] == "null"]) == 4 * 2 * 4 * 2  # operators x null chunks x samples x layers
+    assert "mean" in summary["eig_gap_final_depth"]
+
+
+def test_matrix_features_flags_nonsimple_perron() -> None:
+    feats = matrix_features(np.eye(6), extras=False)
+    assert feats["perron_simple"] == 0 and feats["kreiss_A_ok"] == 0
