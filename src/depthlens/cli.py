@@ -20,15 +20,16 @@ from .config import DTYPES, RunConfig  # noqa: E402
 from .errors import DepthlensError, InputError  # noqa: E402
 from .runs import Mode  # noqa: E402
 
-RUN_STAGES = ("capture", "attention")
+RUN_STAGES = ("capture", "attention", "jacobian")
 STAGE_HELP = {
     "run": "the main job: every stage on the chosen model and text",
     "capture": "attention pattern features per head and residual summaries per boundary",
     "attention": "resolvent view of every head: Kreiss constants, transients, nulls, roles, depth products",
+    "jacobian": "mean sub-layer Jacobians, their spectral geometry, cumulative funnel and Schur split",
 }
 OPTIONS = ("model", "revision", "text", "chunks", "seq_len", "seed", "batch_size", "dtype", "device",
            "trust_remote_code", "null_mode", "null_samples", "null_chunks", "extras_chunks", "certify",
-           "probe_seqs", "probe_len")
+           "probe_seqs", "probe_len", "jacobian_mode", "positions", "funnel_rank", "null", "revisions")
 
 
 def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -53,6 +54,13 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
     a.add_argument("--certify", choices=("median", "all", "none"), help="certified Kreiss brackets (default median)")
     a.add_argument("--probe-seqs", dest="probe_seqs", type=int, help="repeated-token probe sequences (default 128)")
     a.add_argument("--probe-len", dest="probe_len", type=int, help="repeated-token block length (default 64)")
+    j = p.add_argument_group("jacobian stage")
+    j.add_argument("--jacobian-mode", dest="jacobian_mode", choices=("isolated", "in_context", "both"),
+                   help="Jacobian mode (default both)")
+    j.add_argument("--positions", choices=("last", "all"), help="token positions per chunk (default last)")
+    j.add_argument("--funnel-rank", dest="funnel_rank", type=int, help="truncation rank of cumulative products (default 512)")
+    j.add_argument("--null", choices=("init", "none"), help="also analyse the step-0 null (default init)")
+    j.add_argument("--revisions", help="comma-separated extra hub revisions of --model to analyse")
     p.add_argument("--jobs", type=int, default=2, help="worker processes for the numerics (default 2)")
     p.add_argument("--out", default="runs/default", help="run directory (default runs/default)")
     group = p.add_mutually_exclusive_group()

@@ -14,6 +14,8 @@ from .errors import InputError
 
 if TYPE_CHECKING:
     from .attention.analysis import AttentionOptions
+    from .jacobian.stage import JacobianOptions
+    from .jacobian.stage import JacobianOptions
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 
@@ -50,6 +52,9 @@ class RunConfig:
         Allow a hub model's own code to run.
     null_mode, null_samples, null_chunks, extras_chunks, certify, probe_seqs, probe_len
         Attention-stage options, see :class:`depthlens.attention.analysis.AttentionOptions`.
+    jacobian_mode, positions, funnel_rank, null, revisions
+        Jacobian-stage options (``jacobian_mode`` isolated, in_context or both; ``revisions``
+        comma-separated), see :class:`depthlens.jacobian.stage.JacobianOptions`.
     """
 
     model: str = "smollm2-135m"
@@ -69,17 +74,23 @@ class RunConfig:
     certify: str = "median"
     probe_seqs: int = 128
     probe_len: int = 64
+    jacobian_mode: str = "both"
+    positions: str = "last"
+    funnel_rank: int = 512
+    null: str = "init"
+    revisions: str = ""
 
     def __post_init__(self) -> None:
         for name, low in (("chunks", 1), ("seq_len", 2), ("batch_size", 1), ("seed", 0), ("null_samples", 1),
-                          ("null_chunks", 0), ("extras_chunks", 0), ("probe_seqs", 1), ("probe_len", 1)):
+                          ("null_chunks", 0), ("extras_chunks", 0), ("probe_seqs", 1), ("probe_len", 1), ("funnel_rank", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 flag = "--" + name.replace("_", "-")
                 raise InputError(f"{name} = {value!r} is invalid; pass {flag} as an integer >= {low}.")
         if self.dtype not in DTYPES:
             raise InputError(f"dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
-        self.attention_options()  # validates the attention-stage options
+        self.attention_options()  # validates the stage options
+        self.jacobian_options()
         if not self.model:
             raise InputError("model is empty; pass --model smollm2-135m, a hub id, a folder or a .gguf file.")
         if not self.text:
@@ -91,6 +102,15 @@ class RunConfig:
 
         names = ("null_mode", "null_samples", "null_chunks", "extras_chunks", "certify", "probe_seqs", "probe_len")
         return AttentionOptions(**{n: getattr(self, n) for n in names}, seed=self.seed)
+
+    def jacobian_options(self) -> "JacobianOptions":
+        """The jacobian-stage options of this configuration (validated)."""
+        from .jacobian.stage import MODES, JacobianOptions
+
+        modes = MODES if self.jacobian_mode == "both" else (self.jacobian_mode,)
+        revisions = tuple(r.strip() for r in self.revisions.split(",") if r.strip())
+        return JacobianOptions(modes=modes, positions=self.positions, funnel_rank=self.funnel_rank,
+                               null=self.null, revisions=revisions, seed=self.seed)
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as a plain dict (JSON-serialisable)."""

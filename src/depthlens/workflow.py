@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from . import capture, data
 from .attention import stage as attention_stage
+from .jacobian import stage as jacobian_stage
 from .config import RunConfig
 from .errors import InputError
 from .models import LoadedModel, load_model
@@ -141,7 +142,18 @@ def _run_attention(run_dir: RunDirectory, prepared: Prepared, execution: Executi
                         batch_size=cfg.batch_size, jobs=execution.jobs, quiet=execution.quiet)
 
 
-STAGES = {capture.STAGE: _run_capture, "attention": _run_attention}
+def _run_jacobian(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
+    cfg = prepared.config
+
+    def load_revision(revision: str) -> LoadedModel:
+        return load_model(cfg.model, revision=revision, dtype=cfg.dtype, device=cfg.device,
+                          trust_remote_code=cfg.trust_remote_code, seed=cfg.seed)
+
+    jacobian_stage.run(run_dir, prepared.loaded, prepared.token_ids, cfg.jacobian_options(),
+                       batch_size=cfg.batch_size, quiet=execution.quiet, load_revision=load_revision)
+
+
+STAGES = {capture.STAGE: _run_capture, "attention": _run_attention, "jacobian": _run_jacobian}
 
 
 def _with_ident(table: pd.DataFrame, ident: dict[str, str]) -> pd.DataFrame:
