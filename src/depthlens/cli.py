@@ -20,16 +20,18 @@ from .config import DTYPES, RunConfig  # noqa: E402
 from .errors import DepthlensError, InputError  # noqa: E402
 from .runs import Mode  # noqa: E402
 
-RUN_STAGES = ("capture", "attention", "jacobian")
+RUN_STAGES = ("capture", "attention", "jacobian", "topology")
 STAGE_HELP = {
     "run": "the main job: every stage on the chosen model and text",
     "capture": "attention pattern features per head and residual summaries per boundary",
     "attention": "resolvent view of every head: Kreiss constants, transients, nulls, roles, depth products",
     "jacobian": "mean sub-layer Jacobians, their spectral geometry, cumulative funnel and Schur split",
+    "topology": "activation-correlation communities, boundary nodes and their Jacobian coupling (runs jacobian first)",
 }
 OPTIONS = ("model", "revision", "text", "chunks", "seq_len", "seed", "batch_size", "dtype", "device",
            "trust_remote_code", "null_mode", "null_samples", "null_chunks", "extras_chunks", "certify",
-           "probe_seqs", "probe_len", "jacobian_mode", "positions", "funnel_rank", "null", "revisions")
+           "probe_seqs", "probe_len", "jacobian_mode", "positions", "funnel_rank", "null", "revisions",
+           "topk", "n_perm", "exclude_massive", "amplification")
 
 
 def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -61,6 +63,12 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
     j.add_argument("--funnel-rank", dest="funnel_rank", type=int, help="truncation rank of cumulative products (default 512)")
     j.add_argument("--null", choices=("init", "none"), help="also analyse the step-0 null (default init)")
     j.add_argument("--revisions", help="comma-separated extra hub revisions of --model to analyse")
+    t = p.add_argument_group("topology stage")
+    t.add_argument("--topk", type=int, help="strongest |r| neighbours per unit (default 20)")
+    t.add_argument("--n-perm", dest="n_perm", type=int, help="label permutations per boundary (default 1000)")
+    t.add_argument("--exclude-massive", dest="exclude_massive", action="store_true", default=None,
+                   help="drop massive-activation dimensions from the graphs")
+    t.add_argument("--amplification", choices=("column", "row", "diagonal"), help="Jacobian amplification (default column)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes for the numerics (default 2)")
     p.add_argument("--out", default="runs/default", help="run directory (default runs/default)")
     group = p.add_mutually_exclusive_group()

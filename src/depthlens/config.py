@@ -15,7 +15,9 @@ from .errors import InputError
 if TYPE_CHECKING:
     from .attention.analysis import AttentionOptions
     from .jacobian.stage import JacobianOptions
+    from .topology.stage import TopologyOptions
     from .jacobian.stage import JacobianOptions
+    from .topology.stage import TopologyOptions
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 
@@ -55,6 +57,8 @@ class RunConfig:
     jacobian_mode, positions, funnel_rank, null, revisions
         Jacobian-stage options (``jacobian_mode`` isolated, in_context or both; ``revisions``
         comma-separated), see :class:`depthlens.jacobian.stage.JacobianOptions`.
+    topk, n_perm, exclude_massive, amplification
+        Topology-stage options, see :class:`depthlens.topology.stage.TopologyOptions`.
     """
 
     model: str = "smollm2-135m"
@@ -79,10 +83,15 @@ class RunConfig:
     funnel_rank: int = 512
     null: str = "init"
     revisions: str = ""
+    topk: int = 20
+    n_perm: int = 1000
+    exclude_massive: bool = False
+    amplification: str = "column"
 
     def __post_init__(self) -> None:
         for name, low in (("chunks", 1), ("seq_len", 2), ("batch_size", 1), ("seed", 0), ("null_samples", 1),
-                          ("null_chunks", 0), ("extras_chunks", 0), ("probe_seqs", 1), ("probe_len", 1), ("funnel_rank", 1)):
+                          ("null_chunks", 0), ("extras_chunks", 0), ("probe_seqs", 1), ("probe_len", 1), ("funnel_rank", 1),
+                          ("topk", 1), ("n_perm", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 flag = "--" + name.replace("_", "-")
@@ -91,6 +100,7 @@ class RunConfig:
             raise InputError(f"dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
         self.attention_options()  # validates the stage options
         self.jacobian_options()
+        self.topology_options()
         if not self.model:
             raise InputError("model is empty; pass --model smollm2-135m, a hub id, a folder or a .gguf file.")
         if not self.text:
@@ -111,6 +121,16 @@ class RunConfig:
         revisions = tuple(r.strip() for r in self.revisions.split(",") if r.strip())
         return JacobianOptions(modes=modes, positions=self.positions, funnel_rank=self.funnel_rank,
                                null=self.null, revisions=revisions, seed=self.seed)
+
+    def topology_options(self) -> "TopologyOptions":
+        """The topology-stage options of this configuration (validated); the amplification
+        comes from the isolated operators when that mode runs, else from the first mode."""
+        from .topology.stage import TopologyOptions
+
+        modes = self.jacobian_options().modes
+        return TopologyOptions(topk=self.topk, n_perm=self.n_perm, exclude_massive=self.exclude_massive,
+                               amplification=self.amplification, seed=self.seed,
+                               mode="isolated" if "isolated" in modes else modes[0])
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as a plain dict (JSON-serialisable)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from . import capture, data
 from .attention import stage as attention_stage
 from .jacobian import stage as jacobian_stage
+from .topology import stage as topology_stage
 from .config import RunConfig
 from .errors import InputError
 from .models import LoadedModel, load_model
@@ -108,7 +109,7 @@ def run(
     check_target(out, mode, config.hash())  # fail fast, before the model loads
     prepared = prepare(config)
     run_dir = RunDirectory.open(out, mode, prepared.manifest())
-    for stage in stages:
+    for stage in _with_requirements(stages):
         run_dir.mark_stage(stage, "running")
         STAGES[stage](run_dir, prepared, execution)
         run_dir.mark_stage(stage, "done")
@@ -142,18 +143,40 @@ def _run_attention(run_dir: RunDirectory, prepared: Prepared, execution: Executi
                         batch_size=cfg.batch_size, jobs=execution.jobs, quiet=execution.quiet)
 
 
-def _run_jacobian(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
-    cfg = prepared.config
-
+def _revision_loader(cfg: RunConfig) -> Callable[[str], LoadedModel]:
     def load_revision(revision: str) -> LoadedModel:
         return load_model(cfg.model, revision=revision, dtype=cfg.dtype, device=cfg.device,
                           trust_remote_code=cfg.trust_remote_code, seed=cfg.seed)
 
+    return load_revision
+
+
+def _run_jacobian(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
+    cfg = prepared.config
     jacobian_stage.run(run_dir, prepared.loaded, prepared.token_ids, cfg.jacobian_options(),
-                       batch_size=cfg.batch_size, quiet=execution.quiet, load_revision=load_revision)
+                       batch_size=cfg.batch_size, quiet=execution.quiet, load_revision=_revision_loader(cfg))
 
 
-STAGES = {capture.STAGE: _run_capture, "attention": _run_attention, "jacobian": _run_jacobian}
+def _run_topology(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
+    cfg = prepared.config
+    ckpts = jacobian_stage.checkpoints(prepared.loaded, cfg.jacobian_options(), _revision_loader(cfg))
+    topology_stage.run(run_dir, ckpts, prepared.token_ids, cfg.topology_options(),
+                       batch_size=cfg.batch_size, quiet=execution.quiet)
+
+
+STAGES = {capture.STAGE: _run_capture, "attention": _run_attention, "jacobian": _run_jacobian,
+          "topology": _run_topology}
+#: Stages whose outputs a stage reads; they run first (finished units are skipped).
+REQUIRES = {"topology": ("jacobian",)}
+
+
+def _with_requirements(stages: Sequence[str]) -> list[str]:
+    ordered: list[str] = []
+    for stage in stages:
+        for need in (*REQUIRES.get(stage, ()), stage):
+            if need not in ordered:
+                ordered.append(need)
+    return ordered
 
 
 def _with_ident(table: pd.DataFrame, ident: dict[str, str]) -> pd.DataFrame:
