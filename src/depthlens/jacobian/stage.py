@@ -47,7 +47,7 @@ class JacobianOptions:
     revisions : tuple of str
         Extra hub revisions of the same model to analyse.
     seed : int
-        Seed of the step-0 initialisation.
+        The run seed; the step-0 initialisation uses :attr:`init_seed`, spawned from it.
     """
 
     modes: tuple[str, ...] = MODES
@@ -56,6 +56,12 @@ class JacobianOptions:
     null: str = "init"
     revisions: tuple[str, ...] = ()
     seed: int = 0
+
+    @property
+    def init_seed(self) -> int:
+        """Seed of the step-0 null, spawned from the run seed (so a ``random:`` model and its
+        null never share weights)."""
+        return int(np.random.SeedSequence([self.seed, 0x1A17]).generate_state(1)[0])
 
     def __post_init__(self) -> None:
         bad = [m for m in self.modes if m not in MODES]
@@ -78,7 +84,7 @@ def checkpoints(loaded, opts: JacobianOptions, load: Callable) -> list[tuple[str
 
     out: list[tuple[str, Callable]] = [("trained", lambda: loaded)]
     if opts.null == "init":
-        out.append(("init", lambda: init_like(loaded, seed=opts.seed)))
+        out.append(("init", lambda: init_like(loaded, seed=opts.init_seed)))
     for rev in opts.revisions:
         out.append((rev, lambda rev=rev: load(rev)))
     return out

@@ -1,0 +1,81 @@
+"""Jacobian and topology stages through the command line on a tiny random model: every
+table entry recomputed independently from the saved arrays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from safetensors.numpy import load_file
+
+from depthlens.cli import main
+from depthlens.jacobian.cumulative import cumulative_ranks
+from depthlens.jacobian.metrics import operator_metrics
+from depthlens.jacobian.stage import operator_list
+from depthlens.stats import bh_qvalues
+from depthlens.topology import rank_biserial
+
+TEXT = " ".join(f"Line {i} of a text about subject {i % 11}, with detail {i % 3}." for i in range(300))
+
+
+@pytest.fixture(scope="module")
+def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("stages")
+    text = folder / "t.txt"
+    text.write_text(TEXT)
+    out = folder / "run"
+    assert main(["topology", "--model", "random:llama", "--text", str(text), "--chunks", "4", "--seq-len", "24",
+                 "--batch-size", "2", "--n-perm", "200", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def _ops(root: Path, checkpoint: str, mode: str) -> dict[tuple[int, str], np.ndarray]:
+    arrays = load_file(str(root / "arrays" / f"jacobians_{checkpoint}_{mode}.safetensors"))
+    return {(int(k.split(".")[0]), k.split(".")[1]): v for k, v in arrays.items()}
+
+
+def test_operator_metrics_match_saved_operators(run_root: Path) -> None:
+    table = pd.read_parquet(run_root / "tables" / "operators.parquet")
+    assert set(table["checkpoint"]) == {"trained", "init"} and set(table["mode"]) == {"isolated", "in_context"}
+    for (ckpt, mode), group in table.groupby(["checkpoint", "mode"]):
+        ops = _ops(run_root, ckpt, mode)
+        for _, row in group.iterrows():
+            expect = operator_metrics(ops[(row["layer"], row["sublayer"])])
+            for name, value in expect.items():
+                assert row[name] == pytest.approx(value, rel=1e-10, abs=1e-12), name
+    trained, init = _ops(run_root, "trained", "isolated"), _ops(run_root, "init", "isolated")
+    assert not np.allclose(trained[(0, "attn")], init[(0, "attn")])
+
+
+def test_cumulative_alpha_one_is_the_plain_product(run_root: Path) -> None:
+    table = pd.read_parquet(run_root / "tables" / "cumulative.parquet")
+    assert sorted(table["alpha"].unique()) == [0.0, 0.25, 0.5, 0.75, 1.0]
+    got = table[(table["checkpoint"] == "trained") & (table["alpha"] == 1.0) & (table["direction"] == "forward")]
+    expect = cumulative_ranks(operator_list(_ops(run_root, "trained", "isolated")), "forward")
+    np.testing.assert_allclose(got.sort_values("depth")["erank"].to_numpy(), expect["erank"].to_numpy(), rtol=1e-12)
+
+
+def test_coupling_recomputed_from_units(run_root: Path) -> None:
+    units = pd.read_parquet(run_root / "tables" / "units.parquet")
+    coupling = pd.read_parquet(run_root / "tables" / "coupling.parquet")
+    for ckpt, group in coupling.groupby("checkpoint"):
+        ops = _ops(run_root, ckpt, "isolated")
+        np.testing.assert_allclose(group["q"].to_numpy(), bh_qvalues(group["p"].to_numpy()), rtol=1e-12)
+        for _, row in group.iterrows():
+            u = units[(units["checkpoint"] == ckpt) & (units["boundary"] == row["boundary"])]
+            J = ops[(row["layer"], row["sublayer"])]
+            np.testing.assert_allclose(u["amplification"].to_numpy(), np.linalg.norm(J[:, u["unit"].to_numpy()], axis=0))
+            amp, mask = u["amplification"].to_numpy(), u["is_boundary"].to_numpy()
+            assert row["effect"] == pytest.approx(rank_biserial(amp[mask], amp[~mask]), abs=1e-12)
+            assert 0 < row["p"] <= 1
+
+
+def test_one_profiled_resolution_per_checkpoint(run_root: Path) -> None:
+    profile = pd.read_parquet(run_root / "tables" / "topology_profile.parquet")
+    communities = pd.read_parquet(run_root / "tables" / "communities.parquet")
+    for ckpt, group in profile.groupby("checkpoint"):
+        gamma = group.loc[group["chosen"], "gamma"]
+        assert len(gamma) == 1
+        assert (communities.loc[communities["checkpoint"] == ckpt, "gamma"] == gamma.iloc[0]).all()
