@@ -1,0 +1,520 @@
+"""Pre-registered claims and their verdicts.
+
+A claims file is TOML with one ``[[claim]]`` table per claim::
+
+    [[claim]]
+    id = "A2-eig-gap-model"                       # unique; letters, digits, '-', '_', '.'
+    prediction = "One sentence saying what should hold."
+    statistic = "eig_gap_e1_model_final"          # a name in STATISTICS
+    test = ">="                                   # one of >=, <=, >, <, between
+    threshold = 7.0                               # a number, or [lo, hi] for between
+    inconclusive_band = [5.0, 7.0]                # optional: [lo, hi] or [[lo, hi], ...]
+    falsifier = "One sentence saying what would refute it."
+    source = "Which paper figure it comes from."
+
+Verdicts (never dropped; every claim of the file gets one):
+
+``not tested``
+    The statistic's inputs are missing: its stage did not run or failed, or the table lacks
+    the rows or columns it needs (e.g. no null samples, no ``init`` checkpoint).
+``inconclusive``
+    The inputs are there but too few to decide (the statistic is NaN: no routing heads, no
+    funnel to remove, ...), or the value fails the test but lies inside the inconclusive
+    band (closed intervals): the band turns near misses into ``inconclusive`` rather than
+    ``falsified`` and never overrides a passed test.
+``supported`` / ``falsified``
+    The value passes / fails the test.
+
+Statistic functions take a :class:`~depthlens.report.tables.RunTables` and return a float
+(``inf`` allowed), NaN for "too little data", or ``None`` for "inputs missing". They only read
+tables and summaries; nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import tomllib
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import InputError
+from ..runs.atomic import write_json
+from .tables import RunTables
+
+#: The verdicts, in the order the report explains them.
+VERDICTS = ("supported", "falsified", "inconclusive", "not tested")
+#: Comparison tests a claim may use.
+TESTS = (">=", "<=", ">", "<", "between")
+CLAIMS_JSON = "claims.json"
+_FIELDS = {"id", "prediction", "statistic", "test", "threshold", "falsifier", "source", "inconclusive_band"}
+_REQUIRED = ("id", "prediction", "statistic", "test", "threshold", "falsifier", "source")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+# ---------------------------------------------------------------------------------------
+# statistics registry
+class NotTested(Exception):
+    """Raised inside a statistic when its inputs are missing (verdict ``not tested``)."""
+
+
+class TooLittleData(Exception):
+    """Raised inside a statistic when its inputs are present but too few (``inconclusive``)."""
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """A named statistic: ``func(tables) -> float | None`` and the outputs it reads.
+
+    ``needs`` names run outputs (``NAME`` for ``tables/NAME.parquet``, ``NAME.json``,
+    ``arrays/NAME``); when one is absent the claim is ``not tested`` without calling ``func``.
+    """
+
+    name: str
+    func: Callable[[RunTables], float | None]
+    needs: tuple[str, ...]
+    description: str
+
+
+STATISTICS: dict[str, Statistic] = {}
+
+
+def register(name: str, needs: Sequence[str], description: str):
+    """Decorator adding a statistic function to :data:`STATISTICS` under ``name``."""
+
+    def wrap(func: Callable[[RunTables], float | None]) -> Callable[[RunTables], float | None]:
+        if name in STATISTICS:
+            raise ValueError(f"statistic {name!r} is registered twice")
+        STATISTICS[name] = Statistic(name, func, tuple(needs), " ".join(description.split()))
+        return func
+
+    return wrap
+
+
+def compute_statistic(name: str, tables: RunTables) -> tuple[float | None, str]:
+    """Value of statistic ``name`` on ``tables`` and a one-line note.
+
+    Returns ``(None, why)`` when the inputs are missing (or the statistic failed on an
+    unexpected table, also issued as a ``RuntimeWarning``) and ``(nan, why)`` when they are
+    too few; otherwise ``(value, "")``.
+    """
+    stat = STATISTICS[name]
+    for need in stat.needs:
+        if not tables.has(need):
+            return None, tables.why_missing(need)
+    try:
+        value = stat.func(tables)
+    except NotTested as exc:
+        return None, str(exc)
+    except TooLittleData as exc:
+        return math.nan, str(exc)
+    except Exception as exc:  # an odd table must not take the report down: say so instead
+        warnings.warn(f"statistic {name} failed: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+        return None, f"{name} could not be computed ({type(exc).__name__}: {exc})"
+    if value is None:
+        return None, f"the inputs of {name} are missing"
+    value = float(value)
+    return value, ("too little data" if math.isnan(value) else "")
+
+
+def _columns(df: pd.DataFrame, name: str, *cols: str) -> None:
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise NotTested(f"{name} lacks column {missing[0]!r}")
+
+
+def _numeric(s: pd.Series) -> np.ndarray:
+    return pd.to_numeric(s, errors="coerce").to_numpy(dtype=float)
+
+
+def _median(values: np.ndarray, what: str) -> float:
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        raise TooLittleData(f"no finite values of {what}")
+    return float(np.median(values))
+
+
+def _select(df: pd.DataFrame, table: str, **equal: Any) -> pd.DataFrame:
+    _columns(df, table, *equal)
+    for col, value in equal.items():
+        df = df[df[col] == value]
+        if df.empty:
+            raise NotTested(f"{table} has no rows with {col} = {value}")
+    return df
+
+
+# -- Part A ------------------------------------------------------------------------------
+@register("kreiss_A_pinned_fraction", ["head_chunks"],
+          "Fraction of attention matrices with a simple Perron root whose K(A) reaches √n "
+          "(column kreiss_A_ok of head_chunks).")
+def _kreiss_pinned(t: RunTables) -> float:
+    df = t.table("head_chunks")
+    _columns(df, "head_chunks", "perron_simple", "kreiss_A_ok")
+    simple = df[_numeric(df["perron_simple"]) == 1.0]
+    if simple.empty:
+        raise TooLittleData("no matrix with a simple Perron root")
+    return float(np.mean(_numeric(simple["kreiss_A_ok"]) == 1.0))
+
+
+def _gap(source: str, which: str) -> Callable[[RunTables], float]:
+    def stat(t: RunTables) -> float:
+        df = _select(t.table("depth"), "depth.parquet", operator="mean", source=source)
+        _columns(df, "depth.parquet", "depth", which)
+        final = df[df["depth"] == df["depth"].max()]
+        return _median(_numeric(final[which]), f"{which} ({source}) at depth {int(df['depth'].max())}")
+
+    return stat
+
+
+for _source in ("model", "null"):
+    for _which in ("gap_e1", "gap_e2"):
+        register(f"eig_{_which}_{_source}_final", ["depth"],
+                 f"Median over chunks{' and null samples' if _source == 'null' else ''} of {_which} = "
+                 f"log10(‖D‖/{_which[-2:].upper()}) of the mean-head operator at the final depth, "
+                 f"source = {_source}.")(_gap(_source, _which))
+
+
+@register("induction_ratio_median", ["heads"],
+          "Median over routing heads of induction_ratio (Δ_TR on second-copy over first-copy "
+          "probe positions).")
+def _induction_ratio(t: RunTables) -> float:
+    df = t.table("heads")
+    _columns(df, "heads.parquet", "role", "induction_ratio")
+    routing = df[df["role"] == "routing"]
+    if routing.empty:
+        raise TooLittleData("no routing heads")
+    return _median(_numeric(routing["induction_ratio"]), "induction_ratio over routing heads")
+
+
+def _summary_fraction(key: str, role: str) -> Callable[[RunTables], float]:
+    def stat(t: RunTables) -> float:
+        summary = t.json("attention")
+        if key not in summary:
+            raise NotTested(f"attention.json lacks {key!r}")
+        value = summary[key]
+        if value is None:
+            raise TooLittleData(f"no {role} heads")
+        return float(value)
+
+    return stat
+
+
+register("routing_positive_significant_fraction", ["attention.json"],
+         "Fraction of routing heads with Δ_TR > 0 and BH q ≤ q_level "
+         "(attention.json: routing_positive_significant).")(
+    _summary_fraction("routing_positive_significant", "routing"))
+register("sink_negative_fraction", ["attention.json"],
+         "Fraction of sink heads with Δ_TR < 0 (attention.json: sink_negative).")(
+    _summary_fraction("sink_negative", "sink"))
+
+
+@register("clamp_chain_n_dims", ["interventions.json"],
+          "Number of massive-activation dimensions whose clamp supports the chain (sink mass "
+          "falls monotonically in α, predicts the rise in reserve, control inert): "
+          "len(interventions.json['clamp_chain']['dims']), 0 when the chain is not supported.")
+def _clamp_chain(t: RunTables) -> float:
+    chain = t.json("interventions").get("clamp_chain")
+    if not isinstance(chain, dict):
+        raise NotTested("interventions.json lacks 'clamp_chain'")
+    if chain.get("supported") is False:
+        return 0.0
+    dims = chain.get("dims")
+    if not isinstance(dims, list):
+        raise NotTested("interventions.json lacks 'clamp_chain.dims'")
+    return float(len(dims))
+
+
+# -- Part B ------------------------------------------------------------------------------
+@register("complex_frac_early_median", ["operators"],
+          "Median complex_frac of the trained isolated mean Jacobians (both sub-layers) over "
+          "the first third of layers (layer < ceil(L/3)).")
+def _complex_early(t: RunTables) -> float:
+    df = _select(t.table("operators"), "operators.parquet", checkpoint="trained", mode="isolated")
+    _columns(df, "operators.parquet", "layer", "complex_frac")
+    n_layers = int(df["layer"].max()) + 1
+    early = df[df["layer"] < math.ceil(n_layers / 3)]
+    return _median(_numeric(early["complex_frac"]), "complex_frac in early layers")
+
+
+def _funnel_curve(t: RunTables, checkpoint: str, alpha: float) -> pd.DataFrame:
+    df = _select(t.table("cumulative"), "cumulative.parquet", checkpoint=checkpoint, direction="forward")
+    _columns(df, "cumulative.parquet", "mode", "alpha", "truncation", "depth", "erank")
+    modes = list(pd.unique(df["mode"]))
+    df = df[df["mode"] == ("isolated" if "isolated" in modes else modes[0])]
+    df = df[np.isclose(_numeric(df["alpha"]), alpha)]
+    if df.empty:
+        raise NotTested(f"cumulative.parquet has no forward curve for {checkpoint} at α = {alpha:g}")
+    df = df[df["truncation"] == df["truncation"].max()]  # exact (truncation = d) where present
+    return df.sort_values("depth")
+
+
+def _funnel_ratio(t: RunTables, checkpoint: str, alpha: float = 1.0) -> float:
+    curve = _funnel_curve(t, checkpoint, alpha)
+    first, last = float(curve["erank"].iloc[0]), float(curve["erank"].iloc[-1])
+    if len(curve) < 2 or not first > 0:
+        raise TooLittleData(f"the {checkpoint} cumulative curve has fewer than two depths")
+    return last / first
+
+
+register("funnel_ratio_trained", ["cumulative"],
+         "erank of the trained forward cumulative Jacobian (α = 1, least truncation) at full "
+         "depth over its value after one step.")(lambda t: _funnel_ratio(t, "trained"))
+register("funnel_ratio_init", ["cumulative"],
+         "The same ratio on the step-0 (init) checkpoint.")(lambda t: _funnel_ratio(t, "init"))
+
+
+@register("funnel_removed_by_schur", ["cumulative"],
+          "Fraction of the trained funnel (in log erank) removed by the Schur split α = 0: "
+          "1 − log(r₀)/log(r₁), r_α = erank(full depth)/erank(one step) at α.")
+def _funnel_schur(t: RunTables) -> float:
+    fall1 = -math.log(_funnel_ratio(t, "trained", 1.0))
+    fall0 = -math.log(_funnel_ratio(t, "trained", 0.0))
+    if not fall1 > 0:
+        raise TooLittleData("no funnel at α = 1 to remove")
+    return 1.0 - fall0 / fall1
+
+
+def _significant(t: RunTables, checkpoint: str) -> pd.Series:
+    df = _select(t.table("coupling"), "coupling.parquet", checkpoint=checkpoint)
+    _columns(df, "coupling.parquet", "significant")
+    return df["significant"].astype(bool)
+
+
+register("coupling_significant_rise", ["coupling"],
+         "FDR-significant coupling boundaries of the trained checkpoint minus those of init.")(
+    lambda t: float(_significant(t, "trained").sum() - _significant(t, "init").sum()))
+register("coupling_significant_fraction_init", ["coupling"],
+         "Fraction of sub-layer boundaries with FDR-significant coupling at init.")(
+    lambda t: float(_significant(t, "init").mean()))
+
+
+# ---------------------------------------------------------------------------------------
+# claims files
+@dataclass(frozen=True)
+class Claim:
+    """One pre-registered claim (see the module docstring for the fields)."""
+
+    id: str
+    prediction: str
+    statistic: str
+    test: str
+    threshold: float | tuple[float, float]
+    falsifier: str
+    source: str
+    inconclusive_band: tuple[tuple[float, float], ...] = field(default=())
+
+    def criterion(self) -> str:
+        """The test as text, e.g. ``≥ 7`` or ``in [1.5, 3]``."""
+        if self.test == "between":
+            lo, hi = self.threshold  # type: ignore[misc]
+            return f"in [{_fmt(lo)}, {_fmt(hi)}]"
+        sym = {">=": "≥", "<=": "≤", ">": ">", "<": "<"}[self.test]
+        return f"{sym} {_fmt(self.threshold)}"  # type: ignore[arg-type]
+
+
+def default_claims_path() -> Path:
+    """Path of the packaged ``default_claims.toml``."""
+    return Path(str(resources.files(__package__).joinpath("default_claims.toml")))
+
+
+def claims_hash(path: str | Path | None = None) -> str:
+    """sha256 (hex) of the claims file's bytes (the packaged default when ``path`` is None)."""
+    return hashlib.sha256(Path(path or default_claims_path()).read_bytes()).hexdigest()
+
+
+def load_claims(path: str | Path | None = None) -> list[Claim]:
+    """Read and strictly validate a claims file (the packaged default when ``path`` is None).
+
+    Raises
+    ------
+    InputError
+        One line naming the claim and the problem: unreadable file, invalid TOML, no
+        ``[[claim]]`` tables, an unknown top-level key, a missing or unknown field, a
+        duplicate id, an unknown statistic, a bad test, threshold or inconclusive band.
+    """
+    file = Path(path or default_claims_path())
+    where = f"claims file {file.name}"
+    try:
+        doc = tomllib.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"cannot read {where} ({exc.strerror or exc}); pass an existing TOML file.") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{where} is not UTF-8 text; save it as UTF-8 TOML.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{where} is not valid TOML ({exc}); fix the syntax.") from None
+    extra = sorted(set(doc) - {"claim"})
+    if extra:
+        raise InputError(f"{where}: unknown top-level key {extra[0]!r}; claims go in [[claim]] tables.")
+    raw = doc.get("claim")
+    if not isinstance(raw, list) or not raw:
+        raise InputError(f"{where} has no [[claim]] tables; add at least one claim.")
+    claims: list[Claim] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(raw, start=1):
+        claim = _parse_claim(entry, i, where)
+        if claim.id in seen:
+            raise InputError(f"{where}: claim {claim.id!r}: duplicate id; give each claim its own id.")
+        seen.add(claim.id)
+        claims.append(claim)
+    return claims
+
+
+def _parse_claim(entry: Any, index: int, where: str) -> Claim:
+    label = f"{where}: claim #{index}"
+    if not isinstance(entry, dict):
+        raise InputError(f"{label}: is not a table; write it as [[claim]] with key = value lines.")
+    cid = entry.get("id")
+    if isinstance(cid, str) and _ID.match(cid):
+        label = f"{where}: claim {cid!r}"
+    elif "id" in entry:
+        raise InputError(f"{label}: id must be a non-empty string of letters, digits, '-', '_' or '.'.")
+
+    def fail(problem: str) -> InputError:
+        return InputError(f"{label}: {problem}")
+
+    unknown = sorted(set(entry) - _FIELDS)
+    if unknown:
+        raise fail(f"unknown field {unknown[0]!r}; allowed: {', '.join(sorted(_FIELDS))}.")
+    for name in _REQUIRED:
+        if name not in entry:
+            raise fail(f"missing field {name!r}.")
+    for name in ("prediction", "falsifier", "source", "statistic", "test"):
+        if not isinstance(entry[name], str) or not entry[name].strip():
+            raise fail(f"field {name!r} must be a non-empty string.")
+    if entry["statistic"] not in STATISTICS:
+        raise fail(f"unknown statistic {entry['statistic']!r}; known: {', '.join(sorted(STATISTICS))}.")
+    test = entry["test"]
+    if test not in TESTS:
+        raise fail(f"unknown test {test!r}; use one of {', '.join(TESTS)}.")
+    threshold: float | tuple[float, float]
+    if test == "between":
+        threshold = _interval(entry["threshold"], fail, "threshold")
+    else:
+        if not _is_number(entry["threshold"]):
+            raise fail(f"threshold must be a number for test {test!r}.")
+        threshold = float(entry["threshold"])
+    band: tuple[tuple[float, float], ...] = ()
+    if "inconclusive_band" in entry:
+        b = entry["inconclusive_band"]
+        if isinstance(b, list) and b and all(isinstance(x, list) for x in b):
+            band = tuple(_interval(x, fail, "inconclusive_band") for x in b)
+        else:
+            band = (_interval(b, fail, "inconclusive_band"),)
+    return Claim(id=entry["id"], prediction=" ".join(entry["prediction"].split()), statistic=entry["statistic"],
+                 test=test, threshold=threshold, falsifier=" ".join(entry["falsifier"].split()),
+                 source=" ".join(entry["source"].split()), inconclusive_band=band)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+
+
+def _interval(x: Any, fail: Callable[[str], InputError], name: str) -> tuple[float, float]:
+    if not (isinstance(x, list) and len(x) == 2 and all(_is_number(v) for v in x)):
+        raise fail(f"{name} must be [lo, hi], two numbers.")
+    lo, hi = float(x[0]), float(x[1])
+    if not lo < hi:
+        raise fail(f"{name} [{_fmt(lo)}, {_fmt(hi)}] needs lo < hi.")
+    return lo, hi
+
+
+# ---------------------------------------------------------------------------------------
+# verdicts
+def verdict(claim: Claim, value: float | None) -> tuple[str, str]:
+    """The verdict of ``claim`` for statistic ``value`` and a short reason.
+
+    ``None`` → ``not tested``; NaN → ``inconclusive`` (too little data); passes the test →
+    ``supported``; fails it inside an inconclusive band → ``inconclusive``; else
+    ``falsified``.
+    """
+    if value is None:
+        return "not tested", "inputs missing"
+    if math.isnan(value):
+        return "inconclusive", "too little data"
+    if claim.test == "between":
+        lo, hi = claim.threshold  # type: ignore[misc]
+        passed = lo <= value <= hi
+    else:
+        t = float(claim.threshold)  # type: ignore[arg-type]
+        passed = {">=": value >= t, "<=": value <= t, ">": value > t, "<": value < t}[claim.test]
+    if passed:
+        return "supported", f"{_fmt(value)} {claim.criterion()}"
+    for lo, hi in claim.inconclusive_band:
+        if lo <= value <= hi:
+            return "inconclusive", (f"{_fmt(value)} fails {claim.criterion()} but lies in the "
+                                    f"inconclusive band [{_fmt(lo)}, {_fmt(hi)}]")
+    return "falsified", f"{_fmt(value)} fails {claim.criterion()}"
+
+
+def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables) -> list[dict[str, Any]]:
+    """Evaluate every claim on a run directory; one JSON-ready dict per claim, in order.
+
+    Keys: ``id``, ``prediction``, ``statistic``, ``statistic_description``, ``value`` (a
+    finite float, ``"inf"``/``"-inf"``, or None when not tested or NaN), ``value_text``,
+    ``test``, ``threshold``, ``criterion``, ``inconclusive_band``, ``verdict``, ``reason``,
+    ``falsifier``, ``source``. Reads tables and summaries only.
+    """
+    tables = run_dir if isinstance(run_dir, RunTables) else RunTables(run_dir)
+    results = []
+    for claim in claims:
+        value, note = compute_statistic(claim.statistic, tables)
+        result, reason = verdict(claim, value)
+        if result == "not tested" and note:
+            reason = note
+        elif value is not None and math.isnan(value) and note and note != reason:
+            reason = f"{reason}: {note}"
+        results.append({
+            "id": claim.id,
+            "prediction": claim.prediction,
+            "statistic": claim.statistic,
+            "statistic_description": STATISTICS[claim.statistic].description,
+            "value": _json_value(value),
+            "value_text": "—" if value is None or math.isnan(value) else _fmt(value),
+            "test": claim.test,
+            "threshold": list(claim.threshold) if isinstance(claim.threshold, tuple) else claim.threshold,
+            "criterion": claim.criterion(),
+            "inconclusive_band": [list(b) for b in claim.inconclusive_band],
+            "verdict": result,
+            "reason": reason,
+            "falsifier": claim.falsifier,
+            "source": claim.source,
+        })
+    return results
+
+
+def write_claims_json(run_dir: str | Path, results: list[dict[str, Any]], *,
+                      claims_path: str | Path | None = None) -> Path:
+    """Atomically write ``RUN/claims.json``: the results, verdict counts and the claims
+    file's name and sha256 (the packaged default when ``claims_path`` is None)."""
+    file = Path(claims_path or default_claims_path())
+    counts = {v: sum(r["verdict"] == v for r in results) for v in VERDICTS}
+    path = Path(run_dir) / CLAIMS_JSON
+    write_json(path, {"claims_file": file.name, "claims_hash": claims_hash(file),
+                      "counts": counts, "results": results})
+    return path
+
+
+def _json_value(value: float | None) -> float | str | None:
+    if value is None or math.isnan(value):
+        return None
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _fmt(x: float) -> str:
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "+∞" if x > 0 else "−∞"
+    if x == int(x) and abs(x) < 1e6:
+        return str(int(x))
+    return f"{x:.3g}"

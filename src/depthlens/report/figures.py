@@ -1,0 +1,461 @@
+"""The report's figures, drawn from a run's tables into ``RUN/figures/NAME.png``.
+
+Every figure reads tables, summaries and arrays only (nothing is recomputed). A figure whose
+inputs are missing is skipped (``None``), never an error. Figures are drawn on
+:class:`matplotlib.figure.Figure` objects with the Agg canvas, so no pyplot state or GUI
+backend is involved.
+
+Figures (part A: attention; part B: residual stream):
+
+=====================  ====  ==================================================================
+name                   part  what
+=====================  ====  ==================================================================
+pseudospectra          A     ε-pseudospectra of B for the top routing and sink heads
+transient_reserve      A     TR1 = log K(B) per head against its matched-null mean, by role
+depth_products         A     ‖D‖ and the eigenvalue predictions E1, E2 against depth
+eigenvalue_clouds      B     eigenvalues of the mean Jacobians, early / middle / late layer
+operator_profile       B     complex_frac, henrici_update_rel, symmetry against depth
+cumulative_erank       B     erank of the cumulative Jacobian for every Schur-split α
+coupling               B     boundary-vs-interior coupling effect per boundary, FDR marks
+=====================  ====  ==================================================================
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
+
+from ..runs.atomic import atomic_path
+from .tables import RunTables
+
+FIGURES_DIR = "figures"
+DPI = 100
+ROLE_COLOURS = {"routing": "#1f77b4", "sink": "#d62728", "other": "#9a9a9a"}
+CHECKPOINT_STYLES = {"trained": "-", "init": "--"}
+PSEUDO_EPS = (1e-3, 1e-2, 1e-1)
+
+#: What to look for in each figure (shown under it in the report).
+CAPTIONS: dict[str, str] = {
+    "pseudospectra": (
+        "ε-pseudospectra of the Perron-deflated operator B = A − P for the top routing head "
+        "(largest previous-token or induction score) and the top sink head (largest sink mass), "
+        "each on its median chunk: contours of σ_min(zI − B) at ε = 1e-3, 1e-2, 1e-1, "
+        "eigenvalues (the self-attention weights) as dots, unit circle dashed. Look for contours "
+        "that bulge far beyond the eigenvalues (and past the unit circle) for the routing head: "
+        "that is transient reserve the spectrum does not show; a sink head's contours should "
+        "hug its eigenvalues more tightly."
+    ),
+    "transient_reserve": (
+        "Transient reserve TR1 = log K(B) of every head against the mean over its matched "
+        "shuffle nulls (same row weights and spectrum), coloured by role; outlined points are "
+        "BH-significant. Points above the diagonal carry excess reserve. Look for routing heads "
+        "above the line and sink heads below it (signed organisation)."
+    ),
+    "depth_products": (
+        "Norm of the surviving depth deviation ‖D‖ = ‖B_L ⋯ B_1‖ (median over chunks) against "
+        "the eigenvalue predictions E1 = ρ(D) and E2 = Π ρ(B_l), for the model (solid) and its "
+        "matched nulls (dashed), log scale. Look for ‖D‖ separating from E1/E2 by many orders "
+        "of magnitude on the model but not on the nulls. Where a prediction is exactly 0 the "
+        "gap is infinite and that point is not drawn (noted in the panel)."
+    ),
+    "eigenvalue_clouds": (
+        "Eigenvalues of the mean sub-layer Jacobians J = I + U of the trained model at an "
+        "early, a middle and the last layer (attention ○, MLP ×; step-0 model in grey behind), "
+        "unit circle dashed. Look for complex-conjugate clouds (rotation) in early layers that "
+        "collapse onto the real axis (near-symmetric operators) late."
+    ),
+    "operator_profile": (
+        "Operator type against depth (sub-layer index: attention then MLP of each layer): "
+        "fraction of complex eigenvalues, relative Henrici departure of the update U, and "
+        "symmetry of J, trained (solid) beside step 0 (dashed). Look for a monotone gradient "
+        "from non-normal, rotation-heavy early layers to near-symmetric late layers in the "
+        "trained model and its absence at init."
+    ),
+    "cumulative_erank": (
+        "Effective rank of the cumulative Jacobian C_{0→b} (forward, least truncation) against "
+        "depth for every Schur-split α (α = 1: the real operators; α = 0: non-normal part "
+        "removed), trained solid, step 0 dashed. Look for a funnel (erank falling by an order of "
+        "magnitude) at α = 1 in the trained model only, largely removed at α = 0."
+    ),
+    "coupling": (
+        "Coupling between topology and dynamics per sub-layer boundary: rank-biserial effect of "
+        "boundary-node versus interior Jacobian amplification, per checkpoint; a star marks "
+        "boundaries that are significant after BH-FDR. Look for significant boundaries in the "
+        "trained model and none at init, with the sign following the operator type."
+    ),
+}
+
+
+class Skip(Exception):
+    """Raised inside a figure function when its inputs are missing; the message says why."""
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """A figure: its name, report part (``A``/``B``), title, the run outputs it reads and
+    its drawing function ``draw(tables) -> Figure`` (raising :class:`Skip` when it cannot)."""
+
+    name: str
+    part: str
+    title: str
+    needs: tuple[str, ...]
+    draw: Callable[[RunTables], Figure]
+
+    @property
+    def caption(self) -> str:
+        return CAPTIONS[self.name]
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+def _need(df: pd.DataFrame | None, name: str, *cols: str) -> pd.DataFrame:
+    if df is None:
+        raise Skip(f"{name} is absent")
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise Skip(f"{name} lacks column {missing[0]!r}")
+    if df.empty:
+        raise Skip(f"{name} is empty")
+    return df
+
+
+def _prefer(df: pd.DataFrame, col: str, value: str) -> tuple[pd.DataFrame, str]:
+    values = list(pd.unique(df[col]))
+    chosen = value if value in values else values[0]
+    return df[df[col] == chosen], str(chosen)
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _unit_circle(ax) -> None:
+    t = np.linspace(0, 2 * np.pi, 361)
+    ax.plot(np.cos(t), np.sin(t), ls="--", lw=0.8, color="0.4", zorder=1)
+
+
+def _checkpoint_style(checkpoint: str) -> str:
+    return CHECKPOINT_STYLES.get(checkpoint, ":")
+
+
+def _checkpoints(df: pd.DataFrame) -> list[str]:
+    present = [str(c) for c in pd.unique(df["checkpoint"])]
+    return sorted(present, key=lambda c: (c != "trained", c != "init", c))
+
+
+def _sublayer_index(df: pd.DataFrame) -> np.ndarray:
+    return 2 * df["layer"].to_numpy() + (df["sublayer"].to_numpy() == "mlp")
+
+
+# ---------------------------------------------------------------------------------------
+# part A
+def draw_pseudospectra(t: RunTables) -> Figure:
+    loaded = t.arrays("pseudospectra")
+    if loaded is None:
+        raise Skip("arrays/pseudospectra.safetensors is absent")
+    arrays, meta = loaded
+    roles = [r for r in ("routing", "sink") if all(f"{r}.{k}" in arrays for k in ("x", "y", "sigma"))]
+    if not roles:
+        raise Skip("arrays/pseudospectra.safetensors holds no routing or sink grid")
+    fig = _figure(5.0 * len(roles), 4.6)
+    axes = fig.subplots(1, len(roles), squeeze=False)[0]
+    for ax, role in zip(axes, roles):
+        x, y = np.asarray(arrays[f"{role}.x"], float), np.asarray(arrays[f"{role}.y"], float)
+        sigma = np.asarray(arrays[f"{role}.sigma"], float)
+        if sigma.shape != (y.size, x.size):
+            raise Skip(f"{role}.sigma has shape {sigma.shape}, expected {(y.size, x.size)}")
+        logs = np.log10(np.maximum(sigma, 1e-300))
+        finite = logs[np.isfinite(logs)]
+        mesh = ax.pcolormesh(x, y, np.clip(logs, -4, 0.5), cmap="Greys_r", shading="auto", vmin=-4, vmax=0.5)
+        levels = [math.log10(e) for e in PSEUDO_EPS if finite.size and finite.min() < math.log10(e) < finite.max()]
+        if levels:
+            cs = ax.contour(x, y, logs, levels=levels, colors=["#08519c", "#3182bd", "#9ecae1"][: len(levels)],
+                            linewidths=1.2)
+            ax.clabel(cs, fmt={lv: f"ε=1e{round(lv)}" for lv in levels}, fontsize=7)
+        _unit_circle(ax)
+        eig = np.asarray(arrays.get(f"{role}.eig", np.empty(0)))
+        if eig.size:
+            ax.plot(np.real(eig), np.imag(eig) if np.iscomplexobj(eig) else np.zeros(eig.size), "o",
+                    ms=3, color=ROLE_COLOURS[role], label="eigenvalues of B")
+            ax.legend(loc="upper right", fontsize=7)
+        where = f"layer {meta.get(f'{role}.layer', '?')}, head {meta.get(f'{role}.head', '?')}"
+        ax.set_title(f"{role} head ({where})", fontsize=9)
+        ax.set_xlabel("Re z")
+        ax.set_ylabel("Im z")
+        ax.set_aspect("equal")
+        ax.set_xlim(x.min(), x.max())
+        ax.set_ylim(y.min(), y.max())
+    fig.colorbar(mesh, ax=list(axes), shrink=0.8, label="log10 σ_min(zI − B)")
+    return fig
+
+
+def draw_transient_reserve(t: RunTables) -> Figure:
+    df = _need(t.table("heads"), "heads.parquet", "TR1", "null_TR1_mean")
+    df = df[np.isfinite(df["TR1"].astype(float)) & np.isfinite(df["null_TR1_mean"].astype(float))]
+    if df.empty:
+        raise Skip("no head has both TR1 and a null mean")
+    roles = df["role"].astype(str) if "role" in df.columns else pd.Series("other", index=df.index)
+    sig = (df["null_q"].astype(float) <= 0.05) if "null_q" in df.columns else pd.Series(False, index=df.index)
+    fig = _figure(5.4, 4.6)
+    ax = fig.subplots()
+    lo = float(min(df["TR1"].min(), df["null_TR1_mean"].min()))
+    hi = float(max(df["TR1"].max(), df["null_TR1_mean"].max()))
+    pad = 0.05 * (hi - lo or 1.0)
+    ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], ls="--", lw=0.8, color="0.4", label="no excess")
+    for role in sorted(pd.unique(roles), key=lambda r: (r not in ROLE_COLOURS, r)):
+        mask = roles == role
+        colour = ROLE_COLOURS.get(role, "#7f7f7f")
+        ax.scatter(df.loc[mask, "null_TR1_mean"], df.loc[mask, "TR1"], s=22, color=colour,
+                   edgecolors=np.where(sig[mask], "black", "none"), linewidths=0.9,
+                   label=f"{role} ({int(mask.sum())})", zorder=3)
+    ax.set_xlabel("null mean of TR1 (matched shuffle)")
+    ax.set_ylabel("TR1 = log K(B)")
+    ax.set_title("Transient reserve against matched null", fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
+_OPERATOR_ORDER = ("mean", "rollout", "chain_routing", "chain_sink")
+
+
+def draw_depth_products(t: RunTables) -> Figure:
+    df = _need(t.table("depth"), "depth.parquet", "operator", "source", "depth", "norm_D", "e1", "e2")
+    ops = sorted(pd.unique(df["operator"]).astype(str), key=lambda o: (o not in _OPERATOR_ORDER,
+                 _OPERATOR_ORDER.index(o) if o in _OPERATOR_ORDER else 0, o))
+    fig = _figure(4.3 * min(len(ops), 2), 3.6 * math.ceil(len(ops) / 2))
+    axes = fig.subplots(math.ceil(len(ops) / 2), min(len(ops), 2), squeeze=False).ravel()
+    for ax in axes[len(ops):]:
+        ax.set_visible(False)
+    colours = {"norm_D": "black", "e1": "#ff7f0e", "e2": "#2ca02c"}
+    labels = {"norm_D": "‖D‖", "e1": "E1 = ρ(D)", "e2": "E2 = Π ρ(B_l)"}
+    for ax, op in zip(axes, ops):
+        sub = df[df["operator"] == op]
+        notes = []
+        for source in ("model", "null"):
+            part = sub[sub["source"] == source]
+            if part.empty:
+                continue
+            med = part.groupby("depth")[["norm_D", "e1", "e2"]].median().sort_index()
+            for col in ("norm_D", "e1", "e2"):
+                vals = med[col].to_numpy(float)
+                ok = np.isfinite(vals) & (vals > 0)
+                if not ok.all():
+                    bad = med.index[~ok].tolist()
+                    notes.append(f"{source} {labels[col].split(' ')[0]} = 0 at depth {_ranges(bad)} (gap = ∞)")
+                y = np.where(ok, vals, np.nan)
+                ax.plot(med.index, y, ls="-" if source == "model" else "--", marker="o", ms=3, color=colours[col])
+        ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("depth (layers)")
+        ax.set_title(f"operator: {op}", fontsize=9)
+        if notes:
+            ax.text(0.02, 0.02, "\n".join(notes[:4]), transform=ax.transAxes, fontsize=6.5, va="bottom",
+                    color="#a00000")
+    handles = [Line2D([], [], color=colours[c], label=labels[c]) for c in colours]
+    handles += [Line2D([], [], color="0.3", ls="-", label="model"), Line2D([], [], color="0.3", ls="--", label="null")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=5, fontsize=7)
+    return fig
+
+
+def _ranges(values: list[int]) -> str:
+    values = sorted(int(v) for v in values)
+    if len(values) <= 3:
+        return ", ".join(map(str, values))
+    return f"{values[0]}–{values[-1]}"
+
+
+# ---------------------------------------------------------------------------------------
+# part B
+def draw_eigenvalue_clouds(t: RunTables) -> Figure:
+    df = _need(t.table("eigenvalues"), "eigenvalues.parquet", "checkpoint", "mode", "layer", "sublayer", "re", "im")
+    df, mode = _prefer(df, "mode", "isolated")
+    trained, checkpoint = _prefer(df, "checkpoint", "trained")
+    init = df[df["checkpoint"] == "init"] if checkpoint != "init" else df.iloc[:0]
+    layers = sorted(pd.unique(trained["layer"]))
+    picks = list(dict.fromkeys([layers[0], layers[len(layers) // 2], layers[-1]]))
+    names = ["early", "middle", "late"] if len(picks) == 3 else ["early", "late"][: len(picks)]
+    fig = _figure(3.8 * len(picks), 3.9)
+    axes = fig.subplots(1, len(picks), squeeze=False)[0]
+    markers = {"attn": "o", "mlp": "x"}
+    for ax, layer, name in zip(axes, picks, names):
+        ref = init[init["layer"] == layer]
+        if not ref.empty:
+            ax.scatter(ref["re"], ref["im"], s=6, color="0.75", label="init", zorder=1)
+        for sub, marker in markers.items():
+            part = trained[(trained["layer"] == layer) & (trained["sublayer"] == sub)]
+            if not part.empty:
+                ax.scatter(part["re"], part["im"], s=10, marker=marker, linewidths=0.8,
+                           facecolors="none" if marker == "o" else None,
+                           edgecolors="#1f77b4" if marker == "o" else None,
+                           color=None if marker == "o" else "#d62728", label=sub, zorder=2)
+        _unit_circle(ax)
+        ax.axhline(0, lw=0.5, color="0.6")
+        ax.set_aspect("equal", adjustable="datalim")
+        ax.set_title(f"{name}: layer {layer} ({checkpoint}, {mode})", fontsize=9)
+        ax.set_xlabel("Re λ")
+        ax.set_ylabel("Im λ")
+        ax.legend(fontsize=7)
+    return fig
+
+
+_PROFILE = (("complex_frac", "complex eigenvalue fraction"), ("henrici_update_rel", "Henrici departure of U (rel.)"),
+            ("symmetry", "symmetry of J"))
+
+
+def draw_operator_profile(t: RunTables) -> Figure:
+    df = _need(t.table("operators"), "operators.parquet", "checkpoint", "mode", "layer", "sublayer")
+    cols = [(c, label) for c, label in _PROFILE if c in df.columns]
+    if not cols:
+        raise Skip("operators.parquet has none of complex_frac, henrici_update_rel, symmetry")
+    df, mode = _prefer(df, "mode", "isolated")
+    fig = _figure(4.0 * len(cols), 3.5)
+    axes = fig.subplots(1, len(cols), squeeze=False)[0]
+    for ax, (col, label) in zip(axes, cols):
+        for checkpoint in _checkpoints(df):
+            part = df[df["checkpoint"] == checkpoint].assign(pos=lambda d: _sublayer_index(d)).sort_values("pos")
+            line = ax.plot(part["pos"], part[col].astype(float), ls=_checkpoint_style(checkpoint), label=checkpoint)[0]
+            for sub, marker in (("attn", "o"), ("mlp", "s")):
+                pts = part[part["sublayer"] == sub]
+                ax.plot(pts["pos"], pts[col].astype(float), ls="none", marker=marker, ms=3.5, color=line.get_color())
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("sub-layer index 2·layer + (mlp)  (attn ●, mlp ■)")
+        ax.set_title(f"{label} ({mode})", fontsize=9)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def draw_cumulative_erank(t: RunTables) -> Figure:
+    df = _need(t.table("cumulative"), "cumulative.parquet", "checkpoint", "mode", "alpha", "direction",
+               "truncation", "depth", "erank")
+    df = df[df["direction"] == "forward"]
+    if df.empty:
+        raise Skip("cumulative.parquet has no forward curves")
+    df, mode = _prefer(df, "mode", "isolated")
+    alphas = sorted(pd.unique(df["alpha"].astype(float)))
+    cmap = matplotlib.colormaps["viridis"]
+    fig = _figure(6.0, 4.2)
+    ax = fig.subplots()
+    for checkpoint in _checkpoints(df):
+        part = df[df["checkpoint"] == checkpoint]
+        part = part[part["truncation"] == part["truncation"].max()]
+        for i, alpha in enumerate(alphas):
+            curve = part[np.isclose(part["alpha"].astype(float), alpha)].sort_values("depth")
+            if curve.empty:
+                continue
+            colour = cmap(i / max(len(alphas) - 1, 1))
+            ax.plot(curve["depth"] + 1, curve["erank"], ls=_checkpoint_style(checkpoint), color=colour, marker=".",
+                    label=f"{checkpoint} α={alpha:g}" if checkpoint == "trained" or i in (0, len(alphas) - 1)
+                    else None)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("sub-layer steps in the product")
+    ax.set_ylabel("erank of C_{0→b}")
+    ax.set_title(f"Cumulative erank, forward ({mode})", fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def draw_coupling(t: RunTables) -> Figure:
+    df = _need(t.table("coupling"), "coupling.parquet", "checkpoint", "boundary", "effect")
+    checkpoints = _checkpoints(df)
+    boundaries = sorted(pd.unique(df["boundary"]))
+    width = 0.8 / len(checkpoints)
+    fig = _figure(max(5.0, 0.35 * len(boundaries) * len(checkpoints) + 2), 3.8)
+    ax = fig.subplots()
+    index = {b: i for i, b in enumerate(boundaries)}
+    for k, checkpoint in enumerate(checkpoints):
+        part = df[df["checkpoint"] == checkpoint].sort_values("boundary")
+        xs = np.array([index[b] for b in part["boundary"]]) + (k - (len(checkpoints) - 1) / 2) * width
+        effect = part["effect"].astype(float).to_numpy()
+        ax.bar(xs, effect, width=width * 0.95, label=checkpoint, alpha=0.85)
+        if "significant" in part.columns:
+            sig = part["significant"].astype(bool).to_numpy()
+            for x, e in zip(xs[sig], effect[sig]):
+                ax.text(x, e, "*", ha="center", va="bottom" if e >= 0 else "top", fontsize=12)
+    ax.axhline(0, lw=0.8, color="0.3")
+    if {"layer", "sublayer"} <= set(df.columns):
+        names = df.drop_duplicates("boundary").set_index("boundary")
+        ax.set_xticks(range(len(boundaries)),
+                      [f"{int(names.loc[b, 'layer'])}{str(names.loc[b, 'sublayer'])[:1]}" for b in boundaries],
+                      fontsize=7, rotation=90 if len(boundaries) > 24 else 0)
+        ax.set_xlabel("boundary (layer, a = attn, m = mlp); * = FDR-significant")
+    else:
+        ax.set_xticks(range(len(boundaries)), [str(b) for b in boundaries], fontsize=7)
+        ax.set_xlabel("boundary; * = FDR-significant")
+    ax.set_ylabel("rank-biserial effect (boundary − interior)")
+    ax.set_title("Topology–dynamics coupling", fontsize=10)
+    ax.legend(fontsize=7)
+    return fig
+
+
+#: Every figure, in report order.
+FIGURES: tuple[FigureSpec, ...] = (
+    FigureSpec("pseudospectra", "A", "Pseudospectra of routing and sink heads", ("arrays/pseudospectra",),
+               draw_pseudospectra),
+    FigureSpec("transient_reserve", "A", "Transient reserve against matched nulls", ("heads",),
+               draw_transient_reserve),
+    FigureSpec("depth_products", "A", "Depth products against eigenvalue predictions", ("depth",),
+               draw_depth_products),
+    FigureSpec("eigenvalue_clouds", "B", "Eigenvalues of the mean Jacobians", ("eigenvalues",),
+               draw_eigenvalue_clouds),
+    FigureSpec("operator_profile", "B", "Operator type against depth", ("operators",), draw_operator_profile),
+    FigureSpec("cumulative_erank", "B", "Cumulative effective rank and the Schur split", ("cumulative",),
+               draw_cumulative_erank),
+    FigureSpec("coupling", "B", "Topology–dynamics coupling", ("coupling",), draw_coupling),
+)
+SPECS = {spec.name: spec for spec in FIGURES}
+
+
+def render_figure(spec: FigureSpec, tables: RunTables, folder: str | Path) -> tuple[Path | None, str]:
+    """Draw one figure into ``folder/NAME.png`` (atomically).
+
+    Returns ``(path, "")``, or ``(None, why)`` when its inputs are missing or drawing it
+    failed (a failure is also issued as a ``RuntimeWarning``; the report never crashes on a
+    figure).
+    """
+    for need in spec.needs:
+        if not tables.has(need):
+            return None, tables.why_missing(need)
+    try:
+        fig = spec.draw(tables)
+    except Skip as exc:
+        return None, str(exc)
+    except Exception as exc:  # a figure must never take the report down
+        warnings.warn(f"figure {spec.name} failed: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+        return None, f"drawing failed ({type(exc).__name__}: {exc})"
+    path = Path(folder) / f"{spec.name}.png"
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=DPI)
+    return path, ""
+
+
+def build_figures(run_dir: str | Path | RunTables) -> dict[str, tuple[Path | None, str]]:
+    """Every figure of :data:`FIGURES`: name → (path or None, why it was skipped)."""
+    tables = run_dir if isinstance(run_dir, RunTables) else RunTables(run_dir)
+    folder = tables.root / FIGURES_DIR
+    out = {}
+    for spec in FIGURES:
+        stale = folder / f"{spec.name}.png"
+        path, why = render_figure(spec, tables, folder)
+        if path is None and stale.is_file():
+            stale.unlink()  # never leave an old image beside tables that no longer support it
+        out[spec.name] = (path, why)
+    return out
+
+
+def make_figures(run_dir: str | Path) -> dict[str, Path | None]:
+    """Draw every figure into ``RUN/figures/``; name → PNG path, or None when skipped."""
+    return {name: path for name, (path, _) in build_figures(run_dir).items()}

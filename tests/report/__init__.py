@@ -1,0 +1,191 @@
+"""Synthetic run directories for the report tests (no model, no analysis: tables written by hand).
+
+:func:`build_run` writes a small run whose numbers support every default claim except the
+clamp chain (no interventions stage); tests then overwrite single tables or summaries to
+produce the other verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from safetensors.numpy import save_file
+
+ALL_STAGES = ("capture", "attention", "jacobian", "topology")
+MALICIOUS = "<script>alert(1)</script>"
+
+
+def write_table(root: Path, name: str, df: pd.DataFrame) -> None:
+    (root / "tables").mkdir(parents=True, exist_ok=True)
+    df.to_parquet(root / "tables" / f"{name}.parquet", index=False)
+
+
+def read_table(root: Path, name: str) -> pd.DataFrame:
+    return pd.read_parquet(root / "tables" / f"{name}.parquet")
+
+
+def write_json(root: Path, name: str, obj: Any) -> None:
+    (root / f"{name}.json").write_text(json.dumps(obj, indent=1))
+
+
+def read_json(root: Path, name: str) -> Any:
+    return json.loads((root / f"{name}.json").read_text())
+
+
+def set_stage(root: Path, stage: str, status: str | None) -> None:
+    """Set a stage's status in the manifest (``None`` removes it: the stage did not run)."""
+    manifest = read_json(root, "manifest")
+    if status is None:
+        manifest["stages"].pop(stage, None)
+    else:
+        manifest["stages"][stage] = {"status": status}
+    write_json(root, "manifest", manifest)
+
+
+def drop_stage(root: Path, stage: str) -> None:
+    """Remove a stage's outputs and its manifest entry, as if it never ran."""
+    outputs = {
+        "capture": ["attention_patterns", "attention_summary", "residual_summary"],
+        "attention": ["heads", "head_chunks", "depth"],
+        "jacobian": ["operators", "eigenvalues", "cumulative"],
+        "topology": ["coupling"],
+    }[stage]
+    for name in outputs:
+        (root / "tables" / f"{name}.parquet").unlink(missing_ok=True)
+    for extra in {"attention": ["attention.json", "arrays/pseudospectra.safetensors"],
+                  "topology": ["topology.json"]}.get(stage, []):
+        (root / extra).unlink(missing_ok=True)
+    set_stage(root, stage, None)
+
+
+def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str] = ALL_STAGES,
+              pseudospectra: bool = True) -> Path:
+    """Write a complete synthetic run directory at ``root`` and return it."""
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    stages = tuple(stages)
+    write_json(root, "manifest", {
+        "config": {"model": model, "seed": 0, "chunks": 2, "null_mode": "spec"},
+        "config_hash": "0123456789abcdef",
+        "created": "2026-01-01T00:00:00+00:00",
+        "model": {"name": model, "revision": None, "family": "llama", "sha256": "ab" * 32},
+        "data": {"source": "synthetic", "tokens_sha256": "cd" * 32},
+        "versions": {"depthlens": "0.1.0", "numpy": np.__version__},
+        "seed": 0,
+        "stages": {s: {"status": "done"} for s in stages},
+    })
+    ident = {"model": model, "revision": ""}
+    if "attention" in stages:
+        _attention(root, rng, ident, pseudospectra)
+    if "jacobian" in stages:
+        _jacobian(root, rng, model)
+    if "topology" in stages:
+        _topology(root)
+    return root
+
+
+def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra: bool) -> None:
+    roles = ["routing", "sink", "sink", "other", "routing", "sink", "sink", "other"]
+    rows, chunk_rows = [], []
+    for i, role in enumerate(roles):
+        layer, head = divmod(i, 4)
+        null_mean = 0.8 + 0.05 * i
+        delta = {"routing": 0.3, "sink": -0.2, "other": 0.01}[role]
+        rows.append({**ident, "layer": layer, "head": head, "sink_mass": 0.7 if role == "sink" else 0.1,
+                     "prev_token_score": 0.6 if role == "routing" else 0.05, "induction_score": 0.05,
+                     "TR1": null_mean + delta, "null_TR1_mean": null_mean, "delta_TR1": delta,
+                     "null_q": 0.01 if role != "other" else 0.6, "role": role,
+                     "induction_ratio": (2.0 + 0.1 * i) if role == "routing" else None})
+        for chunk in range(3):
+            chunk_rows.append({**ident, "layer": layer, "head": head, "chunk": chunk, "perron_simple": 1.0,
+                               "kreiss_A": 4.0, "kreiss_A_ok": 1.0, "TR1": null_mean + delta})
+    heads = pd.DataFrame(rows)
+    heads["induction_ratio"] = heads["induction_ratio"].astype(object)
+    write_table(root, "heads", heads)
+    write_table(root, "head_chunks", pd.DataFrame(chunk_rows))
+    depth_rows = []
+    for op in ("mean", "rollout"):
+        for chunk in range(2):
+            for source, samples in (("model", [-1]), ("null", [0, 1])):
+                for sample in samples:
+                    for depth in (1, 2, 3):
+                        norm = 10.0 ** (-0.5 * depth)
+                        gap = 2.8 * depth + 0.1 * chunk if source == "model" else 0.2 * depth
+                        e1 = norm / 10**gap
+                        row = {**ident, "operator": op, "chunk": chunk, "source": source, "sample": sample,
+                               "depth": depth, "norm_D": norm, "e1": e1, "e2": e1 * 0.5,
+                               "gap_e1": gap, "gap_e2": gap + np.log10(2)}
+                        if op == "rollout" and source == "model" and depth == 3:  # E = 0: gap = +inf
+                            row.update(e1=0.0, e2=0.0, gap_e1=np.inf, gap_e2=np.inf)
+                        depth_rows.append(row)
+    write_table(root, "depth", pd.DataFrame(depth_rows))
+    write_json(root, "attention", {
+        "n_heads": 8, "roles": {"routing": 2, "sink": 4, "other": 2},
+        "routing_positive_significant": 1.0, "sink_negative": 1.0, "sink_negative_significant": 1.0,
+        "q_level": 0.05, "kreiss_A_flagged_matrices": 0, "induction_ratio_median": 2.2,
+        "eig_gap_final_depth": {"mean": {"model": {"median_gap_e1": 8.45, "median_gap_e2": 8.75},
+                                         "null": {"median_gap_e1": 0.6, "median_gap_e2": 0.9}}},
+    })
+    if pseudospectra:
+        arrays, meta = {}, {"config_hash": "0123456789abcdef"}
+        x = np.linspace(-1.5, 1.5, 31)
+        for k, role in enumerate(("routing", "sink")):
+            eig = np.array([0.0, 0.2, 0.5 - 0.3 * k])
+            z = x[None, :] + 1j * x[:, None]
+            sigma = np.min(np.abs(z[..., None] - eig), axis=-1) * (0.3 if role == "routing" else 1.0)
+            arrays.update({f"{role}.x": x, f"{role}.y": x.copy(), f"{role}.sigma": sigma, f"{role}.eig": eig})
+            meta.update({f"{role}.layer": str(k), f"{role}.head": "1"})
+        (root / "arrays").mkdir(exist_ok=True)
+        save_file(arrays, str(root / "arrays" / "pseudospectra.safetensors"), metadata=meta)
+
+
+def _jacobian(root: Path, rng: np.random.Generator, model: str) -> None:
+    layers = 6
+    op_rows, eig_rows, cum_rows = [], [], []
+    for checkpoint in ("trained", "init"):
+        for layer in range(layers):
+            for sub in ("attn", "mlp"):
+                early = layer < 2
+                complex_frac = (0.97 if early else 0.3) if checkpoint == "trained" else 0.2
+                op_rows.append({"model": model, "checkpoint": checkpoint, "mode": "isolated", "layer": layer,
+                                "sublayer": sub, "complex_frac": complex_frac,
+                                "henrici_update_rel": 0.9 - 0.1 * layer, "symmetry": 0.4 + 0.1 * layer,
+                                "erank": 20.0, "spectral_radius": 1.5, "cond": 10.0})
+                pairs = rng.normal(size=(4, 2)) * [1.0, 0.8 if complex_frac > 0.5 else 0.05]
+                for re, im in pairs:
+                    for sign in (1, -1):
+                        eig_rows.append({"model": model, "checkpoint": checkpoint, "mode": "isolated",
+                                         "layer": layer, "sublayer": sub, "re": 1 + re, "im": sign * im})
+        steps = 2 * layers
+        for alpha in (0.0, 0.25, 0.5, 0.75, 1.0):
+            final = {"trained": 100 * (0.05 + 0.75 * (1 - alpha)), "init": 70.0 - 10 * alpha}[checkpoint]
+            for direction in ("forward", "backward"):
+                for depth in range(steps):
+                    erank = 100.0 * (final / 100.0) ** (depth / (steps - 1))
+                    cum_rows.append({"model": model, "checkpoint": checkpoint, "mode": "isolated", "alpha": alpha,
+                                     "direction": direction, "truncation": 64, "depth": depth, "steps": depth + 1,
+                                     "erank": erank, "erank_sigma": erank, "participation": erank,
+                                     "log_norm": 0.1 * depth})
+    write_table(root, "operators", pd.DataFrame(op_rows))
+    write_table(root, "eigenvalues", pd.DataFrame(eig_rows))
+    write_table(root, "cumulative", pd.DataFrame(cum_rows))
+
+
+def _topology(root: Path) -> None:
+    rows = []
+    for checkpoint in ("trained", "init"):
+        for boundary in range(6):
+            sig = checkpoint == "trained" and boundary % 2 == 0
+            rows.append({"checkpoint": checkpoint, "boundary": boundary, "layer": boundary // 2,
+                         "sublayer": ("attn", "mlp")[boundary % 2],
+                         "effect": (0.4 if sig else 0.05) * (-1) ** boundary, "p": 0.001 if sig else 0.5,
+                         "q": 0.01 if sig else 0.7, "sign": (-1) ** boundary, "n_boundary": 16, "n_interior": 48,
+                         "henrici_update_rel": 0.8, "symmetry": 0.6, "significant": sig})
+    write_table(root, "coupling", pd.DataFrame(rows))
+    write_json(root, "topology", {"significant_layers": {"trained": 3, "init": 0},
+                                  "n_boundaries": {"trained": 6, "init": 6}, "q_level": 0.05})

@@ -1,0 +1,310 @@
+"""Claims: loading and strict validation, hashing, verdict logic on synthetic runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from depthlens.errors import InputError
+from depthlens.report.claims import (
+    STATISTICS,
+    TESTS,
+    Claim,
+    claims_hash,
+    compute_statistic,
+    default_claims_path,
+    evaluate,
+    load_claims,
+    verdict,
+    write_claims_json,
+)
+from depthlens.report.tables import RunTables
+
+from . import build_run, drop_stage, read_json, read_table, set_stage, write_json, write_table
+
+DEFAULT_IDS = ["A1-kreiss-pinned", "A2-eig-gap-model", "A3-eig-gap-null", "A4-induction-doubling",
+               "A5-routing-positive", "A6-sink-negative", "A7-clamp-chain", "B1-complex-early", "B2-funnel-trained",
+               "B3-funnel-init", "B4-funnel-schur", "B5-coupling-rise", "B6-coupling-init"]
+
+
+def verdicts(run: Path) -> dict[str, str]:
+    return {r["id"]: r["verdict"] for r in evaluate(load_claims(), run)}
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    return build_run(tmp_path / "run")
+
+
+# -- the default file ---------------------------------------------------------------------
+def test_default_claims_cover_every_reference_figure():
+    claims = load_claims()
+    assert [c.id for c in claims] == DEFAULT_IDS
+    assert all(c.statistic in STATISTICS for c in claims)
+    assert all(c.prediction and c.falsifier and c.source for c in claims)
+    by_id = {c.id: c for c in claims}
+    assert by_id["A2-eig-gap-model"].test == ">=" and by_id["A2-eig-gap-model"].threshold == 7.0
+    assert by_id["A4-induction-doubling"].threshold == (1.5, 3.0)
+    assert by_id["B1-complex-early"].threshold == 0.9
+    assert by_id["B2-funnel-trained"].threshold == 0.1
+
+
+def test_load_claims_default_equals_packaged_path():
+    assert load_claims() == load_claims(default_claims_path())
+
+
+# -- verdict logic -----------------------------------------------------------------------------
+def claim(test: str = ">=", threshold=1.0, band=()) -> Claim:
+    return Claim("x", "p", "induction_ratio_median", test, threshold, "f", "s", tuple(band))
+
+
+@pytest.mark.parametrize("test,threshold,value,expected", [
+    (">=", 1.0, 1.0, "supported"), (">=", 1.0, 0.99, "falsified"), (">", 1.0, 1.0, "falsified"),
+    ("<=", 1.0, 1.0, "supported"), ("<", 1.0, 0.5, "supported"), ("<", 1.0, 1.0, "falsified"),
+    ("between", (1.5, 3.0), 2.0, "supported"), ("between", (1.5, 3.0), 3.0, "supported"),
+    ("between", (1.5, 3.0), 3.5, "falsified"), (">=", 7.0, math.inf, "supported"),
+    ("<=", 2.0, math.inf, "falsified"),
+])
+def test_verdict_tests(test, threshold, value, expected):
+    assert verdict(claim(test, threshold), value)[0] == expected
+
+
+def test_verdict_band_softens_failures_only():
+    c = claim(">=", 7.0, [(5.0, 7.0)])
+    assert verdict(c, 6.0)[0] == "inconclusive"
+    assert verdict(c, 5.0)[0] == "inconclusive"
+    assert verdict(c, 7.0)[0] == "supported"
+    assert verdict(c, 4.9)[0] == "falsified"
+    two = claim("between", (1.5, 3.0), [(1.2, 1.5), (3.0, 4.0)])
+    assert [verdict(two, v)[0] for v in (1.0, 1.3, 2.0, 3.5, 4.5)] == [
+        "falsified", "inconclusive", "supported", "inconclusive", "falsified"]
+
+
+def test_verdict_missing_and_too_little_data():
+    assert verdict(claim(), None)[0] == "not tested"
+    assert verdict(claim(), math.nan)[0] == "inconclusive"
+
+
+# -- verdicts on synthetic runs ------------------------------------------------------------------
+def test_synthetic_run_supports_every_claim_but_the_untested_clamp(run):
+    got = verdicts(run)
+    assert got.pop("A7-clamp-chain") == "not tested"
+    assert set(got.values()) == {"supported"}, got
+
+
+def test_falsified(run):
+    depth = read_table(run, "depth")
+    depth.loc[depth["source"] == "model", "gap_e1"] = 3.0
+    depth.loc[depth["source"] == "null", "gap_e1"] = 6.0
+    write_table(run, "depth", depth)
+    ops = read_table(run, "operators")
+    ops["complex_frac"] = 0.5
+    write_table(run, "operators", ops)
+    cum = read_table(run, "cumulative")
+    cum["erank"] = 50.0  # flat curves: no funnel anywhere
+    write_table(run, "cumulative", cum)
+    coupling = read_table(run, "coupling")
+    coupling["significant"] = coupling["checkpoint"] == "init"
+    write_table(run, "coupling", coupling)
+    summary = read_json(run, "attention")
+    summary["sink_negative"] = 0.25
+    write_json(run, "attention", summary)
+    got = verdicts(run)
+    for cid in ("A2-eig-gap-model", "A3-eig-gap-null", "A6-sink-negative", "B1-complex-early",
+                "B2-funnel-trained", "B5-coupling-rise", "B6-coupling-init"):
+        assert got[cid] == "falsified", cid
+    assert got["B3-funnel-init"] == "supported"
+    assert got["B4-funnel-schur"] == "inconclusive"  # no funnel at α = 1: nothing to remove
+
+
+def test_inconclusive(run):
+    depth = read_table(run, "depth")
+    depth.loc[(depth["source"] == "model") & (depth["operator"] == "mean"), "gap_e1"] = 6.0
+    write_table(run, "depth", depth)
+    heads = read_table(run, "heads")
+    heads["induction_ratio"] = None  # routing heads present, but no ratio measured
+    write_table(run, "heads", heads)
+    summary = read_json(run, "attention")
+    summary["routing_positive_significant"] = None  # as the stage writes it with no routing heads
+    write_json(run, "attention", summary)
+    ops = read_table(run, "operators")
+    ops.loc[ops["checkpoint"] == "trained", "complex_frac"] = 0.85
+    write_table(run, "operators", ops)
+    results = {r["id"]: r for r in evaluate(load_claims(), run)}
+    for cid in ("A2-eig-gap-model", "A4-induction-doubling", "A5-routing-positive", "B1-complex-early"):
+        assert results[cid]["verdict"] == "inconclusive", cid
+    assert "too little data" in results["A4-induction-doubling"]["reason"]
+    assert "band" in results["A2-eig-gap-model"]["reason"]
+    assert results["A4-induction-doubling"]["value"] is None
+
+
+def test_inconclusive_without_routing_heads(run):
+    heads = read_table(run, "heads")
+    heads["role"] = "other"
+    write_table(run, "heads", heads)
+    assert verdicts(run)["A4-induction-doubling"] == "inconclusive"
+
+
+def test_not_tested_when_stages_did_not_run(run):
+    drop_stage(run, "attention")
+    drop_stage(run, "topology")
+    results = {r["id"]: r for r in evaluate(load_claims(), run)}
+    for cid in DEFAULT_IDS:
+        if cid.startswith("A") or cid.startswith("B5") or cid.startswith("B6"):
+            assert results[cid]["verdict"] == "not tested", cid
+            assert results[cid]["value"] is None
+    assert "stage attention not run" in results["A2-eig-gap-model"]["reason"]
+    assert results["B1-complex-early"]["verdict"] == "supported"
+
+
+def test_not_tested_failed_stage_and_missing_rows_or_columns(run):
+    set_stage(run, "jacobian", "failed")
+    (run / "tables" / "operators.parquet").unlink()
+    coupling = read_table(run, "coupling")
+    write_table(run, "coupling", coupling[coupling["checkpoint"] == "trained"])  # no init checkpoint
+    heads = read_table(run, "heads").drop(columns=["induction_ratio"])
+    write_table(run, "heads", heads)
+    depth = read_table(run, "depth")
+    write_table(run, "depth", depth[depth["source"] == "model"])  # no null samples
+    results = {r["id"]: r for r in evaluate(load_claims(), run)}
+    assert results["B1-complex-early"]["verdict"] == "not tested"
+    assert "failed" in results["B1-complex-early"]["reason"]
+    assert results["B5-coupling-rise"]["verdict"] == "not tested"
+    assert results["B6-coupling-init"]["verdict"] == "not tested"
+    assert results["A4-induction-doubling"]["verdict"] == "not tested"
+    assert results["A3-eig-gap-null"]["verdict"] == "not tested"
+    assert results["A2-eig-gap-model"]["verdict"] == "supported"
+
+
+def test_a_statistic_failing_on_an_odd_table_is_not_tested_with_a_warning(run):
+    write_json(run, "interventions", {"clamp_chain": {"dims": 3}})  # not a list
+    assert verdicts(run)["A7-clamp-chain"] == "not tested"
+    write_table(run, "cumulative", read_table(run, "cumulative").assign(erank="n/a"))
+    with pytest.warns(RuntimeWarning, match=r"statistic funnel_\w+ failed"):
+        results = {r["id"]: r for r in evaluate(load_claims(), run)}
+    assert results["B2-funnel-trained"]["verdict"] == "not tested"
+    assert "could not be computed" in results["B2-funnel-trained"]["reason"]
+
+
+def test_clamp_chain_is_tested_once_interventions_write_it(run):
+    write_json(run, "interventions", {"clamp_chain": {"supported": True, "dims": [788, 1384, 4062]}})
+    assert verdicts(run)["A7-clamp-chain"] == "supported"
+    write_json(run, "interventions", {"clamp_chain": {"supported": False, "dims": []}})
+    assert verdicts(run)["A7-clamp-chain"] == "falsified"
+
+
+def test_empty_directory_gives_every_claim_a_verdict(tmp_path):
+    results = evaluate(load_claims(), tmp_path)
+    assert [r["id"] for r in results] == DEFAULT_IDS
+    assert {r["verdict"] for r in results} == {"not tested"}
+
+
+def test_inf_statistic_is_json_safe(run, tmp_path):
+    depth = read_table(run, "depth")
+    depth.loc[depth["source"] == "model", "gap_e1"] = np.inf
+    write_table(run, "depth", depth)
+    results = evaluate(load_claims(), run)
+    a2 = next(r for r in results if r["id"] == "A2-eig-gap-model")
+    assert a2["verdict"] == "supported" and a2["value"] == "inf"
+    path = write_claims_json(run, results)
+
+    def refuse(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    doc = json.loads(path.read_text(), parse_constant=refuse)
+    assert doc["claims_hash"] == claims_hash()
+    assert doc["counts"]["supported"] == 12 and doc["counts"]["not tested"] == 1
+    assert [r["id"] for r in doc["results"]] == DEFAULT_IDS
+
+
+def test_every_statistic_computes_on_the_synthetic_run(run):
+    tables = RunTables(run)
+    for name in STATISTICS:
+        value, note = compute_statistic(name, tables)
+        if name == "clamp_chain_n_dims":
+            assert value is None and "interventions" in note
+        else:
+            assert value is not None and not math.isnan(value), (name, note)
+
+
+# -- hashing -------------------------------------------------------------------------------------
+def test_claims_hash_is_sha256_of_bytes_and_stable(tmp_path):
+    data = default_claims_path().read_bytes()
+    assert claims_hash() == hashlib.sha256(data).hexdigest() == claims_hash(default_claims_path())
+    copy = tmp_path / "c.toml"
+    copy.write_bytes(data)
+    assert claims_hash(copy) == claims_hash()
+    copy.write_bytes(data + b"\n# edited\n")
+    assert claims_hash(copy) != claims_hash()
+
+
+# -- malformed files -------------------------------------------------------------------------------
+GOOD = """
+[[claim]]
+id = "c1"
+prediction = "p"
+statistic = "induction_ratio_median"
+test = "between"
+threshold = [1.5, 3.0]
+falsifier = "f"
+source = "s"
+"""
+
+
+def _edit(text: str, old: str, new: str) -> str:
+    assert old in text
+    return text.replace(old, new)
+
+
+MALFORMED = {
+    "bad toml": ("[[claim]\nid = 'c1'", "not valid TOML"),
+    "missing field": (_edit(GOOD, 'falsifier = "f"\n', ""), "claim 'c1': missing field 'falsifier'"),
+    "unknown statistic": (_edit(GOOD, "induction_ratio_median", "nonsense"),
+                          "claim 'c1': unknown statistic 'nonsense'"),
+    "bad test": (_edit(GOOD, '"between"', '"=="'), "claim 'c1': unknown test '=='"),
+    "threshold not pair": (_edit(GOOD, "[1.5, 3.0]", "2.0"), "claim 'c1': threshold must be [lo, hi]"),
+    "threshold reversed": (_edit(GOOD, "[1.5, 3.0]", "[3.0, 1.5]"), "claim 'c1': threshold [3, 1.5] needs lo < hi"),
+    "threshold string": (_edit(_edit(GOOD, '"between"', '">="'), "[1.5, 3.0]", '"7"'),
+                         "claim 'c1': threshold must be a number"),
+    "threshold bool": (_edit(_edit(GOOD, '"between"', '">="'), "[1.5, 3.0]", "true"),
+                       "claim 'c1': threshold must be a number"),
+    "bad band": (GOOD + "inconclusive_band = [1.0]\n", "claim 'c1': inconclusive_band must be [lo, hi]"),
+    "unknown field": (GOOD + "comment = 'x'\n", "claim 'c1': unknown field 'comment'"),
+    "empty prediction": (_edit(GOOD, 'prediction = "p"', 'prediction = ""'), "claim 'c1': field 'prediction'"),
+    "duplicate id": (GOOD + GOOD, "claim 'c1': duplicate id"),
+    "no id": (_edit(GOOD, 'id = "c1"\n', ""), "claim #1: missing field 'id'"),
+    "bad id": (_edit(GOOD, 'id = "c1"', 'id = "has space"'), "claim #1: id must be"),
+    "no claims": ("title = 'x'\n", "unknown top-level key 'title'"),
+    "empty file": ("", "has no [[claim]] tables"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_claims_file_is_one_line_input_error(tmp_path, case):
+    text, expected = MALFORMED[case]
+    path = tmp_path / "claims.toml"
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        load_claims(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert expected in message, message
+    assert message.startswith("claims file claims.toml")
+
+
+def test_missing_claims_file_is_input_error(tmp_path):
+    with pytest.raises(InputError, match="cannot read"):
+        load_claims(tmp_path / "absent.toml")
+
+
+def test_good_minimal_file_loads(tmp_path):
+    path = tmp_path / "claims.toml"
+    path.write_text(GOOD + 'inconclusive_band = [[1.2, 1.5], [3.0, 4.0]]\n')
+    (c,) = load_claims(path)
+    assert c.test in TESTS and c.threshold == (1.5, 3.0) and c.inconclusive_band == ((1.2, 1.5), (3.0, 4.0))
+    assert c.criterion() == "in [1.5, 3]"

@@ -1,0 +1,111 @@
+"""Figures: each draws a decodable PNG from small synthetic tables and is skipped (None), never a
+crash, when its inputs are missing."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import pytest
+
+from depthlens.report.figures import CAPTIONS, FIGURES, SPECS, FigureSpec, Skip, make_figures, render_figure
+from depthlens.report.tables import RunTables
+
+from . import build_run, drop_stage, read_table, write_table
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from the IHDR chunk, after checking the signature."""
+    data = Path(path).read_bytes()
+    assert data[:8] == PNG_MAGIC and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    return build_run(tmp_path_factory.mktemp("figs") / "run")
+
+
+@pytest.mark.parametrize("name", [spec.name for spec in FIGURES])
+def test_each_figure_draws_a_decodable_png(run, tmp_path, name):
+    path, why = render_figure(SPECS[name], RunTables(run), tmp_path)
+    assert path == tmp_path / f"{name}.png" and why == ""
+    width, height = png_size(path)
+    assert width > 100 and height > 100
+    image = mpimg.imread(path)
+    assert image.shape[:2] == (height, width)
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic write left nothing behind
+
+
+def test_captions_cover_every_figure():
+    assert set(CAPTIONS) == set(SPECS)
+    assert all(len(CAPTIONS[name]) > 80 and "Look for" in CAPTIONS[name] for name in SPECS)
+
+
+def test_make_figures_on_empty_directory_skips_everything(tmp_path):
+    assert make_figures(tmp_path) == {spec.name: None for spec in FIGURES}
+
+
+def test_missing_stage_skips_only_its_figures(tmp_path):
+    run = build_run(tmp_path / "run", stages=("capture", "topology"))
+    out = make_figures(run)
+    assert out["coupling"] is not None
+    assert all(out[n] is None for n in out if n != "coupling")
+    # the stale image disappears once its table does
+    drop_stage(run, "topology")
+    assert make_figures(run)["coupling"] is None
+    assert not (run / "figures" / "coupling.png").exists()
+
+
+def test_missing_columns_or_rows_skip_with_reason(tmp_path):
+    run = build_run(tmp_path / "run", stages=("attention", "topology"))
+    heads = read_table(run, "heads").drop(columns=["null_TR1_mean"])
+    write_table(run, "heads", heads)
+    depth = read_table(run, "depth")
+    write_table(run, "depth", depth.iloc[:0])
+    tables = RunTables(run)
+    assert render_figure(SPECS["transient_reserve"], tables, tmp_path) == (
+        None, "heads.parquet lacks column 'null_TR1_mean'")
+    assert render_figure(SPECS["depth_products"], tables, tmp_path) == (None, "depth.parquet is empty")
+    path, why = render_figure(SPECS["eigenvalue_clouds"], tables, tmp_path)
+    assert path is None and "stage jacobian not run" in why
+
+
+def test_depth_products_with_infinite_gaps_and_no_nulls(tmp_path):
+    run = build_run(tmp_path / "run", stages=("attention",))
+    depth = read_table(run, "depth")
+    depth = depth[depth["source"] == "model"]
+    depth.loc[:, ["e1", "e2"]] = 0.0  # every prediction exactly 0: all gaps infinite
+    write_table(run, "depth", depth)
+    path, _ = render_figure(SPECS["depth_products"], RunTables(run), tmp_path)
+    assert png_size(path)[0] > 100
+
+
+def test_single_layer_and_single_checkpoint(tmp_path):
+    run = build_run(tmp_path / "run", stages=("jacobian",))
+    for name in ("operators", "eigenvalues", "cumulative"):
+        df = read_table(run, name)
+        df = df[df["checkpoint"] == "trained"]
+        if "layer" in df.columns:
+            df = df[df["layer"] == 0]
+        write_table(run, name, df)
+    out = make_figures(run)
+    for name in ("eigenvalue_clouds", "operator_profile", "cumulative_erank"):
+        assert out[name] is not None and png_size(out[name])[0] > 100
+
+
+def test_a_failing_figure_warns_and_is_skipped(run, tmp_path):
+    def boom(tables):
+        raise ZeroDivisionError("synthetic")
+
+    def skip(tables):
+        raise Skip("nothing to draw")
+
+    with pytest.warns(RuntimeWarning, match="figure broken failed"):
+        assert render_figure(FigureSpec("broken", "A", "Broken", (), boom), RunTables(run), tmp_path) == (
+            None, "drawing failed (ZeroDivisionError: synthetic)")
+    assert render_figure(FigureSpec("skipped", "A", "Skipped", (), skip), RunTables(run), tmp_path) == (
+        None, "nothing to draw")

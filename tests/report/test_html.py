@@ -1,0 +1,168 @@
+"""The HTML report: claims first, escaping, embedded images, stages not run, and a headless
+Chromium check that the page renders without errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from depthlens.errors import RunError
+from depthlens.report import render_report
+from depthlens.report.figures import FIGURES
+
+from . import MALICIOUS, build_run, drop_stage, read_json, set_stage, write_json
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+IMG = re.compile(r"<img\b[^>]*>", re.I)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> tuple[Path, str]:
+    """A full synthetic run with a malicious model name and role string, rendered once."""
+    run = build_run(tmp_path_factory.mktemp("html") / "run", model=MALICIOUS)
+    summary = read_json(run, "attention")
+    summary["roles"][MALICIOUS] = 1
+    write_json(run, "attention", summary)
+    path = render_report(run)
+    return path, path.read_text(encoding="utf-8")
+
+
+def test_report_written_with_claims_json(report):
+    path, text = report
+    assert path.name == "report.html" and text.startswith("<!DOCTYPE html>")
+    claims = json.loads((path.parent / "claims.json").read_text())
+    assert len(claims["results"]) == 13
+    for r in claims["results"]:
+        assert f"<b>{r['id']}</b>" in text
+    assert not list(path.parent.glob(".*.tmp"))
+
+
+def test_claims_table_comes_first(report):
+    _, text = report
+    body = text[text.index("<body>"):]
+    first_table = body.index("<table")
+    assert body[first_table:].startswith('<table class="claims"')
+    assert first_table < body.index("<img") < body.index('id="provenance"')
+    assert body.index('id="claims"') < body.index('id="part-a"') < body.index('id="part-b"')
+    header = body[first_table: body.index("</thead>", first_table)]
+    assert [h for h in re.findall(r"<th>(.*?)</th>", header)] == [
+        "id", "prediction", "statistic", "value", "threshold", "verdict"]
+    assert 'class="verdict" style="background:#1a7f37">supported' in body
+    assert ">not tested</span>" in body
+
+
+def test_run_text_is_escaped(report):
+    _, text = report
+    assert MALICIOUS not in text
+    assert "<script" not in text.lower()
+    assert html_escaped(MALICIOUS) in text
+    assert text.count(html_escaped(MALICIOUS)) >= 4  # title, heading, summary, provenance
+
+
+def html_escaped(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def test_every_image_is_an_embedded_png(report):
+    _, text = report
+    tags = IMG.findall(text)
+    assert len(tags) == len(FIGURES)
+    for tag in tags:
+        src = re.search(r'src="([^"]*)"', tag).group(1)
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    for spec in FIGURES:
+        assert f'id="fig-{spec.name}"' in text
+        assert spec.caption.split(".")[0].replace("'", "&#x27;") in text
+
+
+def test_self_contained(report):
+    _, text = report
+    assert not re.search(r"""(?:src|href)\s*=\s*(?!["']?(?:data:|#))""", text, re.I)
+    assert "<link" not in text.lower() and "@import" not in text and "url(" not in text
+    assert "http://" not in text and "https://" not in text
+
+
+def test_provenance_is_last(report):
+    _, text = report
+    prov = text.index('id="provenance"')
+    assert "config_hash" in text[prov:] and "0123456789abcdef" in text[prov:]
+    assert text.index('id="part-b"') < prov
+
+
+def test_stage_not_run_and_failed(tmp_path):
+    run = build_run(tmp_path / "run", pseudospectra=False)
+    drop_stage(run, "topology")
+    drop_stage(run, "jacobian")
+    set_stage(run, "jacobian", "failed")
+    text = render_report(run).read_text()
+    part_b = text[text.index('id="part-b"'): text.index('id="provenance"')]
+    assert "Stage <b>topology</b>" in part_b and "not run" in part_b
+    assert "Stage <b>jacobian</b>" in part_b and "failed" in part_b
+    assert "Topology–dynamics coupling: not available — stage topology not run" in part_b
+    part_a = text[text.index('id="part-a"'): text.index('id="part-b"')]
+    assert "arrays/pseudospectra.safetensors is absent" in part_a
+    assert len(IMG.findall(text)) == 2  # transient reserve and depth products
+    assert "stage jacobian failed: tables/operators.parquet is absent" in part_b
+    claims = {r["id"]: r["verdict"] for r in json.loads((run / "claims.json").read_text())["results"]}
+    assert claims["B5-coupling-rise"] == claims["B6-coupling-init"] == "not tested"
+
+
+def test_bare_directory_renders(tmp_path):
+    text = render_report(tmp_path).read_text()
+    assert "manifest.json is absent" in text
+    assert text.count(">not tested</span>") == 13
+    assert "<img" not in text
+
+
+def test_not_a_directory(tmp_path):
+    with pytest.raises(RunError, match="not a run directory"):
+        render_report(tmp_path / "absent")
+
+
+def test_rendering_reads_tables_only(tmp_path):
+    """Re-rendering imports no analysis code (nor torch): it cannot recompute anything."""
+    run = build_run(tmp_path / "run", stages=("topology",))
+    code = ("import sys; from depthlens.report import render_report; render_report(sys.argv[1]); "
+            "bad = sorted(m for m in sys.modules if m == 'torch' or m.split('.')[:2] in "
+            "[['depthlens', p] for p in ('attention', 'jacobian', 'topology', 'linalg', 'models', 'capture')]); "
+            "print(bad)")
+    out = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_report_in_headless_chromium(report, tmp_path):
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} is absent (apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    path, _ = report
+    errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+            page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
+            page.goto(path.resolve().as_uri())
+            page.wait_for_load_state("load")
+            widths = page.evaluate("Array.from(document.images).map(i => i.complete ? i.naturalWidth : 0)")
+            claims_rows = page.locator("table.claims tbody tr").count()
+            first_table = page.evaluate("document.querySelector('table').className")
+            alerts = page.evaluate("document.querySelectorAll('script').length")
+            shot = tmp_path / "report.png"
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert errors == []
+    assert len(widths) == len(FIGURES) and all(w > 0 for w in widths)
+    assert claims_rows == 13 and first_table == "claims" and alerts == 0
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
