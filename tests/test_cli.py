@@ -136,3 +136,46 @@ def test_sigkill_then_resume_gives_identical_tables(text_file: Path, tmp_path: P
     for name in ("attention_patterns", "attention_summary", "residual_summary"):
         pd.testing.assert_frame_equal(pd.read_parquet(full / "tables" / f"{name}.parquet"),
                                       pd.read_parquet(killed / "tables" / f"{name}.parquet"))
+
+
+def test_failed_stage_is_marked_and_reported_then_resumes(text_file: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage failing midway leaves a resumable directory whose report marks it as not run."""
+    import json
+
+    from depthlens import workflow
+    from depthlens.config import RunConfig
+    from depthlens.runs import Mode
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("simulated crash")
+
+    monkeypatch.setitem(workflow.STAGES, "attention", broken)
+    config = RunConfig(model="random:llama", text=str(text_file), chunks=2, seq_len=16)
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="simulated"):
+        workflow.run(config, out, stages=("capture", "attention"), execution=workflow.Execution(quiet=True, jobs=1),
+                     report=True)
+    stages = json.loads((out / "manifest.json").read_text())["stages"]
+    assert stages["capture"]["status"] == "done" and stages["attention"]["status"] == "failed"
+    html = (out / "report.html").read_text()
+    assert "simulated crash" in html or "failed" in html
+    claims = json.loads((out / "claims.json").read_text())
+    verdicts = {c["id"]: c["verdict"] for c in claims["results"]}
+    assert verdicts["A1-kreiss-pinned"] == "not tested"
+    monkeypatch.undo()
+    calls = []
+    monkeypatch.setitem(workflow.STAGES, "attention", lambda *a: calls.append(a))
+    workflow.run(config, out, mode=Mode.RESUME, stages=("capture", "attention"),
+                 execution=workflow.Execution(quiet=True, jobs=1))
+    assert len(calls) == 1
+    assert json.loads((out / "manifest.json").read_text())["stages"]["attention"]["status"] == "done"
+
+
+def test_malformed_claims_refused_before_work(text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "claims.toml"
+    bad.write_text("[[claim]]\nid = 'x'\n")
+    out = tmp_path / "run"
+    assert main(_args(text_file, out, "--claims", str(bad))) == 2
+    err = capsys.readouterr().err.strip()
+    assert "claims" in err and "\n" not in err and not out.exists()

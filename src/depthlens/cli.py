@@ -69,6 +69,7 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
     t.add_argument("--exclude-massive", dest="exclude_massive", action="store_true", default=None,
                    help="drop massive-activation dimensions from the graphs")
     t.add_argument("--amplification", choices=("column", "row", "diagonal"), help="Jacobian amplification (default column)")
+    p.add_argument("--claims", metavar="FILE", help="pre-registered claims TOML (default: the packaged claims)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes for the numerics (default 2)")
     p.add_argument("--out", default="runs/default", help="run directory (default runs/default)")
     group = p.add_mutually_exclusive_group()
@@ -84,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("run", *RUN_STAGES):
         _stage_parser(sub, name)
     sub.add_parser("models", help="list the embedded models and supported architecture families")
+    rep = sub.add_parser("report", help="re-render report.html of a run from its tables (no recomputation)")
+    rep.add_argument("run_dir", metavar="RUN_DIR")
+    rep.add_argument("--claims", metavar="FILE", help="claims TOML (default: the one the run recorded)")
     return parser
 
 
@@ -106,8 +110,19 @@ def _stage(args: argparse.Namespace) -> None:
     stages = RUN_STAGES if args.command == "run" else (args.command,)
     if args.jobs < 1:
         raise InputError(f"--jobs {args.jobs} is invalid; pass a positive number of worker processes.")
-    root = run(config, args.out, mode=mode, stages=stages, execution=Execution(quiet=args.quiet, jobs=args.jobs))
+    root = run(config, args.out, mode=mode, stages=stages, execution=Execution(quiet=args.quiet, jobs=args.jobs),
+               claims=args.claims, report=args.command == "run")
     print(f"run directory: {root}")
+    if args.command == "run":
+        print(f"report: {root / 'report.html'}")
+
+
+def _report(args: argparse.Namespace) -> None:
+    from .report import render_report
+    from .runs import read_manifest
+
+    claims = args.claims or read_manifest(args.run_dir).get("claims", {}).get("path")
+    print(f"report: {render_report(args.run_dir, claims_path=claims)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -116,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "models":
             _models()
+        elif args.command == "report":
+            _report(args)
         else:
             _stage(args)
     except DepthlensError as exc:

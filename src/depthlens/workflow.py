@@ -24,6 +24,7 @@ from .topology import stage as topology_stage
 from .config import RunConfig
 from .errors import InputError
 from .models import LoadedModel, load_model
+from .report import claims_hash, default_claims_path, load_claims, render_report
 from .runs import Mode, RunDirectory, check_target
 
 PACKAGES = ("depthlens", "numpy", "scipy", "torch", "transformers", "pandas", "pyarrow", "numba")
@@ -97,22 +98,40 @@ def run(
     mode: Mode = Mode.NEW,
     stages: Sequence[str] = ("capture",),
     execution: Execution = Execution(),
+    claims: str | Path | None = None,
+    report: bool = False,
 ) -> Path:
     """Run ``stages`` of ``config`` into the run directory ``out`` and return its path.
 
     Each stage works in resumable units; with ``mode=Mode.RESUME`` finished units are
     skipped and the final tables equal those of an uninterrupted run, whatever ``jobs``.
+    The claims file (``claims``, default: the packaged one) is validated and its hash
+    written to the manifest before any analysis runs; with ``report=True`` the claims get
+    their verdicts and ``report.html`` is rendered at the end. A stage that fails is marked
+    ``failed`` in the manifest (the report shows it as not run) and the error propagates.
     """
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise InputError(f"unknown stage {unknown[0]!r}; known stages: {', '.join(STAGES)}.")
+    claims_path = Path(claims) if claims is not None else default_claims_path()
+    load_claims(claims_path)  # a malformed file is refused before any work starts
     check_target(out, mode, config.hash())  # fail fast, before the model loads
     prepared = prepare(config)
-    run_dir = RunDirectory.open(out, mode, prepared.manifest())
-    for stage in _with_requirements(stages):
-        run_dir.mark_stage(stage, "running")
-        STAGES[stage](run_dir, prepared, execution)
-        run_dir.mark_stage(stage, "done")
+    manifest = prepared.manifest()
+    manifest["claims"] = {"path": str(claims_path), "sha256": claims_hash(claims_path)}
+    run_dir = RunDirectory.open(out, mode, manifest)
+    try:
+        for stage in _with_requirements(stages):
+            run_dir.mark_stage(stage, "running")
+            try:
+                STAGES[stage](run_dir, prepared, execution)
+            except BaseException as exc:
+                run_dir.mark_stage(stage, "failed", error=f"{type(exc).__name__}: {exc}"[:500])
+                raise
+            run_dir.mark_stage(stage, "done")
+    finally:
+        if report:
+            render_report(run_dir.root, claims_path=claims_path)
     return run_dir.root
 
 
