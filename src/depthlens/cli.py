@@ -101,8 +101,19 @@ def _models() -> None:
     print("  " + ", ".join(FAMILIES))
 
 
+def _silence_libraries() -> None:
+    """``--quiet``: no progress bars from transformers or the hub client either."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def _stage(args: argparse.Namespace) -> None:
     from .workflow import Execution, run
+
+    if args.quiet:
+        _silence_libraries()
 
     options = {k: getattr(args, k) for k in OPTIONS}
     config = RunConfig.from_sources(args.config, **options)
