@@ -24,5 +24,15 @@ from .normality import (
     symmetry_index,
 )
 from .nulls import NULL_MODES, shuffle_null
-from .ranks import erank, erank_sigma, participation, self_alignment, stable_rank
+from .ranks import erank, erank_sigma, participation, self_alignment, self_alignment_svd, stable_rank
 from .schur import SchurForm, schur_form, schur_split
+from .kreiss import BranchBoundRecord, KreissResult, PowerBound, kreiss, power_upper_bound
+from .pseudospectra import (
+    PseudospectralResult,
+    PseudospectrumResult,
+    pseudospectral_abscissa,
+    pseudospectral_radius,
+    pseudospectrum,
+)
+from .sigma import SigmaResult, TriangularForm, sigma_min, triangular_form
+from .transients import SpijkerCheck, TransientResult, peak_transient, power_norms, spijker_check

@@ -1,0 +1,117 @@
+"""Kreiss constants: value, power-norm upper bound, certified bracket, special cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from depthlens.errors import InputError
+from depthlens.linalg import kreiss, power_upper_bound
+from depthlens.linalg.reference import kreiss_bruteforce
+
+from ._make import causal_softmax
+
+
+def deflate(A: np.ndarray) -> np.ndarray:
+    B = A.copy()
+    B[:, 0] -= 1.0
+    return B
+
+
+def f_dense(M: np.ndarray, z: complex) -> float:
+    return (abs(z) - 1.0) / np.linalg.svd(z * np.eye(M.shape[0]) - M, compute_uv=False)[-1]
+
+
+@pytest.mark.parametrize("n", [8, 32, 64])
+def test_causal_stochastic_is_sqrt_n(n: int, rng: np.random.Generator) -> None:
+    A = causal_softmax(n, rng, sink=1.0, prev=1.0)
+    r = kreiss(A, certify=True)
+    assert r.value <= math.sqrt(n) * (1 + 1e-12)
+    assert r.value == pytest.approx(math.sqrt(n), rel=1e-6)
+    assert r.circle_limit == pytest.approx(math.sqrt(n), rel=1e-12)
+    assert r.upper >= math.sqrt(n) * (1 - 1e-14)
+    assert r.certified and r.lo <= math.sqrt(n) <= r.hi and r.hi / r.lo - 1 <= 1e-3
+
+
+def test_identity() -> None:
+    r = kreiss(np.eye(4), certify=True)
+    assert r.value == pytest.approx(1.0, rel=1e-12)
+    assert r.certified and r.lo <= 1.0 + 1e-12 and 1.0 <= r.hi <= 1.0 + 1e-3
+    assert r.upper >= 1.0
+
+
+def test_infinite_cases() -> None:
+    assert math.isinf(kreiss(np.diag([1.2, 0.1])).value)
+    jordan = np.array([[1.0, 0.0], [1.0, 1.0]])
+    r = kreiss(jordan, certify=True)
+    assert math.isinf(r.value) and math.isinf(r.hi) and "defective" in r.method
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5, -0.3 + 0.4j])
+def test_jordan_block_against_bruteforce(lam: complex) -> None:
+    n = 4
+    J = lam * np.eye(n) + np.diag(np.ones(n - 1), -1)
+    r = kreiss(J, certify=True)
+    ref, _ = kreiss_bruteforce(J, n_t=30, n_theta=36)
+    assert r.value == pytest.approx(ref, rel=1e-6)
+    assert r.value >= ref * (1 - 1e-9)
+    assert r.lo <= ref * (1 + 1e-9) and ref <= r.hi and r.certified
+    assert r.upper >= ref * (1 - 1e-9)
+    assert f_dense(J, r.argmax) == pytest.approx(r.value, rel=1e-10)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_two_by_two_against_bruteforce(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lam = rng.uniform(-0.9, 0.9, 2) + 1j * rng.uniform(-0.3, 0.3, 2) * (seed % 2)
+    M = np.array([[lam[0], 0.0], [rng.uniform(1.0, 3.0), lam[1]]])
+    r = kreiss(M, certify=True)
+    ref, _ = kreiss_bruteforce(M, n_t=30, n_theta=36)
+    assert r.value == pytest.approx(ref, rel=1e-6)
+    assert r.certified and r.lo <= ref * (1 + 1e-9) and ref <= r.hi * (1 + 1e-12)
+
+
+def test_deflated_head_against_bruteforce(rng: np.random.Generator) -> None:
+    B = deflate(causal_softmax(12, rng, sink=2.0, prev=2.0))
+    r = kreiss(B, certify=True, rtol=1e-3)
+    ref, _ = kreiss_bruteforce(B, n_t=30, n_theta=36)
+    assert r.value == pytest.approx(ref, rel=1e-6)
+    assert r.certified and r.lo <= ref * (1 + 1e-9) <= r.hi * (1 + 1e-9)
+    assert r.upper >= r.hi * (1 - 1e-12) or r.hi == r.upper
+
+
+def test_engines_agree(rng: np.random.Generator) -> None:
+    B = deflate(causal_softmax(10, rng, sink=1.0))
+    a = kreiss(B, upper=False, engine="numba")
+    b = kreiss(B, upper=False, engine="numpy")
+    assert a.value == pytest.approx(b.value, rel=1e-10)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    n=st.integers(2, 5),
+    seed=st.integers(0, 2**32 - 1),
+    rho=st.floats(0.05, 0.95),
+)
+def test_upper_bound_never_below_bruteforce(n: int, seed: int, rho: float) -> None:
+    rng = np.random.default_rng(seed)
+    M = rng.standard_normal((n, n)) * rng.exponential(1.0, (n, n))
+    M *= rho / max(np.max(np.abs(np.linalg.eigvals(M))), 1e-300)
+    ub = power_upper_bound(M).value
+    ref, _ = kreiss_bruteforce(M, n_t=16, n_theta=16, polish=False)
+    assert ub >= ref * (1 - 1e-12)
+    r = kreiss(M, upper=False)
+    assert r.value >= ref * (1 - 1e-6)
+
+
+def test_bad_input() -> None:
+    with pytest.raises(InputError):
+        kreiss(np.ones((2, 3)))
+    with pytest.raises(InputError):
+        kreiss(np.array([[np.nan]]))
+    with pytest.raises(InputError):
+        kreiss(np.eye(2), rtol=0.0)

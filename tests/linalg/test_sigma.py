@@ -1,0 +1,116 @@
+"""σ_min(zI − M): triangular fast path, Schur path, engines, vectors and gradient."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg
+
+from depthlens.errors import InputError
+from depthlens.linalg import sigma_min, triangular_form
+
+from ._make import causal_softmax
+
+POINTS = np.array([0.3 + 0.1j, -0.5j, 1.0, np.exp(0.7j), -1.0, 1.5, 2.0 - 1.0j, -3.0 + 0.5j])
+
+
+def deflate(A: np.ndarray) -> np.ndarray:
+    B = A.copy()
+    B[:, 0] -= 1.0
+    return B
+
+
+def dense(M: np.ndarray, z: np.ndarray) -> np.ndarray:
+    eye = np.eye(M.shape[0])
+    return np.array([scipy.linalg.svdvals(w * eye - M)[-1] for w in z])
+
+
+@pytest.mark.parametrize("n", [8, 64, 256])
+@pytest.mark.parametrize("deflated", [False, True])
+def test_triangular_matches_svdvals(n: int, deflated: bool, rng: np.random.Generator) -> None:
+    A = causal_softmax(n, rng, sink=1.0, prev=1.0)
+    M = deflate(A) if deflated else A
+    z = POINTS[np.abs(POINTS - 1.0) > 1e-12] if not deflated else POINTS  # z = 1 is an eigenvalue of A
+    r = sigma_min(M, z)
+    assert r.method == "triangular-lower"
+    np.testing.assert_allclose(r.sigma, dense(M, z), rtol=1e-10)
+    assert r.converged[:4].all()  # far points with σ_min ≈ σ_2 may take the dense fallback
+
+
+def test_eigenvalue_point_gives_zero_not_nan(rng: np.random.Generator) -> None:
+    A = causal_softmax(16, rng)
+    r = sigma_min(A, 1.0)
+    assert np.isfinite(r.sigma) and r.sigma < 1e-12
+
+
+@pytest.mark.parametrize("kind", ["upper", "general-real", "general-complex"])
+def test_other_forms_match_svdvals(kind: str, rng: np.random.Generator) -> None:
+    n = 24
+    X = rng.standard_normal((n, n)) / np.sqrt(n)
+    M = {"upper": np.triu(X), "general-real": X, "general-complex": X + 1j * rng.standard_normal((n, n)) / np.sqrt(n)}[kind]
+    r = sigma_min(M, POINTS)
+    assert r.method == ("triangular-upper" if kind == "upper" else "schur")
+    np.testing.assert_allclose(r.sigma, dense(M, POINTS), rtol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["lower", "upper", "general"])
+def test_vectors_and_gradient(kind: str, rng: np.random.Generator) -> None:
+    n = 20
+    X = rng.standard_normal((n, n)) / np.sqrt(n)
+    M = {"lower": deflate(causal_softmax(n, rng, sink=2.0)), "upper": np.triu(X), "general": X}[kind]
+    z = np.array([1.3 + 0.2j, -0.4 + 1.1j])
+    r = sigma_min(M, z, vectors=True)
+    assert r.u is not None and r.v is not None and r.gradient is not None
+    for k, w in enumerate(z):
+        S = w * np.eye(n) - M
+        r1 = np.linalg.norm(S @ r.v[k] - r.sigma[k] * r.u[k])
+        r2 = np.linalg.norm(S.conj().T @ r.u[k] - r.sigma[k] * r.v[k])
+        assert max(r1, r2) < 1e-6 and abs(np.hypot(r1, r2) - r.residual[k]) < 1e-12
+        h = 1e-6
+        for d in (h, 1j * h):
+            fd = (sigma_min(M, w + d).sigma - sigma_min(M, w - d).sigma) / (2 * h)
+            assert abs(fd - np.real(np.conj(d / h) * r.gradient[k])) < 1e-6
+
+
+@pytest.mark.parametrize("M_kind", ["real", "complex"])
+def test_engines_agree(M_kind: str, rng: np.random.Generator) -> None:
+    n = 32
+    M = deflate(causal_softmax(n, rng, prev=2.0))
+    if M_kind == "complex":
+        M = rng.standard_normal((n, n)) / np.sqrt(n) + 1j * rng.standard_normal((n, n)) / np.sqrt(n)
+    a = sigma_min(M, POINTS, vectors=True, engine="numba")
+    b = sigma_min(M, POINTS, vectors=True, engine="numpy")
+    np.testing.assert_allclose(a.sigma, b.sigma, rtol=1e-12)
+    np.testing.assert_array_equal(a.iterations, b.iterations)
+    assert a.gradient is not None and b.gradient is not None
+    np.testing.assert_allclose(a.gradient, b.gradient, rtol=0, atol=1e-6)  # vectors converge to ~√tol
+
+
+def test_nonconvergence_falls_back_to_svd(rng: np.random.Generator) -> None:
+    M = np.diag([0.5, -0.5]) + 0.0
+    r = sigma_min(M, 0.0, maxiter=1)
+    assert r.n_fallback == 1 and abs(float(r.sigma) - 0.5) < 1e-15
+
+
+def test_shapes_and_scalar(rng: np.random.Generator) -> None:
+    A = causal_softmax(6, rng)
+    r = sigma_min(A, np.full((2, 3), 0.2 + 0.3j), vectors=True)
+    assert r.sigma.shape == (2, 3) and r.u is not None and r.u.shape == (2, 3, 6)
+    assert sigma_min(A, 2.0).sigma.shape == ()
+    assert triangular_form(A).kind == "lower"
+
+
+@pytest.mark.parametrize(
+    "M, z, kw",
+    [
+        (np.ones((2, 3)), 1.0, {}),
+        (np.array([[1.0, np.nan], [0.0, 1.0]]), 1.0, {}),
+        (np.eye(2), np.nan, {}),
+        (np.eye(2), 1.0, {"engine": "torch"}),
+        (np.eye(2), 1.0, {"tol": 0.0}),
+        (np.eye(2), 1.0, {"maxiter": 0}),
+    ],
+)
+def test_bad_input(M: np.ndarray, z: object, kw: dict) -> None:
+    with pytest.raises(InputError):
+        sigma_min(M, z, **kw)

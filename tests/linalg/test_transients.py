@@ -1,0 +1,80 @@
+"""Power norms, the transient peak, and the Kreiss–Spijker inequalities."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from depthlens.errors import InputError
+from depthlens.linalg import kreiss, peak_transient, power_norms, spijker_check
+
+from ._make import causal_softmax
+
+
+def prev_token(n: int) -> np.ndarray:
+    A = np.zeros((n, n))
+    A[0, 0] = 1.0
+    A[np.arange(1, n), np.arange(n - 1)] = 1.0
+    return A
+
+
+@pytest.mark.parametrize("n", [5, 16, 40])
+def test_previous_token_deflated_norms(n: int) -> None:
+    B = prev_token(n)
+    B[:, 0] -= 1.0
+    a = power_norms(B, n + 2)
+    k = np.arange(1, n - 1)
+    np.testing.assert_allclose(a[k], np.sqrt(n - k), rtol=1e-13)
+    assert a[0] == 1.0 and np.all(a[n - 1 :] == 0.0)
+    tr = peak_transient(B)
+    assert tr.certificate == "nilpotent" and tr.argmax == 1 and tr.kmax == n - 1
+    assert tr.peak == pytest.approx(math.sqrt(n - 1), rel=1e-13)
+
+
+def test_power_norms_match_dense(rng: np.random.Generator) -> None:
+    M = rng.standard_normal((12, 12)) / 4
+    a = power_norms(M, 6)
+    ref = [np.linalg.norm(np.linalg.matrix_power(M, k), 2) for k in range(7)]
+    np.testing.assert_allclose(a, ref, rtol=1e-12)
+
+
+def test_contraction_certificate(rng: np.random.Generator) -> None:
+    A = causal_softmax(24, rng, sink=1.0)
+    B = A.copy()
+    B[:, 0] -= 1.0
+    tr = peak_transient(B)
+    assert tr.certified and tr.certificate == "contraction"
+    longer = power_norms(B, 4 * tr.kmax)
+    assert longer[1:].max() <= tr.peak * (1 + 1e-12)
+    assert tr.norms[tr.kmax] < 1.0
+
+
+def test_rho_above_one_and_explicit_kmax() -> None:
+    assert math.isinf(peak_transient(np.diag([1.5, 0.2])).peak)
+    tr = peak_transient(np.eye(3), kmax=5)
+    assert not tr.certified and tr.peak == pytest.approx(1.0) and tr.norms.size == 6
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_spijker_holds(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = 10
+    M = rng.standard_normal((n, n))
+    M *= 0.9 / np.max(np.abs(np.linalg.eigvals(M)))
+    K = kreiss(M, upper=False).value
+    chk = spijker_check(K, M)
+    assert chk.holds and chk.certified
+    assert K <= chk.sup_power * (1 + 1e-10) <= math.e * n * K * (1 + 1e-10)
+
+
+def test_bad_input() -> None:
+    with pytest.raises(InputError):
+        power_norms(np.ones((2, 3)), 2)
+    with pytest.raises(InputError):
+        power_norms(np.eye(2), -1)
+    with pytest.raises(InputError):
+        peak_transient(np.array([[np.inf]]))
+    with pytest.raises(InputError):
+        spijker_check(-1.0, np.eye(2))
