@@ -132,3 +132,18 @@ def test_depth_table(planted_run: tuple[Path, dict]) -> None:
 def test_matrix_features_flags_nonsimple_perron() -> None:
     feats = matrix_features(np.eye(6), extras=False)
     assert feats["perron_simple"] == 0 and feats["kreiss_A_ok"] == 0
+
+
+def test_saved_pseudospectra(planted_run: tuple[Path, dict]) -> None:
+    """The saved grids equal a dense SVD of zI − B for the recorded head and chunk."""
+    from safetensors import safe_open
+
+    root, _ = planted_run
+    with safe_open(str(root / "arrays" / "pseudospectra.safetensors"), "np") as f:
+        meta = f.metadata()
+        sink = {k: f.get_tensor(f"sink.{k}") for k in ("x", "y", "sigma", "eig")}
+    assert (int(meta["sink.layer"]), int(meta["sink.head"])) == (1, 0)  # the planted A = P head
+    # B = 0 for the sink head: σ_min(zI) = |z|
+    X, Y = np.meshgrid(sink["x"], sink["y"])
+    np.testing.assert_allclose(sink["sigma"], np.abs(X + 1j * Y), rtol=1e-12, atol=1e-14)
+    assert (sink["eig"] == 0).all()

@@ -14,7 +14,9 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import data
+from ..linalg.causal import deflate
 from ..linalg.nulls import shuffle_null
+from ..linalg.pseudospectra import pseudospectrum
 from ..parallel import executor, ordered_map
 from ..runs import RunDirectory
 from . import analysis as an
@@ -22,6 +24,8 @@ from .depth import layer_operators
 from .roles import assign_roles, probe_scores, role_overlap
 
 PROBE_BATCH = 16
+#: Grid axis of the saved pseudospectra (the square [−1.5, 1.5]², 121 points a side).
+PSEUDO_GRID = np.linspace(-1.5, 1.5, 121)
 
 
 def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: an.AttentionOptions,
@@ -42,6 +46,7 @@ def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: an.Attenti
         heads = heads.merge(_induction_phase(run_dir, adapter, loaded.tokenizer, heads, opts, pool, quiet),
                             on=["layer", "head"], how="left")
         depth = _depth_phase(run_dir, adapter, token_ids, an.chain_heads(heads), opts, quiet)
+        _pseudospectra_phase(run_dir, adapter, token_ids, heads, chunks)
     ident = {"model": loaded.name, "revision": loaded.provenance.get("revision") or ""}
     for name, table in (("heads", heads), ("head_chunks", chunks), ("head_probe", probe), ("depth", depth)):
         run_dir.write_table(name, _with_ident(table, ident))
@@ -156,6 +161,29 @@ def _induction_phase(run_dir, adapter, tokenizer, heads, opts, pool, quiet) -> p
     ratio = per_head["delta_second"] / per_head["delta_first"]
     per_head["induction_ratio"] = ratio.where(per_head["delta_first"] > 0)
     return per_head.rename(columns={"delta_first": "delta_TR1_first_copy", "delta_second": "delta_TR1_second_copy"})
+
+
+def _pseudospectra_phase(run_dir, adapter, token_ids, heads, chunks) -> None:
+    """σ_min(zI − B) on a grid for the top routing head (largest previous-token or induction
+    score) and the top sink head (largest sink mass), each on its median chunk, saved to
+    ``arrays/pseudospectra.safetensors`` for the report's contour figures."""
+    path = run_dir.root / "arrays" / "pseudospectra.safetensors"
+    if path.is_file():
+        return
+    medians = an.median_chunks(chunks).set_index(["layer", "head"])["chunk"]
+    score = heads[["prev_token_score", "induction_score"]].max(axis=1)
+    picks = {"routing": heads.loc[score.idxmax()], "sink": heads.loc[heads["sink_mass"].idxmax()]}
+    arrays, meta = {}, {}
+    for role, row in picks.items():
+        layer, head = int(row["layer"]), int(row["head"])
+        chunk = int(medians.loc[(layer, head)])
+        probs = next(adapter.attention_probs(token_ids[chunk : chunk + 1], layers=[layer]))[1]
+        B = deflate(probs[0, head].numpy())
+        grid = pseudospectrum(B, PSEUDO_GRID, PSEUDO_GRID)
+        arrays.update({f"{role}.x": grid.x, f"{role}.y": grid.y, f"{role}.sigma": grid.sigma,
+                       f"{role}.eig": np.diagonal(B).copy()})
+        meta.update({f"{role}.layer": layer, f"{role}.head": head, f"{role}.chunk": chunk})
+    run_dir.write_arrays("pseudospectra", arrays, **meta)
 
 
 def _depth_phase(run_dir, adapter, token_ids, chains, opts, quiet) -> pd.DataFrame:
