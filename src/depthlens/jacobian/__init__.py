@@ -19,3 +19,6 @@ __all__ = [
     "schur_funnel",
     "spectra",
 ]
+from .engines import MeanAccumulator, input_state, mean_operators, sublayer_jacobian_sum, sublayer_jacobians  # noqa: E402
+
+__all__ += ["MeanAccumulator", "input_state", "mean_operators", "sublayer_jacobian_sum", "sublayer_jacobians"]
