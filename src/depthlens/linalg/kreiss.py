@@ -31,6 +31,7 @@ for triangular input (exact eigenvalues) and ``δ = 10³·(Schur backward error)
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -202,16 +203,34 @@ def _spectrum_status(A: np.ndarray, tf: TriangularForm) -> tuple[str, complex, _
 
 
 # ----------------------------------------------------------------------------- upper bound
+#: Powers whose norm the upper bound always computes exactly.
+EXACT_POWERS = 12
+
+
 def _norm_sequences(
     A: np.ndarray, deflated: np.ndarray | None, pi_sum: float, share: float, cap: int
 ) -> _BoundFunction | None:
-    """Exact ``a_k = ‖A^k‖`` (and ``b_k = ‖M'^k‖`` when ``deflated`` is given, else ``b = a``)
-    for ``k = 1 … k0``, stopping when ``b`` vanishes (tail ``"nilpotent"``) or, once some
+    """``a_k ≥ ‖A^k‖`` (and ``b_k ≥ ‖M'^k‖`` when ``deflated`` is given, else ``b = a``), exact
+    for ``k ≤ EXACT_POWERS`` and wherever a cheap bound exceeds the largest exact norm, for
+    ``k = 1 … k0``, stopping when ``b`` vanishes (tail ``"nilpotent"``) or, once some
     ``b_m < 1``, when the geometric tail contributes at most ``share`` of ``max_r g(r)`` on a
     check grid. Returns None when no ``b_m < 1`` appears within ``cap`` powers.
     """
-    a_it = iter_power_norms(A)
-    b_it = iter_power_norms(deflated) if deflated is not None else None
+    # Exact norms for the first EXACT_POWERS powers (where the bound's mass lies) and for any
+    # power whose cheap bound exceeds every exact norm so far; rigorous cheap upper bounds
+    # elsewhere. Upper bounds keep the bound rigorous, only slightly less tight.
+    top = [0.0]
+
+    def need_exact(k: int, bound: float) -> bool:
+        return k <= EXACT_POWERS or bound > top[0]
+
+    def track(values: Iterator[float]) -> Iterator[float]:
+        for v in values:
+            top[0] = max(top[0], v)
+            yield v
+
+    a_it = track(iter_power_norms(A, need_exact))
+    b_it = iter_power_norms(deflated, need_exact) if deflated is not None else None
     a, b = [1.0], [1.0]
     r = 1.0 + np.logspace(-4, 3, 80)
     while len(a) - 1 < cap:
@@ -277,8 +296,9 @@ def power_upper_bound(M: object, *, share: float = 1e-3, cap: int | None = None,
     """Rigorous upper bound on ``K(M)`` from power norms.
 
     For ``|z| = r > 1 ≥ ρ(M)``, ``(zI−M)⁻¹ = Σ_k M^k z^{−k−1}`` gives
-    ``(|z|−1)‖(zI−M)⁻¹‖ ≤ g(r) = (r−1) Σ_k a_k r^{−k−1}`` with ``a_k = ‖M^k‖``. Exact ``a_k``
-    are computed for ``k ≤ k0`` (until a power vanishes, or, once some ``a_m < 1``, until the
+    ``(|z|−1)‖(zI−M)⁻¹‖ ≤ g(r) = (r−1) Σ_k a_k r^{−k−1}`` with ``a_k ≥ ‖M^k‖`` (exact for
+    the first ``EXACT_POWERS`` powers and wherever the ``O(n²)`` bound ``min(‖·‖_F,
+    √(‖·‖₁‖·‖_∞))`` exceeds every exact norm so far, that bound elsewhere), computed for ``k ≤ k0`` (until a power vanishes, or, once some ``a_m < 1``, until the
     tail below contributes at most ``share`` of the bound); for ``k > k0``, ``k = s + q·m`` with ``k0 − m < s ≤ k0``, ``q ≥ 1`` and
     ``a_k ≤ a_s a_m^q``: a geometric tail. With semisimple unit-circle eigenvalues,
     ``M^k = Σ λ^k P_λ + M'^k`` (``k ≥ 1``, ``M' = M(I − P_Γ)``) so ``a_k ≤ Π + ‖M'^k‖`` with
