@@ -147,3 +147,20 @@ def test_saved_pseudospectra(planted_run: tuple[Path, dict]) -> None:
     X, Y = np.meshgrid(sink["x"], sink["y"])
     np.testing.assert_allclose(sink["sigma"], np.abs(X + 1j * Y), rtol=1e-12, atol=1e-14)
     assert (sink["eig"] == 0).all()
+
+
+def test_transient_peak_reuse_matches_peak_transient(rng: np.random.Generator) -> None:
+    """The peak read off the Kreiss bound's power norms equals a fresh certified scan."""
+    from depthlens.attention.features import transient_peak
+    from depthlens.linalg.causal import deflate
+    from depthlens.linalg.kreiss import kreiss
+    from depthlens.linalg.transients import peak_transient
+    from tests.linalg._make import causal_softmax
+
+    for kwargs in ({}, {"sink": 4.0}, {"prev": 5.0}, {"scale": 3.0}):
+        B = deflate(causal_softmax(48, rng, **kwargs))
+        peak, k = transient_peak(B, kreiss(B))
+        fresh = peak_transient(B)
+        assert fresh.certified and k == fresh.argmax
+        assert peak == pytest.approx(fresh.peak, rel=1e-12)
+        assert peak == pytest.approx(max(np.linalg.norm(np.linalg.matrix_power(B, j), 2) for j in range(1, 80)), rel=1e-10)

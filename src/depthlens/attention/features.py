@@ -12,12 +12,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..linalg.causal import check_causal_stochastic, deflate, flag_nonsimple_perron
-from ..linalg.kreiss import kreiss
+from ..linalg.kreiss import KreissResult, kreiss
 from ..linalg.normality import henrici, numerical_abscissa, numerical_radius
 from ..linalg.nulls import shuffle_null
 from ..linalg.pseudospectra import pseudospectral_radius
 from ..linalg.sigma import sigma_min
-from ..linalg.transients import peak_transient
+from ..linalg.transients import peak_of_sequence, peak_transient
 from .patterns import prev_weight, row_entropy, sink_mass
 
 EPSILONS: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
@@ -37,6 +37,17 @@ def kreiss_a_check(A: np.ndarray, delta: float = KREISS_A_DELTA) -> float:
     (numerically) not simple.
     """
     return float(delta / sigma_min(A, 1.0 + delta).sigma)
+
+
+def transient_peak(B: np.ndarray, kb: KreissResult) -> tuple[float, int]:
+    """``G(B) = max_k ‖B^k‖`` and its argmax, reusing the power norms of the Kreiss upper
+    bound when they end with a certificate (geometric tail or a zero power), else computed
+    afresh by :func:`peak_transient`. Both give the same certified peak."""
+    pb = kb.power_bound
+    if pb is not None and pb.tail in ("geometric", "nilpotent"):
+        return peak_of_sequence(pb.norms, pb.exact)
+    result = peak_transient(B)
+    return result.peak, result.argmax
 
 
 def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSILONS) -> dict[str, float]:
@@ -87,10 +98,10 @@ def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSIL
     out["kreiss_B"] = kb.value
     out["kreiss_B_upper"] = kb.upper
     out["TR1"] = math.log(kb.value)
-    peak = peak_transient(B)
-    out["peak_B"] = peak.peak
-    out["peak_k"] = float(peak.argmax)
-    out["TR2"] = math.log(peak.peak) if peak.peak > 0 else -math.inf
+    peak, k_peak = transient_peak(B, kb)
+    out["peak_B"] = peak
+    out["peak_k"] = float(k_peak)
+    out["TR2"] = math.log(peak) if peak > 0 else -math.inf
     for e in eps:
         if extras:
             r = pseudospectral_radius(B, e).value

@@ -31,8 +31,7 @@ for triangular input (exact eigenvalues) and ``δ = 10³·(Schur backward error)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.optimize
@@ -60,12 +59,17 @@ class PowerBound:
     r : float
         The ``r > 1`` where the bound function was largest.
     k_exact : int
-        Powers ``‖M^k‖`` computed exactly (``k = 1 … k_exact``).
+        Powers ``‖M^k‖`` computed (``k = 1 … k_exact``), exactly where :attr:`exact`.
     tail : str
         ``"nilpotent"`` (no tail), ``"geometric"`` (``‖M^{s+qm}‖ ≤ ‖M^s‖‖M^m‖^q``),
         ``"unit-circle"`` (``M^k = Σ λ^k P_λ + M'^k``, geometric tail on ``M'``) or ``"none"``.
     m : int
         The power used for the geometric tail (0 if none).
+    norms : ndarray
+        ``a_k`` for ``k = 0 … k_exact``: ``‖M^k‖`` where ``exact``, else a rigorous upper bound
+        that was at most the largest exact norm before it.
+    exact : ndarray of bool
+        Which ``norms`` are exact.
     """
 
     value: float
@@ -73,6 +77,8 @@ class PowerBound:
     k_exact: int
     tail: str
     m: int
+    norms: np.ndarray = field(default_factory=lambda: np.ones(1))
+    exact: np.ndarray = field(default_factory=lambda: np.ones(1, dtype=bool))
 
 
 @dataclass(frozen=True)
@@ -220,31 +226,30 @@ def _norm_sequences(
     # power whose cheap bound exceeds every exact norm so far; rigorous cheap upper bounds
     # elsewhere. Upper bounds keep the bound rigorous, only slightly less tight.
     top = [0.0]
+    chose = [True]
 
     def need_exact(k: int, bound: float) -> bool:
-        return k <= EXACT_POWERS or bound > top[0]
+        chose[0] = k <= EXACT_POWERS or bound > top[0]
+        return chose[0]
 
-    def track(values: Iterator[float]) -> Iterator[float]:
-        for v in values:
-            top[0] = max(top[0], v)
-            yield v
-
-    a_it = track(iter_power_norms(A, need_exact))
+    a_it = iter_power_norms(A, need_exact)
     b_it = iter_power_norms(deflated, need_exact) if deflated is not None else None
-    a, b = [1.0], [1.0]
+    a, b, exact = [1.0], [1.0], [True]
+    best_m, best_rate = 0, 0.0  # the m with b_m < 1 minimising log(b_m)/m
     r = 1.0 + np.logspace(-4, 3, 80)
     while len(a) - 1 < cap:
         a.append(next(a_it))
+        exact.append(a[-1] == 0.0 or chose[0])
+        top[0] = max(top[0], a[-1])
         b.append(next(b_it) if b_it is not None else a[-1])
         k = len(a) - 1
         if b[-1] == 0.0:
-            return _BoundFunction(np.asarray(a), np.asarray(b), "nilpotent", 0, pi_sum)
-        below = [j for j in range(1, k + 1) if b[j] < 1.0]
-        if not below or k % 4:
+            return _BoundFunction(np.asarray(a), np.asarray(b), "nilpotent", 0, pi_sum, np.asarray(exact))
+        if b[-1] < 1.0 and math.log(b[-1]) / k < best_rate:
+            best_m, best_rate = k, math.log(b[-1]) / k
+        if not best_m or k % 4:
             continue
-        bb = np.asarray(b)
-        m = min(below, key=lambda j: math.log(bb[j]) / j)
-        fn = _BoundFunction(np.asarray(a), bb, "geometric", m, pi_sum)
+        fn = _BoundFunction(np.asarray(a), np.asarray(b), "geometric", best_m, pi_sum, np.asarray(exact))
         if ((r - 1.0) * fn.tail_part(r)).max() <= share * fn.at(r).max():
             return fn
     return None
@@ -260,8 +265,8 @@ def _series(r: np.ndarray, coef: np.ndarray, first: int) -> np.ndarray:
 class _BoundFunction:
     """``g(r) = (r−1)·H(r) + Π·r^{−k0−1}`` with ``H`` decreasing in ``r`` (see ``power_upper_bound``)."""
 
-    def __init__(self, a: np.ndarray, b: np.ndarray, tail: str, m: int, pi_sum: float) -> None:
-        self.a, self.b, self.tail, self.m, self.pi = a, b, tail, m, pi_sum
+    def __init__(self, a: np.ndarray, b: np.ndarray, tail: str, m: int, pi_sum: float, exact: np.ndarray) -> None:
+        self.a, self.b, self.tail, self.m, self.pi, self.exact = a, b, tail, m, pi_sum, exact
         self.k0 = a.size - 1
 
     def tail_part(self, r: np.ndarray) -> np.ndarray:
@@ -364,7 +369,7 @@ def _power_upper(A: np.ndarray, status: str, circle: _Circle | None, share: floa
         edges = np.sort(np.concatenate([edges, 1.0 + np.sqrt(lo * hi)]))
     best = max(float(U.max()), fn.ends(float(edges[0]), float(edges[-1])))
     value = float(best * (1.0 + 4.0 * (fn.k0 + 1) * n * _EPS))
-    return PowerBound(value, float(edges[int(np.argmax(g))]), fn.k0, label, fn.m)
+    return PowerBound(value, float(edges[int(np.argmax(g))]), fn.k0, label, fn.m, fn.a, fn.exact)
 
 
 # ----------------------------------------------------------------------------- value search

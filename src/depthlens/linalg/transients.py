@@ -17,7 +17,7 @@ import scipy.linalg
 from ..errors import InputError
 from ._checks import as_square
 
-__all__ = ["SpijkerCheck", "TransientResult", "peak_transient", "power_norms", "spijker_check"]
+__all__ = ["SpijkerCheck", "TransientResult", "peak_of_sequence", "peak_transient", "power_norms", "spijker_check"]
 
 _EPS = np.finfo(np.float64).eps
 
@@ -161,6 +161,18 @@ class TransientResult:
     spectral_radius: float
 
 
+def peak_of_sequence(norms: np.ndarray, exact: np.ndarray) -> tuple[float, int]:
+    """``max_{k≥1}`` and its first argmax over the exact entries of a power-norm sequence.
+
+    Valid as the transient peak when every inexact entry is an upper bound that was at most
+    the largest exact norm before it (as :func:`iter_power_norms` callers arrange) and the
+    sequence ends with a certificate (a power of norm < 1, or a zero power).
+    """
+    values = np.where(np.asarray(exact)[1:], np.asarray(norms)[1:], -1.0)
+    k = 1 + int(np.argmax(values))
+    return float(norms[k]), k
+
+
 def peak_transient(M: object, kmax: int | None = None) -> TransientResult:
     """Transient peak ``max_{k≥1} ‖M^k‖₂`` and its argmax, certified where possible.
 
@@ -233,9 +245,9 @@ def peak_transient(M: object, kmax: int | None = None) -> TransientResult:
             break
     arr = np.asarray(norms)
     is_exact = np.asarray(exact)
-    k_peak = 1 + int(np.argmax(np.where(is_exact[1:], arr[1:], -1.0)))
+    peak, k_peak = peak_of_sequence(arr, is_exact)
     return TransientResult(
-        peak=float(arr[k_peak]),
+        peak=peak,
         argmax=k_peak,
         norms=arr,
         exact=is_exact,
