@@ -54,3 +54,49 @@ def test_bad_input() -> None:
         pseudospectral_radius(np.eye(2), -1.0)
     with pytest.raises(InputError):
         pseudospectral_abscissa(np.ones((2, 3)), 0.1)
+
+
+def _deflated_heads(n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    out = []
+    for sink, prev in ((1.0, 0.0), (1.0, 1.0), (0.0, 2.0), (0.0, 0.0)):
+        B = causal_softmax(n, rng, sink=sink, prev=prev)
+        B[:, 0] -= 1.0
+        out.append(B)
+    return out
+
+
+@pytest.mark.parametrize("eps", [1e-2, 1e-1])
+def test_radius_deflated_heads_against_bruteforce(eps: float, rng: np.random.Generator) -> None:
+    for B in _deflated_heads(12, rng):
+        fast = pseudospectral_radius(B, eps)
+        slow = pseudospectral_radius_bruteforce(B, eps, n_r=300, n_theta=40)  # radial step < ε
+        assert fast.method == "lines-march-pruned+brent+local-angle"
+        assert fast.value >= slow - 1e-9
+        assert fast.value == pytest.approx(slow, rel=1e-3)
+        assert abs(sigma_min_dense(B, fast.z) - eps) < 1e-9 * max(1.0, eps)
+
+
+def test_isolated_outer_eigenvalue_is_not_stepped_over(rng: np.random.Generator) -> None:
+    # A strongly non-normal block with eigenvalues near 0.2 and one isolated eigenvalue 0.96:
+    # for small ε its component of Λ_ε is a tiny disk that a Newton step from outside would
+    # jump over; the march must stop at the eigenvalue's ε-disk.
+    n = 40
+    L = np.tril(rng.uniform(0.0, 0.3, (n, n)), -1) + np.diag(rng.uniform(0.15, 0.22, n))
+    L[n // 2, n // 2] = 0.96
+    L[n // 2 :, n // 2] = np.where(np.arange(n // 2, n) == n // 2, 0.96, 0.0)
+    for eps in (1e-4, 1e-3):
+        r = pseudospectral_radius(L, eps)
+        a = pseudospectral_abscissa(L, eps)
+        assert r.value >= 0.96 + eps - 1e-12 and a.value >= 0.96 + eps - 1e-12
+        assert abs(sigma_min_dense(L, r.z) - eps) < 1e-9 * max(1.0, eps)
+
+
+def test_radius_result_is_on_the_level_set_and_cheap(rng: np.random.Generator) -> None:
+    n = 64
+    for B in _deflated_heads(n, rng):
+        for eps in (1e-3, 1e-2, 1e-1):
+            r = pseudospectral_radius(B, eps)
+            lam_max = float(np.abs(np.diag(B)).max())
+            assert r.value >= lam_max + eps - 1e-12
+            assert abs(sigma_min_dense(B, r.z) - eps) < 1e-9 * max(1.0, eps)
+            assert r.n_evals < 3000

@@ -81,7 +81,10 @@ def test_engines_agree(M_kind: str, rng: np.random.Generator) -> None:
     a = sigma_min(M, POINTS, vectors=True, engine="numba")
     b = sigma_min(M, POINTS, vectors=True, engine="numpy")
     np.testing.assert_allclose(a.sigma, b.sigma, rtol=1e-12)
-    np.testing.assert_array_equal(a.iterations, b.iterations)
+    # Same algorithm step for step; the stopping test (relative change ≤ tol) can flip by one
+    # step between the engines where a change lands within rounding of tol (fastmath
+    # reassociation in the compiled solves, Rayleigh–Ritz steps).
+    assert np.all(np.abs(a.iterations - b.iterations) <= 1)
     assert a.gradient is not None and b.gradient is not None
     np.testing.assert_allclose(a.gradient, b.gradient, rtol=0, atol=1e-6)  # vectors converge to ~√tol
 
@@ -114,3 +117,39 @@ def test_shapes_and_scalar(rng: np.random.Generator) -> None:
 def test_bad_input(M: np.ndarray, z: object, kw: dict) -> None:
     with pytest.raises(InputError):
         sigma_min(M, z, **kw)
+
+
+def _normal_with_pair(n: int, z: complex, r: float, rng: np.random.Generator, gap: float) -> np.ndarray:
+    """A normal matrix whose two eigenvalues nearest ``z`` are at distance ``r`` and ``r(1+gap)``."""
+    ang = rng.uniform(0, 2 * np.pi, 2)
+    lam = np.concatenate([z + r * np.exp(1j * ang[:1]), z + r * (1 + gap) * np.exp(1j * ang[1:]), z + rng.uniform(2 * r, 4 * r, n - 2) * np.exp(2j * np.pi * rng.uniform(size=n - 2))])
+    Q, _ = np.linalg.qr(rng.standard_normal((n, n)) + 1j * rng.standard_normal((n, n)))
+    return Q @ np.diag(lam) @ Q.conj().T
+
+
+@pytest.mark.parametrize("gap", [0.0, 1e-9, 1e-6, 1e-3])
+@pytest.mark.parametrize("engine", ["numba", "numpy"])
+def test_near_degenerate_sigma_min_matches_svdvals(gap: float, engine: str, rng: np.random.Generator) -> None:
+    # Two eigenvalues of a normal matrix (nearly) equidistant from z: σ_min and σ_2 equal or
+    # nearly equal. At z itself (relative gap 0 … 1e-3) σ_min must match svdvals to 1e-10.
+    # At the shifted points the pair splits by ~1e-9…1e-6 relative and the points are visited
+    # with warm starts: the value is never below σ_min, and above it by at most 1e-10 relative
+    # or (when σ_2 − σ_min is below what a relative-change stop can resolve) by σ_2 − σ_min.
+    z = np.array([0.3 - 0.2j, 0.3 - 0.2j + 1e-7, 0.3 - 0.2j + 1e-7j, 0.3 - 0.2j + 1e-4j])
+    M = _normal_with_pair(30, complex(z[0]), 0.25, rng, gap)
+    r = sigma_min(M, z, engine=engine)
+    sv = np.array([scipy.linalg.svdvals(w * np.eye(30) - M)[-2:][::-1] for w in z])  # (σ_min, σ_2)
+    assert abs(r.sigma[0] - sv[0, 0]) <= 1e-10 * sv[0, 0]
+    assert np.all(r.sigma >= sv[:, 0] * (1 - 1e-13))
+    assert np.all(r.sigma - sv[:, 0] <= np.maximum(1e-10 * sv[:, 0], 1.01 * (sv[:, 1] - sv[:, 0])))
+
+
+def test_near_degenerate_triangular_grid_matches_svdvals(rng: np.random.Generator) -> None:
+    # A lower-triangular matrix with two eigenvalues equidistant from every point of a line:
+    # the grid walk (warm starts) crosses the set where σ_min and σ_2 swap.
+    n = 40
+    L = np.tril(rng.standard_normal((n, n)) * 0.02, -1) + np.diag(rng.uniform(-0.2, 0.2, n) + 2.0)
+    L[0, 0], L[1, 1] = 0.5, -0.5  # z on the imaginary axis is equidistant from ±0.5
+    z = np.linspace(-0.05, 0.05, 11)[None, :] + 1j * np.linspace(-0.4, 0.4, 9)[:, None]
+    r = sigma_min(L, z)
+    np.testing.assert_allclose(r.sigma, dense(L, z.ravel()).reshape(z.shape), rtol=1e-10)

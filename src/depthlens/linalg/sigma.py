@@ -14,6 +14,7 @@ Gradient convention: with ``(zI − M) v = σ u`` (unit ``u``, ``v``) and ``c = 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -140,10 +141,14 @@ class TriangularForm:
         return u, v
 
 
+@functools.lru_cache(maxsize=16)
 def _start_vector(n: int) -> np.ndarray:
+    """The fixed pseudo-random unit start vector for size ``n`` (cached, read-only)."""
     rng = np.random.default_rng(0x5EED)
     v0 = rng.standard_normal(n) + 1j * rng.standard_normal(n)
-    return v0 / np.linalg.norm(v0)
+    v0 /= np.linalg.norm(v0)
+    v0.setflags(write=False)
+    return v0
 
 
 def triangular_form(M: object) -> TriangularForm:
