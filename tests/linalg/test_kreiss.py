@@ -115,3 +115,16 @@ def test_bad_input() -> None:
         kreiss(np.array([[np.nan]]))
     with pytest.raises(InputError):
         kreiss(np.eye(2), rtol=0.0)
+
+
+def test_contraction_has_kreiss_one_exactly(rng: np.random.Generator) -> None:
+    """‖M‖ < 1 gives K = 1 (supremum at infinity): the bracket is [1, 1] and brute force agrees."""
+    from depthlens.linalg.reference import kreiss_bruteforce
+
+    M = np.tril(rng.normal(size=(12, 12)))
+    M *= 0.9 / np.linalg.norm(M, 2)
+    res = kreiss(M, certify=True)
+    assert res.certified and res.lo == res.hi == res.upper == 1.0
+    assert 1.0 - 1e-5 < res.value <= 1.0
+    brute, _ = kreiss_bruteforce(M, n_t=20, n_theta=20)
+    assert brute <= 1.0 + 1e-12 and brute > 0.99

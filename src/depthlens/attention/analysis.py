@@ -54,6 +54,9 @@ class AttentionOptions:
         Which matrices get a certified Kreiss bracket.
     rtol : float
         Relative width of the certified bracket.
+    certify_evals : int
+        Budget of σ_min evaluations per certified bracket; a bracket that needs more is
+        reported wider and flagged uncertified (``kreiss_B_certified = 0``).
     probe_seqs, probe_len : int
         Repeated-random-token probe size (METHODS A5: 128 sequences of length 64).
     ratio_seqs : int
@@ -70,6 +73,7 @@ class AttentionOptions:
     extras_chunks: int = 4
     certify: str = "median"
     rtol: float = 1e-3
+    certify_evals: int = 20000
     probe_seqs: int = 128
     probe_len: int = 64
     ratio_seqs: int = 4
@@ -110,7 +114,7 @@ def head_chunk_row(
         row["delta_TR1"] = row["TR1"] - row["null_TR1_mean"]
         row["z_TR1"] = row["delta_TR1"] / sd if sd > 0 else math.nan
     if certify:
-        row.update(features.certified_reserve(A, opts.rtol))
+        row.update(features.certified_reserve(A, opts.rtol, opts.certify_evals))
     return row
 
 
@@ -120,9 +124,10 @@ def excess_reserve(A: np.ndarray, opts: AttentionOptions, rng: np.random.Generat
     return tr - float(features.null_reserves(A, opts.null_mode, opts.null_samples, rng).mean())
 
 
-def certify_row(A: np.ndarray, layer: int, head: int, chunk: int, rtol: float) -> dict:
+def certify_row(A: np.ndarray, layer: int, head: int, chunk: int, opts: AttentionOptions) -> dict:
     """Certified bracket of ``K(B)`` for one (layer, head, chunk) matrix ``A``."""
-    return {"layer": layer, "head": head, "chunk": chunk, **features.certified_reserve(A, rtol)}
+    return {"layer": layer, "head": head, "chunk": chunk,
+            **features.certified_reserve(A, opts.rtol, opts.certify_evals)}
 
 
 def induction_row(A: np.ndarray, layer: int, head: int, seq: int, length: int, opts: AttentionOptions) -> dict:

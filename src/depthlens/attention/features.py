@@ -41,10 +41,10 @@ def kreiss_a_check(A: np.ndarray, delta: float = KREISS_A_DELTA) -> float:
 
 def transient_peak(B: np.ndarray, kb: KreissResult) -> tuple[float, int]:
     """``G(B) = max_k ‖B^k‖`` and its argmax, reusing the power norms of the Kreiss upper
-    bound when they end with a certificate (geometric tail or a zero power), else computed
+    bound when they end with a certificate (geometric tail, a zero power, or ‖B‖ < 1), else computed
     afresh by :func:`peak_transient`. Both give the same certified peak."""
     pb = kb.power_bound
-    if pb is not None and pb.tail in ("geometric", "nilpotent"):
+    if pb is not None and pb.tail in ("geometric", "nilpotent", "contraction"):
         return peak_of_sequence(pb.norms, pb.exact)
     result = peak_transient(B)
     return result.peak, result.argmax
@@ -120,7 +120,9 @@ def null_reserves(A: np.ndarray, mode: str, n_samples: int, rng: np.random.Gener
     return np.array([math.log(kreiss(deflate(N), upper=False).value) for N in nulls])
 
 
-def certified_reserve(A: np.ndarray, rtol: float) -> dict[str, float]:
-    """Certified bracket ``[lo, hi]`` of ``K(B)`` within ``rtol`` (branch and bound)."""
-    res = kreiss(deflate(A), certify=True, rtol=rtol)
+def certified_reserve(A: np.ndarray, rtol: float, max_evals: int) -> dict[str, float]:
+    """Bracket ``[lo, hi]`` of ``K(B)`` by branch and bound, within ``rtol`` when
+    ``kreiss_B_certified`` is 1; a matrix that exhausts ``max_evals`` σ_min evaluations keeps
+    the (valid, wider) bracket reached so far with ``kreiss_B_certified`` 0."""
+    res = kreiss(deflate(A), certify=True, rtol=rtol, max_evals=max_evals)
     return {"kreiss_B_lo": res.lo, "kreiss_B_hi": res.hi, "kreiss_B_certified": float(res.certified)}

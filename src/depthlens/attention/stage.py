@@ -130,7 +130,7 @@ def _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, quiet) -> pd
         for layer, probs in adapter.attention_probs(token_ids[chunk : chunk + 1], layers=layers):
             A = probs[0].numpy()
             heads = wanted.loc[wanted["layer"] == layer, "head"]
-            rows.extend(ordered_map(pool, an.certify_row, [(A[h], layer, int(h), chunk, opts.rtol) for h in heads]))
+            rows.extend(ordered_map(pool, an.certify_row, [(A[h], layer, int(h), chunk, opts) for h in heads]))
         run_dir.write_unit(an.STAGE, keys[chunk], {"rows": pd.DataFrame(rows)})
         bar.update()
     bar.close()

@@ -39,7 +39,7 @@ from scipy.linalg.lapack import zpotrf as _potrf
 
 from ..errors import InputError
 from ._checks import as_square
-from .sigma import TriangularForm, check_engine, triangular_form
+from .sigma import TriangularForm, check_engine, sigma_min, triangular_form
 from .transients import iter_power_norms, spectral_norm
 
 __all__ = ["BranchBoundRecord", "KreissResult", "PowerBound", "kreiss", "power_upper_bound"]
@@ -61,7 +61,7 @@ class PowerBound:
     k_exact : int
         Powers ``‖M^k‖`` computed (``k = 1 … k_exact``), exactly where :attr:`exact`.
     tail : str
-        ``"nilpotent"`` (no tail), ``"geometric"`` (``‖M^{s+qm}‖ ≤ ‖M^s‖‖M^m‖^q``),
+        ``"contraction"`` (``‖M‖ < 1``: the bound is exactly 1), ``"nilpotent"`` (no tail), ``"geometric"`` (``‖M^{s+qm}‖ ≤ ‖M^s‖‖M^m‖^q``),
         ``"unit-circle"`` (``M^k = Σ λ^k P_λ + M'^k``, geometric tail on ``M'``) or ``"none"``.
     m : int
         The power used for the geometric tail (0 if none).
@@ -708,6 +708,18 @@ class _BranchBound:
 
 
 # ----------------------------------------------------------------------------- public entry
+def _contraction(tf: TriangularForm, norm: float, certify: bool, engine: str) -> KreissResult:
+    """``K = 1`` exactly for ``‖M‖ < 1``: ``(|z|−1)‖(zI−M)⁻¹‖ ≤ (|z|−1)/(|z|−‖M‖) ≤ 1`` for every
+    ``|z| > 1``, and the ratio tends to 1 as ``|z| → ∞`` (a supremum approached, not attained)."""
+    far = 1e6 * (1.0 + norm)
+    value = float((far - 1.0) / sigma_min(tf, far, engine=engine).sigma)
+    pb = PowerBound(1.0, math.inf, 1, "contraction", 1, np.array([1.0, norm]), np.array([True, True]))
+    return KreissResult(value=min(value, 1.0), upper=1.0, argmax=complex(far), n_evals=1, circle_limit=0.0,
+                        lo=1.0 if certify else None, hi=1.0 if certify else None, certified=certify,
+                        method="closed form: ||M|| < 1 gives K = 1 (limit at infinity)", power_bound=pb,
+                        branch_bound=None)
+
+
 def kreiss(
     M: object,
     *,
@@ -739,7 +751,8 @@ def kreiss(
     covered by explicit margins (``16·n·u·(|z|+‖M‖)`` on residuals and singular values, the
     measured Schur backward error, ``4(k0+1)·n·u`` on power norms). Not interval-verified.
 
-    Special cases: ``K = ∞`` (``value = upper = lo = hi = inf``, ``argmax`` the eigenvalue)
+    Special cases: ``‖M‖ < 1`` gives ``K = 1`` exactly (``(|z|−1)/(|z|−‖M‖) ≤ 1``, with the
+    supremum approached as ``|z| → ∞``): bracket ``[1, 1]``, no search. ``K = ∞`` (``value = upper = lo = hi = inf``, ``argmax`` the eigenvalue)
     when an eigenvalue lies outside the closed unit disk or a unit-circle eigenvalue is
     defective. Semisimple unit-circle eigenvalues give ``circle_limit = max ‖P_λ‖``, a
     supremum approached as ``z → λ`` radially: for a causal row-stochastic ``A`` with a simple
@@ -796,6 +809,9 @@ def kreiss(
         why = "eigenvalue outside the unit disk" if status == "outside" else "defective eigenvalue on the unit circle"
         return KreissResult(math.inf, math.inf, lam, 0, math.inf, math.inf if certify else None,
                             math.inf if certify else None, True, f"infinite: {why}", None, None)
+    norm = spectral_norm(A)
+    if status == "inside" and norm <= 1.0 - 8.0 * tf.n * _EPS:
+        return _contraction(tf, norm, certify, engine)
     obj = _search(tf, engine, grid, starts, circle)
     limit = float(circle.proj_norms.max()) if circle is not None else 0.0
     pb = _power_upper(A, status, circle, 1e-3, 20 * tf.n + 100, 1e-4) if upper else None
