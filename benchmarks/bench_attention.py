@@ -1,0 +1,86 @@
+"""The default attention stage on SmolLM2 (32 chunks × 128 tokens, nulls on 8 chunks), 2 worker
+processes: wall time (target < 10 min on 2 cores), peak memory (target < 4 GiB), time per
+head-chunk for the resolvent features and for the nulls, the same per-matrix features against
+the brute-force Kreiss reference measured in this run, and the per-matrix scaling in n.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import resource  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from depthlens.attention import features  # noqa: E402
+from depthlens.config import RunConfig  # noqa: E402
+from depthlens.linalg.causal import deflate  # noqa: E402
+from depthlens.linalg.reference import kreiss_bruteforce  # noqa: E402
+from depthlens.workflow import Execution, run  # noqa: E402
+
+
+def _peak_rss_gib() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return (own + kids) / 2**20
+
+
+def _causal(n: int, rng: np.random.Generator) -> np.ndarray:
+    logits = rng.normal(size=(n, n)) * 2.0
+    logits[:, 0] += 3.0
+    logits[np.arange(1, n), np.arange(n - 1)] += 2.0
+    logits = np.where(np.tril(np.ones((n, n), bool)), logits, -np.inf)
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def main() -> None:
+    """Run the stage and print the figures."""
+    config = RunConfig()  # the defaults: SmolLM2, python-docs, 32 x 128, nulls on 8 chunks
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        root = run(config, Path(tmp) / "run", stages=("attention",), execution=Execution(quiet=True, jobs=2))
+        wall = time.perf_counter() - start
+        chunks = pd.read_parquet(root / "tables" / "head_chunks.parquet")
+    n_mat = len(chunks)
+    print(f"bench_attention: default stage on SmolLM2, {config.chunks} chunks x {config.seq_len} tokens, "
+          f"nulls on {config.null_chunks} chunks x {config.null_samples} '{config.null_mode}' samples, 2 workers")
+    print(f"  wall time {wall / 60:.2f} min (target < 10), peak memory {_peak_rss_gib():.2f} GiB (target < 4), "
+          f"{n_mat} head-chunks")
+    rng = np.random.default_rng(0)
+    A = _causal(config.seq_len, rng)
+    t = time.perf_counter()
+    reps = 5
+    for _ in range(reps):
+        features.matrix_features(A, extras=False)
+    t_feat = (time.perf_counter() - t) / reps
+    t = time.perf_counter()
+    features.null_reserves(A, config.null_mode, config.null_samples, rng)
+    t_null = (time.perf_counter() - t) / config.null_samples
+    t = time.perf_counter()
+    features.matrix_features(A, extras=True)
+    t_extra = time.perf_counter() - t
+    t = time.perf_counter()
+    ref, _ = kreiss_bruteforce(deflate(A))
+    t_ref = time.perf_counter() - t
+    k = features.kreiss(deflate(A), upper=False).value
+    print(f"  per head-chunk (one core): features {t_feat * 1e3:.1f} ms, one null sample {t_null * 1e3:.1f} ms, "
+          f"features with pseudospectral radii and numerical range {t_extra * 1e3:.0f} ms")
+    print(f"  brute-force Kreiss reference {t_ref:.2f} s per matrix: features {t_ref / t_feat:.0f}x faster, "
+          f"K(B) agrees to {abs(k - ref) / ref:.1e}")
+    for n in (128, 256, 512):
+        A = _causal(n, rng)
+        t = time.perf_counter()
+        features.matrix_features(A, extras=False)
+        print(f"  scaling: n = {n}: features {1e3 * (time.perf_counter() - t):.0f} ms per head-chunk")
+
+
+if __name__ == "__main__":
+    main()
