@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from .attention.analysis import AttentionOptions
     from .jacobian.stage import JacobianOptions
     from .topology.stage import TopologyOptions
-    from .jacobian.stage import JacobianOptions
-    from .topology.stage import TopologyOptions
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 

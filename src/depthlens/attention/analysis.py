@@ -17,7 +17,6 @@ The worker functions take arrays and seeds only, so results do not depend on ``j
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -27,7 +26,7 @@ from ..errors import InputError
 from ..linalg.nulls import NULL_MODES
 from ..stats import bh_qvalues, log_median, sign_test
 from . import features
-from .depth import depth_table, layer_operators
+from .depth import depth_table
 from .roles import RoleThresholds
 
 STAGE = "attention"

@@ -230,7 +230,7 @@ class _Factor:
         R = self.R
         w = c if R is None else c / R.scale
         K = self.W.shape[1]
-        dt, dev = self.W.dtype, self.W.device
+        dt = self.W.dtype
         if self.alphas is not None:
             aw = torch.einsum("n,nik->ik", w, self.alphas)
             S = sum(aw[i, :, None] * B for i, B in enumerate(self.Bs))

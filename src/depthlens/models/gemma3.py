@@ -14,14 +14,12 @@ model the adapter sees text only: ``input_ids`` without image tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from torch import Tensor, nn
 
-from .adapter import Adapter
+from .llama import LlamaAdapter
 
 
-class Gemma3Adapter(Adapter):
+class Gemma3Adapter(LlamaAdapter):
     """Adapter for ``Gemma3ForCausalLM`` (and the text part of ``Gemma3ForConditionalGeneration``)."""
 
     family = "gemma3"
@@ -37,21 +35,6 @@ class Gemma3Adapter(Adapter):
         if hasattr(self.model.model, "language_model"):
             return None
         return super()._final_softcap()
-
-    def _layer_list(self) -> Sequence[nn.Module]:
-        return self.backbone.layers
-
-    def _attn(self, layer: nn.Module) -> nn.Module:
-        return layer.self_attn
-
-    def _out_proj(self, attn: nn.Module) -> nn.Module:
-        return attn.o_proj
-
-    def _final_norm(self) -> nn.Module:
-        return self.backbone.norm
-
-    def embed(self, input_ids: Tensor) -> Tensor:
-        return self.backbone.embed_tokens(input_ids)
 
     def qkv(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         a = self._attns[layer]

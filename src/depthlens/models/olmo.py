@@ -9,15 +9,13 @@ heads, then RoPE; OLMo 3 adds sliding-window layers (``layer_types``) with per-t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from torch import Tensor, nn
 
-from .adapter import Adapter
+from .llama import LlamaAdapter
 from .families import family_of
 
 
-class OlmoAdapter(Adapter):
+class OlmoAdapter(LlamaAdapter):
     """Adapter for ``Olmo2ForCausalLM`` and ``Olmo3ForCausalLM`` (``family`` is olmo2 or olmo3)."""
 
     family = "olmo2"
@@ -25,24 +23,6 @@ class OlmoAdapter(Adapter):
     def __init__(self, model: nn.Module) -> None:
         self.family = family_of(model.config)
         super().__init__(model)
-
-    def _locate(self, model: nn.Module) -> tuple[nn.Module, nn.Module]:
-        return model.model, model.lm_head
-
-    def _layer_list(self) -> Sequence[nn.Module]:
-        return self.backbone.layers
-
-    def _attn(self, layer: nn.Module) -> nn.Module:
-        return layer.self_attn
-
-    def _out_proj(self, attn: nn.Module) -> nn.Module:
-        return attn.o_proj
-
-    def _final_norm(self) -> nn.Module:
-        return self.backbone.norm
-
-    def embed(self, input_ids: Tensor) -> Tensor:
-        return self.backbone.embed_tokens(input_ids)
 
     def qkv(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         a = self._attns[layer]
