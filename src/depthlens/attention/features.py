@@ -21,22 +21,23 @@ from ..linalg.transients import peak_of_sequence, peak_transient
 from .patterns import prev_weight, row_entropy, sink_mass
 
 EPSILONS: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
-#: Distance from 1 of the point where the K(A) = √n check is evaluated.
-KREISS_A_DELTA = 1e-7
+#: Distances from 1 of the points where the K(A) = √n check is evaluated.
+KREISS_A_DELTAS = (1e-7, 1e-9, 1e-11)
 #: Relative tolerance of the K(A) = √n check.
 KREISS_A_RTOL = 1e-3
 
 
-def kreiss_a_check(A: np.ndarray, delta: float = KREISS_A_DELTA) -> float:
-    """Lower bound on ``K(A)`` from one point: ``δ / σ_min((1+δ)I − A)``.
+def kreiss_a_check(A: np.ndarray, deltas: Sequence[float] = KREISS_A_DELTAS) -> float:
+    """Lower bound on ``K(A)``: the largest ``δ / σ_min((1+δ)I − A)`` over ``δ`` in ``deltas``.
 
     For a causal row-stochastic ``A``, ``K(A) ≤ sup_k ‖A^k‖ ≤ √n`` exactly (METHODS A2), and
-    ``(z−1)(zI−A)⁻¹ = P/z + (z−1)(zI−B)⁻¹`` tends to ``P`` (norm √n) as ``z → 1⁺``, so this
-    value lies within ``δ(√n + ‖(I−B)⁻¹‖)`` (to first order) below √n whenever the Perron
-    root is simple. A value below ``√n(1 − rtol)`` flags a matrix whose Perron root is
-    (numerically) not simple.
+    ``(z−1)(zI−A)⁻¹ = P/z + (z−1)(zI−B)⁻¹`` tends to ``P`` (norm √n) as ``z → 1⁺``, so each
+    value lies within about ``δ(√n + ‖(I−B)⁻¹‖)`` below √n when the Perron root is simple.
+    Several ``δ`` cover heads whose largest self-weight is close to 1 (``‖(I−B)⁻¹‖`` large);
+    a value still below ``√n(1 − rtol)`` flags a Perron root that is numerically not simple.
     """
-    return float(delta / sigma_min(A, 1.0 + delta).sigma)
+    z = 1.0 + np.asarray(deltas, dtype=np.float64)
+    return float(np.max((z - 1.0) / sigma_min(A, z).sigma))
 
 
 def transient_peak(B: np.ndarray, kb: KreissResult) -> tuple[float, int]:
