@@ -2,12 +2,14 @@
 
 Kinds follow ``notes/kreiss.md``: ``sink`` (mass on the first token), ``sink+prev``,
 ``prev`` (previous-token head) and ``plain`` (random logits). Each is a float64 masked
-softmax of Gaussian logits with the given biases; ``deflated`` returns ``B = A − 1e₁ᵀ``.
+softmax of Gaussian logits with the given biases (``random_causal_attention``), deflated.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from depthlens.linalg.causal import deflate, random_causal_attention
 
 KINDS: dict[str, dict[str, float]] = {
     "sink": {"sink": 4.0, "prev": 0.0, "scale": 1.5},
@@ -17,26 +19,7 @@ KINDS: dict[str, dict[str, float]] = {
 }
 
 
-def causal_attention(n: int, rng: np.random.Generator, *, sink: float = 0.0, prev: float = 0.0, scale: float = 1.0) -> np.ndarray:
-    """Lower-triangular row-stochastic ``(n, n)`` float64 matrix: masked softmax of logits."""
-    logits = scale * rng.standard_normal((n, n))
-    logits[:, 0] += sink
-    idx = np.arange(1, n)
-    logits[idx, idx - 1] += prev
-    logits = np.where(np.tril(np.ones((n, n), dtype=bool)), logits, -np.inf)
-    logits -= logits.max(axis=1, keepdims=True)
-    w = np.exp(logits)
-    return w / w.sum(axis=1, keepdims=True)
-
-
-def deflated(A: np.ndarray) -> np.ndarray:
-    """Perron deflation ``B = A − P`` with ``P = 1e₁ᵀ``."""
-    B = A.copy()
-    B[:, 0] -= 1.0
-    return B
-
-
 def heads(n: int, per_kind: int, seed: int = 0) -> list[tuple[str, np.ndarray]]:
     """``per_kind`` deflated heads of every kind, as ``(kind, B)`` pairs."""
     rng = np.random.default_rng(seed)
-    return [(kind, deflated(causal_attention(n, rng, **kw))) for kind, kw in KINDS.items() for _ in range(per_kind)]
+    return [(kind, deflate(random_causal_attention(n, rng, **kw))) for kind, kw in KINDS.items() for _ in range(per_kind)]

@@ -21,7 +21,7 @@ import pandas as pd  # noqa: E402
 
 from depthlens.attention import features  # noqa: E402
 from depthlens.config import RunConfig  # noqa: E402
-from depthlens.linalg.causal import deflate  # noqa: E402
+from depthlens.linalg.causal import deflate, random_causal_attention  # noqa: E402
 from depthlens.linalg.reference import kreiss_bruteforce  # noqa: E402
 from depthlens.workflow import Execution, run  # noqa: E402
 
@@ -30,15 +30,6 @@ def _peak_rss_gib() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return (own + kids) / 2**20
-
-
-def _causal(n: int, rng: np.random.Generator) -> np.ndarray:
-    logits = rng.normal(size=(n, n)) * 2.0
-    logits[:, 0] += 3.0
-    logits[np.arange(1, n), np.arange(n - 1)] += 2.0
-    logits = np.where(np.tril(np.ones((n, n), bool)), logits, -np.inf)
-    e = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
 
 
 def main() -> None:
@@ -55,7 +46,7 @@ def main() -> None:
     print(f"  wall time {wall / 60:.2f} min (target < 10), peak memory {_peak_rss_gib():.2f} GiB (target < 4), "
           f"{n_mat} head-chunks")
     rng = np.random.default_rng(0)
-    A = _causal(config.seq_len, rng)
+    A = random_causal_attention(config.seq_len, rng, sink=3.0, prev=2.0, scale=2.0)
     t = time.perf_counter()
     reps = 5
     for _ in range(reps):
@@ -76,7 +67,7 @@ def main() -> None:
     print(f"  brute-force Kreiss reference {t_ref:.2f} s per matrix: features {t_ref / t_feat:.0f}x faster, "
           f"K(B) agrees to {abs(k - ref) / ref:.1e}")
     for n in (128, 256, 512):
-        A = _causal(n, rng)
+        A = random_causal_attention(n, rng, sink=3.0, prev=2.0, scale=2.0)
         t = time.perf_counter()
         features.matrix_features(A, extras=False)
         print(f"  scaling: n = {n}: features {1e3 * (time.perf_counter() - t):.0f} ms per head-chunk")

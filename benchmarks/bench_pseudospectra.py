@@ -26,7 +26,9 @@ from typing import Any, Iterator  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _matrices import KINDS, causal_attention  # noqa: E402
+from _matrices import KINDS  # noqa: E402
+
+from depthlens.linalg.causal import random_causal_attention as causal_attention  # noqa: E402
 
 from depthlens.linalg import pseudospectrum  # noqa: E402
 

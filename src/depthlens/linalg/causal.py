@@ -436,3 +436,24 @@ def eig_gap(D_norm: ArrayLike, E: ArrayLike) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         gap = np.log10(d) - np.log10(e)
     return np.where((d == 0) & (e == 0), 0.0, gap)
+
+
+def random_causal_attention(
+    n: int, rng: np.random.Generator, *, sink: float = 0.0, prev: float = 0.0, scale: float = 1.0
+) -> np.ndarray:
+    """A synthetic causal attention matrix: the masked softmax of random logits.
+
+    Logits are ``scale`` times standard normals; ``sink`` is added to column 1 (the first
+    token) and ``prev`` to the sub-diagonal (the previous token). The result is a float64
+    ``(n, n)`` lower-triangular, non-negative, row-stochastic matrix whose diagonal entries
+    are below 1 for ``n ≥ 2`` (finite logits), i.e. with a simple Perron root. Used by the
+    tests and benchmarks as realistic sink / previous-token / plain heads.
+    """
+    logits = scale * rng.standard_normal((n, n))
+    logits[:, 0] += sink
+    idx = np.arange(1, n)
+    logits[idx, idx - 1] += prev
+    logits = np.where(np.tril(np.ones((n, n), dtype=bool)), logits, -np.inf)
+    logits -= logits.max(axis=1, keepdims=True)
+    weights = np.exp(logits)
+    return weights / weights.sum(axis=1, keepdims=True)
