@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
@@ -25,7 +24,7 @@ from .config import RunConfig
 from .errors import InputError
 from .models import LoadedModel, load_model
 from .report import claims_hash, default_claims_path, load_claims, render_report
-from .runs import Mode, RunDirectory, check_target
+from .runs import Mode, RunDirectory, check_target, with_ident
 
 PACKAGES = ("depthlens", "numpy", "scipy", "torch", "transformers", "pandas", "pyarrow", "numba")
 
@@ -149,8 +148,8 @@ def _run_capture(run_dir: RunDirectory, prepared: Prepared, execution: Execution
             bar.update()
     bar.close()
     ident = {"model": prepared.loaded.name, "revision": cfg.revision or ""}
-    patterns = _with_ident(run_dir.read_units(capture.STAGE, keys, "attention_patterns"), ident)
-    residual = _with_ident(run_dir.read_units(capture.STAGE, keys, "residual_summary"), ident)
+    patterns = with_ident(run_dir.read_units(capture.STAGE, keys, "attention_patterns"), ident)
+    residual = with_ident(run_dir.read_units(capture.STAGE, keys, "residual_summary"), ident)
     run_dir.write_table("attention_patterns", patterns)
     run_dir.write_table("attention_summary", capture.summarise_heads(patterns))
     run_dir.write_table("residual_summary", residual)
@@ -197,11 +196,6 @@ def _with_requirements(stages: Sequence[str]) -> list[str]:
                 ordered.append(need)
     return ordered
 
-
-def _with_ident(table: pd.DataFrame, ident: dict[str, str]) -> pd.DataFrame:
-    for i, (name, value) in enumerate(ident.items()):
-        table.insert(i, name, value)
-    return table
 
 
 def _versions() -> dict[str, str]:

@@ -18,7 +18,7 @@ from ..linalg.causal import deflate
 from ..linalg.nulls import shuffle_null
 from ..linalg.pseudospectra import pseudospectrum
 from ..parallel import executor, ordered_map
-from ..runs import RunDirectory
+from ..runs import RunDirectory, with_ident
 from . import analysis as an
 from .depth import layer_operators
 from .roles import assign_roles, probe_scores, role_overlap
@@ -49,19 +49,13 @@ def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: an.Attenti
         _pseudospectra_phase(run_dir, adapter, token_ids, heads, chunks)
     ident = {"model": loaded.name, "revision": loaded.provenance.get("revision") or ""}
     for name, table in (("heads", heads), ("head_chunks", chunks), ("head_probe", probe), ("depth", depth)):
-        run_dir.write_table(name, _with_ident(table, ident))
+        run_dir.write_table(name, with_ident(table, ident))
     summary = an.summarise(heads, depth)
     summary["role_overlap"] = role_overlap(heads["role"].to_numpy(), heads["delta_TR1"].to_numpy()).to_dict()
     summary["options"] = an.options_record(opts)
     run_dir.write_json("attention", summary)
     return summary
 
-
-def _with_ident(table: pd.DataFrame, ident: dict[str, str]) -> pd.DataFrame:
-    table = table.copy()
-    for i, (name, value) in enumerate(ident.items()):
-        table.insert(i, name, value)
-    return table
 
 
 def _bar(total: int, done: int, desc: str, quiet: bool) -> tqdm:

@@ -89,6 +89,14 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         raise RunError(f"{file} is not valid JSON ({exc.msg}); the run directory is damaged, use --overwrite.") from None
 
 
+def with_ident(table: pd.DataFrame, ident: dict[str, str]) -> pd.DataFrame:
+    """A copy of ``table`` with identifying columns (e.g. ``model``, ``revision``) put first."""
+    table = table.copy()
+    for i, (name, value) in enumerate(ident.items()):
+        table.insert(i, name, value)
+    return table
+
+
 class RunDirectory:
     """An open run directory. Create it with :meth:`open` after validating all inputs.
 
