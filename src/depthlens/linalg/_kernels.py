@@ -1,6 +1,7 @@
-"""Compiled kernels for the smallest singular value of a shifted lower-triangular matrix.
+"""Compiled kernels: the smallest singular value of a shifted lower-triangular matrix, and
+Horner evaluation of a long real series at many points (:func:`horner`).
 
-The one numerical job here: for a lower-triangular ``L`` (float64 or complex128) and complex
+The main numerical job here: for a lower-triangular ``L`` (float64 or complex128) and complex
 shifts ``z_k``, find ``σ_min(z_k I − L)`` with its singular vectors by inverse iteration on
 ``(zI − L)ᴴ (zI − L)``: two triangular solves per step, ``O(n²)`` work per step, no matrix is
 formed. Two engines run the same algorithm step for step:
@@ -417,3 +418,17 @@ def _rr2_numpy(
     v = v / np.linalg.norm(v)
     s = float(np.linalg.norm(t))
     return s, v, t / s
+
+
+@njit(cache=True)
+def horner(coef: np.ndarray, x: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """``Σ_j coef[j]·x^j`` at every point of ``x`` by Horner's rule (compiled; ``np.polyval``
+    loops over the coefficients in Python, which dominated long power-norm series)."""
+    out = np.zeros(x.shape[0])
+    for i in range(x.shape[0]):
+        acc = 0.0
+        xi = x[i]
+        for j in range(coef.shape[0] - 1, -1, -1):
+            acc = acc * xi + coef[j]
+        out[i] = acc
+    return out

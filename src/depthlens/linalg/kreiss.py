@@ -39,6 +39,7 @@ from scipy.linalg.lapack import zpotrf as _potrf
 
 from ..errors import InputError
 from ._checks import as_square
+from ._kernels import horner
 from .sigma import TriangularForm, check_engine, sigma_min, triangular_form
 from .transients import iter_power_norms, spectral_norm
 
@@ -215,12 +216,13 @@ EXACT_POWERS = 12
 
 def _norm_sequences(
     A: np.ndarray, deflated: np.ndarray | None, pi_sum: float, share: float, cap: int
-) -> _BoundFunction | None:
+) -> _BoundFunction:
     """``a_k ≥ ‖A^k‖`` (and ``b_k ≥ ‖M'^k‖`` when ``deflated`` is given, else ``b = a``), exact
     for ``k ≤ EXACT_POWERS`` and wherever a cheap bound exceeds the largest exact norm, for
     ``k = 1 … k0``, stopping when ``b`` vanishes (tail ``"nilpotent"``) or, once some
     ``b_m < 1``, when the geometric tail contributes at most ``share`` of ``max_r g(r)`` on a
-    check grid. Returns None when no ``b_m < 1`` appears within ``cap`` powers.
+    check grid. Tail ``"none"`` when that has not happened within ``cap`` powers (no finite
+    bound; the norms are kept for the transient peak).
     """
     # Exact norms for the first EXACT_POWERS powers (where the bound's mass lies) and for any
     # power whose cheap bound exceeds every exact norm so far; rigorous cheap upper bounds
@@ -236,7 +238,14 @@ def _norm_sequences(
     b_it = iter_power_norms(deflated, need_exact) if deflated is not None else None
     a, b, exact = [1.0], [1.0], [True]
     best_m, best_rate = 0, 0.0  # the m with b_m < 1 minimising log(b_m)/m
+    # The stopping test runs on a fixed grid of r with running sums, O(grid) per power:
+    # pw = r^{-(k+1)}, h = Σ_{j≤k} a_j r^{-j-1}, cum[k] = Σ_{j≤k} b_j r^{-j-1}. It only decides
+    # where to stop; the returned bound function evaluates its series afresh.
     r = 1.0 + np.logspace(-4, 3, 80)
+    log_r = np.log(r)
+    pw = 1.0 / r
+    h = pw.copy()
+    cum = [pw.copy()]
     while len(a) - 1 < cap:
         a.append(next(a_it))
         exact.append(a[-1] == 0.0 or chose[0])
@@ -245,21 +254,27 @@ def _norm_sequences(
         k = len(a) - 1
         if b[-1] == 0.0:
             return _BoundFunction(np.asarray(a), np.asarray(b), "nilpotent", 0, pi_sum, np.asarray(exact))
+        with np.errstate(under="ignore"):
+            pw = pw / r
+            h = h + a[-1] * pw
+            cum.append(cum[-1] + b[-1] * pw)
         if b[-1] < 1.0 and math.log(b[-1]) / k < best_rate:
             best_m, best_rate = k, math.log(b[-1]) / k
         if not best_m or k % 4:
             continue
-        fn = _BoundFunction(np.asarray(a), np.asarray(b), "geometric", best_m, pi_sum, np.asarray(exact))
-        if ((r - 1.0) * fn.tail_part(r)).max() <= share * fn.at(r).max():
-            return fn
-    return None
+        with np.errstate(under="ignore"):
+            q = b[best_m] * np.exp(-best_m * log_r)
+            tail = (cum[k] - cum[k - best_m]) * q / (1.0 - q)
+            g = (r - 1.0) * (h + tail) + pi_sum * pw
+        if ((r - 1.0) * tail).max() <= share * g.max():
+            return _BoundFunction(np.asarray(a), np.asarray(b), "geometric", best_m, pi_sum, np.asarray(exact))
+    return _BoundFunction(np.asarray(a), np.asarray(b), "none", 0, pi_sum, np.asarray(exact))
 
 
 def _series(r: np.ndarray, coef: np.ndarray, first: int) -> np.ndarray:
     """``Σ_j coef_j r^{−(first+j)−1}`` by Horner in ``1/r`` (vector ``r > 1``)."""
-    x = 1.0 / r
     with np.errstate(under="ignore"):
-        return np.polyval(coef[::-1], x) * np.exp(-(first + 1) * np.log(r))
+        return horner(np.ascontiguousarray(coef, dtype=np.float64), 1.0 / r) * np.exp(-(first + 1) * np.log(r))
 
 
 class _BoundFunction:
@@ -355,8 +370,8 @@ def _power_upper(A: np.ndarray, status: str, circle: _Circle | None, share: floa
         fn = _norm_sequences(A, circle.deflated, float(circle.proj_norms.sum()), share, cap)
     else:
         fn = _norm_sequences(A, None, 0.0, share, cap)
-    if fn is None:
-        return PowerBound(math.inf, math.nan, cap, "none", 0)
+    if fn.tail == "none":
+        return PowerBound(math.inf, math.nan, fn.k0, "none", 0, fn.a, fn.exact)
     label = "unit-circle" if status == "circle" else fn.tail
     edges = 1.0 + np.logspace(-10, 8, 361)
     while True:
@@ -524,6 +539,10 @@ class _BranchBound:
         self.zb = np.empty(0, dtype=np.complex128)  # anchors with σ_min ≥ gb
         self.gb = np.empty(0)
         self.n_cells = self.n_evals = self.n_deflated = self.n_cholesky = 0
+        L = tf.L
+        self._LH = np.ascontiguousarray(L.conj().T)
+        self._gram = self._LH @ L  # LᴴL, once: SᴴS = |z|²I − z̄L − zLᴴ + LᴴL costs O(n²) per point
+        self._fro_L = float(np.linalg.norm(L))
 
     def numerical_radius_upper(self, m: int = 32) -> float:
         """Upper bound on the numerical radius ``w(M) = max_θ λ_max(Re(e^{−iθ}M))``.
@@ -550,18 +569,23 @@ class _BranchBound:
         ``G − γ²I + 2γ²vvᴴ`` is positive definite then ``G − γ²I`` has at most one negative
         eigenvalue (a rank-one update moves at most one eigenvalue across 0), so
         ``σ₂(S) ≥ γ``; tried for ``γ = s·(6, 3, 1.6, 1.15)`` above ``floor``. If none succeeds,
-        ``G − γ²I ≻ 0`` with ``γ = (s − r)(1 − 10⁻⁶)`` certifies ``σ_min(S) ≥ γ``. A successful
-        factorisation certifies the exact matrix up to ``‖E‖ ≤ e = 4(n+2)u(‖S‖_F² + 3γ²)``
-        (forming ``G`` and the factorisation), so ``√(γ² − e)`` is stored as an anchor; both
-        ``σ₂`` and ``σ_min`` are 1-Lipschitz in ``z``.
+        ``G − γ²I ≻ 0`` with ``γ = (s − r)(1 − 10⁻⁶)`` certifies ``σ_min(S) ≥ γ``.
+
+        ``G = |z|²I − z̄L − zLᴴ + LᴴL`` is formed in ``O(n²)`` from ``LᴴL`` computed once; its
+        rounding error, with that of the factorisation, is at most
+        ``e = 4(n+2)u((‖L‖_F + √n|z|)² + 3γ²)`` in norm (``‖L‖_F + √n|z|`` bounds ``‖S‖_F``
+        and every term's magnitude), so a successful factorisation certifies ``√(γ² − e)``,
+        stored as an anchor; both ``σ₂`` and ``σ_min`` are 1-Lipschitz in ``z``.
         """
         n = self.n
         eye = np.eye(n)
+        idx = np.arange(n)
         for k in range(z.size):
-            S = z[k] * eye - self.tf.L
-            G = S.conj().T @ S
+            zk = complex(z[k])
+            G = self._gram - zk.conjugate() * self.tf.L - zk * self._LH
+            G[idx, idx] += abs(zk) ** 2
             vv = np.outer(V[k], V[k].conj())
-            fro2 = float(np.vdot(S, S).real)
+            fro2 = (self._fro_L + math.sqrt(n) * abs(zk)) ** 2
             gaps = [s[k] * f for f in (6.0, 3.0, 1.6, 1.15) if s[k] * f > floor[k]]
             tries = [(g, True) for g in gaps] + [((s[k] - r[k]) * (1.0 - 1e-6), False)]
             for gam, second in tries:
