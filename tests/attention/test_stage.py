@@ -160,8 +160,30 @@ def test_transient_peak_reuse_matches_peak_transient(rng: np.random.Generator) -
 
     for kwargs in ({}, {"sink": 4.0}, {"prev": 5.0}, {"scale": 3.0}):
         B = deflate(causal_softmax(48, rng, **kwargs))
-        peak, k = transient_peak(B, kreiss(B))
+        peak, k, certified = transient_peak(B, kreiss(B))
         fresh = peak_transient(B)
-        assert fresh.certified and k == fresh.argmax
+        assert certified and fresh.certified and k == fresh.argmax
         assert peak == pytest.approx(fresh.peak, rel=1e-12)
         assert peak == pytest.approx(max(np.linalg.norm(np.linalg.matrix_power(B, j), 2) for j in range(1, 80)), rel=1e-10)
+
+
+def test_transient_peak_of_a_slowly_decaying_head_is_flagged_uncertified(rng: np.random.Generator) -> None:
+    """A self-weight of 0.9999 keeps every scanned power above norm 1: no finite power bound,
+    and the peak over the scanned powers, reused from the bound, matches a fresh scan and is
+    marked uncertified."""
+    from depthlens.attention.features import matrix_features, transient_peak
+    from depthlens.linalg.causal import deflate
+    from depthlens.linalg.kreiss import kreiss
+    from depthlens.linalg.transients import peak_transient
+    from tests.linalg._make import causal_softmax
+
+    A = causal_softmax(16, rng)
+    A[1, :2] = [1e-4, 1.0 - 1e-4]
+    B = deflate(A)
+    kb = kreiss(B)
+    assert kb.upper == np.inf and kb.power_bound.tail == "none"
+    peak, k, certified = transient_peak(B, kb)
+    fresh = peak_transient(B)
+    assert not certified and not fresh.certified
+    assert (peak, k) == (pytest.approx(fresh.peak, rel=1e-12), fresh.argmax)
+    assert matrix_features(A, extras=False)["peak_certified"] == 0.0

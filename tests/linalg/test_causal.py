@@ -286,6 +286,20 @@ def test_eig_predictions_batched_and_trivial(rng: np.random.Generator) -> None:
     assert one.e1 == 0 and one.e2 == 0
 
 
+def test_eig_predictions_profile_matches_each_partial_product(rng: np.random.Generator) -> None:
+    ops = np.array([[causal_softmax(6, rng) for _ in range(2)] for _ in range(5)])
+    prof = eig_predictions(ops, profile=True)
+    assert prof.e1.shape == prof.e2.shape == (5, 2)
+    for b in range(5):
+        part = eig_predictions(ops[: b + 1])
+        np.testing.assert_allclose(prof.e1[b], part.e1, rtol=1e-14)
+        np.testing.assert_allclose(prof.e2[b], part.e2, rtol=1e-14)
+        D = np.linalg.multi_dot([A - _P(6) for A in ops[b::-1, 0]]) if b else ops[0, 0] - _P(6)
+        assert prof.e1[b, 0] == pytest.approx(np.abs(np.linalg.eigvals(D)).max(), rel=1e-9, abs=1e-15)
+    one = eig_predictions(np.ones((3, 1, 1)), profile=True)
+    assert one.e1.shape == (3,) and not one.e1.any()
+
+
 def test_eig_gap() -> None:
     np.testing.assert_allclose(eig_gap([1e-3, 2.0], [1e-10, 2.0]), [7.0, 0.0], atol=1e-12)
     out = eig_gap([1.0, 0.0, 0.0], [0.0, 0.0, 1.0])

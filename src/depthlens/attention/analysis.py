@@ -23,16 +23,18 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
-from ..linalg.nulls import NULL_MODES
+from ..linalg.nulls import NULL_MODES, shuffle_null
 from ..stats import bh_qvalues, log_median, sign_test
 from . import features
-from .depth import depth_table
+from .depth import depth_table, layer_operators
 from .roles import RoleThresholds
 
 STAGE = "attention"
 CERTIFY = ("median", "all", "none")
 #: Per-chunk quantities aggregated per head by the median of logs (scale quantities).
 SCALE = ("norm_B", "kreiss_B", "kreiss_B_upper", "peak_B", "num_radius_B")
+#: Per-chunk 0/1 flags aggregated per head by the minimum (1 only if every chunk has it).
+FLAGS = ("peak_certified",)
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,25 @@ def induction_row(A: np.ndarray, layer: int, head: int, seq: int, length: int, o
     }
 
 
+def depth_chunk_rows(
+    probs: np.ndarray, chains: dict[str, list[int]], chunk: int, opts: AttentionOptions, nulls: bool
+) -> pd.DataFrame:
+    """Depth tables of one chunk from every layer's attention matrices ``probs (L, H, n, n)``:
+    the ``mean``, ``rollout`` and ``chain_<name>`` operators (head ``chains[name][layer]``),
+    and with ``nulls`` the same operators of ``null_samples`` layer-wise shuffled nulls, the
+    stream of layer ``l`` seeded by ``(seed, 2, l, chunk)``."""
+    per_kind: dict[str, list[np.ndarray]] = {}
+    for layer, A in enumerate(probs):
+        choice = {name: heads[layer] for name, heads in chains.items()}
+        ops = layer_operators(A, choice)
+        if nulls:
+            shuffled = shuffle_null(A, opts.null_mode, opts.null_samples, rng=null_rng(opts.seed, 2, layer, chunk))
+            null_ops = layer_operators(shuffled, choice)
+        for kind, op in ops.items():
+            per_kind.setdefault(kind, []).append(np.concatenate([op[None], null_ops[kind]]) if nulls else op[None])
+    return chunk_depth_rows({k: np.stack(v) for k, v in per_kind.items()}, chunk)
+
+
 def chunk_depth_rows(stacks: dict[str, np.ndarray], chunk: int) -> pd.DataFrame:
     """Depth tables of one chunk: ``stacks[kind]`` has shape (L, 1 + S, n, n), sample 0 the model."""
     tables = []
@@ -159,7 +180,8 @@ def chunk_depth_rows(stacks: dict[str, np.ndarray], chunk: int) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------- aggregation
 def aggregate_heads(chunks: pd.DataFrame) -> pd.DataFrame:
-    """One row per (layer, head): medians over chunks (median of logs for scale quantities),
+    """One row per (layer, head): medians over chunks (median of logs for scale quantities,
+    the minimum for 0/1 flags),
     null excess statistics with a sign test over chunks and BH q-values over all heads."""
     keys = ["layer", "head"]
     groups = chunks.groupby(keys, sort=True)
@@ -169,6 +191,8 @@ def aggregate_heads(chunks: pd.DataFrame) -> pd.DataFrame:
         v = g.dropna().to_numpy()
         if v.size == 0:
             return math.nan
+        if col in FLAGS:
+            return float(v.min())
         if col in SCALE or col.startswith("psr_B") or col.startswith("henrici_") and not col.endswith("_rel"):
             return log_median(v) if np.all(v > 0) else float(np.median(v))
         return float(np.median(v))

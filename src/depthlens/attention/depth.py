@@ -59,9 +59,8 @@ def depth_table(stack: np.ndarray) -> pd.DataFrame:
     n_layers = arr.shape[0]
     batch = arr.shape[1:-2]
     profile = depth_product(arr).profile.reshape(n_layers, -1)
-    preds = [eig_predictions(arr[: b + 1]) for b in range(n_layers)]
-    e1 = np.stack([p.e1.reshape(-1) for p in preds])
-    e2 = np.stack([p.e2.reshape(-1) for p in preds])
+    preds = eig_predictions(arr, profile=True)
+    e1, e2 = preds.e1.reshape(n_layers, -1), preds.e2.reshape(n_layers, -1)
     n_items = int(np.prod(batch)) if batch else 1
     return pd.DataFrame(
         {

@@ -40,15 +40,23 @@ def kreiss_a_check(A: np.ndarray, deltas: Sequence[float] = KREISS_A_DELTAS) -> 
     return float(np.max((z - 1.0) / sigma_min(A, z).sigma))
 
 
-def transient_peak(B: np.ndarray, kb: KreissResult) -> tuple[float, int]:
-    """``G(B) = max_k ‖B^k‖`` and its argmax, reusing the power norms of the Kreiss upper
-    bound when they end with a certificate (geometric tail, a zero power, or ‖B‖ < 1), else computed
-    afresh by :func:`peak_transient`. Both give the same certified peak."""
+def transient_peak(B: np.ndarray, kb: KreissResult) -> tuple[float, int, bool]:
+    """``G(B) = max_k ‖B^k‖``, its argmax and whether it is certified, reusing the power norms
+    of the Kreiss upper bound (the same scan with the same exact-norm rule as
+    :func:`peak_transient`), else computed afresh by :func:`peak_transient`.
+
+    The peak is certified (the supremum over every ``k``) when the scan ends with a zero
+    power, a geometric tail or ``‖B‖ < 1``, or contains a power of norm below 1; otherwise it
+    is the maximum over the ``20n + 100`` powers scanned (heads with ``ρ(B)`` within about
+    ``1e-3`` of 1 decay too slowly to certify).
+    """
     pb = kb.power_bound
-    if pb is not None and pb.tail in ("geometric", "nilpotent", "contraction"):
-        return peak_of_sequence(pb.norms, pb.exact)
+    if pb is not None and pb.tail in ("geometric", "nilpotent", "contraction", "none") and pb.norms.size > 1:
+        peak, k = peak_of_sequence(pb.norms, pb.exact)
+        margin = 2.0 * B.shape[-1] * np.finfo(np.float64).eps
+        return peak, k, pb.tail != "none" or bool(np.any(pb.norms[1:] < 1.0 - margin))
     result = peak_transient(B)
-    return result.peak, result.argmax
+    return result.peak, result.argmax, result.certified
 
 
 def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSILONS) -> dict[str, float]:
@@ -66,14 +74,16 @@ def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSIL
     dict
         ``sink_mass, prev_weight, row_entropy, rho_B, norm_B, henrici_A, henrici_A_rel,
         henrici_B, henrici_B_rel, kreiss_A, kreiss_A_ok, perron_simple, kreiss_B,
-        kreiss_B_upper, TR1, peak_B, peak_k, TR2``, and with ``extras``: ``psr_B@ε`` and
+        kreiss_B_upper, TR1, peak_B, peak_k, peak_certified, TR2``, and with ``extras``: ``psr_B@ε`` and
         ``TR4@ε`` for each ε, ``num_abscissa_B``, ``num_radius_B`` (NaN columns otherwise,
         marked as not computed by the caller's ``extras`` flag).
 
     Notes
     -----
     ``kreiss_B`` is the value of a global search (a lower bound, typically exact to 1e-10);
-    ``kreiss_B_upper`` the rigorous power-norm upper bound. ``henrici`` uses the triangular
+    ``kreiss_B_upper`` the rigorous power-norm upper bound (``inf`` when the powers do not
+    fall below 1 within ``20n + 100``). ``peak_certified`` is 1 when ``peak_B`` is the
+    supremum over all powers (see :func:`transient_peak`). ``henrici`` uses the triangular
     closed form (exact). ``norm_B`` is a dense SVD (exact to rounding).
     """
     A = check_causal_stochastic(A)
@@ -99,9 +109,10 @@ def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSIL
     out["kreiss_B"] = kb.value
     out["kreiss_B_upper"] = kb.upper
     out["TR1"] = math.log(kb.value)
-    peak, k_peak = transient_peak(B, kb)
+    peak, k_peak, certified = transient_peak(B, kb)
     out["peak_B"] = peak
     out["peak_k"] = float(k_peak)
+    out["peak_certified"] = float(certified)
     out["TR2"] = math.log(peak) if peak > 0 else -math.inf
     for e in eps:
         if extras:

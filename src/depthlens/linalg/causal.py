@@ -368,7 +368,9 @@ class EigPredictions:
     e2: np.ndarray
 
 
-def eig_predictions(ops: ArrayLike | Sequence[ArrayLike], atol: float = 1e-10) -> EigPredictions:
+def eig_predictions(
+    ops: ArrayLike | Sequence[ArrayLike], atol: float = 1e-10, *, profile: bool = False
+) -> EigPredictions:
     """Eigenvalue predictions E1 and E2 of the depth deviation, from the diagonals alone.
 
     The product of lower-triangular matrices is lower triangular with diagonal the product
@@ -381,11 +383,15 @@ def eig_predictions(ops: ArrayLike | Sequence[ArrayLike], atol: float = 1e-10) -
         Per-layer causal row-stochastic operators, layer 1 first.
     atol : float
         Tolerance of :func:`check_causal_stochastic`.
+    profile : bool
+        Return the predictions of every partial product ``B_b ⋯ B_1`` (``b = 1 … L``) along a
+        leading depth axis, from the same running products of the diagonals.
 
     Returns
     -------
     EigPredictions
-        Float64 arrays of the batch shape. For n = 1 both are 0 (B = 0). They underflow to
+        Float64 arrays of the batch shape (with a leading axis of length L when ``profile``).
+        For n = 1 both are 0 (B = 0). They underflow to
         0 only when the true value is below about 1e-308 (or a diagonal entry is 0).
 
     Raises
@@ -400,9 +406,11 @@ def eig_predictions(ops: ArrayLike | Sequence[ArrayLike], atol: float = 1e-10) -
     stacked = _stack_ops(ops, atol)
     diag = np.diagonal(stacked, axis1=-2, axis2=-1)[..., 1:]
     if diag.shape[-1] == 0:
-        zero = np.zeros(stacked.shape[1:-2])
+        zero = np.zeros(stacked.shape[:-2] if profile else stacked.shape[1:-2])
         return EigPredictions(e1=zero, e2=zero.copy())
-    return EigPredictions(e1=np.prod(diag, axis=0).max(axis=-1), e2=np.prod(diag.max(axis=-1), axis=0))
+    e1 = np.cumprod(diag, axis=0).max(axis=-1)
+    e2 = np.cumprod(diag.max(axis=-1), axis=0)
+    return EigPredictions(e1=e1, e2=e2) if profile else EigPredictions(e1=e1[-1], e2=e2[-1])
 
 
 def eig_gap(D_norm: ArrayLike, E: ArrayLike) -> np.ndarray:
