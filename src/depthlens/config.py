@@ -52,6 +52,9 @@ class RunConfig:
         Allow a hub model's own code to run.
     null_mode, null_samples, null_chunks, extras_chunks, certify, probe_seqs, probe_len
         Attention-stage options, see :class:`depthlens.attention.analysis.AttentionOptions`.
+        The run defaults (8 null samples on 8 chunks, extras on 2 chunks) keep the default
+        attention stage on SmolLM2 under 10 minutes on 2 cores; METHODS A4's S = 16 is
+        ``null_samples=16``.
     jacobian_mode, positions, funnel_rank, null, revisions
         Jacobian-stage options (``jacobian_mode`` isolated, in_context or both; ``revisions``
         comma-separated), see :class:`depthlens.jacobian.stage.JacobianOptions`.
@@ -70,9 +73,9 @@ class RunConfig:
     device: str = "cpu"
     trust_remote_code: bool = False
     null_mode: str = "spec"
-    null_samples: int = 16
+    null_samples: int = 8
     null_chunks: int = 8
-    extras_chunks: int = 4
+    extras_chunks: int = 2
     certify: str = "median"
     probe_seqs: int = 128
     probe_len: int = 64
