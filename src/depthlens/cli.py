@@ -52,7 +52,7 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
     a.add_argument("--null-samples", dest="null_samples", type=int, help="null samples per matrix (default 8; METHODS uses 16)")
     a.add_argument("--null-chunks", dest="null_chunks", type=int, help="chunks that get nulls (default 8)")
     a.add_argument("--extras-chunks", dest="extras_chunks", type=int,
-                   help="chunks that get pseudospectral radii and numerical range (default 2)")
+                   help="chunks that get pseudospectral radii and numerical range (default 1)")
     a.add_argument("--certify", choices=("median", "all", "none"), help="certified Kreiss brackets (default median)")
     a.add_argument("--probe-seqs", dest="probe_seqs", type=int, help="repeated-token probe sequences (default 128)")
     a.add_argument("--probe-len", dest="probe_len", type=int, help="repeated-token block length (default 64)")

@@ -52,7 +52,7 @@ class RunConfig:
         Allow a hub model's own code to run.
     null_mode, null_samples, null_chunks, extras_chunks, certify, probe_seqs, probe_len
         Attention-stage options, see :class:`depthlens.attention.analysis.AttentionOptions`.
-        The run defaults (8 null samples on 8 chunks, extras on 2 chunks) keep the default
+        The run defaults (8 null samples on 8 chunks, extras on the first chunk) keep the default
         attention stage on SmolLM2 under 10 minutes on 2 cores; METHODS A4's S = 16 is
         ``null_samples=16``.
     jacobian_mode, positions, funnel_rank, null, revisions
@@ -75,7 +75,7 @@ class RunConfig:
     null_mode: str = "spec"
     null_samples: int = 8
     null_chunks: int = 8
-    extras_chunks: int = 2
+    extras_chunks: int = 1
     certify: str = "median"
     probe_seqs: int = 128
     probe_len: int = 64

@@ -95,6 +95,16 @@ def test_nonconvergence_falls_back_to_svd(rng: np.random.Generator) -> None:
     assert r.n_fallback == 1 and abs(float(r.sigma) - 0.5) < 1e-15
 
 
+def test_values_only_fallback_is_one_batched_svd(rng: np.random.Generator) -> None:
+    """Without vectors or residuals the non-converged points get plain singular values."""
+    A = causal_softmax(12, rng)
+    z = np.array([0.3 + 0.2j, -0.7, 1.4j, 0.05])
+    ev = triangular_form(A).evaluate(z, maxiter=1, tol=1e-15, residuals=False)
+    assert (~ev.converged).any()
+    ref = [np.linalg.svd(w * np.eye(12) - A, compute_uv=False)[-1] for w in z]
+    np.testing.assert_allclose(ev.sigma[~ev.converged], np.asarray(ref)[~ev.converged], rtol=1e-13)
+
+
 def test_shapes_and_scalar(rng: np.random.Generator) -> None:
     A = causal_softmax(6, rng)
     r = sigma_min(A, np.full((2, 3), 0.2 + 0.3j), vectors=True)

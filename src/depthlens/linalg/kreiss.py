@@ -687,7 +687,10 @@ class _BranchBound:
     def run(self, rtol: float, max_evals: int, batch: int) -> tuple[float, float, float, str]:
         """Return ``(lo, hi, far_radius, stopped)``."""
         lo = self.obj.best
-        tau = max(lo * (1.0 + rtol), 1.0 + 0.5 * rtol)
+        # Cells are retired below target/shrink, so the final hi (inflated by shrink for
+        # rounding) still meets hi ≤ lo(1 + rtol) exactly instead of missing it by 1e-13.
+        shrink = 1.0 + 16.0 * self.n * _EPS
+        tau = max(lo * (1.0 + rtol), 1.0 + 0.5 * rtol) / shrink
         N = self.N
         if (tau * N - 1.0) / (tau - 1.0) > 10.0 * (N + 1.0):
             N = min(N, self.numerical_radius_upper())
@@ -707,7 +710,7 @@ class _BranchBound:
         hi_retired = far
         stopped = "rtol"
         while True:
-            target = max(self.obj.best * (1.0 + rtol), 1.0 + 0.5 * rtol)
+            target = max(self.obj.best * (1.0 + rtol), 1.0 + 0.5 * rtol) / shrink
             done = U <= target
             if done.any():
                 hi_retired = max(hi_retired, float(U[done].max()))
@@ -724,7 +727,7 @@ class _BranchBound:
             Uc = self.bounds(children, target)
             cells = _Cells.concat(cells.take(rest), children)
             U = np.concatenate([U[rest], Uc])
-        hi = max(hi_retired, float(U.max()) if U.size else -math.inf) * (1.0 + 16.0 * self.n * _EPS)
+        hi = max(hi_retired, float(U.max()) if U.size else -math.inf) * shrink
         lo = self.obj.best
         if self.circle is not None:
             lo = max(lo, float(self.circle.proj_norms.max()) * (1.0 - 1e3 * self.n * _EPS))

@@ -70,7 +70,9 @@ def _first_in_order(lam: np.ndarray, scale: float) -> int:
 
 
 def _canonical_order(t: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Selection sort of the Schur diagonal with LAPACK ``trexc`` (unitary swaps, O(n³) worst)."""
+    """Selection sort of the Schur diagonal with LAPACK ``trexc`` (unitary swaps, O(n³) worst),
+    in place on the Fortran-ordered ``t`` and ``q`` the caller owns (a copy per move of both
+    n×n arrays used to dominate the cost)."""
     trexc = scipy.linalg.lapack.ztrexc if t.dtype.kind == "c" else scipy.linalg.lapack.dtrexc
     scale = float(np.abs(np.diagonal(t)).max())
     if scale == 0:
@@ -78,7 +80,7 @@ def _canonical_order(t: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarr
     for p in range(len(t) - 1):
         j = p + _first_in_order(np.diagonal(t)[p:], scale)
         if j != p:
-            t, q, info = trexc(t, q, j + 1, p + 1)
+            t, q, info = trexc(t, q, j + 1, p + 1, overwrite_a=1, overwrite_q=1)
             if info != 0:  # pragma: no cover - trexc only refuses swaps of 2×2 blocks, absent here
                 raise InputError(f"reordering the Schur form failed (LAPACK trexc info={info}); perturb M slightly.")
     return t, q

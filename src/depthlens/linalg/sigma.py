@@ -115,7 +115,12 @@ class TriangularForm:
         sig, UL, VL, iters, r1, r2, conv = run(
             Lr, Li, zs, v0, float(tol), int(maxiter), bool(warm), bool(vectors), bool(residuals)
         )
-        for k in np.flatnonzero(~conv):
+        failed = np.flatnonzero(~conv)
+        if failed.size and not (vectors or residuals):  # values only: one batched SVD without vectors
+            S = zs[failed, None, None] * np.eye(self.n) - self.L
+            sig[failed] = np.linalg.svd(S, compute_uv=False)[:, -1]
+            failed = failed[:0]
+        for k in failed:
             S = zs[k] * np.eye(self.n) - self.L
             Us, s, Vh = np.linalg.svd(S)
             u_k, v_k = Us[:, -1], Vh[-1].conj()
