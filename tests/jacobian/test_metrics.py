@@ -10,7 +10,7 @@ import scipy.linalg
 from scipy.stats import ortho_group
 
 from depthlens.errors import InputError
-from depthlens.jacobian.metrics import METRICS, metrics_table, operator_metrics, spectra
+from depthlens.jacobian.metrics import METRICS, metrics_and_eigenvalues, metrics_table, operator_metrics, spectra
 from depthlens.linalg.normality import henrici_rel, symmetry_index
 from depthlens.linalg.ranks import erank, erank_sigma, participation, self_alignment, self_alignment_svd, stable_rank
 
@@ -163,6 +163,19 @@ def test_metrics_table(rng: np.random.Generator) -> None:
     row = table.iloc[3]
     assert row[list(METRICS)].to_dict() == operator_metrics(ops[(1, "mlp")])
     assert isinstance(table, pd.DataFrame)
+
+
+def test_eigenvalues_come_with_the_metrics(rng: np.random.Generator) -> None:
+    """The eigenvalue table from the metrics' Schur forms equals spectra() and numpy's eig."""
+    ops = {(layer, sub): np.eye(7) + rng.standard_normal((7, 7)) / 3 for layer in range(2) for sub in ("attn", "mlp")}
+    table, eigen = metrics_and_eigenvalues(ops)
+    pd.testing.assert_frame_equal(table, metrics_table(ops))
+    for (layer, sub), J in ops.items():
+        got = eigen[(eigen["layer"] == layer) & (eigen["sublayer"] == sub)]
+        lam = got["re"].to_numpy() + 1j * got["im"].to_numpy()
+        np.testing.assert_allclose(lam, spectra(J).eigenvalues, rtol=0, atol=1e-12)
+        ref = np.linalg.eigvals(J)
+        assert np.abs(lam[:, None] - ref[None]).min(axis=1).max() < 1e-10
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ products over depth and the Schur funnel, B3–B4) are model-free: they take the
 ``J = I + U`` as arrays and return records or tidy tables."""
 
 from .cumulative import ALPHAS, DIRECTIONS, cumulative_ranks, schur_funnel
-from .metrics import METRICS, SELF_ALIGN_K, OperatorSpectra, metrics_table, operator_metrics, spectra
+from .metrics import METRICS, SELF_ALIGN_K, OperatorSpectra, metrics_and_eigenvalues, metrics_table, operator_metrics, spectra
 
 __all__ = [
     "ALPHAS",
@@ -14,6 +14,7 @@ __all__ = [
     "SELF_ALIGN_K",
     "OperatorSpectra",
     "cumulative_ranks",
+    "metrics_and_eigenvalues",
     "metrics_table",
     "operator_metrics",
     "schur_funnel",

@@ -29,7 +29,7 @@ from ..linalg._checks import as_square
 from ..linalg.normality import complex_fraction, expansion_fraction, henrici, rotation_angle_mean, symmetry_index
 from ..linalg.ranks import erank, erank_sigma, participation, self_alignment_svd, stable_rank
 
-__all__ = ["METRICS", "SELF_ALIGN_K", "OperatorSpectra", "metrics_table", "operator_metrics", "spectra"]
+__all__ = ["METRICS", "SELF_ALIGN_K", "OperatorSpectra", "metrics_and_eigenvalues", "metrics_table", "operator_metrics", "spectra"]
 
 SELF_ALIGN_K: tuple[int, ...] = (1, 8, 64)
 """Subspace sizes of the ``self_align_k`` columns (capped at d)."""
@@ -179,6 +179,11 @@ def operator_metrics(J: ArrayLike) -> dict[str, float]:
     >>> m["cond"], m["expand_eig"], m["henrici_rel"]
     (4.0, 0.6666666666666666, 0.0)
     """
+    return _analyse(J)[0]
+
+
+def _analyse(J: ArrayLike) -> tuple[dict[str, float], np.ndarray]:
+    """:func:`operator_metrics` and the eigenvalues ``μ`` of U (Schur order), from one Schur form."""
     arr, U = _operator(J)
     d = arr.shape[0]
     t = _schur_triangle(U)
@@ -202,11 +207,19 @@ def operator_metrics(J: ArrayLike) -> dict[str, float]:
         out[f"self_align_{k}"] = float(self_alignment_svd(left, right, min(k, d)))
     for name, fn in (("erank", erank), ("erank_sigma", erank_sigma), ("participation", participation), ("stable_rank", stable_rank)):
         out[name] = float(fn(sv))
-    return out
+    return out, mu
 
 
 def metrics_table(operators: Mapping[tuple[int, str], ArrayLike], *, progress: bool = False) -> pd.DataFrame:
-    """:func:`operator_metrics` of every operator, as a tidy table.
+    """:func:`operator_metrics` of every operator, as a tidy table (see :func:`metrics_and_eigenvalues`)."""
+    return metrics_and_eigenvalues(operators, progress=progress)[0]
+
+
+def metrics_and_eigenvalues(
+    operators: Mapping[tuple[int, str], ArrayLike], *, progress: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`operator_metrics` of every operator as a tidy table, and the eigenvalues of every
+    operator from the same Schur forms (no second decomposition).
 
     Parameters
     ----------
@@ -218,9 +231,12 @@ def metrics_table(operators: Mapping[tuple[int, str], ArrayLike], *, progress: b
 
     Returns
     -------
-    DataFrame
+    metrics : DataFrame
         Columns ``layer`` (int), ``sublayer`` (str), then :data:`METRICS` (float64), one row
         per operator.
+    eigenvalues : DataFrame
+        ``layer``, ``sublayer``, ``re``, ``im``: the eigenvalues of every J, ordered as
+        :attr:`OperatorSpectra.eigenvalues` (equal to :func:`spectra`'s).
 
     Raises
     ------
@@ -238,14 +254,16 @@ def metrics_table(operators: Mapping[tuple[int, str], ArrayLike], *, progress: b
     """
     if not isinstance(operators, Mapping) or not operators:
         raise InputError("operators is empty or not a mapping; pass {(layer, sublayer): J} with at least one operator.")
-    rows = []
+    rows, eigen = [], []
     for key, J in tqdm(operators.items(), total=len(operators), desc="operator metrics", unit="op", disable=not progress):
         if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], (int, np.integer)) and isinstance(key[1], str)):
             raise InputError(f"operator key {key!r} is not a (layer, sublayer) pair; key operators as (int, str).")
         try:
-            metrics = operator_metrics(J)
+            metrics, mu = _analyse(J)
         except InputError as exc:
             raise InputError(f"operator {key!r}: {exc}") from exc
         rows.append({"layer": int(key[0]), "sublayer": str(key[1]), **metrics})
+        lam = 1.0 + _ordered(mu)
+        eigen.append(pd.DataFrame({"layer": int(key[0]), "sublayer": str(key[1]), "re": lam.real, "im": lam.imag}))
     table = pd.DataFrame(rows, columns=["layer", "sublayer", *METRICS])
-    return table.astype({name: np.float64 for name in METRICS})
+    return table.astype({name: np.float64 for name in METRICS}), pd.concat(eigen, ignore_index=True)

@@ -23,7 +23,7 @@ from ..errors import InputError
 from ..runs import RunDirectory
 from . import engines
 from .cumulative import ALPHAS, DIRECTIONS, schur_funnel
-from .metrics import metrics_table, spectra
+from .metrics import metrics_and_eigenvalues
 
 STAGE = "jacobian"
 MODES = ("isolated", "in_context")
@@ -95,15 +95,6 @@ def operator_list(ops: dict[tuple[int, str], np.ndarray]) -> list[np.ndarray]:
     return [ops[k] for k in sorted(ops, key=lambda k: (k[0], k[1] != "attn"))]
 
 
-def eigen_table(ops: dict[tuple[int, str], np.ndarray]) -> pd.DataFrame:
-    """Eigenvalues of every mean operator (for plots): layer, sublayer, re, im."""
-    rows = []
-    for (layer, kind), J in ops.items():
-        lam = spectra(J).eigenvalues
-        rows.append(pd.DataFrame({"layer": layer, "sublayer": kind, "re": lam.real, "im": lam.imag}))
-    return pd.concat(rows, ignore_index=True)
-
-
 def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: JacobianOptions, *,
         batch_size: int, quiet: bool, load_revision: Callable) -> None:
     """Run the stage (skipping finished units) and write ``operators``, ``eigenvalues`` and
@@ -121,8 +112,8 @@ def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: JacobianOp
                                              batch_size=batch_size, progress=not quiet)
                 run_dir.write_arrays(array_name, {f"{l}.{k}": J for (l, k), J in ops.items()},
                                      checkpoint=name, mode=mode, positions=opts.positions, n_chunks=str(token_ids.shape[0]))
-                run_dir.write_unit(STAGE, key, {"metrics": metrics_table(ops, progress=not quiet),
-                                                "eigen": eigen_table(ops)})
+                metrics, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet)
+                run_dir.write_unit(STAGE, key, {"metrics": metrics, "eigen": eigen_rows})
             loaded_arrays = load_file(str(run_dir.root / "arrays" / f"{array_name}.safetensors"))
             ops_by_mode[mode] = {(int(k.split(".")[0]), k.split(".")[1]): v for k, v in loaded_arrays.items()}
             for table, sink in (("metrics", metrics), ("eigen", eigen)):
