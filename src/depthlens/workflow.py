@@ -172,7 +172,8 @@ def _revision_loader(cfg: RunConfig) -> Callable[[str], LoadedModel]:
 def _run_jacobian(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
     cfg = prepared.config
     jacobian_stage.run(run_dir, prepared.loaded, prepared.token_ids, cfg.jacobian_options(),
-                       batch_size=cfg.batch_size, quiet=execution.quiet, load_revision=_revision_loader(cfg))
+                       batch_size=cfg.batch_size, quiet=execution.quiet, load_revision=_revision_loader(cfg),
+                       jobs=execution.jobs)
 
 
 def _run_topology(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:

@@ -24,7 +24,10 @@ factor has orthonormal rows), so a truncated step costs O(d²r) instead of O(d³
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -35,6 +38,7 @@ from ..errors import InputError
 from ..linalg._checks import as_square
 from ..linalg.ranks import erank, erank_sigma, participation
 from ..linalg.schur import SchurForm, schur_form
+from ..parallel import InlineExecutor
 
 __all__ = ["ALPHAS", "DIRECTIONS", "cumulative_ranks", "schur_funnel"]
 
@@ -176,6 +180,7 @@ def schur_funnel(
     ranks: Sequence[int | None] = (None,),
     *,
     progress: bool = False,
+    pool: Executor | None = None,
 ) -> pd.DataFrame:
     """Cumulative effective ranks with the non-normal part of every operator scaled by α (METHODS B4).
 
@@ -196,6 +201,10 @@ def schur_funnel(
         Truncations, as ``rank`` of :func:`cumulative_ranks`.
     progress : bool
         Show progress bars (tqdm).
+    pool : Executor, optional
+        Worker processes (:func:`depthlens.parallel.executor`): the Schur forms and the
+        curves are computed there, the operators and normal parts handed over once as
+        memory-mapped ``.npy`` files in a temporary folder. Results are the same bit for bit.
 
     Returns
     -------
@@ -230,17 +239,52 @@ def schur_funnel(
     ops = _operators([form.matrix if form is not None else J for form, J in zip(forms, items, strict=True)])
     d = ops[0].shape[0]
     caps = [_cap(r, d) for r in ranks]
-    normal = [
-        (form if form is not None else schur_form(J)).normal_part
-        for form, J in tqdm(zip(forms, ops, strict=True), total=len(ops), desc="schur forms", unit="op", disable=not progress)
-    ]
-    tables = []
     jobs = [(float(a), direction, cap) for a in alpha_values for direction in directions for cap in caps]
-    for alpha, direction, cap in tqdm(jobs, desc="schur funnel", unit="curve", disable=not progress):
-        order = _order(len(ops), direction)
-        # J(1) = J bit-exactly; taking it as is keeps real operators in real arithmetic.
-        split = (ops[b] if alpha == 1.0 else (1.0 - alpha) * normal[b] + alpha * ops[b] for b in order)
-        curve = _curve((_oriented(J, direction) for J in split), order, cap)
-        tables.append(curve.assign(alpha=alpha, direction=direction, truncation=cap))
+    pool = pool if pool is not None else InlineExecutor()
+    with tempfile.TemporaryDirectory(prefix="depthlens-funnel-") as tmp:
+        shared = not isinstance(pool, InlineExecutor)
+        ops_ref: Sequence[object] = _share(ops, Path(tmp) / "ops") if shared else ops
+        todo = [(i, J) for i, (form, J) in enumerate(zip(forms, ops, strict=True)) if form is None]
+        futures = [pool.submit(_normal_part, J) for _, J in todo]
+        normal = [form.normal_part if form is not None else None for form in forms]
+        for (i, _), future in tqdm(zip(todo, futures), total=len(todo), desc="schur forms", unit="op", disable=not progress):
+            normal[i] = future.result()
+        normal_ref: Sequence[object] = _share(normal, Path(tmp) / "normal") if shared else normal
+        del normal
+        futures = [pool.submit(_split_curve, ops_ref, normal_ref, alpha, direction, cap) for alpha, direction, cap in jobs]
+        tables = [f.result() for f in tqdm(futures, desc="schur funnel", unit="curve", disable=not progress)]
     table = pd.concat(tables, ignore_index=True)
     return table[["alpha", "direction", "truncation", *_COLUMNS]]
+
+
+def _normal_part(J: np.ndarray) -> np.ndarray:
+    """The normal part ``M₀ = QΛQ*`` of the canonical Schur form of ``J``."""
+    return schur_form(J).normal_part
+
+
+def _share(arrays: Sequence[np.ndarray], folder: Path) -> list[Path]:
+    """Save arrays as ``.npy`` files (each keeps its dtype) that workers memory-map."""
+    folder.mkdir()
+    paths = [folder / f"{i:04d}.npy" for i in range(len(arrays))]
+    for path, arr in zip(paths, arrays, strict=True):
+        np.save(path, arr)
+    return paths
+
+
+def _load(ref: Sequence[object]) -> list[np.ndarray]:
+    return [np.load(r, mmap_mode="r") if isinstance(r, Path) else r for r in ref]  # type: ignore[misc]
+
+
+def _split_curve(
+    ops_ref: Sequence[object], normal_ref: Sequence[object], alpha: float, direction: str, cap: int
+) -> pd.DataFrame:
+    """One curve of the funnel: the cumulative ranks of ``J_b(α) = (1 − α) M₀_b + α J_b``.
+
+    ``ops_ref`` and ``normal_ref`` hold the arrays, or paths of ``.npy`` files to memory-map.
+    """
+    ops, normal = _load(ops_ref), _load(normal_ref)
+    order = _order(len(ops), direction)
+    # J(1) = J bit-exactly; taking it as is keeps real operators in real arithmetic.
+    split = (np.asarray(ops[b]) if alpha == 1.0 else (1.0 - alpha) * normal[b] + alpha * ops[b] for b in order)
+    curve = _curve((_oriented(J, direction) for J in split), order, cap)
+    return curve.assign(alpha=alpha, direction=direction, truncation=cap)

@@ -16,6 +16,7 @@ be small when J is close to the identity); the eigenvalues of J lose nothing by 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ from ..errors import InputError
 from ..linalg._checks import as_square
 from ..linalg.normality import complex_fraction, expansion_fraction, henrici, rotation_angle_mean, symmetry_index
 from ..linalg.ranks import erank, erank_sigma, participation, self_alignment_svd, stable_rank
+from ..parallel import InlineExecutor
 
 __all__ = ["METRICS", "SELF_ALIGN_K", "OperatorSpectra", "metrics_and_eigenvalues", "metrics_table", "operator_metrics", "spectra"]
 
@@ -216,7 +218,7 @@ def metrics_table(operators: Mapping[tuple[int, str], ArrayLike], *, progress: b
 
 
 def metrics_and_eigenvalues(
-    operators: Mapping[tuple[int, str], ArrayLike], *, progress: bool = False
+    operators: Mapping[tuple[int, str], ArrayLike], *, progress: bool = False, pool: Executor | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """:func:`operator_metrics` of every operator as a tidy table, and the eigenvalues of every
     operator from the same Schur forms (no second decomposition).
@@ -228,6 +230,9 @@ def metrics_and_eigenvalues(
         mapping's order.
     progress : bool
         Show a progress bar (tqdm).
+    pool : Executor, optional
+        Worker processes for the decompositions (:func:`depthlens.parallel.executor`);
+        results do not depend on it.
 
     Returns
     -------
@@ -246,20 +251,22 @@ def metrics_and_eigenvalues(
 
     Notes
     -----
-    Cost: :func:`operator_metrics` per operator, one after another (60 operators of size
-    576 in about 30 s on one core). LAPACK's own threads are the only parallelism: on two
-    cores a pool of two workers with one LAPACK thread each measured no faster (0.40 against
-    0.43 s per operator). OpenBLAS with two threads measured several times slower than with
-    one on a two-core machine; set ``OPENBLAS_NUM_THREADS=1`` there.
+    Cost: :func:`operator_metrics` per operator (60 operators of size 576 in about 30 s on
+    one core); two single-threaded workers on two cores run two decompositions at full
+    speed each. OpenBLAS with two threads measured several times slower than with one on a
+    two-core machine; set ``OPENBLAS_NUM_THREADS=1`` there.
     """
     if not isinstance(operators, Mapping) or not operators:
         raise InputError("operators is empty or not a mapping; pass {(layer, sublayer): J} with at least one operator.")
-    rows, eigen = [], []
-    for key, J in tqdm(operators.items(), total=len(operators), desc="operator metrics", unit="op", disable=not progress):
+    for key in operators:
         if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], (int, np.integer)) and isinstance(key[1], str)):
             raise InputError(f"operator key {key!r} is not a (layer, sublayer) pair; key operators as (int, str).")
+    pool = pool if pool is not None else InlineExecutor()
+    futures = [pool.submit(_analyse, J) for J in operators.values()]
+    rows, eigen = [], []
+    for key, future in tqdm(zip(operators, futures), total=len(operators), desc="operator metrics", unit="op", disable=not progress):
         try:
-            metrics, mu = _analyse(J)
+            metrics, mu = future.result()
         except InputError as exc:
             raise InputError(f"operator {key!r}: {exc}") from exc
         rows.append({"layer": int(key[0]), "sublayer": str(key[1]), **metrics})

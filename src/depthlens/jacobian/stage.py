@@ -20,6 +20,7 @@ import torch
 from safetensors.numpy import load_file
 
 from ..errors import InputError
+from ..parallel import executor
 from ..runs import RunDirectory
 from . import engines
 from .cumulative import ALPHAS, DIRECTIONS, schur_funnel
@@ -96,9 +97,15 @@ def operator_list(ops: dict[tuple[int, str], np.ndarray]) -> list[np.ndarray]:
 
 
 def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: JacobianOptions, *,
-        batch_size: int, quiet: bool, load_revision: Callable) -> None:
+        batch_size: int, quiet: bool, load_revision: Callable, jobs: int = 1) -> None:
     """Run the stage (skipping finished units) and write ``operators``, ``eigenvalues`` and
-    ``cumulative`` tables."""
+    ``cumulative`` tables. The decompositions and funnel curves run on ``jobs`` worker
+    processes; the Jacobians themselves in this process (torch)."""
+    with executor(jobs) as pool:
+        _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, pool)
+
+
+def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, pool) -> None:
     metrics, eigen, funnels = [], [], []
     for name, get in checkpoints(loaded, opts, load_revision):
         model = None
@@ -112,7 +119,7 @@ def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: JacobianOp
                                              batch_size=batch_size, progress=not quiet)
                 run_dir.write_arrays(array_name, {f"{l}.{k}": J for (l, k), J in ops.items()},
                                      checkpoint=name, mode=mode, positions=opts.positions, n_chunks=str(token_ids.shape[0]))
-                metrics, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet)
+                metrics, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool)
                 run_dir.write_unit(STAGE, key, {"metrics": metrics, "eigen": eigen_rows})
             loaded_arrays = load_file(str(run_dir.root / "arrays" / f"{array_name}.safetensors"))
             ops_by_mode[mode] = {(int(k.split(".")[0]), k.split(".")[1]): v for k, v in loaded_arrays.items()}
@@ -126,7 +133,7 @@ def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: JacobianOp
         if not run_dir.has_unit(STAGE, key):
             ops = operator_list(ops_by_mode[funnel_mode])
             ranks = (None,) if opts.funnel_rank >= ops[0].shape[0] else (None, opts.funnel_rank)
-            table = schur_funnel(ops, alphas=ALPHAS, directions=DIRECTIONS, ranks=ranks, progress=not quiet)
+            table = schur_funnel(ops, alphas=ALPHAS, directions=DIRECTIONS, ranks=ranks, progress=not quiet, pool=pool)
             run_dir.write_unit(STAGE, key, {"funnel": table})
         t = run_dir.read_units(STAGE, [key], "funnel")
         t.insert(0, "checkpoint", name)
