@@ -119,8 +119,8 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
                                              batch_size=batch_size, progress=not quiet)
                 run_dir.write_arrays(array_name, {f"{l}.{k}": J for (l, k), J in ops.items()},
                                      checkpoint=name, mode=mode, positions=opts.positions, n_chunks=str(token_ids.shape[0]))
-                metrics, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool)
-                run_dir.write_unit(STAGE, key, {"metrics": metrics, "eigen": eigen_rows})
+                op_table, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool)
+                run_dir.write_unit(STAGE, key, {"metrics": op_table, "eigen": eigen_rows})
             loaded_arrays = load_file(str(run_dir.root / "arrays" / f"{array_name}.safetensors"))
             ops_by_mode[mode] = {(int(k.split(".")[0]), k.split(".")[1]): v for k, v in loaded_arrays.items()}
             for table, sink in (("metrics", metrics), ("eigen", eigen)):
