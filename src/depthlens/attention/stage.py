@@ -6,6 +6,7 @@ Memory: the attention matrices of one layer for one batch of chunks are the most
 time (each layer's matrices go to the worker pool and are released before the next layer),
 except in the depth phase, whose products need every layer of a chunk: there one batch's
 matrices of all layers are held (``L·H·n²`` float64 per chunk, 35 MB for SmolLM2 at n = 128).
+The certify phase queues one matrix per head (its median chunk) for the workers.
 """
 
 from __future__ import annotations
@@ -176,9 +177,9 @@ def _induction_phase(run_dir, adapter, tokenizer, heads, opts, pool, quiet) -> p
 
 
 def _pseudospectra_phase(run_dir, adapter, token_ids, heads, chunks) -> None:
-    """σ_min(zI − B) (to ``PSEUDO_TOL`` relative) on a grid for the top routing head (largest previous-token or induction
-    score) and the top sink head (largest sink mass), each on its median chunk, saved to
-    ``arrays/pseudospectra.safetensors`` for the report's contour figures."""
+    """σ_min(zI − B), to ``PSEUDO_TOL`` relative, on a grid for the top routing head (largest
+    previous-token or induction score) and the top sink head (largest sink mass), each on its
+    median chunk, saved to ``arrays/pseudospectra.safetensors`` for the report's contours."""
     path = run_dir.root / "arrays" / "pseudospectra.safetensors"
     if path.is_file():
         return
