@@ -32,19 +32,35 @@ def _peak_rss_gib() -> float:
     return (own + kids) / 2**20
 
 
+PHASES = ("probe", "heads", "certify", "induction", "depth")
+
+
+def phase_minutes(units: Path, start: float) -> dict[str, float]:
+    """Minutes each phase took, from the finish times of its units (``*.done`` files)."""
+    ends = {p: max((f.stat().st_mtime for f in units.glob(f"{p}*.done")), default=None) for p in PHASES}
+    out, last = {}, start
+    for phase in PHASES:
+        if ends[phase] is not None:
+            out[phase] = (ends[phase] - last) / 60
+            last = ends[phase]
+    return out
+
+
 def main() -> None:
     """Run the stage and print the figures."""
     config = RunConfig()  # the defaults: SmolLM2, python-docs, 32 x 128, nulls on 8 chunks
     with tempfile.TemporaryDirectory() as tmp:
-        start = time.perf_counter()
+        start, epoch = time.perf_counter(), time.time()
         root = run(config, Path(tmp) / "run", stages=("attention",), execution=Execution(quiet=True, jobs=2))
         wall = time.perf_counter() - start
         chunks = pd.read_parquet(root / "tables" / "head_chunks.parquet")
+        phases = phase_minutes(root / "units" / "attention", epoch)
     n_mat = len(chunks)
     print(f"bench_attention: default stage on SmolLM2, {config.chunks} chunks x {config.seq_len} tokens, "
           f"nulls on {config.null_chunks} chunks x {config.null_samples} '{config.null_mode}' samples, 2 workers")
     print(f"  wall time {wall / 60:.2f} min (target < 10), peak memory {_peak_rss_gib():.2f} GiB (target < 4), "
           f"{n_mat} head-chunks")
+    print("  phases (min, the first including model load): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
     rng = np.random.default_rng(0)
     A = random_causal_attention(config.seq_len, rng, sink=3.0, prev=2.0, scale=2.0)
     t = time.perf_counter()
