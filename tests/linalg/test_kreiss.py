@@ -128,3 +128,13 @@ def test_contraction_has_kreiss_one_exactly(rng: np.random.Generator) -> None:
     assert 1.0 - 1e-5 < res.value <= 1.0
     brute, _ = kreiss_bruteforce(M, n_t=20, n_theta=20)
     assert brute <= 1.0 + 1e-12 and brute > 0.99
+
+
+def test_horner_kernel_matches_numpy_polyval(rng: np.random.Generator) -> None:
+    """The compiled series evaluator of the power bound against numpy's polyval."""
+    from depthlens.linalg._kernels import horner
+
+    coef = rng.uniform(0.0, 5.0, size=300)
+    x = rng.uniform(0.0, 1.0, size=50)
+    np.testing.assert_allclose(horner(coef, x), np.polyval(coef[::-1], x), rtol=1e-12)
+    assert horner(coef[:1], x).tolist() == [coef[0]] * 50

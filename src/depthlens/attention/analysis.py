@@ -161,10 +161,10 @@ def depth_chunk_rows(
             null_ops = layer_operators(shuffled, choice)
         for kind, op in ops.items():
             per_kind.setdefault(kind, []).append(np.concatenate([op[None], null_ops[kind]]) if nulls else op[None])
-    return chunk_depth_rows({k: np.stack(v) for k, v in per_kind.items()}, chunk)
+    return _depth_rows({k: np.stack(v) for k, v in per_kind.items()}, chunk)
 
 
-def chunk_depth_rows(stacks: dict[str, np.ndarray], chunk: int) -> pd.DataFrame:
+def _depth_rows(stacks: dict[str, np.ndarray], chunk: int) -> pd.DataFrame:
     """Depth tables of one chunk: ``stacks[kind]`` has shape (L, 1 + S, n, n), sample 0 the model."""
     tables = []
     for kind, stack in stacks.items():

@@ -17,7 +17,7 @@ from ..linalg.normality import henrici, numerical_abscissa, numerical_radius
 from ..linalg.nulls import shuffle_null
 from ..linalg.pseudospectra import pseudospectral_radius
 from ..linalg.sigma import sigma_min
-from ..linalg.transients import peak_of_sequence, peak_transient
+from ..linalg.transients import contracts, peak_of_sequence, peak_transient
 from .patterns import prev_weight, row_entropy, sink_mass
 
 EPSILONS: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
@@ -62,8 +62,7 @@ def transient_peak(B: np.ndarray, kb: KreissResult) -> tuple[float, int, bool]:
     pb = kb.power_bound
     if pb is not None and pb.tail in ("geometric", "nilpotent", "contraction", "none") and pb.norms.size > 1:
         peak, k = peak_of_sequence(pb.norms, pb.exact)
-        margin = 2.0 * B.shape[-1] * np.finfo(np.float64).eps
-        return peak, k, pb.tail != "none" or bool(np.any(pb.norms[1:] < 1.0 - margin))
+        return peak, k, pb.tail != "none" or any(contracts(a, B.shape[-1]) for a in pb.norms[1:])
     result = peak_transient(B)
     return result.peak, result.argmax, result.certified
 

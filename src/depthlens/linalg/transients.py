@@ -161,6 +161,12 @@ class TransientResult:
     spectral_radius: float
 
 
+def contracts(norm: float, n: int) -> bool:
+    """Whether a power norm (exact or an upper bound) is below 1 by more than the ``2n·u``
+    rounding margin: the geometric-decay certificate that ends a transient-peak scan."""
+    return norm < 1.0 - 2.0 * n * _EPS
+
+
 def peak_of_sequence(norms: np.ndarray, exact: np.ndarray) -> tuple[float, int]:
     """``max_{k≥1}`` and its first argmax over the exact entries of a power-norm sequence.
 
@@ -239,7 +245,7 @@ def peak_transient(M: object, kmax: int | None = None) -> TransientResult:
         norms.append(a)
         if certificate == "none" and a == 0.0:
             certificate = "nilpotent"
-        elif certificate == "none" and a < 1.0 - 2.0 * n * _EPS:
+        elif certificate == "none" and contracts(a, n):
             certificate = "contraction"
         if len(norms) - 1 >= cap or (kmax is None and certificate != "none"):
             break
