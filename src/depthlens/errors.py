@@ -7,6 +7,8 @@ without a traceback and exits with status 2.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class DepthlensError(Exception):
     """Base class: a one-line, actionable message about bad input or an impossible request."""
@@ -29,3 +31,8 @@ class DataError(DepthlensError):
 
 class RunError(DepthlensError):
     """A run directory cannot be created, resumed or written."""
+
+
+class DecompositionError(DepthlensError, np.linalg.LinAlgError):
+    """A dense decomposition failed with every driver of :mod:`depthlens.linalg.guarded`, or
+    its input was not finite. Stages record the affected quantities as NaN with this reason."""

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..linalg.causal import check_causal_stochastic, deflate, flag_nonsimple_perron
+from ..linalg import guarded
 from ..linalg.kreiss import KreissResult, kreiss
 from ..linalg.normality import henrici, numerical_abscissa, numerical_radius
 from ..linalg.nulls import shuffle_null
@@ -102,7 +103,7 @@ def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSIL
         "prev_weight": float(prev_weight(A)),
         "row_entropy": float(row_entropy(A)),
         "rho_B": float(np.diagonal(A)[1:].max()) if n > 1 else 0.0,
-        "norm_B": float(np.linalg.norm(B, 2)),
+        "norm_B": guarded.norm2(B),
     }
     for name, M in (("A", A), ("B", B)):
         h = float(henrici(M))

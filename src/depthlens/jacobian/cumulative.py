@@ -35,6 +35,7 @@ from numpy.typing import ArrayLike
 from tqdm.auto import tqdm
 
 from ..errors import InputError
+from ..linalg import guarded
 from ..linalg._checks import as_square
 from ..linalg.ranks import erank, erank_sigma, participation
 from ..linalg.schur import SchurForm, schur_form
@@ -68,11 +69,11 @@ class _Accumulator:
         if not np.all(np.isfinite(prod)):
             raise InputError(_OVERFLOW)
         if prod.shape[1] > self.rank:
-            left, sv, _ = np.linalg.svd(prod, full_matrices=False)
+            left, sv, _ = guarded.svd(prod, full_matrices=False)
             prod = left[:, : self.rank] * sv[: self.rank]
             sv = sv[: self.rank]
         else:
-            sv = np.linalg.svd(prod, compute_uv=False)
+            sv = guarded.svdvals(prod)
         if not np.isfinite(sv[0]):
             raise InputError(_OVERFLOW)
         if sv[0] == 0:

@@ -26,6 +26,7 @@ from numpy.typing import ArrayLike
 from tqdm.auto import tqdm
 
 from ..errors import InputError
+from ..linalg import guarded
 from ..linalg._checks import as_square
 from ..linalg.normality import complex_fraction, expansion_fraction, henrici, rotation_angle_mean, symmetry_index
 from ..linalg.ranks import erank, erank_sigma, participation, self_alignment_svd, stable_rank
@@ -89,8 +90,8 @@ def _schur_triangle(U: np.ndarray) -> np.ndarray:
     O(n²) per block), which is cheaper than a complex Schur decomposition of a real matrix.
     """
     if U.dtype.kind == "c":
-        return scipy.linalg.schur(U, output="complex")[0]
-    t, q = scipy.linalg.schur(U, output="real")
+        return guarded.schur(U, output="complex")[0]
+    t, q = guarded.schur(U, output="real")
     if np.any(np.diagonal(t, offset=-1) != 0):
         t = scipy.linalg.rsf2csf(t, q)[0]
     return np.triu(t).astype(np.complex128, copy=False)
@@ -126,7 +127,7 @@ def spectra(J: ArrayLike) -> OperatorSpectra:
     """
     arr, U = _operator(J)
     mu = _ordered(np.diagonal(_schur_triangle(U)).copy())
-    return OperatorSpectra(eigenvalues=1.0 + mu, update_eigenvalues=mu, singular_values=np.linalg.svd(arr, compute_uv=False))
+    return OperatorSpectra(eigenvalues=1.0 + mu, update_eigenvalues=mu, singular_values=guarded.svdvals(arr))
 
 
 def _relative(value: float, norm: float) -> float:
@@ -192,7 +193,7 @@ def _analyse(J: ArrayLike) -> tuple[dict[str, float], np.ndarray]:
     mu = np.diagonal(t).copy()
     lam = 1.0 + mu
     departure = float(henrici(t))  # t is triangular: ‖off-diagonal‖_F, the same N for J and U
-    left, sv, right = np.linalg.svd(arr)
+    left, sv, right = guarded.svd(arr)
     out = {
         "cond": float(sv[0] / sv[-1]) if sv[-1] > 0 else float("inf"),
         "henrici_rel": _relative(departure, float(np.linalg.norm(arr))),

@@ -18,6 +18,7 @@ from numpy.typing import ArrayLike
 
 from ..errors import InputError
 from ._checks import as_square
+from . import guarded
 
 __all__ = [
     "DepthProduct",
@@ -339,11 +340,11 @@ def depth_product(ops: ArrayLike | Sequence[ArrayLike], atol: float = 1e-10) -> 
     stacked = _stack_ops(ops, atol)
     deflated = _minus_perron(stacked)
     product, deviation = stacked[0], deflated[0]
-    profile = [np.linalg.norm(deviation, ord=2, axis=(-2, -1))]
+    profile = [guarded.norm2(deviation)]
     for A, B in zip(stacked[1:], deflated[1:]):
         product = A @ product
         deviation = B @ deviation
-        profile.append(np.linalg.norm(deviation, ord=2, axis=(-2, -1)))
+        profile.append(guarded.norm2(deviation))
     return DepthProduct(
         product=product,
         deviation=deviation,

@@ -39,6 +39,7 @@ from scipy.linalg.lapack import zpotrf as _potrf
 
 from ..errors import InputError
 from ._checks import as_square
+from . import guarded
 from ._kernels import horner
 from .sigma import TriangularForm, check_engine, sigma_min, triangular_form
 from .transients import iter_power_norms, spectral_norm
@@ -193,11 +194,11 @@ def _spectrum_status(A: np.ndarray, tf: TriangularForm) -> tuple[str, complex, _
     scale = max(1.0, tf.norm_upper)
     projs = []
     for c, m in zip(centres, counts):
-        U, s, Vh = np.linalg.svd(c * np.eye(n) - A)
+        U, s, Vh = guarded.svd(c * np.eye(n) - A)
         if s[n - m] > 1e3 * n * _EPS * scale:
             return "defective", c, None
         Um, Vm = U[:, n - m :], Vh[n - m :].conj().T
-        projs.append(Vm @ np.linalg.solve(Um.conj().T @ Vm, Um.conj().T))
+        projs.append(Vm @ guarded.solve(Um.conj().T @ Vm, Um.conj().T))
     P = np.sum(projs, axis=0)
     Md = A - sum(c * Pc for c, Pc in zip(centres, projs))
     circle = _Circle(
@@ -553,7 +554,7 @@ class _BranchBound:
         """
         A = self.tf.L
         h = [
-            float(np.linalg.eigvalsh(0.5 * (np.exp(-1j * t) * A + np.exp(1j * t) * A.conj().T))[-1])
+            float(guarded.eigvalsh(0.5 * (np.exp(-1j * t) * A + np.exp(1j * t) * A.conj().T))[-1])
             for t in np.linspace(0.0, 2.0 * math.pi, m, endpoint=False)
         ]
         return max(h) + self.N * math.pi / m + self.margin(np.zeros(1))[0]
@@ -675,7 +676,7 @@ class _BranchBound:
         circ = self.circle
         zc, rho, r1 = cells.zc, cells.rho, cells.r1
         S = zc[:, None, None] * np.eye(self.n)[None] - circ.deflated[None]
-        sd = np.linalg.svd(S, compute_uv=False)[:, -1] - rho - self.margin(zc)
+        sd = guarded.svdvals(S)[:, -1] - rho - self.margin(zc)
         self.n_deflated += zc.size
         dist = np.abs(zc[:, None] - circ.lam[None]) - rho[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -7,12 +7,12 @@ singular values ``(..., n)`` (the last axis is reduced).
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
 import scipy.optimize
 from numpy.typing import ArrayLike
 
 from ..errors import InputError
 from ._checks import as_square
+from . import guarded
 
 __all__ = [
     "complex_fraction",
@@ -68,7 +68,7 @@ def henrici(M: ArrayLike, relative: bool = False) -> np.ndarray:
     out = np.array(_fro(off))
     general = ~(is_lower | is_upper)
     if np.any(general):
-        out[general] = [np.linalg.norm(np.triu(scipy.linalg.schur(m, output="complex")[0], k=1)) for m in arr[general]]
+        out[general] = [np.linalg.norm(np.triu(guarded.schur(m, output="complex")[0], k=1)) for m in arr[general]]
     if relative:
         fro = _fro(arr)
         out = np.divide(out, fro, out=np.zeros_like(out), where=fro > 0)
@@ -103,14 +103,14 @@ def numerical_abscissa(M: ArrayLike) -> np.ndarray:
     """
     arr = as_square(M, "M", batched=True)
     herm = 0.5 * (arr + np.conj(np.swapaxes(arr, -1, -2)))
-    return np.linalg.eigvalsh(herm)[..., -1]
+    return guarded.eigvalsh(herm)[..., -1]
 
 
 def _radius_one(M: np.ndarray, n_grid: int, xatol: float) -> float:
     herm = 0.5 * (M + M.conj().T)
     if M.dtype.kind == "f" and np.all(M >= 0):
         # |x*Mx| ≤ |x|ᵀ M |x| for M ≥ 0, so the maximum is attained at θ = 0.
-        return float(np.linalg.eigvalsh(herm)[-1])
+        return float(guarded.eigvalsh(herm)[-1])
     skew = 0.5j * (M - M.conj().T)
 
     def at(theta: float) -> np.ndarray:
@@ -118,17 +118,17 @@ def _radius_one(M: np.ndarray, n_grid: int, xatol: float) -> float:
 
     # H(θ + π) = −H(θ): each eigendecomposition on [0, π) gives f at θ and at θ + π.
     thetas = np.arange(n_grid) * (np.pi / n_grid)
-    ends = np.array([np.linalg.eigvalsh(at(t))[[0, -1]] for t in thetas])
+    ends = np.array([guarded.eigvalsh(at(t))[[0, -1]] for t in thetas])
     grid = np.concatenate([thetas, thetas + np.pi])
     vals = np.concatenate([ends[:, 1], -ends[:, 0]])
     h = np.pi / n_grid
     best = float(vals.max())
     # f is ‖M‖-Lipschitz: only cells whose grid value is within ‖M‖h/2 of the best can hold the maximum.
-    slack = np.linalg.norm(M, 2) * h / 2
+    slack = guarded.norm2(M) * h / 2
     peaks = (vals >= np.roll(vals, 1)) & (vals >= np.roll(vals, -1)) & (vals >= best - slack)
     for k in np.flatnonzero(peaks)[np.argsort(-vals[peaks])][:8]:
         res = scipy.optimize.minimize_scalar(
-            lambda t: -np.linalg.eigvalsh(at(t))[-1], bounds=(grid[k] - h, grid[k] + h), method="bounded", options={"xatol": xatol}
+            lambda t: -guarded.eigvalsh(at(t))[-1], bounds=(grid[k] - h, grid[k] + h), method="bounded", options={"xatol": xatol}
         )
         best = max(best, -float(res.fun))
     return best

@@ -13,6 +13,7 @@ from numpy.typing import ArrayLike
 
 from ..errors import InputError
 from ._checks import as_square
+from . import guarded
 
 __all__ = ["erank", "erank_sigma", "participation", "self_alignment", "self_alignment_svd", "stable_rank"]
 
@@ -28,7 +29,7 @@ def _scaled_sv(M_or_sv: ArrayLike) -> np.ndarray:
             raise InputError("singular values must be a non-empty 1-D array of finite, non-negative reals.")
         sv = arr.astype(np.float64)
     else:
-        sv = np.linalg.svd(as_square(arr, "M", batched=True), compute_uv=False)
+        sv = guarded.svdvals(as_square(arr, "M", batched=True))
     top = sv.max(axis=-1, keepdims=True)
     if np.any(top == 0):
         what = f"M at batch index {tuple(int(i) for i in np.argwhere(top[..., 0] == 0)[0])}" if arr.ndim > 1 else "every singular value"
@@ -119,7 +120,7 @@ def self_alignment(M: ArrayLike, k: int) -> np.ndarray:
     """
     arr = as_square(M, "M", batched=True)
     _check_k(k, arr.shape[-1])
-    U, _, Vh = np.linalg.svd(arr)
+    U, _, Vh = guarded.svd(arr)
     return self_alignment_svd(U, Vh, k)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import scipy.optimize
 
 from ._checks import as_square
+from . import guarded
 from .sigma import check_points
 
 __all__ = ["kreiss_bruteforce", "pseudospectral_radius_bruteforce", "sigma_min_dense"]
@@ -28,7 +29,7 @@ def sigma_min_dense(M: object, z: object) -> np.ndarray:
     A = as_square(M)
     zz = check_points(z)
     eye = np.eye(A.shape[0])
-    out = np.array([np.linalg.svd(complex(w) * eye - A, compute_uv=False)[-1] for w in zz.reshape(-1)])
+    out = np.array([guarded.svdvals(complex(w) * eye - A)[-1] for w in zz.reshape(-1)])
     return out.reshape(zz.shape)
 
 
@@ -50,7 +51,7 @@ def kreiss_bruteforce(M: object, *, n_t: int = 60, n_theta: int = 60, polish: bo
 
     def f(x: np.ndarray) -> float:
         z = (1.0 + math.exp(x[0])) * complex(math.cos(x[1]), math.sin(x[1]))
-        s = np.linalg.svd(z * eye - A, compute_uv=False)[-1]
+        s = guarded.svdvals(z * eye - A)[-1]
         return math.exp(x[0]) / s if s > 0 else math.inf
 
     ts = np.linspace(math.log(1e-4), math.log(2 * N + 1), n_t)
@@ -89,7 +90,7 @@ def pseudospectral_radius_bruteforce(M: object, eps: float, *, n_r: int = 400, n
     rs = np.linspace(0.0, R, n_r)
 
     def s(z: complex) -> float:
-        return float(np.linalg.svd(z * eye - A, compute_uv=False)[-1])
+        return float(guarded.svdvals(z * eye - A)[-1])
 
     best = 0.0
     for th in np.linspace(-math.pi, math.pi, n_theta, endpoint=False):

@@ -32,6 +32,7 @@ from numpy.typing import ArrayLike
 
 from ..errors import InputError
 from ._checks import as_square
+from . import guarded
 
 __all__ = ["SchurForm", "schur_form", "schur_split"]
 
@@ -113,9 +114,9 @@ def schur_form(M: ArrayLike) -> SchurForm:
     """
     arr = as_square(M, "M")
     if arr.dtype.kind == "c":
-        t, q = scipy.linalg.schur(arr, output="complex")
+        t, q = guarded.schur(arr, output="complex")
     else:
-        t, q = scipy.linalg.schur(arr, output="real")
+        t, q = guarded.schur(arr, output="real")
         if np.any(np.diagonal(t, offset=-1) != 0):
             t, q = scipy.linalg.rsf2csf(t, q)
     t, q = _canonical_order(np.asfortranarray(np.triu(t)), np.asfortranarray(q))

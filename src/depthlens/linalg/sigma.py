@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-import scipy.linalg
 
 from ..errors import InputError
 from ._checks import as_square
+from . import guarded
 from ._kernels import ENGINES, sigma_min_batch, sigma_min_batch_numpy
 
 __all__ = ["Evaluation", "SigmaResult", "TriangularForm", "sigma_min", "triangular_form"]
@@ -118,11 +118,11 @@ class TriangularForm:
         failed = np.flatnonzero(~conv)
         if failed.size and not (vectors or residuals):  # values only: one batched SVD without vectors
             S = zs[failed, None, None] * np.eye(self.n) - self.L
-            sig[failed] = np.linalg.svd(S, compute_uv=False)[:, -1]
+            sig[failed] = guarded.svdvals(S)[:, -1]
             failed = failed[:0]
         for k in failed:
             S = zs[k] * np.eye(self.n) - self.L
-            Us, s, Vh = np.linalg.svd(S)
+            Us, s, Vh = guarded.svd(S)
             u_k, v_k = Us[:, -1], Vh[-1].conj()
             sig[k] = s[-1]
             r1[k] = np.linalg.norm(S @ v_k - s[-1] * u_k)
@@ -160,7 +160,7 @@ def triangular_form(M: object) -> TriangularForm:
     """Reduce ``M`` once so that ``σ_min(zI − M)`` costs ``O(n²)`` per point.
 
     A matrix whose strictly upper (or strictly lower) part is exactly zero is used as it is;
-    anything else goes through ``scipy.linalg.schur(M, output="complex")`` (``O(n³)``, once).
+    anything else goes through ``guarded.schur(M, output="complex")`` (``O(n³)``, once).
 
     Parameters
     ----------
@@ -195,7 +195,7 @@ def triangular_form(M: object) -> TriangularForm:
     elif not np.any(np.tril(A, -1)):
         kind, L, Q, back = "upper", np.ascontiguousarray(A.T), None, 0.0
     else:
-        T, Q = scipy.linalg.schur(A, output="complex")
+        T, Q = guarded.schur(A, output="complex")
         back = float(np.linalg.norm(A - Q @ T @ Q.conj().T))
         back += 4.0 * n * _EPS * fro
         kind, L = "schur", np.ascontiguousarray(T.T)
