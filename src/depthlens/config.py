@@ -6,6 +6,8 @@ import dataclasses
 import hashlib
 import json
 import tomllib
+import types
+import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +20,82 @@ if TYPE_CHECKING:
     from .topology.stage import TopologyOptions
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+_TYPE_NAMES = {bool: "a boolean (true or false, unquoted)", int: "an integer", float: "a number",
+               str: "a string (quoted)", type(None): "absent"}
+_PLURALS = {bool: "booleans", int: "integers", float: "numbers", str: "strings (quoted)"}
+_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+          tuple: "a list", dict: "a table", type(None): "absent"}
+
+
+def _describe(annotation: Any) -> str:
+    """How a value of type ``annotation`` is written, for error messages."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(annotation) if a is not type(None)) + " (or absent)"
+    if origin in (tuple, list):
+        item = typing.get_args(annotation)[0]
+        return "a list of " + _PLURALS.get(item, f"{_describe(item)} items")
+    return _TYPE_NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _matches(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` is a value of ``annotation`` (``bool`` is no integer; an integer is a float)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return any(type(value) is type(a) and value == a for a in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(annotation))
+    if origin in (tuple, list):
+        item = typing.get_args(annotation)[0]
+        return isinstance(value, (tuple, list)) and all(_matches(v, item) for v in value)
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    raise TypeError(f"config type {annotation!r} has no check")  # a new field type needs a rule here
+
+
+def check_type(name: str, value: Any, annotation: Any) -> None:
+    """Refuse a configuration value that is not of its declared type.
+
+    Parameters
+    ----------
+    name : str
+        The configuration key (``trust_remote_code``); its flag is ``--trust-remote-code``.
+    value : Any
+        The value, as given by a TOML file, a flag or the Python API.
+    annotation : type
+        The declared type: ``bool``, ``int`` (a bool is refused), ``float`` (an int is
+        accepted), ``str``, ``X | None``, ``tuple[str, ...]``/``list[str]`` (a TOML array)
+        or ``Literal[...]`` (a choice).
+
+    Raises
+    ------
+    InputError
+        Naming the key, the value, the expected type and the flag. The string ``"false"``
+        for a boolean is refused, never read as true.
+
+    Examples
+    --------
+    >>> check_type("exclude_massive", False, bool)
+    >>> check_type("exclude_massive", "false", bool)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    depthlens.errors.InputError: config key exclude_massive = 'false' is a string, expected a boolean ...
+    """
+    if not _matches(value, annotation):
+        flag = "--" + name.replace("_", "-")
+        kind = _KINDS.get(type(value), f"a {type(value).__name__}")
+        raise InputError(f"config key {name} = {value!r} is {kind}, expected {_describe(annotation)}; "
+                         f"fix it in --config or pass {flag}.")
 
 
 @dataclass(frozen=True)
@@ -90,6 +168,9 @@ class RunConfig:
     amplification: str = "column"
 
     def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for field in fields(self):
+            check_type(field.name, getattr(self, field.name), hints[field.name])
         for name, low in (("chunks", 1), ("seq_len", 2), ("batch_size", 1), ("seed", 0), ("null_samples", 1),
                           ("null_chunks", 0), ("extras_chunks", 0), ("probe_seqs", 1), ("probe_len", 1), ("funnel_rank", 1),
                           ("topk", 1), ("n_perm", 1)):
@@ -151,17 +232,24 @@ class RunConfig:
         Raises
         ------
         InputError
-            If the file is missing or malformed, or has unknown keys or bad values.
+            If the file is missing, a folder, unreadable, not UTF-8 or not TOML, or has unknown
+            keys, values of the wrong type (checked by :func:`check_type`) or bad values.
         """
         values: dict[str, Any] = {}
         if toml_path is not None:
             path = Path(toml_path)
             try:
-                values = tomllib.loads(path.read_text())
+                values = tomllib.loads(path.read_text(encoding="utf-8"))
             except FileNotFoundError:
-                raise InputError(f"config file {path} does not exist; pass an existing TOML file.") from None
+                raise InputError(f"config file {path} does not exist; pass --config an existing TOML file.") from None
+            except IsADirectoryError:
+                raise InputError(f"config file {path} is a directory; pass --config a TOML file.") from None
+            except UnicodeDecodeError:
+                raise InputError(f"config file {path} is not UTF-8 text (a binary file?); pass --config a TOML file.") from None
+            except OSError as exc:
+                raise InputError(f"config file {path} cannot be read ({exc.strerror}); pass --config a readable TOML file.") from None
             except tomllib.TOMLDecodeError as exc:
-                raise InputError(f"config file {path} is not valid TOML ({exc}).") from None
+                raise InputError(f"config file {path} is not valid TOML ({exc}); fix it or pass --config another file.") from None
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
