@@ -11,7 +11,17 @@ import pytest
 from safetensors.numpy import load_file, safe_open
 
 from depthlens.errors import RunError
-from depthlens.runs import Mode, RunDirectory, check_target, read_manifest
+from depthlens.runs import (
+    FORMAT,
+    FORMAT_VERSION,
+    Mode,
+    RunDirectory,
+    atomic,
+    check_target,
+    not_a_run,
+    read_manifest,
+    remove_run_files,
+)
 from depthlens.runs.atomic import atomic_path
 
 
@@ -24,7 +34,7 @@ def test_new_run_writes_manifest(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
     assert manifest["config_hash"] == "abc" and "created" in manifest
     run.mark_stage("capture", "done", n=3)
-    assert read_manifest(run.root)["stages"]["capture"] == {"status": "done", "n": 3}
+    assert {"status": "done", "n": 3}.items() <= read_manifest(run.root)["stages"]["capture"].items()
 
 
 def test_refusals(tmp_path: Path) -> None:
@@ -87,3 +97,95 @@ def test_atomic_path_leaves_nothing_on_error(tmp_path: Path) -> None:
             1 / 0
     assert target.read_text() == "old"
     assert list(tmp_path.iterdir()) == [target]
+
+
+def _foreign_project(root: Path) -> None:
+    """A folder with a manifest.json that depthlens did not write (a JS project)."""
+    (root / "src").mkdir(parents=True)
+    (root / "manifest.json").write_text('{"name": "app"}')
+    (root / "src" / "app.js").write_text("x")
+
+
+@pytest.mark.parametrize("mode", [Mode.NEW, Mode.RESUME, Mode.OVERWRITE])
+def test_foreign_manifest_is_not_a_run(tmp_path: Path, mode: Mode) -> None:
+    root = tmp_path / "w"
+    _foreign_project(root)
+    with pytest.raises(RunError, match="not a depthlens run") as err:
+        _open(root, mode)
+    assert "choose another --out" in str(err.value) and "--overwrite" not in str(err.value)
+    assert (root / "src" / "app.js").read_text() == "x" and (root / "manifest.json").read_text() == '{"name": "app"}'
+
+
+def test_manifest_carries_the_format_marker(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    _open(root, Mode.NEW)
+    manifest = read_manifest(root)
+    assert (manifest["format"], manifest["format_version"]) == (FORMAT, FORMAT_VERSION) == ("depthlens-run", 1)
+    assert not_a_run(root) is None
+    assert "manifest.json" in atomic.read_index(root)
+    (root / atomic.INDEX).rename(root / "index.bak")
+    assert "depthlens-index.txt" in not_a_run(root)
+    (root / "index.bak").rename(root / atomic.INDEX)
+    (root / "manifest.json").write_text(json.dumps({**manifest, "format_version": 2}))
+    assert "version 2" in not_a_run(root)
+    with pytest.raises(RunError, match="not a depthlens run"):
+        _open(root, Mode.OVERWRITE)
+
+
+def test_overwrite_deletes_only_what_the_run_wrote(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    run = _open(root, Mode.NEW)
+    run.write_unit("s", "u0", {"t": pd.DataFrame({"x": [1]})})
+    run.write_table("t", pd.DataFrame({"x": [1]}))
+    run.write_arrays("a", {"J": np.eye(2)})
+    run.write_json("summary", {"k": 1})
+    atomic.write_bytes(root / "report.html", b"<html>")  # written by report/, not RunDirectory
+    with atomic_path(root / "figures" / "f.png") as tmp:
+        tmp.write_bytes(b"png")
+    (root / "notes.txt").write_text("mine")
+    (root / "tables" / "mine.csv").write_text("mine")
+    (root / "logs").mkdir()
+    fresh = _open(root, Mode.OVERWRITE, "new")
+    left = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+    assert left == ["depthlens-index.txt", "logs", "manifest.json", "notes.txt", "tables", "tables/mine.csv"]
+    assert fresh.manifest["config_hash"] == "new" and atomic.read_index(root) == ["manifest.json"]
+
+
+def test_overwrite_never_follows_index_entries_outside_the_run(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    _open(root, Mode.NEW)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    (root / "linked").symlink_to(outside)
+    with (root / atomic.INDEX).open("a") as index:
+        index.write(f"../outside/keep.txt\n{outside / 'keep.txt'}\nlinked/keep.txt\n")
+    remove_run_files(root)
+    assert (outside / "keep.txt").read_text() == "keep" and (root / "linked").is_symlink()
+
+
+_WRITERS: list = []  # keeps the interrupted writers from cleaning up when collected
+
+
+def _interrupted_write(path: Path) -> Path:
+    """The temporary file that a write killed midway leaves beside ``path``."""
+    writer = atomic_path(path)
+    _WRITERS.append(writer)
+    tmp = writer.__enter__()
+    tmp.write_bytes(b"partial")
+    return tmp
+
+
+@pytest.mark.parametrize("mode", [Mode.RESUME, Mode.OVERWRITE])
+def test_temporaries_of_killed_writes_are_removed(tmp_path: Path, mode: Mode) -> None:
+    root = tmp_path / "r"
+    run = _open(root, Mode.NEW)
+    run.write_unit("s", "u0", {"t": pd.DataFrame({"x": [1]})})
+    tmps = [_interrupted_write(root / "units" / "s" / "u1.t.parquet"),
+            _interrupted_write(root / "tables" / "t.parquet")]
+    assert all(t.is_file() and t.name.startswith(".") and t.name.endswith(".tmp") for t in tmps)
+    foreign = root / "tables" / ".mine.abcdefgh.tmp"  # not a temporary of an indexed name
+    foreign.write_text("mine")
+    resumed = _open(root, mode)
+    assert not any(t.exists() for t in tmps) and foreign.read_text() == "mine"
+    assert resumed.has_unit("s", "u0") == (mode is Mode.RESUME)

@@ -1,7 +1,16 @@
 """Atomic file writes: write to a temporary file in the same folder, then rename.
 
 A reader (or a resumed run) therefore sees either the old file or the complete new one,
-never a partial write, even after SIGKILL.
+never a partial write, even after SIGKILL. The temporary file is ``.NAME.XXXXXXXX.tmp``
+beside ``NAME``; one left by a killed process is removed by the next ``--resume`` or
+``--overwrite`` of its run (:mod:`depthlens.runs.directory`).
+
+Files get the mode ``0o666 & ~umask``, like any file the user creates (not the
+owner-only mode of :func:`tempfile.mkstemp`).
+
+Every write inside a run directory (a folder holding the run index ``INDEX``, at most
+three folders up) is first recorded in that index, so ``--overwrite`` can delete exactly
+the files depthlens wrote and nothing else.
 """
 
 from __future__ import annotations
@@ -17,25 +26,101 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+INDEX = "depthlens-index.txt"
+"""The run index: one path per line, relative to the run directory, of every file the run wrote."""
+INDEX_HEADER = "# depthlens run index: the files this run wrote; --overwrite deletes exactly these\n"
+_INDEX_DEPTH = 3  # RUN/units/STAGE/FILE is the deepest file of the run layout
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success rename it onto ``path``.
 
     The temporary file is removed if the body raises. The rename is atomic on POSIX
-    file systems because both names live in the same folder.
+    file systems because both names live in the same folder. The file gets the mode
+    ``0o666 & ~umask`` whatever the body did to the temporary file's mode. When ``path``
+    lies in a run directory, it is recorded in the run's index before the temporary file
+    is created, so a leftover temporary file always belongs to an indexed name.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    record(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, 0o666 & ~current_umask())
         os.replace(tmp_path, target)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def current_umask() -> int:
+    """The process's file-mode creation mask.
+
+    Read from ``/proc/self/status`` where the kernel reports it (Linux >= 4.7), so no
+    thread ever sees a changed umask; elsewhere set and restored with :func:`os.umask`.
+    """
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def run_root(path: str | os.PathLike[str]) -> Path | None:
+    """The run directory that ``path`` belongs to (nearest folder above it with an index), or None."""
+    folder = Path(path).parent
+    for _ in range(_INDEX_DEPTH):
+        if (folder / INDEX).is_file():
+            return folder
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    return None
+
+
+def record(path: str | os.PathLike[str]) -> None:
+    """Append ``path`` to the index of the run directory it lies in (nothing outside a run).
+
+    One ``write`` of one line to a file opened with ``O_APPEND``, so worker processes can
+    record concurrently; a duplicate line is harmless. Call it before creating the file.
+    """
+    target = Path(path)
+    root = None if target.name == INDEX else run_root(target)  # an index is never indexed
+    if root is None:
+        return
+    line = (target.relative_to(root).as_posix() + "\n").encode("utf-8")
+    try:
+        fd = os.open(root / INDEX, os.O_WRONLY | os.O_APPEND)
+    except FileNotFoundError:  # the index vanished since run_root looked: not a run any more
+        return
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_index(root: str | os.PathLike[str]) -> list[str]:
+    """The distinct entries of a run's index in first-written order (``[]`` without an index).
+
+    Comment lines and a last line cut short by a kill (no newline) are ignored.
+    """
+    try:
+        text = (Path(root) / INDEX).read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    lines = text.split("\n")[:-1]  # the last piece has no newline: empty or torn
+    return list(dict.fromkeys(line for line in lines if line and not line.startswith("#")))
+
+
+def start_index(root: str | os.PathLike[str]) -> None:
+    """Create the empty index of a new run directory ``root`` (atomically, not itself indexed)."""
+    write_bytes(Path(root) / INDEX, INDEX_HEADER.encode("utf-8"))
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

@@ -2,22 +2,32 @@
 
 Layout (DESIGN.md)::
 
-    RUN/manifest.json           config, its hash, package versions, model and data hashes, seed
+    RUN/manifest.json           "format": "depthlens-run", "format_version": 1, config, its hash,
+                                package versions, model and data hashes, seed
+    RUN/depthlens-index.txt     every file the run wrote, one relative path a line
     RUN/tables/NAME.parquet     tidy tables
     RUN/arrays/NAME.safetensors large arrays, with the config hash and dtype in the metadata
     RUN/units/STAGE/KEY.*       one finished unit of work: its tables, then KEY.done (skipped on resume)
 
 Every write is atomic, so a run killed at any instant (SIGKILL included) can be resumed
 and ends with the same tables as an uninterrupted run.
+
+A folder is a depthlens run only when its manifest carries the format marker
+(``FORMAT``, ``FORMAT_VERSION``) and the run index exists. ``--overwrite`` of a run deletes
+exactly the files its index lists (and the temporary files of interrupted writes of those
+names), then the folders that this leaves empty; files the run did not write stay where
+they are. Anything that is not a run is never touched.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+from collections import Counter
 import json
-import shutil
+import os
+import re
 from enum import Enum
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -25,8 +35,14 @@ import pandas as pd
 
 from ..errors import RunError
 from . import atomic
+from .. import drivers
+from .failures import FailureLog
 
 MANIFEST = "manifest.json"
+INDEX = atomic.INDEX
+FORMAT = "depthlens-run"
+FORMAT_VERSION = 1
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # tempfile.mkstemp(prefix=".NAME.", suffix=".tmp")
 
 
 class Mode(str, Enum):
@@ -37,39 +53,140 @@ class Mode(str, Enum):
     OVERWRITE = "overwrite"
 
 
+def not_a_run(path: str | Path) -> str | None:
+    """Why the existing folder ``path`` is not a depthlens run, or None when it is one.
+
+    A run has a ``manifest.json`` holding ``"format": "depthlens-run"`` with a
+    ``format_version`` this depthlens reads, and its file index ``depthlens-index.txt``.
+    """
+    root = Path(path)
+    try:
+        manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return f"no {MANIFEST}"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return f"its {MANIFEST} is not readable JSON"
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        return f'its {MANIFEST} has no "format": "{FORMAT}" marker'
+    version = manifest.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        return f"its run format version {version!r} is not one this depthlens reads (1 to {FORMAT_VERSION})"
+    if not (root / INDEX).is_file():
+        return f"it has no {INDEX}"
+    return None
+
+
 def check_target(path: str | Path, mode: Mode, config_hash: str) -> None:
     """Refuse an output directory that the requested mode cannot use; touches nothing.
 
     Call it before any expensive work, so bad input fails fast and leaves no directory.
+    A missing or empty directory suits every mode.
 
     Raises
     ------
     RunError
-        ``new`` into a non-empty directory; ``resume`` of a directory without a manifest or
-        with a different configuration; ``overwrite`` of a non-empty directory that is not a
-        depthlens run (no manifest), which is never deleted.
+        A path that is a file; ``new`` into a non-empty directory (advice: ``--resume`` or
+        ``--overwrite`` when it is a run, another ``--out`` when it is not); ``resume`` or
+        ``overwrite`` of a non-empty directory that is not a depthlens run (see
+        :func:`not_a_run`), which is never deleted; ``resume`` of a run made with a
+        different configuration.
     """
     root = Path(path)
     if root.exists() and not root.is_dir():
         raise RunError(f"output path {root} is a file; pass --out with a directory path.")
-    non_empty = root.is_dir() and any(root.iterdir())
-    has_manifest = (root / MANIFEST).is_file()
-    if mode is Mode.NEW and non_empty:
-        raise RunError(
-            f"output directory {root} is not empty; pass --resume to continue that run or "
-            "--overwrite to replace it."
-        )
-    if mode is Mode.OVERWRITE and non_empty and not has_manifest:
-        raise RunError(f"refusing to overwrite {root}: it is not a depthlens run (no {MANIFEST}); choose another --out.")
-    if mode is Mode.RESUME and non_empty:
-        if not has_manifest:
-            raise RunError(f"cannot resume {root}: it has no {MANIFEST}; choose another --out or use --overwrite.")
+    if not (root.is_dir() and any(root.iterdir())):
+        return
+    why = not_a_run(root)
+    if mode is Mode.NEW:
+        if why is None:
+            raise RunError(
+                f"output directory {root} holds a depthlens run; pass --resume to continue that run or "
+                "--overwrite to replace it."
+            )
+        raise RunError(f"output directory {root} is not empty and not a depthlens run ({why}); choose another --out.")
+    if why is not None:
+        verb = "overwrite" if mode is Mode.OVERWRITE else "resume"
+        raise RunError(f"refusing to {verb} {root}: it is not a depthlens run ({why}); nothing was changed, "
+                       "choose another --out.")
+    if mode is Mode.RESUME:
         old = read_manifest(root).get("config_hash")
         if old != config_hash:
             raise RunError(
                 f"cannot resume {root}: it was started with a different configuration "
                 f"(hash {old} != {config_hash}); rerun with the same options or use --overwrite."
             )
+
+
+def _indexed_path(root: Path, entry: str) -> Path | None:
+    """``root / entry`` when the index entry names a place inside ``root`` (no ``..``, no
+    absolute path, no folder that links outside); otherwise None."""
+    parts = PurePosixPath(entry).parts
+    if not parts or PurePosixPath(entry).is_absolute() or ".." in parts:
+        return None
+    path = root.joinpath(*parts)
+    real_root = os.path.realpath(root)
+    real_parent = os.path.realpath(path.parent)
+    if real_parent != real_root and not real_parent.startswith(real_root + os.sep):
+        return None
+    return path
+
+
+def remove_temporaries(path: str | Path) -> list[Path]:
+    """Delete the temporary files (``.NAME.XXXXXXXX.tmp``) that interrupted atomic writes of
+    the run at ``path`` left beside the indexed names; return what was removed."""
+    root = Path(path)
+    by_folder: dict[Path, set[str]] = {}
+    for entry in atomic.read_index(root):
+        target = _indexed_path(root, entry)
+        if target is not None:
+            by_folder.setdefault(target.parent, set()).add(target.name)
+    removed = []
+    for folder, names in by_folder.items():
+        try:
+            children = list(os.scandir(folder))
+        except OSError:
+            continue
+        for child in children:
+            match = _TEMPORARY.match(child.name)
+            if match and match["name"] in names and child.is_file(follow_symlinks=False):
+                Path(child.path).unlink(missing_ok=True)
+                removed.append(Path(child.path))
+    return removed
+
+
+def remove_run_files(path: str | Path) -> None:
+    """Delete what the run at ``path`` wrote: the files its index lists, their leftover
+    temporary files, the index itself, then the folders this leaves empty (not ``path``).
+
+    Files the run did not write stay, and so do the folders holding them.
+
+    Raises
+    ------
+    RunError
+        If ``path`` is not a depthlens run (nothing is deleted then).
+    """
+    root = Path(path)
+    why = not_a_run(root)
+    if why is not None:
+        raise RunError(f"refusing to overwrite {root}: it is not a depthlens run ({why}); choose another --out.")
+    remove_temporaries(root)
+    folders: set[Path] = set()
+    for entry in atomic.read_index(root):
+        target = _indexed_path(root, entry)
+        if target is None:
+            continue
+        if target.is_symlink() or target.is_file():
+            target.unlink(missing_ok=True)
+        folder = target.parent
+        while folder != root and root in folder.parents:
+            folders.add(folder)
+            folder = folder.parent
+    (root / INDEX).unlink(missing_ok=True)
+    for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (holds files the run did not write) or already gone
+            pass
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
@@ -86,7 +203,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise RunError(f"{path} is not a depthlens run directory (no {MANIFEST}).") from None
     except json.JSONDecodeError as exc:
-        raise RunError(f"{file} is not valid JSON ({exc.msg}); the run directory is damaged, use --overwrite.") from None
+        raise RunError(f"{file} is not valid JSON ({exc.msg}); the run directory is damaged, choose another --out.") from None
 
 
 def with_ident(table: pd.DataFrame, ident: dict[str, str]) -> pd.DataFrame:
@@ -106,31 +223,50 @@ class RunDirectory:
         The directory.
     manifest : dict
         The manifest as written to disk (updated through :meth:`update_manifest`).
+
+    Attributes
+    ----------
+    failures : depthlens.runs.failures.FailureLog
+        The units and stages of this session that failed (logged under ``logs/``).
     """
 
     def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
         self.root = root
         self.manifest = manifest
+        self.failures = FailureLog(root)
+        self._drivers_seen = drivers.driver_counts()
 
     @classmethod
     def open(cls, path: str | Path, mode: Mode, manifest: dict[str, Any]) -> "RunDirectory":
         """Create, resume or replace the run directory at ``path``.
 
-        ``manifest`` must hold ``config_hash``. On resume the stored manifest is kept and its
-        ``resumed`` list gets a timestamp; otherwise ``manifest`` is written as given.
+        ``manifest`` must hold ``config_hash``. On resume the stored manifest is kept, its
+        ``resumed`` list gets a timestamp and leftover temporary files are removed; otherwise
+        ``manifest`` is written with the format marker. Overwrite first deletes what the old
+        run wrote (:func:`remove_run_files`).
+
+        Raises
+        ------
+        RunError
+            See :func:`check_target`.
         """
         root = Path(path)
         check_target(root, mode, manifest["config_hash"])
-        if mode is Mode.OVERWRITE and root.exists():
-            shutil.rmtree(root)
+        is_run = root.is_dir() and not_a_run(root) is None
+        if mode is Mode.OVERWRITE and is_run:
+            remove_run_files(root)
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        if mode is Mode.RESUME and (root / MANIFEST).is_file():
+        if mode is Mode.RESUME and is_run:
+            remove_temporaries(root)
             stored = read_manifest(root)
             stored.setdefault("resumed", []).append(now)
             run = cls(root, stored)
         else:
-            run = cls(root, {**manifest, "created": now, "stages": {}})
+            run = cls(root, {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION,
+                             "created": now, "stages": {}})
         root.mkdir(parents=True, exist_ok=True)
+        if not (root / INDEX).is_file():
+            atomic.start_index(root)  # before the manifest, so the manifest is indexed too
         run._write_manifest()
         return run
 
@@ -144,8 +280,21 @@ class RunDirectory:
         self._write_manifest()
 
     def mark_stage(self, stage: str, status: str, **info: Any) -> None:
-        """Record a stage's status (``running``, ``done``, ``failed``) in the manifest."""
-        self.manifest.setdefault("stages", {})[stage] = {"status": status, **info}
+        """Record a stage's status (``running``, ``done``, ``failed``, ``skipped``) in the manifest.
+
+        A finished or failed stage also records the LAPACK drivers its results came from
+        (``drivers``: ``{"svd:gesdd": n, ...}``) and how many were fallbacks
+        (``fallbacks``); the manifest's top-level ``drivers`` sums every stage.
+        """
+        if status in ("done", "failed"):
+            used = self.stage_drivers(stage)
+            info = {**info, "drivers": used, "fallbacks": drivers.fallback_count(used)}
+        stages = self.manifest.setdefault("stages", {})
+        stages[stage] = {"status": status, **info}
+        total: Counter[str] = Counter()
+        for record in stages.values():
+            total.update(record.get("drivers", {}))
+        self.manifest["drivers"] = dict(sorted(total.items()))
         self._write_manifest()
 
     # -- units ----------------------------------------------------------------------
@@ -164,7 +313,24 @@ class RunDirectory:
         folder = self._unit_dir(stage)
         for name, table in tables.items():
             atomic.write_parquet(folder / f"{key}.{name}.parquet", table)
-        atomic.write_json(folder / f"{key}.done", sorted(tables))
+        atomic.write_json(folder / f"{key}.done", {"tables": sorted(tables), "drivers": self._drivers_since_last()})
+
+    def _drivers_since_last(self) -> dict[str, int]:
+        """Decomposition drivers used (:mod:`depthlens.linalg.guarded`) since the last call."""
+        now = drivers.driver_counts()
+        used = drivers.count_difference(now, self._drivers_seen)
+        self._drivers_seen = now
+        return used
+
+    def stage_drivers(self, stage: str) -> dict[str, int]:
+        """Decomposition drivers used by the finished units of ``stage`` (summed over their
+        ``.done`` records), plus any used in this process since the last finished unit."""
+        total: Counter[str] = Counter(self._drivers_since_last())
+        folder = self._unit_dir(stage)
+        for done in sorted(folder.glob("*.done")) if folder.is_dir() else ():
+            record = json.loads(done.read_text())
+            total.update(record.get("drivers", {}) if isinstance(record, dict) else {})
+        return dict(sorted(total.items()))
 
     def read_units(self, stage: str, keys: list[str], name: str) -> pd.DataFrame:
         """Concatenate table ``name`` of the units ``keys`` in the given order.

@@ -1,0 +1,145 @@
+"""The worker pool: results in order, and no worker outlives its parent (SIGKILL, SIGTERM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from depthlens.parallel import executor, install_sigterm_handler, ordered_map
+
+PARENT = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+
+    from depthlens.parallel import executor, install_sigterm_handler
+
+
+    def sleeper(folder):
+        Path(folder, f"worker-{os.getpid()}").touch()
+        time.sleep(300)
+
+
+    if __name__ == "__main__":
+        folder = Path(sys.argv[1])
+        install_sigterm_handler()
+        try:
+            with executor(2) as pool:
+                futures = [pool.submit(sleeper, str(folder)) for _ in range(4)]
+                while len(list(folder.glob("worker-*"))) < 2:
+                    time.sleep(0.05)
+                from multiprocessing import resource_tracker
+                (folder / "tracker").write_text(str(resource_tracker._resource_tracker._pid or ""))
+                (folder / "ready").touch()
+                [f.result() for f in futures]
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(130)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        import psutil
+    except ImportError:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _start_parent(tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
+    """Start the parent script; return it and the pids of its workers and resource tracker."""
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    folder = tmp_path / "pids"
+    folder.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script), str(folder)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (folder / "ready").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the parent script did not start its workers: {proc.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    pids = [int(p.name.removeprefix("worker-")) for p in folder.glob("worker-*")]
+    tracker = (folder / "tracker").read_text()
+    return proc, pids + ([int(tracker)] if tracker else [])
+
+
+def _wait_gone(pids: list[int], seconds: float = 5.0) -> list[int]:
+    """The pids still alive after up to ``seconds``; kills them (they are this test's) before returning."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    left = [p for p in pids if _alive(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_workers_die_with_sigkilled_parent(tmp_path: Path) -> None:
+    proc, pids = _start_parent(tmp_path)
+    assert len(pids) >= 3 and all(_alive(p) for p in pids)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert _wait_gone(pids) == [], "workers or the resource tracker outlived a SIGKILLed parent"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_interrupts_like_ctrl_c_and_stops_workers(tmp_path: Path) -> None:
+    proc, pids = _start_parent(tmp_path)
+    t0 = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _wait_gone(pids, 0)
+        pytest.fail("the SIGTERMed parent did not exit within 30 s")
+    assert proc.returncode == 130 and "interrupted" in out, err[-2000:]
+    assert time.monotonic() - t0 < 15, "the parent waited for its running tasks instead of stopping them"
+    assert _wait_gone(pids) == [], "workers or the resource tracker outlived a SIGTERMed parent"
+
+
+def test_pool_results_in_order() -> None:
+    with executor(2) as pool:
+        assert ordered_map(pool, _square, [(i,) for i in range(6)]) == [0, 1, 4, 9, 16, 25]
+    with executor(1) as pool:
+        assert ordered_map(pool, _square, [(3,)]) == [9]
+
+
+def test_install_sigterm_handler_returns_the_previous_one() -> None:
+    import signal as _signal
+    import threading
+
+    previous = install_sigterm_handler()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _signal.raise_signal(_signal.SIGTERM)
+        box: list[object] = []
+        thread = threading.Thread(target=lambda: box.append(install_sigterm_handler()))
+        thread.start()
+        thread.join()
+        assert box == [None]  # off the main thread nothing is installed
+    finally:
+        _signal.signal(_signal.SIGTERM, previous)
