@@ -102,7 +102,53 @@ def test_refuses_non_empty_out(text_file: Path, tmp_path: Path, capsys: pytest.C
     out.mkdir()
     (out / "x").write_text("x")
     assert main(_args(text_file, out)) == 2
-    assert "--overwrite" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "choose another --out" in err and "--overwrite" not in err  # not a run: never advise deleting it
+
+
+@pytest.mark.parametrize("flag", ["--overwrite", "--resume"])
+def test_foreign_folder_with_manifest_is_never_deleted(text_file: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    out = tmp_path / "w"
+    (out / "src").mkdir(parents=True)
+    (out / "manifest.json").write_text('{"name":"app"}\n')
+    (out / "src" / "app.js").write_text("x\n")
+    assert main(_args(text_file, out, flag)) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not a depthlens run" in err and "choose another --out" in err and "\n" not in err
+    assert "--overwrite" not in err
+    assert (out / "src" / "app.js").read_text() == "x\n" and (out / "manifest.json").read_text() == '{"name":"app"}\n'
+
+
+def test_overwrite_keeps_files_the_run_did_not_write(text_file: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert main(_args(text_file, out)) == 0
+    (out / "notes.md").write_text("mine")
+    stale = out / "units" / "capture" / ".batch00000.attention_patterns.parquet.abcd1234.tmp"  # a killed write
+    stale.write_bytes(b"partial")
+    assert main(_args(text_file, out)) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert main(_args(text_file, out, "--overwrite")) == 0
+    assert (out / "notes.md").read_text() == "mine" and not stale.exists()
+    assert (out / "tables" / "attention_patterns.parquet").is_file()
+
+
+@pytest.mark.parametrize("kind", ["folder", "binary", "string bool"])
+def test_bad_config_file_one_line_exit_2(text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                        kind: str) -> None:
+    config = tmp_path / "config"
+    if kind == "folder":
+        config.mkdir()
+    elif kind == "binary":
+        config.write_bytes(bytes(range(256)))
+    else:
+        config.write_text('trust_remote_code = "false"\n')
+    out = tmp_path / "run"
+    assert main(_args(text_file, out, "--config", str(config))) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("depthlens: error:") and "\n" not in err and "--config" in err
+    assert "Traceback" not in err and not out.exists()
 
 
 def test_models_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -140,11 +186,13 @@ def test_sigkill_then_resume_gives_identical_tables(text_file: Path, tmp_path: P
 
 def test_failed_stage_is_marked_and_reported_then_resumes(text_file: Path, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stage failing midway leaves a resumable directory whose report marks it as not run."""
+    """A stage failing midway leaves a resumable directory whose report marks it as not run;
+    the run ends with RunIncomplete, which lists the failure and its log."""
     import json
 
     from depthlens import workflow
     from depthlens.config import RunConfig
+    from depthlens.errors import RunIncomplete
     from depthlens.runs import Mode
 
     def broken(*_: object) -> None:
@@ -153,9 +201,12 @@ def test_failed_stage_is_marked_and_reported_then_resumes(text_file: Path, tmp_p
     monkeypatch.setitem(workflow.STAGES, "attention", broken)
     config = RunConfig(model="random:llama", text=str(text_file), chunks=2, seq_len=16)
     out = tmp_path / "run"
-    with pytest.raises(RuntimeError, match="simulated"):
+    with pytest.raises(RunIncomplete) as info:
         workflow.run(config, out, stages=("capture", "attention"), execution=workflow.Execution(quiet=True, jobs=1),
                      report=True)
+    [failure] = info.value.failures
+    assert failure.stage == "attention" and failure.unit is None and "simulated crash" in failure.error
+    assert "simulated crash" in (out / "logs" / "attention.log").read_text()
     stages = json.loads((out / "manifest.json").read_text())["stages"]
     assert stages["capture"]["status"] == "done" and stages["attention"]["status"] == "failed"
     html = (out / "report.html").read_text()

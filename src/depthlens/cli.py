@@ -1,14 +1,22 @@
 """Command line: ``depthlens STAGE --model SPEC --text SOURCE --chunks N --seq-len T --seed S
 --out DIR [--resume | --overwrite] [--quiet]``, plus ``depthlens models``.
 
-Every error caused by bad input prints one line (``depthlens: error: ...``) and exits 2.
+Exit status: 0 success; 2 bad input (one line, ``depthlens: error: ...``, nothing written);
+3 a run that finished with failed units or stages (one line each, naming its log; the other
+units, stages and the report are done, ``--resume`` retries the failures); 130 interrupted
+(Ctrl-C or SIGTERM); 1 an internal error of depthlens (one line naming the log file that
+holds the traceback). No traceback is printed to the terminal.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import tempfile
+import traceback
+from pathlib import Path
 
 # Multi-threaded OpenBLAS is several times slower than one thread on small dense problems
 # (n <= 1000) on 2-core machines, and fights torch's own thread pool; one BLAS thread is the
@@ -17,8 +25,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from collections.abc import Sequence
 
 from .config import DTYPES, RunConfig  # noqa: E402
-from .errors import DepthlensError, InputError  # noqa: E402
+from .errors import DepthlensError, InputError, RunIncomplete  # noqa: E402
 from .runs import Mode  # noqa: E402
+from .parallel import install_sigterm_handler  # noqa: E402
+from .runs import atomic  # noqa: E402
+from .runs.failures import EXIT_FAILED_UNITS  # noqa: E402
 
 RUN_STAGES = ("capture", "attention", "jacobian", "topology")
 STAGE_HELP = {
@@ -85,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("run", *RUN_STAGES):
         _stage_parser(sub, name)
     sub.add_parser("models", help="list the embedded models and supported architecture families")
+    sub.add_parser("doctor", help="check this machine: BLAS/LAPACK kernels and threads, compiled kernels against references")
     rep = sub.add_parser("report", help="re-render report.html of a run from its tables (no recomputation)")
     rep.add_argument("run_dir", metavar="RUN_DIR")
     rep.add_argument("--claims", metavar="FILE", help="claims TOML (default: the one the run recorded)")
@@ -136,22 +148,58 @@ def _report(args: argparse.Namespace) -> None:
     print(f"report: {render_report(args.run_dir, claims_path=claims)}")
 
 
+def _internal_error(args: argparse.Namespace, exc: Exception) -> Path:
+    """Write the traceback of a bug to the run's ``logs/depthlens.log`` (or a temporary file
+    when there is no run directory yet) and return its path."""
+    out = getattr(args, "out", None)
+    if out and Path(out).is_dir():
+        log = Path(out) / "logs" / "depthlens.log"
+        log.parent.mkdir(exist_ok=True)
+    else:
+        fd, name = tempfile.mkstemp(prefix="depthlens-error-", suffix=".log")
+        os.close(fd)
+        log = Path(name)
+    atomic.record(log)
+    with log.open("a") as fh:
+        fh.write("".join(traceback.format_exception(exc)))
+    return log
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``depthlens`` console script; returns the exit status."""
+    """Entry point of the ``depthlens`` console script; returns the exit status (module notes)."""
     args = build_parser().parse_args(argv)
+    previous = install_sigterm_handler()  # SIGTERM (timeout, SLURM, OOM killers) stops like Ctrl-C
     try:
         if args.command == "models":
             _models()
+        elif args.command == "doctor":
+            from .doctor import run_doctor
+
+            return run_doctor()
         elif args.command == "report":
             _report(args)
         else:
             _stage(args)
+    except RunIncomplete as exc:
+        for failure in exc.failures:
+            print(f"depthlens: error: {failure.line()}", file=sys.stderr)
+        if (Path(exc.root) / "report.html").is_file():
+            print(f"report: {Path(exc.root) / 'report.html'}")
+        return EXIT_FAILED_UNITS
     except DepthlensError as exc:
         print(f"depthlens: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("depthlens: interrupted; continue with --resume", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - a bug: the traceback goes to a log, the terminal gets one line
+        log = _internal_error(args, exc)
+        print(f"depthlens: internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}; "
+              f"details in {log}", file=sys.stderr)
+        return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

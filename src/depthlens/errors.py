@@ -36,3 +36,20 @@ class RunError(DepthlensError):
 class DecompositionError(DepthlensError, np.linalg.LinAlgError):
     """A dense decomposition failed with every driver of :mod:`depthlens.linalg.guarded`, or
     its input was not finite. Stages record the affected quantities as NaN with this reason."""
+
+
+class RunIncomplete(DepthlensError):
+    """A run finished with failed units or stages (each logged in the run's ``logs/``).
+
+    Attributes
+    ----------
+    root : Path
+        The run directory.
+    failures : list of depthlens.runs.failures.UnitFailure
+        What failed, in order; ``failure.line()`` is the one-line summary of each.
+    """
+
+    def __init__(self, root: object, failures: list) -> None:
+        super().__init__(f"{len(failures)} unit(s) or stage(s) of the run in {root} failed; see its logs/ folder.")
+        self.root = root
+        self.failures = failures

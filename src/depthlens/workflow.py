@@ -21,8 +21,10 @@ from .attention import stage as attention_stage
 from .jacobian import stage as jacobian_stage
 from .topology import stage as topology_stage
 from .config import RunConfig
-from .errors import InputError
+from .environment import environment_block
+from .errors import InputError, RunIncomplete
 from .models import LoadedModel, load_model
+from .models.finite import check_finite_weights
 from .report import claims_hash, default_claims_path, load_claims, render_report
 from .runs import Mode, RunDirectory, check_target, with_ident
 
@@ -39,7 +41,9 @@ class Prepared:
     text_sha256: str
 
     def manifest(self) -> dict:
-        """The manifest of a new run (config, hashes, versions, seed)."""
+        """The manifest of a new run (config, hashes, versions, seed, and the numerical
+        environment: BLAS/LAPACK libraries and kernels, threads, CPU, as ``depthlens doctor``
+        prints them, so two runs can be compared)."""
         return {
             "config": self.config.to_dict(),
             "config_hash": self.config.hash(),
@@ -53,6 +57,7 @@ class Prepared:
             },
             "versions": _versions(),
             "python": platform.python_version(),
+            "environment": environment_block(),
         }
 
 
@@ -73,6 +78,7 @@ def prepare(config: RunConfig) -> Prepared:
         trust_remote_code=config.trust_remote_code,
         seed=config.seed,
     )
+    check_finite_weights(loaded.model, loaded.name)
     context = loaded.adapter.max_seq_len
     if context is not None and config.seq_len > context:
         raise InputError(
@@ -106,8 +112,20 @@ def run(
     skipped and the final tables equal those of an uninterrupted run, whatever ``jobs``.
     The claims file (``claims``, default: the packaged one) is validated and its hash
     written to the manifest before any analysis runs; with ``report=True`` the claims get
-    their verdicts and ``report.html`` is rendered at the end. A stage that fails is marked
-    ``failed`` in the manifest (the report shows it as not run) and the error propagates.
+    their verdicts and ``report.html`` is rendered at the end.
+
+    Failures are isolated: a unit that raises is logged to ``logs/<stage>.log`` and the other
+    units go on; a stage that raises, or has failed units, is marked ``failed`` in the
+    manifest, and a stage that needs its output is marked ``skipped``; the remaining stages
+    run and the report is rendered. ``--resume`` retries what failed.
+
+    Raises
+    ------
+    RunIncomplete
+        After everything else ran (and the report was rendered), if any unit or stage
+        failed; it lists them and names their logs.
+    DepthlensError
+        Bad input found before the run directory was opened (nothing is written then).
     """
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
@@ -121,17 +139,37 @@ def run(
     run_dir = RunDirectory.open(out, mode, manifest)
     try:
         for stage in _with_requirements(stages):
-            run_dir.mark_stage(stage, "running")
-            try:
-                STAGES[stage](run_dir, prepared, execution)
-            except BaseException as exc:
-                run_dir.mark_stage(stage, "failed", error=f"{type(exc).__name__}: {exc}"[:500])
-                raise
-            run_dir.mark_stage(stage, "done")
+            _run_stage(run_dir, stage, prepared, execution)
     finally:
         if report:
             render_report(run_dir.root, claims_path=claims_path)
+    if run_dir.failures.failures:
+        raise RunIncomplete(run_dir.root, run_dir.failures.failures)
     return run_dir.root
+
+
+def _run_stage(run_dir: RunDirectory, stage: str, prepared: Prepared, execution: Execution) -> None:
+    """Run one stage with failure isolation and record its status in the manifest."""
+    blocked = [need for need in REQUIRES.get(stage, ()) if run_dir.manifest["stages"].get(need, {}).get("status") != "done"]
+    if blocked:
+        run_dir.mark_stage(stage, "skipped", reason=f"needs the {blocked[0]} stage, which did not finish")
+        return
+    run_dir.mark_stage(stage, "running")
+    try:
+        STAGES[stage](run_dir, prepared, execution)
+    except Exception as exc:  # noqa: BLE001 - isolated: logged with its traceback, the run goes on
+        failure = run_dir.failures.record(stage, None, exc)
+        run_dir.mark_stage(stage, "failed", error=failure.error, log=str(failure.log))
+        return
+    except BaseException:
+        run_dir.mark_stage(stage, "failed", error="interrupted")
+        raise
+    failed = run_dir.failures.of(stage)
+    if failed:
+        run_dir.mark_stage(stage, "failed", error=f"{len(failed)} unit(s) failed", log=str(failed[0].log),
+                           failed_units={f.unit: f.error for f in failed})
+    else:
+        run_dir.mark_stage(stage, "done")
 
 
 def _run_capture(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
@@ -143,10 +181,12 @@ def _run_capture(run_dir: RunDirectory, prepared: Prepared, execution: Execution
     bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc="capture", unit="batch", disable=execution.quiet)
     with torch.inference_mode():
         for key, start in todo:
-            tables = capture.capture_batch(prepared.loaded.adapter, ids[start : start + cfg.batch_size], start)
-            run_dir.write_unit(capture.STAGE, key, tables)
+            with run_dir.failures.unit(capture.STAGE, key):
+                tables = capture.capture_batch(prepared.loaded.adapter, ids[start : start + cfg.batch_size], start)
+                run_dir.write_unit(capture.STAGE, key, tables)
             bar.update()
     bar.close()
+    keys = [k for k in keys if run_dir.has_unit(capture.STAGE, k)]
     ident = {"model": prepared.loaded.name, "revision": cfg.revision or ""}
     patterns = with_ident(run_dir.read_units(capture.STAGE, keys, "attention_patterns"), ident)
     residual = with_ident(run_dir.read_units(capture.STAGE, keys, "residual_summary"), ident)
@@ -163,8 +203,10 @@ def _run_attention(run_dir: RunDirectory, prepared: Prepared, execution: Executi
 
 def _revision_loader(cfg: RunConfig) -> Callable[[str], LoadedModel]:
     def load_revision(revision: str) -> LoadedModel:
-        return load_model(cfg.model, revision=revision, dtype=cfg.dtype, device=cfg.device,
-                          trust_remote_code=cfg.trust_remote_code, seed=cfg.seed)
+        loaded = load_model(cfg.model, revision=revision, dtype=cfg.dtype, device=cfg.device,
+                            trust_remote_code=cfg.trust_remote_code, seed=cfg.seed)
+        check_finite_weights(loaded.model, f"{loaded.name}@{revision}")
+        return loaded
 
     return load_revision
 

@@ -158,7 +158,9 @@ def nonnormal_ops(rng: np.random.Generator, n: int, d: int) -> list[np.ndarray]:
 def test_funnel_alpha_one_is_plain_curve(rng: np.random.Generator) -> None:
     ops = nonnormal_ops(rng, 6, 10)
     funnel = schur_funnel(ops, alphas=(1.0,), ranks=(None, 4))
-    assert list(funnel.columns) == ["alpha", "direction", "truncation", "depth", "steps", "erank", "erank_sigma", "participation", "log_norm"]
+    assert list(funnel.columns) == ["alpha", "direction", "truncation", "depth", "steps", "erank", "erank_sigma", "participation", "log_norm",
+                                    "failure"]
+    assert funnel["failure"].isna().all()
     for direction in ("forward", "backward"):
         for rank, cap in ((None, 10), (4, 4)):
             part = funnel[(funnel["direction"] == direction) & (funnel["truncation"] == cap)]

@@ -157,7 +157,8 @@ def test_self_alignment_svd_matches_matrix_form(rng: np.random.Generator) -> Non
 def test_metrics_table(rng: np.random.Generator) -> None:
     ops = {(layer, sub): np.eye(8) + rng.standard_normal((8, 8)) / 5 for layer in range(3) for sub in ("attn", "mlp")}
     table = metrics_table(ops)
-    assert list(table.columns) == ["layer", "sublayer", *METRICS]
+    assert list(table.columns) == ["layer", "sublayer", *METRICS, "failure"]
+    assert table["failure"].isna().all()
     assert table[["layer", "sublayer"]].values.tolist() == [[k[0], k[1]] for k in ops]
     assert all(table[name].dtype == np.float64 for name in METRICS)
     row = table.iloc[3]

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..errors import InputError
+from ..errors import DecompositionError, InputError
 from ..linalg.nulls import NULL_MODES, shuffle_null
 from ..stats import bh_qvalues, log_median, sign_test
 from . import features
@@ -105,18 +105,29 @@ def head_chunk_row(
 ) -> dict:
     """Every per-matrix quantity of one (layer, head, chunk) attention matrix ``A`` (n, n):
     the A3 features, the matched-null excess on null chunks, and optionally the certified
-    Kreiss bracket. The null stream is seeded by ``(seed, layer, head, chunk)``."""
-    row = {"layer": layer, "head": head, "chunk": chunk, "extras": extras}
-    row.update(features.matrix_features(A, extras=extras))
-    if nulls:
-        tr = features.null_reserves(A, opts.null_mode, opts.null_samples, null_rng(opts.seed, 1, layer, head, chunk))
-        sd = float(tr.std(ddof=1)) if tr.size > 1 else math.nan
-        row.update(null_TR1_mean=float(tr.mean()), null_TR1_sd=sd)
-        row["delta_TR1"] = row["TR1"] - row["null_TR1_mean"]
-        row["z_TR1"] = row["delta_TR1"] / sd if sd > 0 else math.nan
-    if certify:
-        row.update(features.certified_reserve(A, opts.rtol, opts.certify_evals))
-    return row
+    Kreiss bracket. The null stream is seeded by ``(seed, layer, head, chunk)``. ``failure``
+    is None, or the reason why no driver of :mod:`depthlens.linalg.guarded` converged (the
+    quantities of that row are then missing)."""
+    keys = {"layer": layer, "head": head, "chunk": chunk, "extras": extras}
+    try:
+        row = {**keys, **features.matrix_features(A, extras=extras)}
+        if nulls:
+            tr = features.null_reserves(A, opts.null_mode, opts.null_samples, null_rng(opts.seed, 1, layer, head, chunk))
+            sd = float(tr.std(ddof=1)) if tr.size > 1 else math.nan
+            row.update(null_TR1_mean=float(tr.mean()), null_TR1_sd=sd)
+            row["delta_TR1"] = row["TR1"] - row["null_TR1_mean"]
+            row["z_TR1"] = row["delta_TR1"] / sd if sd > 0 else math.nan
+        if certify:
+            row.update(features.certified_reserve(A, opts.rtol, opts.certify_evals))
+    except DecompositionError as exc:
+        return failed_row(keys, exc)
+    return {**row, "failure": None}
+
+
+def failed_row(keys: dict, exc: DecompositionError) -> dict:
+    """The row of a matrix that no decomposition driver could handle: its keys and the
+    reason in ``failure``; every quantity is missing (NaN once tabulated)."""
+    return {**keys, "failure": str(exc)}
 
 
 def excess_reserve(A: np.ndarray, opts: AttentionOptions, rng: np.random.Generator) -> float:
@@ -127,8 +138,11 @@ def excess_reserve(A: np.ndarray, opts: AttentionOptions, rng: np.random.Generat
 
 def certify_row(A: np.ndarray, layer: int, head: int, chunk: int, opts: AttentionOptions) -> dict:
     """Certified bracket of ``K(B)`` for one (layer, head, chunk) matrix ``A``."""
-    return {"layer": layer, "head": head, "chunk": chunk,
-            **features.certified_reserve(A, opts.rtol, opts.certify_evals)}
+    keys = {"layer": layer, "head": head, "chunk": chunk}
+    try:
+        return {**keys, **features.certified_reserve(A, opts.rtol, opts.certify_evals), "failure": None}
+    except DecompositionError as exc:
+        return failed_row(keys, exc)
 
 
 def induction_row(A: np.ndarray, layer: int, head: int, seq: int, length: int, opts: AttentionOptions) -> dict:
@@ -136,13 +150,12 @@ def induction_row(A: np.ndarray, layer: int, head: int, seq: int, length: int, o
     matrix) and before it can engage (the leading ``[BOS, r]`` block, itself causal
     row-stochastic), each against its own matched null."""
     rng = null_rng(opts.seed, 3, layer, head, seq)
-    return {
-        "layer": layer,
-        "head": head,
-        "seq": seq,
-        "delta_second": excess_reserve(A, opts, rng),
-        "delta_first": excess_reserve(A[: length + 1, : length + 1], opts, rng),
-    }
+    keys = {"layer": layer, "head": head, "seq": seq}
+    try:
+        return {**keys, "delta_second": excess_reserve(A, opts, rng),
+                "delta_first": excess_reserve(A[: length + 1, : length + 1], opts, rng)}
+    except DecompositionError as exc:
+        return {**keys, "delta_second": math.nan, "delta_first": math.nan, "failure": str(exc)}
 
 
 def depth_chunk_rows(
@@ -201,6 +214,8 @@ def aggregate_heads(chunks: pd.DataFrame) -> pd.DataFrame:
     out["n_chunks"] = groups.size().to_numpy()
     out["n_extras_chunks"] = groups["extras"].sum().to_numpy().astype(int)
     out["kreiss_A_flagged"] = groups["kreiss_A_ok"].apply(lambda g: int((g < 1).sum())).to_numpy()
+    if "failure" in chunks:
+        out["n_failed_chunks"] = groups["failure"].apply(lambda g: int(g.notna().sum())).to_numpy()
     if "delta_TR1" in chunks:
         out["null_p"] = groups["delta_TR1"].apply(lambda g: sign_test(g.dropna().to_numpy())).to_numpy()
         out["n_null_chunks"] = groups["delta_TR1"].count().to_numpy()

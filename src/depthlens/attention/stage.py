@@ -20,6 +20,7 @@ from .. import data
 from ..linalg.causal import deflate
 from ..linalg.pseudospectra import pseudospectrum
 from ..parallel import executor, ordered_map
+from ..errors import RunError
 from ..runs import RunDirectory, with_ident
 from . import analysis as an
 from .roles import assign_roles, probe_scores, role_overlap
@@ -96,18 +97,28 @@ def _heads_phase(run_dir, adapter, token_ids, opts, pool, batch_size, quiet) -> 
     todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(an.STAGE, k)]
     bar = _bar(len(keys), len(keys) - len(todo), "attention heads", quiet)
     for key, start in todo:
-        rows = []
-        batch = token_ids[start : start + batch_size]
-        for layer, probs in adapter.attention_probs(batch):
-            A = probs.numpy()
-            tasks = [(A[b, h], layer, h, start + b, opts, start + b < opts.null_chunks,
-                      start + b < opts.extras_chunks, opts.certify == "all")
-                     for b in range(A.shape[0]) for h in range(A.shape[1])]
-            rows.extend(ordered_map(pool, an.head_chunk_row, tasks))
-        run_dir.write_unit(an.STAGE, key, {"rows": pd.DataFrame(rows)})
+        with run_dir.failures.unit(an.STAGE, key):
+            rows = []
+            batch = token_ids[start : start + batch_size]
+            for layer, probs in adapter.attention_probs(batch):
+                A = probs.numpy()
+                tasks = [(A[b, h], layer, h, start + b, opts, start + b < opts.null_chunks,
+                          start + b < opts.extras_chunks, opts.certify == "all")
+                         for b in range(A.shape[0]) for h in range(A.shape[1])]
+                rows.extend(ordered_map(pool, an.head_chunk_row, tasks))
+            run_dir.write_unit(an.STAGE, key, {"rows": pd.DataFrame(rows)})
         bar.update()
     bar.close()
-    return run_dir.read_units(an.STAGE, keys, "rows")
+    return run_dir.read_units(an.STAGE, _finished(run_dir, keys), "rows")
+
+
+def _finished(run_dir: RunDirectory, keys: list[str]) -> list[str]:
+    """The units of ``keys`` that finished (failed ones are recorded in ``run_dir.failures``);
+    raises when none did, since nothing downstream can be computed."""
+    done = [k for k in keys if run_dir.has_unit(an.STAGE, k)]
+    if not done:
+        raise RunError(f"every unit of the {an.STAGE} stage starting with {keys[0]} failed; see its log.")
+    return done
 
 
 def _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, batch_size, quiet) -> pd.DataFrame:
@@ -148,7 +159,7 @@ def _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, batch_size, 
     flush(block=True)
     bar.close()
     out = run_dir.read_units(an.STAGE, keys, "rows")
-    return out.rename(columns={"chunk": "certified_chunk"})
+    return out.rename(columns={"chunk": "certified_chunk", "failure": "certify_failure"})
 
 
 def _induction_phase(run_dir, adapter, tokenizer, heads, opts, pool, quiet) -> pd.DataFrame:
@@ -167,7 +178,7 @@ def _induction_phase(run_dir, adapter, tokenizer, heads, opts, pool, quiet) -> p
                 rows.extend(ordered_map(pool, an.induction_row, tasks))
                 bar.update()
             bar.close()
-        table = pd.DataFrame(rows, columns=["layer", "head", "seq", "delta_second", "delta_first"])
+        table = pd.DataFrame(rows, columns=["layer", "head", "seq", "delta_second", "delta_first", "failure"])
         run_dir.write_unit(an.STAGE, key, {"rows": table})
     table = run_dir.read_units(an.STAGE, [key], "rows")
     per_head = table.groupby(["layer", "head"])[["delta_first", "delta_second"]].median().reset_index()
@@ -208,10 +219,11 @@ def _depth_phase(run_dir, adapter, token_ids, chains, opts, pool, batch_size, qu
     for start in range(0, len(todo), batch_size):
         group = todo[start : start + batch_size]
         probs = np.stack([p.numpy() for _, p in adapter.attention_probs(token_ids[group])], axis=1)
-        tasks = [(probs[i], chains, c, opts, c < opts.null_chunks) for i, c in enumerate(group)]
+        futures = [pool.submit(an.depth_chunk_rows, probs[i], chains, c, opts, c < opts.null_chunks) for i, c in enumerate(group)]
         del probs
-        for chunk, table in zip(group, ordered_map(pool, an.depth_chunk_rows, tasks)):
-            run_dir.write_unit(an.STAGE, keys[chunk], {"rows": table})
+        for chunk, future in zip(group, futures):
+            with run_dir.failures.unit(an.STAGE, keys[chunk]):
+                run_dir.write_unit(an.STAGE, keys[chunk], {"rows": future.result()})
             bar.update()
     bar.close()
-    return run_dir.read_units(an.STAGE, keys, "rows")
+    return run_dir.read_units(an.STAGE, _finished(run_dir, keys), "rows")

@@ -34,7 +34,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from tqdm.auto import tqdm
 
-from ..errors import InputError
+from ..errors import DecompositionError, InputError
 from ..linalg import guarded
 from ..linalg._checks import as_square
 from ..linalg.ranks import erank, erank_sigma, participation
@@ -211,8 +211,10 @@ def schur_funnel(
     -------
     DataFrame
         Columns ``alpha``, ``direction``, ``truncation`` (the rank cap used: min(r, d), and
-        d for exact), then the columns of :func:`cumulative_ranks`; one row per (alpha,
-        direction, truncation, depth). Where J has complex eigenvalues, ``J(α)`` for α < 1
+        d for exact), then the columns of :func:`cumulative_ranks` and ``failure``; one row
+        per (alpha, direction, truncation, depth). ``failure`` is None, or the reason why no
+        SVD driver of :mod:`depthlens.linalg.guarded` converged on that curve, whose values
+        are then NaN. Where J has complex eigenvalues, ``J(α)`` for α < 1
         is complex and so are its products; the ranks are real.
 
     Raises
@@ -255,7 +257,7 @@ def schur_funnel(
         futures = [pool.submit(_split_curve, ops_ref, normal_ref, alpha, direction, cap) for alpha, direction, cap in jobs]
         tables = [f.result() for f in tqdm(futures, desc="schur funnel", unit="curve", disable=not progress)]
     table = pd.concat(tables, ignore_index=True)
-    return table[["alpha", "direction", "truncation", *_COLUMNS]]
+    return table[["alpha", "direction", "truncation", *_COLUMNS, "failure"]]
 
 
 def _normal_part(J: np.ndarray) -> np.ndarray:
@@ -287,5 +289,9 @@ def _split_curve(
     order = _order(len(ops), direction)
     # J(1) = J bit-exactly; taking it as is keeps real operators in real arithmetic.
     split = (np.asarray(ops[b]) if alpha == 1.0 else (1.0 - alpha) * normal[b] + alpha * ops[b] for b in order)
-    curve = _curve((_oriented(J, direction) for J in split), order, cap)
+    try:
+        curve = _curve((_oriented(J, direction) for J in split), order, cap).assign(failure=None)
+    except DecompositionError as exc:  # every SVD driver failed: this curve is NaN, with the reason
+        curve = pd.DataFrame({"depth": np.arange(len(ops)), "steps": np.nan, **{c: np.nan for c in (*_RANKS, "log_norm")},
+                              "failure": str(exc)})
     return curve.assign(alpha=alpha, direction=direction, truncation=cap)

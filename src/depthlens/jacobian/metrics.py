@@ -25,7 +25,7 @@ import scipy.linalg
 from numpy.typing import ArrayLike
 from tqdm.auto import tqdm
 
-from ..errors import InputError
+from ..errors import DecompositionError, InputError
 from ..linalg import guarded
 from ..linalg._checks import as_square
 from ..linalg.normality import complex_fraction, expansion_fraction, henrici, rotation_angle_mean, symmetry_index
@@ -238,8 +238,10 @@ def metrics_and_eigenvalues(
     Returns
     -------
     metrics : DataFrame
-        Columns ``layer`` (int), ``sublayer`` (str), then :data:`METRICS` (float64), one row
-        per operator.
+        Columns ``layer`` (int), ``sublayer`` (str), then :data:`METRICS` (float64) and
+        ``failure``, one row per operator. ``failure`` is None, or the reason why no driver
+        of :mod:`depthlens.linalg.guarded` could decompose the operator; that row's metrics
+        are NaN and it has no eigenvalue rows.
     eigenvalues : DataFrame
         ``layer``, ``sublayer``, ``re``, ``im``: the eigenvalues of every J, ordered as
         :attr:`OperatorSpectra.eigenvalues` (equal to :func:`spectra`'s).
@@ -266,12 +268,17 @@ def metrics_and_eigenvalues(
     futures = [pool.submit(_analyse, J) for J in operators.values()]
     rows, eigen = [], []
     for key, future in tqdm(zip(operators, futures), total=len(operators), desc="operator metrics", unit="op", disable=not progress):
+        ident = {"layer": int(key[0]), "sublayer": str(key[1])}
         try:
             metrics, mu = future.result()
+        except DecompositionError as exc:  # every driver failed: NaN metrics, the reason kept
+            rows.append({**ident, "failure": str(exc)})
+            continue
         except InputError as exc:
             raise InputError(f"operator {key!r}: {exc}") from exc
-        rows.append({"layer": int(key[0]), "sublayer": str(key[1]), **metrics})
+        rows.append({**ident, **metrics, "failure": None})
         lam = 1.0 + _ordered(mu)
-        eigen.append(pd.DataFrame({"layer": int(key[0]), "sublayer": str(key[1]), "re": lam.real, "im": lam.imag}))
-    table = pd.DataFrame(rows, columns=["layer", "sublayer", *METRICS])
-    return table.astype({name: np.float64 for name in METRICS}), pd.concat(eigen, ignore_index=True)
+        eigen.append(pd.DataFrame({**ident, "re": lam.real, "im": lam.imag}))
+    table = pd.DataFrame(rows, columns=["layer", "sublayer", *METRICS, "failure"])
+    eigen_table = pd.concat(eigen, ignore_index=True) if eigen else pd.DataFrame(columns=["layer", "sublayer", "re", "im"])
+    return table.astype({name: np.float64 for name in METRICS}), eigen_table

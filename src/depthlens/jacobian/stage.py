@@ -100,7 +100,9 @@ def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: JacobianOp
         batch_size: int, quiet: bool, load_revision: Callable, jobs: int = 1) -> None:
     """Run the stage (skipping finished units) and write ``operators``, ``eigenvalues`` and
     ``cumulative`` tables. The decompositions and funnel curves run on ``jobs`` worker
-    processes; the Jacobians themselves in this process (torch)."""
+    processes; the Jacobians themselves in this process (torch). A unit that raises is
+    recorded in ``run_dir.failures`` and the others go on; the tables hold the finished units
+    (a funnel needs its checkpoint's operators)."""
     with executor(jobs) as pool:
         _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, pool)
 
@@ -114,13 +116,16 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
             key = f"ops_{name}_{mode}"
             array_name = f"jacobians_{name}_{mode}"
             if not run_dir.has_unit(STAGE, key):
-                model = model or get()
-                ops = engines.mean_operators(model.adapter, token_ids, mode=mode, positions=opts.positions,
-                                             batch_size=batch_size, progress=not quiet)
-                run_dir.write_arrays(array_name, {f"{l}.{k}": J for (l, k), J in ops.items()},
-                                     checkpoint=name, mode=mode, positions=opts.positions, n_chunks=str(token_ids.shape[0]))
-                op_table, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool)
-                run_dir.write_unit(STAGE, key, {"metrics": op_table, "eigen": eigen_rows})
+                with run_dir.failures.unit(STAGE, key):
+                    model = model or get()
+                    ops = engines.mean_operators(model.adapter, token_ids, mode=mode, positions=opts.positions,
+                                                 batch_size=batch_size, progress=not quiet)
+                    run_dir.write_arrays(array_name, {f"{l}.{k}": J for (l, k), J in ops.items()}, checkpoint=name,
+                                         mode=mode, positions=opts.positions, n_chunks=str(token_ids.shape[0]))
+                    op_table, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool)
+                    run_dir.write_unit(STAGE, key, {"metrics": op_table, "eigen": eigen_rows})
+            if not run_dir.has_unit(STAGE, key):
+                continue
             loaded_arrays = load_file(str(run_dir.root / "arrays" / f"{array_name}.safetensors"))
             ops_by_mode[mode] = {(int(k.split(".")[0]), k.split(".")[1]): v for k, v in loaded_arrays.items()}
             for table, sink in (("metrics", metrics), ("eigen", eigen)):
@@ -130,17 +135,21 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
                 sink.append(t)
         key = f"funnel_{name}"
         funnel_mode = "isolated" if "isolated" in opts.modes else opts.modes[0]
+        if funnel_mode not in ops_by_mode:
+            continue  # its operators failed (recorded above); the funnel needs them
         if not run_dir.has_unit(STAGE, key):
-            ops = operator_list(ops_by_mode[funnel_mode])
-            ranks = (None,) if opts.funnel_rank >= ops[0].shape[0] else (None, opts.funnel_rank)
-            table = schur_funnel(ops, alphas=ALPHAS, directions=DIRECTIONS, ranks=ranks, progress=not quiet, pool=pool)
-            run_dir.write_unit(STAGE, key, {"funnel": table})
-        t = run_dir.read_units(STAGE, [key], "funnel")
-        t.insert(0, "checkpoint", name)
-        t.insert(1, "mode", funnel_mode)
-        funnels.append(t)
-    model_name = {"model": loaded.name}
+            with run_dir.failures.unit(STAGE, key):
+                ops = operator_list(ops_by_mode[funnel_mode])
+                ranks = (None,) if opts.funnel_rank >= ops[0].shape[0] else (None, opts.funnel_rank)
+                table = schur_funnel(ops, alphas=ALPHAS, directions=DIRECTIONS, ranks=ranks, progress=not quiet, pool=pool)
+                run_dir.write_unit(STAGE, key, {"funnel": table})
+        if run_dir.has_unit(STAGE, key):
+            t = run_dir.read_units(STAGE, [key], "funnel")
+            t.insert(0, "checkpoint", name)
+            t.insert(1, "mode", funnel_mode)
+            funnels.append(t)
     for name, parts in (("operators", metrics), ("eigenvalues", eigen), ("cumulative", funnels)):
-        table = pd.concat(parts, ignore_index=True)
-        table.insert(0, "model", model_name["model"])
-        run_dir.write_table(name, table)
+        if parts:
+            table = pd.concat(parts, ignore_index=True)
+            table.insert(0, "model", loaded.name)
+            run_dir.write_table(name, table)

@@ -3,7 +3,7 @@
 LAPACK's iterative drivers can fail to converge on matrices that other drivers, or the same
 driver on another CPU kernel (OpenBLAS SkylakeX against Haswell), handle without trouble.
 Each function here tries a fixed sequence of drivers and returns the first result; the
-driver that produced it is counted (:func:`driver_counts`), so a run records how many of its
+driver that produced it is counted (:func:`depthlens.drivers.driver_counts`), so a run records how many of its
 results came from a fallback. When every driver fails, :class:`DecompositionError` is raised;
 stages turn it into NaN quantities with a reason column, never into a stopped stage.
 
@@ -15,7 +15,8 @@ svd       ``gesdd`` (divide and conquer), ``gesvd`` (QR iteration), ``qr+gesvd``
           transpose); the last two change the rounding path, not the result beyond ``n ε ‖A‖``
 eigvals   ``geev``, ``gees`` (diagonal of the complex Schur form), ``ggev`` (pencil ``(A, I)``),
           ``geev+shift`` (eigenvalues of ``A + σI`` minus σ)
-eigh      ``heevd`` (numpy), ``heevr``, ``heev`` (SciPy drivers ``evr`` and ``ev``)
+eigh      ``heevd`` (numpy), ``heevr``, ``heev`` (SciPy drivers ``evr`` and ``ev``); a subset of
+          the eigenvalues (``eigh_subset``): ``heevr``, ``heevx``, ``heev``
 schur     ``gees``, then for complex output of a real matrix ``gees-real+rsf2csf``, then
           ``gees+shift`` (``A + σI = Q(T + σI)Q*``: same Q, T recovered by subtracting σ)
 solve     ``gesv`` (LU), ``gelsd`` (least squares through the SVD) for a singular system
@@ -29,18 +30,18 @@ NaN and infinity first: a non-finite matrix raises :class:`DecompositionError` a
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
 import scipy.linalg
 
+from ..drivers import count_difference, driver_counts, fallback_count, merge_counts, record
 from ..errors import DecompositionError
 
 __all__ = [
     "DecompositionError",
+    "count_difference",
     "driver_counts",
     "eigvals",
     "eigvalsh",
@@ -54,45 +55,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-_COUNTS: Counter[str] = Counter()
-_LOCK = threading.Lock()
-
-#: The default (first) driver of each decomposition; any other driver is a fallback.
-PRIMARY: dict[str, str] = {"svd": "gesdd", "eigvals": "geev", "eigh": "heevd", "schur": "gees", "solve": "gesv"}
-
-
-def driver_counts() -> dict[str, int]:
-    """How many results each ``decomposition:driver`` pair has produced in this process.
-
-    Results computed in worker processes of :func:`depthlens.parallel.executor` are merged
-    in when their task returns. Keys look like ``"svd:gesdd"``; take differences of two
-    snapshots to count a stretch of work.
-    """
-    with _LOCK:
-        return dict(_COUNTS)
-
-
-def merge_counts(counts: Mapping[str, int]) -> None:
-    """Add counts (from another process's :func:`driver_counts` difference) to this process's."""
-    with _LOCK:
-        _COUNTS.update({k: int(v) for k, v in counts.items() if v})
-
-
-def count_difference(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
-    """``after − before`` of two :func:`driver_counts` snapshots, zero entries dropped."""
-    return {k: int(v) - int(before.get(k, 0)) for k, v in sorted(after.items()) if int(v) != int(before.get(k, 0))}
-
-
-def fallback_count(counts: Mapping[str, int]) -> int:
-    """Number of results in ``counts`` that came from a driver other than the default."""
-    return sum(int(v) for k, v in counts.items() if k.split(":", 1)[1] != PRIMARY.get(k.split(":", 1)[0]))
-
-
-def _record(name: str, driver: str, n: int = 1) -> None:
-    with _LOCK:
-        _COUNTS[f"{name}:{driver}"] += n
-
 
 def _finite(a: np.ndarray, name: str) -> None:
     if not np.all(np.isfinite(a)):
@@ -108,7 +70,7 @@ def _attempt(name: str, drivers: list[tuple[str, Callable[[], T]]]) -> T:
         except (np.linalg.LinAlgError, ValueError) as exc:
             errors.append(f"{driver}: {exc}")
             continue
-        _record(name, driver)
+        record(name, driver)
         return out
     raise DecompositionError(f"{name} did not converge with any driver ({'; '.join(errors)}).")
 
@@ -128,7 +90,7 @@ def _batched(name: str, a: np.ndarray, batch: Callable[[np.ndarray], Any], one: 
         if isinstance(parts[0], tuple):
             return tuple(np.stack([p[i] for p in parts]).reshape(*a.shape[:-2], *parts[0][i].shape) for i in range(len(parts[0])))
         return np.stack(parts).reshape(*a.shape[:-2], *parts[0].shape)
-    _record(name, PRIMARY[name], int(np.prod(a.shape[:-2], dtype=np.int64)))
+    record(name, None, int(np.prod(a.shape[:-2], dtype=np.int64)))
     return out
 
 
@@ -248,9 +210,11 @@ def _eigh_one(a: np.ndarray, subset: tuple[int, int] | None) -> np.ndarray:
 
         return call
 
-    first = ("heevr", scipy_driver("evr")) if subset is not None else ("heevd", lambda: np.linalg.eigvalsh(a))
-    rest = [("heevr", scipy_driver("evr"))] if subset is None else [("heevx", scipy_driver("evx"))]
-    return _attempt("eigh", [first, *rest, ("heev", scipy_driver("ev"))])
+    if subset is not None:
+        return _attempt("eigh_subset", [("heevr", scipy_driver("evr")), ("heevx", scipy_driver("evx")),
+                                        ("heev", scipy_driver("ev"))])
+    return _attempt("eigh", [("heevd", lambda: np.linalg.eigvalsh(a)), ("heevr", scipy_driver("evr")),
+                             ("heev", scipy_driver("ev"))])
 
 
 def eigvalsh(a: np.ndarray, subset_by_index: tuple[int, int] | None = None) -> np.ndarray:

@@ -127,54 +127,59 @@ def boundary_rows(R: np.ndarray, J: np.ndarray, keep: np.ndarray, gamma: float, 
 def run(run_dir: RunDirectory, checkpoints: list[tuple[str, Callable]], token_ids: torch.Tensor,
         opts: TopologyOptions, *, batch_size: int, quiet: bool) -> None:
     """Run the stage for each ``(checkpoint, loader)`` and write ``communities``, ``units``,
-    ``coupling`` and ``topology_profile`` tables. Needs the jacobian stage's mean operators."""
+    ``coupling`` and ``topology_profile`` tables. Needs the jacobian stage's mean operators.
+    Each checkpoint is one isolated unit of failure (``checkpoint_<name>`` in
+    ``run_dir.failures``); the tables hold the checkpoints that finished."""
     communities, units, coupling, profiles = [], [], [], []
     operators = run_dir.read_table("operators")
     for name, get in checkpoints:
-        array = run_dir.root / "arrays" / f"jacobians_{name}_{opts.mode}.safetensors"
-        if not array.is_file():
-            raise RunError(f"{array} is missing; run the jacobian stage with mode {opts.mode} first.")
-        J = load_file(str(array))
-        keys = [f"{STAGE}_{name}_{b:03d}" for b in range(len(J))]
-        profile_key = f"profile_{name}"
-        if not all(run_dir.has_unit(STAGE, k) for k in [profile_key, *keys]):
-            loaded = get()
-            moments, massive = boundary_moments(loaded.adapter, token_ids, opts, batch_size, quiet)
-            keep_all = ~massive if opts.exclude_massive else np.ones_like(massive)
-            ref = len(moments) // 2
-            if not run_dir.has_unit(STAGE, profile_key):
-                nodes = np.flatnonzero(keep_all[ref])
-                R = moments[ref].correlation()[np.ix_(nodes, nodes)]
-                prof = resolution_profile(topk_graph(R, k=min(opts.topk, len(nodes) - 1)), len(nodes), seed=opts.seed)
-                plateau = choose_plateau(prof)
-                table = prof.table.assign(reference_boundary=ref, chosen=lambda t: t.index == plateau.row)
-                run_dir.write_unit(STAGE, profile_key, {"profile": table})
+        with run_dir.failures.unit(STAGE, f"checkpoint_{name}"):
+            array = run_dir.root / "arrays" / f"jacobians_{name}_{opts.mode}.safetensors"
+            if not array.is_file():
+                raise RunError(f"{array} is missing; run the jacobian stage with mode {opts.mode} first.")
+            J = load_file(str(array))
+            keys = [f"{STAGE}_{name}_{b:03d}" for b in range(len(J))]
+            profile_key = f"profile_{name}"
+            if not all(run_dir.has_unit(STAGE, k) for k in [profile_key, *keys]):
+                loaded = get()
+                moments, massive = boundary_moments(loaded.adapter, token_ids, opts, batch_size, quiet)
+                keep_all = ~massive if opts.exclude_massive else np.ones_like(massive)
+                ref = len(moments) // 2
+                if not run_dir.has_unit(STAGE, profile_key):
+                    nodes = np.flatnonzero(keep_all[ref])
+                    R = moments[ref].correlation()[np.ix_(nodes, nodes)]
+                    prof = resolution_profile(topk_graph(R, k=min(opts.topk, len(nodes) - 1)), len(nodes), seed=opts.seed)
+                    plateau = choose_plateau(prof)
+                    table = prof.table.assign(reference_boundary=ref, chosen=lambda t: t.index == plateau.row)
+                    run_dir.write_unit(STAGE, profile_key, {"profile": table})
+                prof_table = run_dir.read_units(STAGE, [profile_key], "profile")
+                gamma = float(prof_table.loc[prof_table["chosen"], "gamma"].iloc[0])
+                bar = tqdm(total=len(keys), desc=f"topology {name}", unit="boundary", disable=quiet)
+                for b, key in enumerate(keys):
+                    if not run_dir.has_unit(STAGE, key):
+                        layer, kind = divmod(b, 2)
+                        summary, unit_rows = boundary_rows(moments[b].correlation(), J[f"{layer}.{'mlp' if kind else 'attn'}"],
+                                                           keep_all[b], gamma, opts, b)
+                        run_dir.write_unit(STAGE, key, {"communities": pd.DataFrame([summary]), "units": unit_rows})
+                    bar.update()
+                bar.close()
             prof_table = run_dir.read_units(STAGE, [profile_key], "profile")
-            gamma = float(prof_table.loc[prof_table["chosen"], "gamma"].iloc[0])
-            bar = tqdm(total=len(keys), desc=f"topology {name}", unit="boundary", disable=quiet)
-            for b, key in enumerate(keys):
-                if not run_dir.has_unit(STAGE, key):
-                    layer, kind = divmod(b, 2)
-                    summary, unit_rows = boundary_rows(moments[b].correlation(), J[f"{layer}.{'mlp' if kind else 'attn'}"],
-                                                       keep_all[b], gamma, opts, b)
-                    run_dir.write_unit(STAGE, key, {"communities": pd.DataFrame([summary]), "units": unit_rows})
-                bar.update()
-            bar.close()
-        prof_table = run_dir.read_units(STAGE, [profile_key], "profile")
-        comm = run_dir.read_units(STAGE, keys, "communities")
-        unit_table = run_dir.read_units(STAGE, keys, "units")
-        inputs = {int(b): (g["amplification"].to_numpy(), g["is_boundary"].to_numpy())
-                  for b, g in unit_table.groupby("boundary")}
-        table, _ = coupling_table(inputs, n_perm=opts.n_perm, seed=opts.seed)
-        table = table.rename(columns={"layer": "boundary"})
-        table.insert(1, "layer", table["boundary"] // 2)
-        table.insert(2, "sublayer", np.where(table["boundary"] % 2, "mlp", "attn"))
-        ops = operators[(operators["checkpoint"] == name) & (operators["mode"] == opts.mode)]
-        table = table.merge(ops[["layer", "sublayer", "henrici_update_rel", "symmetry"]], on=["layer", "sublayer"], how="left")
-        table["significant"] = table["q"] <= opts.q_level
-        for part, sink in ((comm, communities), (unit_table, units), (table, coupling), (prof_table, profiles)):
-            part.insert(0, "checkpoint", name)
-            sink.append(part)
+            comm = run_dir.read_units(STAGE, keys, "communities")
+            unit_table = run_dir.read_units(STAGE, keys, "units")
+            inputs = {int(b): (g["amplification"].to_numpy(), g["is_boundary"].to_numpy())
+                      for b, g in unit_table.groupby("boundary")}
+            table, _ = coupling_table(inputs, n_perm=opts.n_perm, seed=opts.seed)
+            table = table.rename(columns={"layer": "boundary"})
+            table.insert(1, "layer", table["boundary"] // 2)
+            table.insert(2, "sublayer", np.where(table["boundary"] % 2, "mlp", "attn"))
+            ops = operators[(operators["checkpoint"] == name) & (operators["mode"] == opts.mode)]
+            table = table.merge(ops[["layer", "sublayer", "henrici_update_rel", "symmetry"]], on=["layer", "sublayer"], how="left")
+            table["significant"] = table["q"] <= opts.q_level
+            for part, sink in ((comm, communities), (unit_table, units), (table, coupling), (prof_table, profiles)):
+                part.insert(0, "checkpoint", name)
+                sink.append(part)
+    if not coupling:
+        raise RunError("the topology stage failed at every checkpoint; see its log.")
     for name, parts in (("communities", communities), ("units", units), ("coupling", coupling),
                         ("topology_profile", profiles)):
         run_dir.write_table(name, pd.concat(parts, ignore_index=True))
