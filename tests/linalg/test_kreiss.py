@@ -138,3 +138,22 @@ def test_horner_kernel_matches_numpy_polyval(rng: np.random.Generator) -> None:
     x = rng.uniform(0.0, 1.0, size=50)
     np.testing.assert_allclose(horner(coef, x), np.polyval(coef[::-1], x), rtol=1e-12)
     assert horner(coef[:1], x).tolist() == [coef[0]] * 50
+
+
+def test_certification_budget_exhausted_warns(rng: np.random.Generator) -> None:
+    """A branch and bound stopped by max_evals says so in a warning as well as in the result."""
+    from depthlens.linalg import CertificationBudgetWarning
+
+    B = deflate(causal_softmax(32, rng, sink=1.0, prev=1.0))
+    with pytest.warns(CertificationBudgetWarning, match=r"max_evals=1\b.*not certified") as record:
+        r = kreiss(B, certify=True, max_evals=1)
+    assert len(record) == 1 and issubclass(CertificationBudgetWarning, RuntimeWarning)
+    assert not r.certified and r.branch_bound.stopped == "max_evals"
+    assert r.lo <= r.value * (1 + 1e-12) and r.lo <= r.hi  # still a valid (wider) bracket
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CertificationBudgetWarning)  # within budget: no warning
+        full = kreiss(B, certify=True)
+        kreiss(B)  # no certification asked: never warns
+    assert full.certified and full.branch_bound.stopped == "rtol"

@@ -3,10 +3,12 @@ crash, when its inputs are missing."""
 
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 
 import matplotlib.image as mpimg
+import pandas as pd
 import pytest
 
 from depthlens.report.figures import CAPTIONS, FIGURES, SPECS, FigureSpec, Skip, make_figures, render_figure
@@ -34,7 +36,7 @@ def test_each_figure_draws_a_decodable_png(run, tmp_path, name):
     path, why = render_figure(SPECS[name], RunTables(run), tmp_path)
     assert path == tmp_path / f"{name}.png" and why == ""
     width, height = png_size(path)
-    assert width > 100 and height > 100
+    assert 100 < width <= 1600 and height > 100  # readable at the report's width
     image = mpimg.imread(path)
     assert image.shape[:2] == (height, width)
     assert not list(tmp_path.glob(".*.tmp"))  # atomic write left nothing behind
@@ -109,3 +111,67 @@ def test_a_failing_figure_warns_and_is_skipped(run, tmp_path):
             None, "drawing failed (ZeroDivisionError: synthetic)")
     assert render_figure(FigureSpec("skipped", "A", "Skipped", (), skip), RunTables(run), tmp_path) == (
         None, "nothing to draw")
+
+
+def _texts(fig) -> list:
+    """Every visible, non-empty text artist of a drawn figure (titles, labels, ticks, legends)."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+def test_no_routing_or_sink_labels_when_no_head_has_the_role(tmp_path):
+    """A random model has no routing or sink heads: no legend entry or panel title says so."""
+    run = build_run(tmp_path / "run", stages=("attention",))
+    tables = RunTables(run)
+    titles = [t.get_text() for t in _texts(SPECS["pseudospectra"].draw(tables))]
+    assert "sink head (layer 1, head 1)" in titles  # the synthetic sink pick is a sink head
+    heads = read_table(run, "heads").assign(role="other")
+    write_table(run, "heads", heads)
+    tables = RunTables(run)
+    for name in ("transient_reserve", "pseudospectra"):
+        texts = [t.get_text() for t in _texts(SPECS[name].draw(tables))]
+        assert not [s for s in texts if s.startswith(("routing", "sink")) or "routing head" in s or "sink head" in s]
+    reserve = SPECS["transient_reserve"].draw(tables)
+    assert [t.get_text() for t in reserve.axes[0].get_legend().get_texts()] == ["no excess", f"other ({len(heads)})"]
+    titles = [ax.get_title() for ax in SPECS["pseudospectra"].draw(tables).axes if ax.get_title()]
+    assert titles == ["largest previous-token/induction score (layer 0, head 1; role: other)",
+                      "largest sink mass (layer 1, head 1; role: other)"]
+
+
+def _coupling_rows(checkpoints, n_boundaries, with_layer=True):
+    rows = []
+    for c, checkpoint in enumerate(checkpoints):
+        for b in range(n_boundaries):
+            row = {"checkpoint": checkpoint, "boundary": b, "effect": 0.4 * math.sin(b + c), "significant": b % 5 == 0}
+            if with_layer:
+                row.update(layer=b // 2, sublayer=("attn", "mlp")[b % 2])
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("checkpoints, n_boundaries, with_layer", [
+    (["trained"], 4, True),
+    (["trained", "init", "stage1-step471000-tokens1975B"], 64, True),
+    (["trained", "init"], 160, False),
+])
+def test_coupling_is_a_readable_heatmap(tmp_path, checkpoints, n_boundaries, with_layer):
+    """At most the report's width (1100 px) for any depth and number of checkpoints, every label
+    at least 8 pt, one cell per boundary."""
+    run = build_run(tmp_path / "run", stages=("topology",))
+    write_table(run, "coupling", _coupling_rows(checkpoints, n_boundaries, with_layer))
+    tables = RunTables(run)
+    path, why = render_figure(SPECS["coupling"], tables, tmp_path)
+    assert why == ""
+    width, height = png_size(path)
+    assert 400 <= width <= 1100 and 200 <= height <= 700
+    fig = SPECS["coupling"].draw(tables)
+    small = [(t.get_text(), t.get_fontsize()) for t in _texts(fig) if t.get_fontsize() < 8]
+    assert small == []
+    image = fig.axes[0].get_images()[0].get_array()
+    rows = len(checkpoints) * (2 if with_layer else 1)
+    assert image.shape == (rows, n_boundaries // 2 if with_layer else n_boundaries)
+    assert int(image.count()) == len(checkpoints) * n_boundaries  # every boundary drawn, none missing
+    stars = [t for t in _texts(fig) if t.get_text() == "*"]
+    assert len(stars) == sum(b % 5 == 0 for b in range(n_boundaries)) * len(checkpoints)

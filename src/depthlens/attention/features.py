@@ -7,13 +7,14 @@ attention tables traces back to one function here.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
 
 from ..linalg.causal import check_causal_stochastic, deflate, flag_nonsimple_perron
 from ..linalg import guarded
-from ..linalg.kreiss import KreissResult, kreiss
+from ..linalg.kreiss import CertificationBudgetWarning, KreissResult, kreiss
 from ..linalg.normality import henrici, numerical_abscissa, numerical_radius
 from ..linalg.nulls import shuffle_null
 from ..linalg.pseudospectra import pseudospectral_radius
@@ -144,6 +145,10 @@ def null_reserves(A: np.ndarray, mode: str, n_samples: int, rng: np.random.Gener
 def certified_reserve(A: np.ndarray, rtol: float, max_evals: int) -> dict[str, float]:
     """Bracket ``[lo, hi]`` of ``K(B)`` by branch and bound, within ``rtol`` when
     ``kreiss_B_certified`` is 1; a matrix that exhausts ``max_evals`` σ_min evaluations keeps
-    the (valid, wider) bracket reached so far with ``kreiss_B_certified`` 0."""
-    res = kreiss_b(deflate(A), certify=True, rtol=rtol, max_evals=max_evals)
+    the (valid, wider) bracket reached so far with ``kreiss_B_certified`` 0. The
+    :class:`~depthlens.linalg.kreiss.CertificationBudgetWarning` of such a matrix is silenced
+    here (the table's flag records it), so the stage's workers do not repeat it per head."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CertificationBudgetWarning)
+        res = kreiss_b(deflate(A), certify=True, rtol=rtol, max_evals=max_evals)
     return {"kreiss_B_lo": res.lo, "kreiss_B_hi": res.hi, "kreiss_B_certified": float(res.certified)}

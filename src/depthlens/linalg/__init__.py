@@ -26,7 +26,7 @@ from .normality import (
 from .nulls import NULL_MODES, shuffle_null
 from .ranks import erank, erank_sigma, participation, self_alignment, self_alignment_svd, stable_rank
 from .schur import SchurForm, schur_form, schur_split
-from .kreiss import BranchBoundRecord, KreissResult, PowerBound, kreiss, power_upper_bound
+from .kreiss import BranchBoundRecord, CertificationBudgetWarning, KreissResult, PowerBound, kreiss, power_upper_bound
 from .pseudospectra import (
     PseudospectralResult,
     PseudospectrumResult,

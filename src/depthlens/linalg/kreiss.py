@@ -31,6 +31,7 @@ for triangular input (exact eigenvalues) and ``δ = 10³·(Schur backward error)
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,9 +45,16 @@ from ._kernels import horner
 from .sigma import TriangularForm, check_engine, sigma_min, triangular_form
 from .transients import iter_power_norms, spectral_norm
 
-__all__ = ["BranchBoundRecord", "KreissResult", "PowerBound", "kreiss", "power_upper_bound"]
+__all__ = ["BranchBoundRecord", "CertificationBudgetWarning", "KreissResult", "PowerBound", "kreiss", "power_upper_bound"]
 
 _EPS = np.finfo(np.float64).eps
+
+
+class CertificationBudgetWarning(RuntimeWarning):
+    """``kreiss(..., certify=True)`` stopped at its evaluation budget (``max_evals``) before the
+    bracket met ``rtol``: the returned ``[lo, hi]`` is valid but wider, ``certified`` is False and
+    ``branch_bound.stopped`` is ``"max_evals"``. Callers that record this themselves (the
+    attention stage flags ``kreiss_B_certified = 0``) may filter it."""
 
 
 # ----------------------------------------------------------------------------- records
@@ -808,7 +816,8 @@ def kreiss(
     starts : int
         L-BFGS-B starts.
     max_evals : int
-        Evaluation budget of the branch and bound; ``certified = False`` when exhausted.
+        Evaluation budget of the branch and bound; ``certified = False`` when exhausted, and a
+        :class:`CertificationBudgetWarning` is issued.
 
     Returns
     -------
@@ -818,6 +827,13 @@ def kreiss(
     ------
     InputError
         If ``M`` is not a finite square matrix or an option is out of range.
+
+    Warns
+    -----
+    CertificationBudgetWarning
+        With ``certify=True``, when the branch and bound stops at ``max_evals`` before the
+        bracket meets ``rtol`` (the result says so too: ``certified`` False,
+        ``branch_bound.stopped == "max_evals"``).
 
     Examples
     --------
@@ -853,6 +869,11 @@ def kreiss(
             hi = min(hi, float(pb.value))
         certified = hi <= lo * (1.0 + rtol)
         bb = BranchBoundRecord(run.n_cells, run.n_evals, run.za.size + run.zb.size, run.n_cholesky, run.n_deflated, R, stopped)
+        if not certified and stopped == "max_evals":
+            warnings.warn(f"kreiss: certification stopped at its evaluation budget (max_evals={max_evals}; "
+                          f"{run.n_evals} σ_min evaluations used) with the bracket [{lo:.6g}, {hi:.6g}] (hi/lo − 1 = {hi / lo - 1:.2g} > rtol = {rtol:g}); "
+                          "the bracket is valid but not certified to rtol: raise max_evals or rtol.",
+                          CertificationBudgetWarning, stacklevel=2)
     return KreissResult(
         value=obj.best,
         upper=float(pb.value) if pb is not None else math.inf,

@@ -10,13 +10,13 @@ Figures (part A: attention; part B: residual stream):
 =====================  ====  ==================================================================
 name                   part  what
 =====================  ====  ==================================================================
-pseudospectra          A     ε-pseudospectra of B for the top routing and sink heads
+pseudospectra          A     ε-pseudospectra of B for the most routing-like and most sink-like heads
 transient_reserve      A     TR1 = log K(B) per head against its matched-null mean, by role
 depth_products         A     ‖D‖ and the eigenvalue predictions E1, E2 against depth
 eigenvalue_clouds      B     eigenvalues of the mean Jacobians, early / middle / late layer
 operator_profile       B     complex_frac, henrici_update_rel, symmetry against depth
 cumulative_erank       B     erank of the cumulative Jacobian for every Schur-split α
-coupling               B     boundary-vs-interior coupling effect per boundary, FDR marks
+coupling               B     heatmap of the coupling effect, layer × (checkpoint, sub-layer), FDR marks
 =====================  ====  ==================================================================
 """
 
@@ -48,9 +48,10 @@ PSEUDO_EPS = (1e-3, 1e-2, 1e-1)
 #: What to look for in each figure (shown under it in the report).
 CAPTIONS: dict[str, str] = {
     "pseudospectra": (
-        "ε-pseudospectra of the Perron-deflated operator B = A − P for the top routing head "
-        "(largest previous-token or induction score) and the top sink head (largest sink mass), "
-        "each on its median chunk: contours of σ_min(zI − B) at ε = 1e-3, 1e-2, 1e-1, "
+        "ε-pseudospectra of the Perron-deflated operator B = A − P for the head with the largest "
+        "previous-token or induction score and the head with the largest sink mass, each on its "
+        "median chunk (a panel title calls it a routing or sink head only when it has that role, "
+        "and otherwise names its actual role): contours of σ_min(zI − B) at ε = 1e-3, 1e-2, 1e-1, "
         "eigenvalues (the self-attention weights) as dots, unit circle dashed. Look for contours "
         "that bulge far beyond the eigenvalues (and past the unit circle) for the routing head: "
         "that is transient reserve the spectrum does not show; a sink head's contours should "
@@ -89,9 +90,11 @@ CAPTIONS: dict[str, str] = {
         "magnitude) at α = 1 in the trained model only, largely removed at α = 0."
     ),
     "coupling": (
-        "Coupling between topology and dynamics per sub-layer boundary: rank-biserial effect of "
-        "boundary-node versus interior Jacobian amplification, per checkpoint; a star marks "
-        "boundaries that are significant after BH-FDR. Look for significant boundaries in the "
+        "Coupling between topology and dynamics as a heatmap: one column per layer, one row per "
+        "checkpoint and sub-layer (the boundary feeding its attention or its MLP); colour is the "
+        "rank-biserial effect of boundary-node versus interior Jacobian amplification (red: "
+        "boundary units amplify more, blue: less, grey: missing); a star marks boundaries that are "
+        "significant after BH-FDR. Look for significant boundaries in the "
         "trained model and none at init, with the sign following the operator type."
     ),
 }
@@ -162,6 +165,31 @@ def _sublayer_index(df: pd.DataFrame) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------
 # part A
+#: What picked each pseudospectra panel's head (the stage picks by score, whatever the roles).
+_PICKED_BY = {"routing": "largest previous-token/induction score", "sink": "largest sink mass"}
+
+
+def _head_role(t: RunTables, meta: dict[str, str], pick: str) -> str | None:
+    """The role (heads.parquet) of the head of panel ``pick``, or None when unknown."""
+    heads = t.table("heads")
+    if heads is None or not {"layer", "head", "role"} <= set(heads.columns):
+        return None
+    try:
+        layer, head = int(meta[f"{pick}.layer"]), int(meta[f"{pick}.head"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    match = heads.loc[(heads["layer"] == layer) & (heads["head"] == head), "role"]
+    return str(match.iloc[0]) if len(match) else None
+
+
+def _panel_label(pick: str, role: str | None, where: str) -> str:
+    """``"routing head (…)"`` only when the picked head has that role; otherwise what picked it
+    and its actual role (a random model has no routing or sink heads)."""
+    if role == pick:
+        return f"{pick} head ({where})"
+    return f"{_PICKED_BY[pick]} ({where}; role: {role or 'unknown'})"
+
+
 def draw_pseudospectra(t: RunTables) -> Figure:
     loaded = t.arrays("pseudospectra")
     if loaded is None:
@@ -173,6 +201,8 @@ def draw_pseudospectra(t: RunTables) -> Figure:
     fig = _figure(5.0 * len(roles), 4.6)
     axes = fig.subplots(1, len(roles), squeeze=False)[0]
     for ax, role in zip(axes, roles):
+        actual = _head_role(t, meta, role)
+        colour = ROLE_COLOURS[actual] if actual in ("routing", "sink") else "#ff7f0e"  # visible on grey
         x, y = np.asarray(arrays[f"{role}.x"], float), np.asarray(arrays[f"{role}.y"], float)
         sigma = np.asarray(arrays[f"{role}.sigma"], float)
         if sigma.shape != (y.size, x.size):
@@ -189,10 +219,10 @@ def draw_pseudospectra(t: RunTables) -> Figure:
         eig = np.asarray(arrays.get(f"{role}.eig", np.empty(0)))
         if eig.size:
             ax.plot(np.real(eig), np.imag(eig) if np.iscomplexobj(eig) else np.zeros(eig.size), "o",
-                    ms=3, color=ROLE_COLOURS[role], label="eigenvalues of B")
+                    ms=3, color=colour, label="eigenvalues of B")
             ax.legend(loc="upper right", fontsize=7)
         where = f"layer {meta.get(f'{role}.layer', '?')}, head {meta.get(f'{role}.head', '?')}"
-        ax.set_title(f"{role} head ({where})", fontsize=9)
+        ax.set_title(_panel_label(role, actual, where), fontsize=9)
         ax.set_xlabel("Re z")
         ax.set_ylabel("Im z")
         ax.set_aspect("equal")
@@ -368,36 +398,66 @@ def draw_cumulative_erank(t: RunTables) -> Figure:
     return fig
 
 
+#: Widest figure, in inches (at :data:`DPI`, the report's 1100 px content width: no downscaling).
+MAX_WIDTH = 11.0
+#: Smallest font of the coupling heatmap, in points.
+COUPLING_FONT = 8.0
+
+
 def draw_coupling(t: RunTables) -> Figure:
+    """Heatmap of the coupling effect: columns are layers (boundaries when the table has no
+    layer), rows (checkpoint, sub-layer); at most :data:`MAX_WIDTH` wide whatever the depth."""
     df = _need(t.table("coupling"), "coupling.parquet", "checkpoint", "boundary", "effect")
     checkpoints = _checkpoints(df)
-    boundaries = sorted(pd.unique(df["boundary"]))
-    width = 0.8 / len(checkpoints)
-    fig = _figure(max(5.0, 0.35 * len(boundaries) * len(checkpoints) + 2), 3.8)
-    ax = fig.subplots()
-    index = {b: i for i, b in enumerate(boundaries)}
-    for k, checkpoint in enumerate(checkpoints):
-        part = df[df["checkpoint"] == checkpoint].sort_values("boundary")
-        xs = np.array([index[b] for b in part["boundary"]]) + (k - (len(checkpoints) - 1) / 2) * width
-        effect = part["effect"].astype(float).to_numpy()
-        ax.bar(xs, effect, width=width * 0.95, label=checkpoint, alpha=0.85)
-        if "significant" in part.columns:
-            sig = part["significant"].astype(bool).to_numpy()
-            for x, e in zip(xs[sig], effect[sig]):
-                ax.text(x, e, "*", ha="center", va="bottom" if e >= 0 else "top", fontsize=12)
-    ax.axhline(0, lw=0.8, color="0.3")
     if {"layer", "sublayer"} <= set(df.columns):
-        names = df.drop_duplicates("boundary").set_index("boundary")
-        ax.set_xticks(range(len(boundaries)),
-                      [f"{int(names.loc[b, 'layer'])}{str(names.loc[b, 'sublayer'])[:1]}" for b in boundaries],
-                      fontsize=7, rotation=90 if len(boundaries) > 24 else 0)
-        ax.set_xlabel("boundary (layer, a = attn, m = mlp); * = FDR-significant")
+        cols = sorted(int(v) for v in pd.unique(df["layer"]))
+        present = [str(v) for v in pd.unique(df["sublayer"])]
+        subs = [s for s in ("attn", "mlp") if s in present] + sorted(s for s in present if s not in ("attn", "mlp"))
+        rows = [(c, s) for c in checkpoints for s in subs]
+        row_of = {row: i for i, row in enumerate(rows)}
+        keys = list(zip(df["checkpoint"].astype(str), df["sublayer"].astype(str), df["layer"].astype(int)))
+        labels = [f"{c} · {s}" for c, s in rows]
+        xlabel = "layer (row: checkpoint · sub-layer whose input boundary is analysed)"
     else:
-        ax.set_xticks(range(len(boundaries)), [str(b) for b in boundaries], fontsize=7)
-        ax.set_xlabel("boundary; * = FDR-significant")
-    ax.set_ylabel("rank-biserial effect (boundary − interior)")
-    ax.set_title("Topology–dynamics coupling", fontsize=10)
-    ax.legend(fontsize=7)
+        cols = sorted(int(v) for v in pd.unique(df["boundary"]))
+        subs = [None]
+        rows = [(c, None) for c in checkpoints]
+        row_of = {(c, None): i for i, (c, _) in enumerate(rows)}
+        keys = list(zip(df["checkpoint"].astype(str), [None] * len(df), df["boundary"].astype(int)))
+        labels = list(checkpoints)
+        xlabel = "boundary"
+    col_of = {c: j for j, c in enumerate(cols)}
+    effect = np.full((len(rows), len(cols)), np.nan)
+    sig = np.zeros(effect.shape, dtype=bool)
+    flags = df["significant"].astype(bool).to_numpy() if "significant" in df.columns else np.zeros(len(df), bool)
+    for (checkpoint, sub, col), value, flag in zip(keys, df["effect"].astype(float).to_numpy(), flags):
+        i, j = row_of[(checkpoint, sub)], col_of[col]
+        effect[i, j], sig[i, j] = value, flag
+    finite = np.abs(effect[np.isfinite(effect)])
+    lim = max(0.25, float(finite.max()) if finite.size else 0.0)  # small effects stay pale
+    width = min(MAX_WIDTH, max(5.0, 2.6 + 0.3 * len(cols)))
+    height = max(2.6, 1.5 + 0.3 * len(rows))
+    fig = _figure(width, height)
+    ax = fig.subplots()
+    cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="#e5e5e5")
+    mesh = ax.imshow(np.ma.masked_invalid(effect), cmap=cmap, vmin=-lim, vmax=lim, aspect="auto",
+                     interpolation="nearest")
+    for i, j in zip(*np.nonzero(sig)):
+        strong = abs(effect[i, j]) > 0.6 * lim  # a dark cell: white star
+        ax.text(j, i, "*", ha="center", va="center", fontsize=COUPLING_FONT + 3, color="white" if strong else "black")
+    # one tick label per ~0.3 in of axes width, so labels never overlap at 8 pt
+    need = len(cols) * 0.3 / max(width - 3.2, 1.0)
+    step = next(k for k in (1, 2, 4, 5, 10, 20, 25, 50, 100, 10**9) if k >= need)
+    ticks = list(range(0, len(cols), step))
+    ax.set_xticks(ticks, [str(cols[k]) for k in ticks], fontsize=COUPLING_FONT)
+    ax.set_yticks(range(len(rows)), labels, fontsize=COUPLING_FONT)
+    for k in range(1, len(checkpoints)):
+        ax.axhline(k * len(subs) - 0.5, color="white", lw=2.5)
+    ax.set_xlabel(xlabel, fontsize=COUPLING_FONT + 1)
+    ax.set_title("Topology–dynamics coupling (* = FDR-significant)", fontsize=COUPLING_FONT + 2)
+    bar = fig.colorbar(mesh, ax=ax, shrink=0.9, pad=0.01)
+    bar.set_label("rank-biserial effect\n(boundary − interior)", fontsize=COUPLING_FONT)
+    bar.ax.tick_params(labelsize=COUPLING_FONT)
     return fig
 
 

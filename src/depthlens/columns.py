@@ -1,0 +1,512 @@
+"""What every column of every table means: one description, from which the ``docs/`` pages
+and the report's per-table glossaries are generated.
+
+:data:`COLUMNS` maps stage → table → column → :class:`Column` ``(definition, unit)``, where
+``unit`` states the unit and how exact the number is. :data:`TABLES` says what one row of
+each table is. Symbols follow METHODS.md (``A`` a causal attention matrix, ``P = 1e₁ᵀ`` its
+Perron projector, ``B = A − P``, ``J = I + U`` a mean sub-layer Jacobian).
+
+Regenerate the committed pages after changing anything here::
+
+    python -m depthlens.columns docs/
+
+(``tests/test_columns.py`` fails while ``docs/`` differs from what this module generates, and
+while a table of a real run holds a column described nowhere here.)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+__all__ = ["COLUMNS", "STAGES", "TABLES", "Column", "describe", "main", "page", "pages", "stage_of", "write_docs"]
+
+
+class Column(NamedTuple):
+    """One column: its ``definition`` and its ``unit`` (unit and exactness)."""
+
+    definition: str
+    unit: str
+
+
+#: Stages in report order, each with the METHODS sections its tables implement.
+STAGES: dict[str, str] = {
+    "capture": "METHODS A3 (pattern features) and A7 (massive activations)",
+    "attention": "METHODS A2–A6",
+    "jacobian": "METHODS B1–B4",
+    "topology": "METHODS B5",
+}
+
+# ----------------------------------------------------------------------------- shared columns
+_ID = {
+    "model": Column("Model specification as loaded (hub id, local path or `random:<family>`).", "text"),
+    "revision": Column("Hub revision of the model; empty when none was given.", "text"),
+    "checkpoint": Column("Which weights: `trained` (the loaded model), `init` (the same architecture at "
+                         "initialisation, seeded from the run seed) or a hub revision name.", "text"),
+    "layer": Column("Decoder layer, 0-based.", "integer"),
+    "head": Column("Query head within the layer, 0-based (grouped-query attention: every query head has "
+                   "its own matrix).", "integer"),
+    "chunk": Column("Text chunk, 0-based, in the order of the run's token ids.", "integer"),
+    "sublayer": Column("Sub-layer: `attn` (attention with its skip connection) or `mlp` (MLP with its "
+                       "skip connection).", "text"),
+    "mode": Column("Jacobian mode of the operator (METHODS B1): `isolated` (one-token pass through the "
+                   "block) or `in_context` (diagonal block with the rest of the chunk fixed).", "text"),
+}
+_FAILURE = Column("Empty (null) when the row was computed; otherwise the reason it could not be: no "
+                  "LAPACK driver of the guarded decompositions converged (the row's quantities are then "
+                  "missing, NaN).", "text or null")
+
+_EPS = (1e-3, 1e-2, 1e-1)
+_ALIGN_K = (1, 8, 64)
+
+# ----------------------------------------------------------------------------- capture
+_PATTERN = {
+    "sink_mass": Column("Mean over rows i ≥ 2 of A[i, 1], the weight on the first token (METHODS A3).",
+                        "fraction in [0, 1]; exact float64 reduction"),
+    "prev_weight": Column("Mean over rows i ≥ 2 of A[i, i−1], the weight on the previous token.",
+                          "fraction in [0, 1]; exact float64 reduction"),
+    "row_entropy": Column("Mean over all n rows of the Shannon entropy of the row (0 log 0 = 0).",
+                          "nats; exact float64 reduction"),
+}
+
+_CAPTURE = {
+    "attention_patterns": {
+        **{k: _ID[k] for k in ("model", "revision", "layer", "head", "chunk")},
+        **_PATTERN,
+    },
+    "attention_summary": {
+        **{k: _ID[k] for k in ("model", "revision", "layer", "head")},
+        **{k: Column(f"Median over the head's chunks of `{k}` in attention_patterns: {c.definition}", c.unit)
+           for k, c in _PATTERN.items()},
+        "n_chunks": Column("Chunks the medians are taken over.", "count"),
+    },
+    "residual_summary": {
+        **{k: _ID[k] for k in ("model", "revision", "chunk")},
+        "layer": Column("Layer of the boundary, 0-based; L (the number of layers) for `final`.", "integer"),
+        "boundary": Column("Residual-stream boundary: `pre_attn` (input of layer l), `pre_mlp` (between its "
+                           "attention and MLP) or `final` (output of the last layer, before the final norm).",
+                           "text"),
+        "rms": Column("Root mean square over every entry (all positions and dimensions) of the residual "
+                      "states at this boundary of this chunk.", "residual units; exact float64 reduction"),
+        "median_abs": Column("Median of |h| over every entry at this boundary of this chunk.",
+                             "residual units; exact"),
+        "max_abs": Column("Largest |h| at this boundary of this chunk.", "residual units; exact"),
+        "max_pos": Column("Token position (0-based) of `max_abs`.", "integer"),
+        "max_dim": Column("Residual dimension (0-based) of `max_abs`.", "integer"),
+        "n_massive": Column("Massive-activation entries (METHODS A7): |h| ≥ 100 and ≥ 1000 × the median |h| "
+                            "of the boundary.", "count; exact"),
+    },
+}
+
+# ----------------------------------------------------------------------------- attention
+_MATRIX = {
+    "rho_B": Column("Spectral radius of B: max over i ≥ 2 of A[i, i] (the eigenvalues of B are 0 and the "
+                    "self-attention weights).", "dimensionless in [0, 1]; exact (read off the diagonal)"),
+    "norm_B": Column("Spectral norm ‖B‖₂ of the Perron deflation B = A − P.",
+                     "dimensionless; dense SVD, exact to rounding"),
+    "henrici_A": Column("Henrici departure from normality of A: √(‖A‖_F² − Σ|λ|²), for triangular A the "
+                        "Frobenius norm of its strictly lower part.", "dimensionless; exact closed form"),
+    "henrici_A_rel": Column("`henrici_A` / ‖A‖_F.", "fraction in [0, 1]; exact closed form"),
+    "henrici_B": Column("Henrici departure from normality of B (as `henrici_A`, for B).",
+                        "dimensionless; exact closed form"),
+    "henrici_B_rel": Column("`henrici_B` / ‖B‖_F.", "fraction in [0, 1]; exact closed form"),
+    "perron_simple": Column("1 when the Perron root 1 of A is simple (every A[i, i] < 1 for i ≥ 2), 0 when "
+                            "some row i ≥ 2 attends only to itself (then K(A) can be below √n).", "0/1 flag"),
+    "kreiss_A": Column("Check value of the Kreiss constant K(A): the largest δ / σ_min((1+δ)I − A) over "
+                       "δ ∈ {1e-7, 1e-9, 1e-11}; K(A) = √n exactly when the Perron root is simple. NaN when "
+                       "`perron_simple` is 0.", "dimensionless; lower bound on K(A), below √n by about δ(√n + ‖(I − B)⁻¹‖) for a simple Perron root"),
+    "kreiss_A_ok": Column("1 when `kreiss_A` ≥ √n (1 − 1e-3) and the Perron root is simple (the mask-pinned "
+                          "value K(A) = √n is confirmed), else 0.", "0/1 flag"),
+    "kreiss_B": Column("Kreiss constant K(B) = sup_{|z|>1} (|z|−1) / σ_min(zI − B): the best point of a "
+                       "global search (grid in (log(|z|−1), arg z), then L-BFGS-B).",
+                       "dimensionless, ≥ 1; lower bound (a point actually evaluated), typically "
+                       "exact to 1e-10 relative"),
+    "kreiss_B_upper": Column("Rigorous upper bound on K(B) from the power norms ‖B^k‖ (Neumann series of the "
+                             "resolvent with a geometric tail); +inf when the powers do not fall below 1 "
+                             "within 20n + 100 steps.", "dimensionless; rigorous up to floating point"),
+    "TR1": Column("Transient reserve TR1 = log K(B) (natural log of `kreiss_B`), the default reserve.",
+                  "nats; as `kreiss_B`"),
+    "peak_B": Column("Transient peak G(B) = max_{k≥1} ‖B^k‖₂.",
+                     "dimensionless; exact norms, the maximum over every k when `peak_certified` is 1"),
+    "peak_k": Column("The power k at which `peak_B` is reached.", "integer power (stored as float)"),
+    "peak_certified": Column("1 when `peak_B` is the supremum over every power (the scan ended with a zero "
+                             "power, a geometric tail or a power of norm below 1); 0 when it is the maximum "
+                             "over the 20n + 100 powers scanned.", "0/1 flag"),
+    "TR2": Column("Variant reserve TR2 = log G(B) (natural log of `peak_B`; −inf when B = 0).",
+                  "nats; as `peak_B`"),
+    **{f"psr_B@{e:g}": Column(f"ε-pseudospectral radius ρ_ε(B) = max{{|z| : σ_min(zI − B) ≤ ε}} at ε = {e:g}. "
+                              "Computed on the first `extras_chunks` chunks only (NaN elsewhere).",
+                              "dimensionless; lower bound (a point on σ_min = ε found by ray marching and "
+                              "Brent), at least ρ(B) + ε")
+       for e in _EPS},
+    **{f"TR4@{e:g}": Column(f"Variant reserve TR4 = (ρ_ε(B) − ρ(B)) / ε at ε = {e:g}: how far the "
+                            "ε-pseudospectrum reaches beyond the spectrum, per unit ε (1 for a normal B). "
+                            "First `extras_chunks` chunks only.", f"dimensionless; as `psr_B@{e:g}`")
+       for e in _EPS},
+    "num_abscissa_B": Column("Numerical abscissa λ_max(½(B + Bᵀ)). First `extras_chunks` chunks only.",
+                             "dimensionless; symmetric eigensolve, exact to rounding"),
+    "num_radius_B": Column("Numerical radius w(B) = max_θ λ_max(½(e^{iθ}B + e^{−iθ}Bᵀ)) = max_{‖x‖=1} |x*Bx|. "
+                           "First `extras_chunks` chunks only.",
+                           "dimensionless; maximised over θ (grid, then refinement to 1e-10): a lower bound "
+                           "exact to about 1e-10"),
+    "null_TR1_mean": Column("Mean of TR1 over the matched shuffle nulls of the matrix (METHODS A4; `null_samples` "
+                            "samples of the run's null mode, default `spec`). First `null_chunks` chunks only.",
+                            "nats; Monte Carlo mean"),
+    "null_TR1_sd": Column("Sample standard deviation (ddof = 1) of TR1 over the matched nulls.",
+                          "nats; Monte Carlo"),
+    "delta_TR1": Column("Excess reserve Δ_TR = TR1 − `null_TR1_mean`: positive when the head has more transient "
+                        "reserve than row-weight-matched shuffles of itself.", "nats"),
+    "z_TR1": Column("`delta_TR1` / `null_TR1_sd` (NaN when the spread is 0).", "standard deviations"),
+}
+_CERTIFIED = {
+    "kreiss_B_lo": Column("Lower end of the certified bracket of K(B) from branch and bound over |z| > 1.",
+                          "dimensionless; certified lower bound"),
+    "kreiss_B_hi": Column("Upper end of the certified bracket of K(B) (the smaller of the branch-and-bound "
+                          "bound and `kreiss_B_upper`).", "dimensionless; certified upper bound"),
+    "kreiss_B_certified": Column("1 when the bracket met the relative tolerance (hi/lo − 1 ≤ rtol, default "
+                                 "1e-3); 0 when the branch and bound stopped at its evaluation budget "
+                                 "(`certify_evals`) with a valid but wider bracket.", "0/1 flag"),
+}
+_LOG_MEDIAN = {"norm_B", "kreiss_B", "kreiss_B_upper", "peak_B", "num_radius_B", "henrici_A", "henrici_B",
+               *(f"psr_B@{e:g}" for e in _EPS)}
+_MIN_FLAG = {"peak_certified"}
+
+
+def _per_head(name: str, col: Column) -> Column:
+    """The per-head aggregate of a per-chunk column (``aggregate_heads``)."""
+    if name in _MIN_FLAG:
+        how = "Minimum over the head's chunks (1 only if every chunk has it)"
+    elif name in _LOG_MEDIAN:
+        how = "Median of logs over the head's chunks (exp of the median log; the plain median if a value is ≤ 0)"
+    else:
+        how = "Median over the head's chunks"
+    return Column(f"{how} of `{name}` in head_chunks: {col.definition}", col.unit)
+
+
+_PROBE = {
+    "prev_token_score": Column("Mean of A[p, p−1] over the second-copy query positions p of the repeated-random-"
+                               "token probe [BOS, r, r] (METHODS A5), averaged over probe sequences.",
+                               "fraction in [0, 1]; exact mean"),
+    "duplicate_score": Column("Mean of A[p, p−m] (the same token's first occurrence; m the block length) over "
+                              "second-copy queries of the probe.", "fraction in [0, 1]; exact mean"),
+    "induction_score": Column("Mean of A[p, p−m+1] (the token that followed the first occurrence) over "
+                              "second-copy queries of the probe.", "fraction in [0, 1]; exact mean"),
+}
+
+_ATTENTION = {
+    "heads": {
+        **{k: _ID[k] for k in ("model", "revision", "layer", "head")},
+        **{k: _per_head(k, c) for k, c in {**_PATTERN, **_MATRIX}.items()},
+        "n_chunks": Column("Chunks the head's medians are taken over.", "count"),
+        "n_extras_chunks": Column("Chunks with the ε-pseudospectral radii and numerical range (`extras`).",
+                                  "count"),
+        "kreiss_A_flagged": Column("Chunks whose K(A) = √n check failed (`kreiss_A_ok` = 0).", "count"),
+        "n_failed_chunks": Column("Chunks whose row has a `failure` (no LAPACK driver converged).", "count"),
+        "null_p": Column("Two-sided exact sign test over the null chunks that `delta_TR1` has median 0 (zeros "
+                         "dropped; 1 when none remains).", "p-value; exact binomial"),
+        "n_null_chunks": Column("Chunks with a null comparison (finite `delta_TR1`).", "count"),
+        "null_q": Column("Benjamini–Hochberg q-value of `null_p` over all heads of the model.", "q-value"),
+        **_PROBE,
+        "role": Column("Head role (METHODS A5): `routing` if `prev_token_score` or `induction_score` ≥ the routing "
+                       "threshold (default 0.3); else `sink` if `sink_mass` ≥ the sink threshold (default 0.5); "
+                       "else `other`.", "text"),
+        "excess_sign": Column("Sign of `delta_TR1`: `positive`, `negative` or `zero` (the data-driven split).",
+                              "text"),
+        "certified_chunk": Column("The chunk whose K(B) was certified: the head's lower-median chunk by TR1.",
+                                  "integer"),
+        **_CERTIFIED,
+        "certify_failure": Column("Empty (null) when the certified bracket was computed; otherwise the reason it "
+                                  "could not be: no LAPACK driver converged.", "text or null"),
+        "delta_TR1_first_copy": Column("Routing heads only: median over probe sequences of the excess reserve of "
+                                       "the leading [BOS, r] block (before induction can engage), each matrix "
+                                       "against its own matched null.", "nats; null for other heads"),
+        "delta_TR1_second_copy": Column("Routing heads only: median over probe sequences of the excess reserve of "
+                                        "the whole [BOS, r, r] probe matrix (induction engaged).",
+                                        "nats; null for other heads"),
+        "induction_ratio": Column("`delta_TR1_second_copy` / `delta_TR1_first_copy` where the first-copy excess "
+                                  "is positive (\"reserve doubles when induction engages\" predicts ≈ 2).",
+                                  "ratio; null when undefined"),
+    },
+    "head_chunks": {
+        **{k: _ID[k] for k in ("model", "revision", "layer", "head", "chunk")},
+        "extras": Column("Whether this chunk got the costlier extras (`psr_B@ε`, `TR4@ε`, numerical range): the "
+                         "first `extras_chunks` chunks.", "boolean"),
+        **_PATTERN,
+        **_MATRIX,
+        **_CERTIFIED,
+        "failure": _FAILURE,
+    },
+    "head_probe": {
+        **{k: _ID[k] for k in ("model", "revision", "layer", "head")},
+        **_PROBE,
+    },
+    "depth": {
+        **{k: _ID[k] for k in ("model", "revision", "chunk")},
+        "operator": Column("Per-layer operator A_l of the product (METHODS A6): `mean` (head mean), `rollout` "
+                           "(½(Ā_l + I)), `chain_routing` (per layer the head with the largest previous-token or "
+                           "induction score), `chain_sink` (per layer the head with the largest sink mass).",
+                           "text"),
+        "source": Column("`model` (the model's matrices) or `null` (every head of every layer shuffled "
+                         "independently with the run's null mode).", "text"),
+        "sample": Column("−1 for the model; the null sample index 0 … S−1 for nulls.", "integer"),
+        "depth": Column("Number of layers b in the product D_{1→b} = B_b ⋯ B_1 (1 … L).", "integer"),
+        "norm_D": Column("Surviving deviation ‖D_{1→b}‖₂ = ‖A_b ⋯ A_1 − P‖₂.",
+                         "dimensionless; exact to float64 matmul rounding"),
+        "e1": Column("Eigenvalue prediction E1 = ρ(D) = max_{i≥2} Π_l (A_l)[i, i] (the exact spectral radius "
+                     "of the product, from the diagonals).", "dimensionless; exact"),
+        "e2": Column("Eigenvalue prediction E2 = Π_l ρ(B_l).", "dimensionless; exact"),
+        "gap_e1": Column("Eigenvalue-prediction error log10(‖D‖ / E1); +inf where E1 underflows to 0.",
+                         "orders of magnitude (log10)"),
+        "gap_e2": Column("Eigenvalue-prediction error log10(‖D‖ / E2); +inf where E2 underflows to 0.",
+                         "orders of magnitude (log10)"),
+    },
+}
+
+# ----------------------------------------------------------------------------- jacobian
+_OPERATOR = {
+    "cond": Column("Condition number σ_max / σ_min of J (+inf for a singular J).",
+                   "dimensionless; SVD, backward stable"),
+    "henrici_rel": Column("Relative Henrici departure of J: ‖N‖_F / ‖J‖_F, N the strictly upper part of the "
+                          "complex Schur factor (√(‖J‖_F² − Σ|λ|²) without cancellation).",
+                          "fraction in [0, 1]; accurate to about n ε ‖U‖"),
+    "henrici_update_rel": Column("Relative Henrici departure of the update U = J − I: ‖N‖_F / ‖U‖_F (the same "
+                                 "N as J; 0 for U = 0).", "fraction in [0, 1]; accurate to about n ε"),
+    "symmetry": Column("Symmetric share of J: ‖(J + Jᵀ)/2‖_F² / ‖J‖_F².", "fraction in [0, 1]; exact closed form"),
+    "symmetry_update": Column("Symmetric share of U: ‖(U + Uᵀ)/2‖_F² / ‖U‖_F².",
+                              "fraction in [0, 1]; exact closed form"),
+    "complex_frac": Column("Fraction of eigenvalues λ of J with |Im λ| > 1e-8 · max|λ| (rotation).",
+                           "fraction in [0, 1]; Schur eigenvalues"),
+    "rot_angle_mean": Column("Mean rotation angle: mean |arg μ| over the eigenvalues μ of U (arg 0 = 0).",
+                             "radians in [0, π]"),
+    "expand_eig": Column("Fraction of eigenvalues of J with |λ| > 1 + 1e-3.", "fraction in [0, 1]"),
+    "expand_sv": Column("Fraction of singular values of J with σ > 1 + 1e-3.", "fraction in [0, 1]"),
+    "spectral_radius": Column("Spectral radius max|λ| of J.", "dimensionless; Schur eigenvalues"),
+    **{f"self_align_{k}": Column(f"Subspace overlap ‖U_kᵀ V_k‖_F² / k of the top-{k} left and right singular "
+                                 f"vectors of J (k capped at d).", "fraction in [0, 1]; SVD")
+       for k in _ALIGN_K},
+    "erank": Column("Effective rank exp(H(p)) with p_i = σ_i² / Σσ² (the default).", "in [1, d]; SVD"),
+    "erank_sigma": Column("Effective rank variant exp(H(p)) with p_i = σ_i / Σσ.", "in [1, d]; SVD"),
+    "participation": Column("Participation ratio (Σσ²)² / Σσ⁴.", "in [1, d]; SVD"),
+    "stable_rank": Column("Stable rank ‖J‖_F² / ‖J‖₂² = Σσ² / σ_max².", "in [1, d]; SVD"),
+}
+
+_JACOBIAN = {
+    "operators": {
+        **{k: _ID[k] for k in ("model", "checkpoint", "mode", "layer", "sublayer")},
+        **{k: Column(f"Of the mean sub-layer Jacobian J̄ = I + U (METHODS B2): {c.definition}", c.unit)
+           for k, c in _OPERATOR.items()},
+        "failure": _FAILURE,
+    },
+    "eigenvalues": {
+        **{k: _ID[k] for k in ("model", "checkpoint", "mode", "layer", "sublayer")},
+        "re": Column("Real part of one eigenvalue λ = 1 + μ of the mean Jacobian J̄ (μ from the Schur form of U); "
+                     "one row per eigenvalue.", "dimensionless; backward stable"),
+        "im": Column("Imaginary part of that eigenvalue (conjugate pairs give two rows).",
+                     "dimensionless; backward stable"),
+    },
+    "cumulative": {
+        **{k: _ID[k] for k in ("model", "checkpoint")},
+        "mode": Column("Jacobian mode of the operators in the products (`isolated` when it was computed).", "text"),
+        "alpha": Column("Schur-split scale α of the non-normal part: every operator replaced by "
+                        "J(α) = Q(Λ + αN)Q* (METHODS B4); α = 1 the real operators, α = 0 their normal parts.",
+                        "in [0, 1]"),
+        "direction": Column("`forward`: C_b = J_b ⋯ J_0 (from the input side); `backward`: "
+                            "C_b = J_{last} ⋯ J_b (from the output side).", "text"),
+        "truncation": Column("Rank cap of the running product: min(r, d) for the truncated curve, d for the "
+                             "exact one (METHODS B3).", "integer rank"),
+        "depth": Column("Sub-layer index b of the product (0-based; attention then MLP of each layer).", "integer"),
+        "steps": Column("Number of sub-layer factors in C_b.", "integer"),
+        "erank": Column("Effective rank exp(H(p)), p_i = σ_i² / Σσ², of the cumulative product C_b.",
+                        "in [1, d]; backward stable per step (singular values below ε σ_max are noise)"),
+        "erank_sigma": Column("Effective rank variant with p_i = σ_i / Σσ, of C_b.", "in [1, d]"),
+        "participation": Column("Participation ratio (Σσ²)² / Σσ⁴ of C_b.", "in [1, d]"),
+        "log_norm": Column("ln ‖C_b‖₂ (the running product is renormalised each step; its scale is kept here).",
+                           "nats (natural log); exact to rounding"),
+        "failure": _FAILURE,
+    },
+}
+
+# ----------------------------------------------------------------------------- topology
+_BOUNDARY = Column("Operator-input boundary b of the residual stream: 2·layer for the input of the attention "
+                   "sub-layer, 2·layer + 1 for the input of the MLP sub-layer.", "integer")
+_GAMMA = Column("CPM resolution γ of the positive-edge layer, chosen once per checkpoint as the centre of the "
+                "widest plateau of the resolution profile (topology_profile) and used at every boundary.",
+                "dimensionless")
+
+_TOPOLOGY = {
+    "communities": {
+        "checkpoint": _ID["checkpoint"],
+        "boundary": _BOUNDARY,
+        "gamma": _GAMMA,
+        "n_communities": Column("Communities of the signed Leiden CPM partition of the correlation graph.",
+                                "count; heuristic optimum"),
+        "sizes": Column("Community sizes, largest first, as a JSON list.", "JSON list of counts"),
+        "quality": Column("Signed CPM quality Q(γ) = (signed edge weight inside communities) − γ Σ_c n_c(n_c − 1)/2.",
+                          "correlation units; exact for the partition found"),
+        "seed": Column("Seed of leidenalg's random number generator.", "integer"),
+        "iterations": Column("Leiden iterations run (until an iteration no longer improved the quality).", "count"),
+        "n_nodes": Column("Residual coordinates kept as nodes (d, minus massive-activation dimensions when they "
+                          "are excluded).", "count"),
+        "n_edges": Column("Undirected signed edges: the top-k |r| Pearson correlations per node (default k = 20), "
+                          "symmetrised by union.", "count"),
+    },
+    "units": {
+        "checkpoint": _ID["checkpoint"],
+        "boundary": _BOUNDARY,
+        "unit": Column("Residual coordinate (node), 0-based dimension index.", "integer"),
+        "community": Column("Community label of the unit, 0 … C−1 by decreasing community size.", "integer"),
+        "participation": Column("Participation coefficient over positive edges, 1 − Σ_c (k_ic / k_i)²; 0 for a "
+                                "node without positive edges.", "in [0, 1 − 1/C]; exact"),
+        "is_boundary": Column("Boundary node: participation in the top quartile (≥ the ⌈n/4⌉-th largest, ties "
+                              "included) and > 0.", "boolean"),
+        "amplification": Column("Jacobian amplification of the unit: the column norm ‖J̄ e_i‖₂ of the mean "
+                                "Jacobian of the sub-layer this boundary feeds (variants: row norm, |J̄_ii|).",
+                                "dimensionless; exact to rounding"),
+    },
+    "topology_profile": {
+        "checkpoint": _ID["checkpoint"],
+        "gamma": Column("Evaluated resolution γ of the profile (linear bisection), on the reference boundary.",
+                        "dimensionless"),
+        "n_communities": Column("Communities of the partition kept at this γ.", "count"),
+        "quality": Column("Q(γ) of the partition kept at this γ.", "correlation units"),
+        "found_at": Column("The γ whose Leiden run produced the partition kept at this row (a better partition "
+                           "found at a neighbouring γ replaces a worse one).", "dimensionless"),
+        "iterations": Column("Leiden iterations of that run.", "count"),
+        "reference_boundary": Column("Boundary whose correlation graph the profile was computed on (the middle "
+                                     "one, b = L).", "integer"),
+        "chosen": Column("True for the row whose γ was chosen (centre of the widest plateau).", "boolean"),
+    },
+    "coupling": {
+        "checkpoint": _ID["checkpoint"],
+        "boundary": _BOUNDARY,
+        "layer": Column("Layer of the boundary: boundary // 2.", "integer"),
+        "sublayer": Column("Sub-layer the boundary feeds: `attn` (even boundary) or `mlp` (odd).", "text"),
+        "effect": Column("Rank-biserial effect 2·AUC − 1 of boundary-node versus interior-node amplification "
+                         "(positive: boundary units amplify more).", "in [−1, 1]; exact (mid-ranks)"),
+        "p": Column("Two-sided label-permutation p-value of `effect`, (1 + #{|r_perm| ≥ |r_obs|}) / (1 + n_perm).",
+                    "p-value; exact Monte Carlo test, never 0"),
+        "q": Column("Benjamini–Hochberg q-value of `p` over the boundaries of this checkpoint.", "q-value"),
+        "sign": Column("Sign of `effect`: −1, 0 or +1.", "integer"),
+        "n_boundary": Column("Boundary nodes at this boundary.", "count"),
+        "n_interior": Column("Interior (non-boundary) nodes at this boundary.", "count"),
+        "henrici_update_rel": Column("`henrici_update_rel` of the same sub-layer's mean Jacobian (operators table, "
+                                     "same checkpoint and mode).", "fraction in [0, 1]"),
+        "symmetry": Column("`symmetry` of the same sub-layer's mean Jacobian (operators table).", "fraction in [0, 1]"),
+        "significant": Column("`q` ≤ the FDR level (default 0.05).", "boolean"),
+    },
+}
+
+#: stage → table → column → :class:`Column`.
+COLUMNS: dict[str, dict[str, dict[str, Column]]] = {
+    "capture": _CAPTURE,
+    "attention": _ATTENTION,
+    "jacobian": _JACOBIAN,
+    "topology": _TOPOLOGY,
+}
+
+#: table → what one row of ``tables/TABLE.parquet`` is.
+TABLES: dict[str, str] = {
+    "attention_patterns": "One row per (layer, head, chunk): the pattern features of one attention matrix.",
+    "attention_summary": "One row per (layer, head): pattern features, median over chunks.",
+    "residual_summary": "One row per (chunk, boundary): magnitude summary of the residual stream.",
+    "heads": "One row per (layer, head): per-chunk quantities aggregated over chunks, null statistics, probe "
+             "scores, role, the certified Kreiss bracket and the induction-engagement ratio.",
+    "head_chunks": "One row per (layer, head, chunk): every METHODS A3 quantity of one attention matrix A and "
+                   "its Perron deflation B = A − P.",
+    "head_probe": "One row per (layer, head): repeated-random-token probe scores.",
+    "depth": "One row per (operator, chunk, source, sample, depth): the surviving deviation of a depth product "
+             "against its eigenvalue predictions.",
+    "operators": "One row per (checkpoint, mode, layer, sub-layer): spectral metrics of the mean Jacobian.",
+    "eigenvalues": "One row per eigenvalue of each mean Jacobian (checkpoint, mode, layer, sub-layer).",
+    "cumulative": "One row per (checkpoint, alpha, direction, truncation, depth): ranks of the cumulative "
+                  "Jacobian product.",
+    "communities": "One row per (checkpoint, boundary): the community partition of the correlation graph.",
+    "units": "One row per (checkpoint, boundary, unit): community, participation and amplification of one "
+             "residual coordinate.",
+    "topology_profile": "One row per (checkpoint, γ): the resolution profile that chose γ.",
+    "coupling": "One row per (checkpoint, boundary): topology–dynamics coupling (METHODS B5).",
+}
+
+
+def stage_of(table: str) -> str | None:
+    """The stage that writes ``tables/TABLE.parquet``, or None for an unknown table."""
+    return next((s for s, tables in COLUMNS.items() if table in tables), None)
+
+
+def describe(table: str, column: str) -> Column | None:
+    """The description of ``column`` of ``table``, or None when it is not described."""
+    stage = stage_of(table)
+    return None if stage is None else COLUMNS[stage][table].get(column)
+
+
+# ----------------------------------------------------------------------------- pages
+_GENERATED = "Generated by `python -m depthlens.columns docs/` from `src/depthlens/columns.py`; do not edit by hand."
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def page(stage: str) -> str:
+    """The markdown page of one stage: every table it writes, every column with its definition
+    and unit. Each table has the heading ``## `TABLE``` (anchor ``#TABLE``)."""
+    tables = COLUMNS[stage]
+    lines = [f"# Stage `{stage}`: table columns", "", _GENERATED, "",
+             f"Implements {STAGES[stage]}; the quantities are defined in METHODS.md. Tables: "
+             + ", ".join(f"[`{t}`](#{t})" for t in tables) + ".", ""]
+    for table, cols in tables.items():
+        lines += [f"## `{table}`", "", f"File `tables/{table}.parquet`. {TABLES[table]}", "",
+                  "| column | definition | unit / exactness |", "|---|---|---|"]
+        lines += [f"| `{_cell(name)}` | {_cell(col.definition)} | {_cell(col.unit)} |" for name, col in cols.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def index_page() -> str:
+    """``docs/README.md``: the stages and their tables."""
+    lines = ["# depthlens table reference", "", _GENERATED, "",
+             "One page per stage; each lists the tables the stage writes to `RUN/tables/` and defines every column.",
+             ""]
+    for stage, tables in COLUMNS.items():
+        lines.append(f"- [{stage}]({stage}.md): " + ", ".join(f"[`{t}`]({stage}.md#{t})" for t in tables))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def pages() -> dict[str, str]:
+    """File name → markdown text of every generated page (one per stage, plus ``README.md``)."""
+    out = {"README.md": index_page()}
+    out.update({f"{stage}.md": page(stage) for stage in COLUMNS})
+    return out
+
+
+def write_docs(folder: str | Path) -> list[Path]:
+    """Write :func:`pages` into ``folder`` (created if needed); returns the paths written."""
+    from .runs.atomic import write_bytes
+
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in pages().items():
+        path = root / name
+        write_bytes(path, text.encode("utf-8"))
+        written.append(path)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m depthlens.columns [FOLDER]``: write the pages (default ``docs``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) > 1 or any(a.startswith("-") for a in args):
+        print("usage: python -m depthlens.columns [FOLDER]   (writes the column reference pages, default docs/)",
+              file=sys.stderr)
+        return 2
+    for path in write_docs(args[0] if args else "docs"):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
