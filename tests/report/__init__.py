@@ -1,8 +1,10 @@
 """Synthetic run directories for the report tests (no model, no analysis: tables written by hand).
 
 :func:`build_run` writes a small run whose numbers support every default claim except the
-clamp chain (no interventions stage); tests then overwrite single tables or summaries to
-produce the other verdicts.
+clamp chain (no interventions stage), with samples at or above every claim's minimum (8
+chunks, 6 routing and 6 sink heads, 24 boundaries, 1000 permutations); tests then overwrite
+single tables or summaries to produce the other verdicts, or pass ``chunks`` /
+``boundaries`` below the minimums to get underpowered ones.
 """
 
 from __future__ import annotations
@@ -64,33 +66,38 @@ def drop_stage(root: Path, stage: str) -> None:
 
 
 def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str] = ALL_STAGES,
-              pseudospectra: bool = True) -> Path:
-    """Write a complete synthetic run directory at ``root`` and return it."""
+              pseudospectra: bool = True, chunks: int = 8, boundaries: int = 24) -> Path:
+    """Write a complete synthetic run directory at ``root`` and return it (``chunks`` text
+    chunks, the first min(chunks, 8) with null samples; ``boundaries`` coupling boundaries
+    per checkpoint)."""
     rng = np.random.default_rng(0)
     root.mkdir(parents=True, exist_ok=True)
     stages = tuple(stages)
     write_json(root, "manifest", {
-        "config": {"model": model, "seed": 0, "chunks": 2, "null_mode": "spec"},
+        "config": {"model": model, "seed": 0, "chunks": chunks, "null_chunks": 8, "n_perm": 1000,
+                   "null_mode": "spec"},
         "config_hash": "0123456789abcdef",
         "created": "2026-01-01T00:00:00+00:00",
         "model": {"name": model, "revision": None, "family": "llama", "sha256": "ab" * 32},
-        "data": {"source": "synthetic", "tokens_sha256": "cd" * 32},
+        "data": {"source": "synthetic", "tokens_sha256": "cd" * 32, "shape": [chunks, 16]},
         "versions": {"depthlens": "0.1.0", "numpy": np.__version__},
         "seed": 0,
         "stages": {s: {"status": "done"} for s in stages},
     })
     ident = {"model": model, "revision": ""}
     if "attention" in stages:
-        _attention(root, rng, ident, pseudospectra)
+        _attention(root, rng, ident, pseudospectra, chunks)
     if "jacobian" in stages:
         _jacobian(root, rng, model)
     if "topology" in stages:
-        _topology(root)
+        _topology(root, boundaries)
     return root
 
 
-def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra: bool) -> None:
-    roles = ["routing", "sink", "sink", "other", "routing", "sink", "sink", "other"]
+def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra: bool, chunks: int) -> None:
+    roles = ["routing", "sink", "routing", "sink", "other", "sink", "routing", "sink",
+             "routing", "other", "sink", "routing", "routing", "sink", "other", "other"]
+    null_chunks = min(chunks, 8)
     rows, chunk_rows = [], []
     for i, role in enumerate(roles):
         layer, head = divmod(i, 4)
@@ -100,18 +107,20 @@ def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra:
                      "prev_token_score": 0.6 if role == "routing" else 0.05, "induction_score": 0.05,
                      "TR1": null_mean + delta, "null_TR1_mean": null_mean, "delta_TR1": delta,
                      "null_q": 0.01 if role != "other" else 0.6, "role": role,
-                     "induction_ratio": (2.0 + 0.1 * i) if role == "routing" else None})
-        for chunk in range(3):
+                     "induction_ratio": (2.0 + 0.05 * i) if role == "routing" else None,
+                     "n_chunks": chunks, "n_null_chunks": null_chunks})
+        for chunk in range(chunks):
             chunk_rows.append({**ident, "layer": layer, "head": head, "chunk": chunk, "perron_simple": 1.0,
-                               "kreiss_A": 4.0, "kreiss_A_ok": 1.0, "TR1": null_mean + delta})
+                               "kreiss_A": 4.0, "kreiss_A_ok": 1.0, "TR1": null_mean + delta,
+                               "delta_TR1": delta if chunk < null_chunks else np.nan})
     heads = pd.DataFrame(rows)
     heads["induction_ratio"] = heads["induction_ratio"].astype(object)
     write_table(root, "heads", heads)
     write_table(root, "head_chunks", pd.DataFrame(chunk_rows))
     depth_rows = []
     for op in ("mean", "rollout"):
-        for chunk in range(2):
-            for source, samples in (("model", [-1]), ("null", [0, 1])):
+        for chunk in range(chunks):
+            for source, samples in (("model", [-1]), ("null", [0, 1] if chunk < null_chunks else [])):
                 for sample in samples:
                     for depth in (1, 2, 3):
                         norm = 10.0 ** (-0.5 * depth)
@@ -125,7 +134,7 @@ def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra:
                         depth_rows.append(row)
     write_table(root, "depth", pd.DataFrame(depth_rows))
     write_json(root, "attention", {
-        "n_heads": 8, "roles": {"routing": 2, "sink": 4, "other": 2},
+        "n_heads": len(roles), "roles": {r: roles.count(r) for r in ("routing", "sink", "other")},
         "routing_positive_significant": 1.0, "sink_negative": 1.0, "sink_negative_significant": 1.0,
         "q_level": 0.05, "kreiss_A_flagged_matrices": 0, "induction_ratio_median": 2.2,
         "eig_gap_final_depth": {"mean": {"model": {"median_gap_e1": 8.45, "median_gap_e2": 8.75},
@@ -176,10 +185,10 @@ def _jacobian(root: Path, rng: np.random.Generator, model: str) -> None:
     write_table(root, "cumulative", pd.DataFrame(cum_rows))
 
 
-def _topology(root: Path) -> None:
+def _topology(root: Path, boundaries: int) -> None:
     rows = []
     for checkpoint in ("trained", "init"):
-        for boundary in range(6):
+        for boundary in range(boundaries):
             sig = checkpoint == "trained" and boundary % 2 == 0
             rows.append({"checkpoint": checkpoint, "boundary": boundary, "layer": boundary // 2,
                          "sublayer": ("attn", "mlp")[boundary % 2],
@@ -187,5 +196,5 @@ def _topology(root: Path) -> None:
                          "q": 0.01 if sig else 0.7, "sign": (-1) ** boundary, "n_boundary": 16, "n_interior": 48,
                          "henrici_update_rel": 0.8, "symmetry": 0.6, "significant": sig})
     write_table(root, "coupling", pd.DataFrame(rows))
-    write_json(root, "topology", {"significant_layers": {"trained": 3, "init": 0},
-                                  "n_boundaries": {"trained": 6, "init": 6}, "q_level": 0.05})
+    write_json(root, "topology", {"significant_layers": {"trained": (boundaries + 1) // 2, "init": 0},
+                                  "n_boundaries": {"trained": boundaries, "init": boundaries}, "q_level": 0.05})

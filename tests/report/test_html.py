@@ -85,8 +85,12 @@ def test_every_image_is_an_embedded_png(report):
 
 
 def test_self_contained(report):
-    _, text = report
-    assert not re.search(r"""(?:src|href)\s*=\s*(?!["']?(?:data:|#))""", text, re.I)
+    path, text = report
+    # the only links that leave the page are the relative ones to the column reference
+    # pages written beside the report (RUN/docs/), and each of those exists
+    assert not re.search(r"""(?:src|href)\s*=\s*(?!["']?(?:data:|#|docs/[a-z]+\.md#))""", text, re.I)
+    for target in set(re.findall(r'href="(docs/[a-z]+\.md)#', text)):
+        assert (path.parent / target).is_file()
     assert "<link" not in text.lower() and "@import" not in text and "url(" not in text
     assert "http://" not in text and "https://" not in text
 
@@ -166,3 +170,24 @@ def test_report_in_headless_chromium(report, tmp_path):
     assert len(widths) == len(FIGURES) and all(w > 0 for w in widths)
     assert claims_rows == 13 and first_table == "claims" and alerts == 0
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_table_section_links_its_docs_page_and_has_a_glossary(report):
+    from depthlens.columns import COLUMNS, pages
+
+    path, text = report
+    for stage, tables in COLUMNS.items():
+        for name in tables:
+            start = text.index(f'id="table-{name}"')
+            section = text[start: text.index("</details>", start)]
+            assert f'href="docs/{stage}.md#{name}"' in section
+            assert "<details><summary>Column glossary" in section
+            present = set(re.findall(r"<td><code>([^<]*)</code></td>", section))
+            assert present  # the run's own columns (or every described one when the table is absent)
+    # part A holds the attention tables, part B the topology ones
+    assert text.index('id="table-heads"') < text.index('id="part-b"') < text.index('id="table-coupling"')
+    heads = text[text.index('id="table-heads"'):]
+    assert "Transient reserve TR1 = log K(B)" in heads[: heads.index("</details>")]
+    # the pages written beside the report are the generated ones
+    for name, page in pages().items():
+        assert (path.parent / "docs" / name).read_text(encoding="utf-8") == page

@@ -11,6 +11,15 @@ A claims file is TOML with one ``[[claim]]`` table per claim::
     inconclusive_band = [5.0, 7.0]                # optional: [lo, hi] or [[lo, hi], ...]
     falsifier = "One sentence saying what would refute it."
     source = "Which paper figure it comes from."
+    min_chunks = 6                                # optional: minimum sample, one min_UNIT per unit
+
+Minimum samples: ``min_UNIT = N`` (an integer ≥ 1) for any unit in :data:`SAMPLE_UNITS` that
+the claim's statistic knows how to count (``Statistic.samples``: chunks, chunks with null
+samples, matrices, routing or sink heads, boundaries, permutations), counted from the run's
+tables, summaries and manifest. A claim whose inputs are present but whose sample is below
+any declared minimum is ``inconclusive`` with ``underpowered: true`` and the reason
+``underpowered (n = 2 chunks, needs 6)``, whatever its value; a count the run does not
+record (``n`` unknown) does not block the verdict.
 
 Verdicts (never dropped; every claim of the file gets one):
 
@@ -19,7 +28,8 @@ Verdicts (never dropped; every claim of the file gets one):
     the rows or columns it needs (e.g. no null samples, no ``init`` checkpoint).
 ``inconclusive``
     The inputs are there but too few to decide (the statistic is NaN: no routing heads, no
-    funnel to remove, ...), or the value fails the test but lies inside the inconclusive
+    funnel to remove, ...), the sample is below a declared minimum (underpowered), or the
+    value fails the test but lies inside the inconclusive
     band (closed intervals): the band turns near misses into ``inconclusive`` rather than
     ``falsified`` and never overrides a passed test.
 ``supported`` / ``falsified``
@@ -55,7 +65,21 @@ VERDICTS = ("supported", "falsified", "inconclusive", "not tested")
 #: Comparison tests a claim may use.
 TESTS = (">=", "<=", ">", "<", "between")
 CLAIMS_JSON = "claims.json"
-_FIELDS = {"id", "prediction", "statistic", "test", "threshold", "falsifier", "source", "inconclusive_band"}
+#: The run's own copy of the claims file, written when the run registers it (``depthlens
+#: report RUN`` scores against it by default).
+CLAIMS_COPY = "claims.toml"
+#: Sample units a claim may set a minimum for (``min_UNIT``), with the words the report uses.
+SAMPLE_UNITS = {
+    "chunks": "chunks",
+    "null_chunks": "chunks with null samples",
+    "matrices": "attention matrices with a simple Perron root",
+    "routing_heads": "routing heads",
+    "sink_heads": "sink heads",
+    "boundaries": "sub-layer boundaries",
+    "permutations": "label permutations",
+}
+_FIELDS = {"id", "prediction", "statistic", "test", "threshold", "falsifier", "source", "inconclusive_band",
+           *(f"min_{unit}" for unit in SAMPLE_UNITS)}
 _REQUIRED = ("id", "prediction", "statistic", "test", "threshold", "falsifier", "source")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -70,30 +94,40 @@ class TooLittleData(Exception):
     """Raised inside a statistic when its inputs are present but too few (``inconclusive``)."""
 
 
+SampleCounter = Callable[[RunTables], "int | None"]
+
+
 @dataclass(frozen=True)
 class Statistic:
     """A named statistic: ``func(tables) -> float | None`` and the outputs it reads.
 
     ``needs`` names run outputs (``NAME`` for ``tables/NAME.parquet``, ``NAME.json``,
     ``arrays/NAME``); when one is absent the claim is ``not tested`` without calling ``func``.
+    ``samples`` maps the sample units of :data:`SAMPLE_UNITS` that the statistic rests on to
+    a function counting them in a run (``None`` when the run does not record the count).
     """
 
     name: str
     func: Callable[[RunTables], float | None]
     needs: tuple[str, ...]
     description: str
+    samples: dict[str, SampleCounter] = field(default_factory=dict)
 
 
 STATISTICS: dict[str, Statistic] = {}
 
 
-def register(name: str, needs: Sequence[str], description: str):
-    """Decorator adding a statistic function to :data:`STATISTICS` under ``name``."""
+def register(name: str, needs: Sequence[str], description: str, samples: dict[str, SampleCounter] | None = None):
+    """Decorator adding a statistic function to :data:`STATISTICS` under ``name``, with the
+    counters of its sample units (``samples``, keys from :data:`SAMPLE_UNITS`)."""
+    unknown = sorted(set(samples or {}) - set(SAMPLE_UNITS))
+    if unknown:
+        raise ValueError(f"statistic {name!r}: unknown sample unit {unknown[0]!r}")
 
     def wrap(func: Callable[[RunTables], float | None]) -> Callable[[RunTables], float | None]:
         if name in STATISTICS:
             raise ValueError(f"statistic {name!r} is registered twice")
-        STATISTICS[name] = Statistic(name, func, tuple(needs), " ".join(description.split()))
+        STATISTICS[name] = Statistic(name, func, tuple(needs), " ".join(description.split()), dict(samples or {}))
         return func
 
     return wrap
@@ -151,10 +185,113 @@ def _select(df: pd.DataFrame, table: str, **equal: Any) -> pd.DataFrame:
     return df
 
 
+# -- sample counters (minimum samples, see the module docstring) ----------------------
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    return None if math.isnan(float(value)) else int(value)
+
+
+def _config_count(t: RunTables, key: str) -> int | None:
+    return _int((t.manifest.get("config") or {}).get(key))
+
+
+def _run_chunks(t: RunTables) -> int | None:
+    """Chunks the run analysed: the token array's first axis in the manifest, else config.chunks."""
+    shape = (t.manifest.get("data") or {}).get("shape")
+    if isinstance(shape, list) and shape and _int(shape[0]) is not None:
+        return _int(shape[0])
+    return _config_count(t, "chunks")
+
+
+def _distinct_depth_chunks(source: str) -> SampleCounter:
+    """Chunks of the mean-head depth products with ``source`` rows at the final depth."""
+    def count(t: RunTables) -> int | None:
+        df = t.table("depth")
+        if df is None or not {"operator", "source", "depth", "chunk"} <= set(df.columns):
+            return None
+        df = df[(df["operator"] == "mean") & (df["source"] == source)]
+        return int(df.loc[df["depth"] == df["depth"].max(), "chunk"].nunique()) if len(df) else 0
+
+    return count
+
+
+def _role_heads(role: str, finite: str | None = None) -> SampleCounter:
+    """Heads of ``role`` (with a finite ``finite`` column when given) in heads.parquet, else
+    the role counts of attention.json."""
+    def count(t: RunTables) -> int | None:
+        heads = t.table("heads")
+        if heads is not None and "role" in heads.columns:
+            sel = heads[heads["role"] == role]
+            if finite is None:
+                return len(sel)
+            if finite in sel.columns:
+                return int(np.isfinite(_numeric(sel[finite])).sum())
+            return None
+        roles = (t.json("attention") or {}).get("roles")
+        return _int(roles.get(role, 0)) if finite is None and isinstance(roles, dict) else None
+
+    return count
+
+
+def _null_chunks_of(role: str) -> SampleCounter:
+    """Chunks with null samples behind each head's Δ_TR and sign test: the least
+    ``n_null_chunks`` over the heads of ``role``; else the chunks with a finite per-chunk
+    ``delta_TR1``; else min(chunks, null_chunks) of the manifest."""
+    def count(t: RunTables) -> int | None:
+        heads = t.table("heads")
+        if heads is not None and {"role", "n_null_chunks"} <= set(heads.columns):
+            n = _numeric(heads.loc[heads["role"] == role, "n_null_chunks"])
+            n = n[~np.isnan(n)]
+            if n.size:
+                return int(n.min())
+        chunks = t.table("head_chunks")
+        if chunks is not None and {"chunk", "delta_TR1"} <= set(chunks.columns):
+            return int(chunks.loc[np.isfinite(_numeric(chunks["delta_TR1"])), "chunk"].nunique())
+        known = [n for n in (_run_chunks(t), _config_count(t, "null_chunks")) if n is not None]
+        return min(known) if known else None
+
+    return count
+
+
+def _simple_matrices(t: RunTables) -> int | None:
+    df = t.table("head_chunks")
+    if df is None or "perron_simple" not in df.columns:
+        return None
+    return int((_numeric(df["perron_simple"]) == 1.0).sum())
+
+
+def _clamp_chunks(t: RunTables) -> int | None:
+    chain = (t.json("interventions") or {}).get("clamp_chain")
+    n = _int(chain.get("n_chunks")) if isinstance(chain, dict) else None
+    return n if n is not None else _run_chunks(t)
+
+
+def _boundaries(*checkpoints: str) -> SampleCounter:
+    """Sub-layer boundaries with a coupling test, the least over ``checkpoints``."""
+    def count(t: RunTables) -> int | None:
+        df = t.table("coupling")
+        if df is None or "checkpoint" not in df.columns:
+            return None
+        return min(int((df["checkpoint"] == c).sum()) for c in checkpoints)
+
+    return count
+
+
+def _permutations(t: RunTables) -> int | None:
+    topo = t.json("topology") or {}
+    n = _int(topo.get("n_perm", (topo.get("options") or {}).get("n_perm")))
+    return n if n is not None else _config_count(t, "n_perm")
+
+
+_NULL_HEADS = {"routing": _null_chunks_of("routing"), "sink": _null_chunks_of("sink")}
+_JACOBIAN_CHUNKS = {"chunks": _run_chunks}  # mean Jacobians average over every chunk of the run
+
+
 # -- Part A ------------------------------------------------------------------------------
 @register("kreiss_A_pinned_fraction", ["head_chunks"],
           "Fraction of attention matrices with a simple Perron root whose K(A) reaches √n "
-          "(column kreiss_A_ok of head_chunks).")
+          "(column kreiss_A_ok of head_chunks).", samples={"matrices": _simple_matrices})
 def _kreiss_pinned(t: RunTables) -> float:
     df = t.table("head_chunks")
     _columns(df, "head_chunks", "perron_simple", "kreiss_A_ok")
@@ -179,12 +316,14 @@ for _source in ("model", "null"):
         register(f"eig_{_which}_{_source}_final", ["depth"],
                  f"Median over chunks{' and null samples' if _source == 'null' else ''} of {_which} = "
                  f"log10(‖D‖/{_which[-2:].upper()}) of the mean-head operator at the final depth, "
-                 f"source = {_source}.")(_gap(_source, _which))
+                 f"source = {_source}.",
+                 samples={"null_chunks" if _source == "null" else "chunks": _distinct_depth_chunks(_source)},
+                 )(_gap(_source, _which))
 
 
 @register("induction_ratio_median", ["heads"],
           "Median over routing heads of induction_ratio (Δ_TR on second-copy over first-copy "
-          "probe positions).")
+          "probe positions).", samples={"routing_heads": _role_heads("routing", "induction_ratio")})
 def _induction_ratio(t: RunTables) -> float:
     df = t.table("heads")
     _columns(df, "heads.parquet", "role", "induction_ratio")
@@ -209,17 +348,20 @@ def _summary_fraction(key: str, role: str) -> Callable[[RunTables], float]:
 
 register("routing_positive_significant_fraction", ["attention.json"],
          "Fraction of routing heads with Δ_TR > 0 and BH q ≤ q_level "
-         "(attention.json: routing_positive_significant).")(
+         "(attention.json: routing_positive_significant).",
+         samples={"routing_heads": _role_heads("routing"), "null_chunks": _NULL_HEADS["routing"]})(
     _summary_fraction("routing_positive_significant", "routing"))
 register("sink_negative_fraction", ["attention.json"],
-         "Fraction of sink heads with Δ_TR < 0 (attention.json: sink_negative).")(
+         "Fraction of sink heads with Δ_TR < 0 (attention.json: sink_negative).",
+         samples={"sink_heads": _role_heads("sink"), "null_chunks": _NULL_HEADS["sink"]})(
     _summary_fraction("sink_negative", "sink"))
 
 
 @register("clamp_chain_n_dims", ["interventions.json"],
           "Number of massive-activation dimensions whose clamp supports the chain (sink mass "
           "falls monotonically in α, predicts the rise in reserve, control inert): "
-          "len(interventions.json['clamp_chain']['dims']), 0 when the chain is not supported.")
+          "len(interventions.json['clamp_chain']['dims']), 0 when the chain is not supported.",
+          samples={"chunks": _clamp_chunks})
 def _clamp_chain(t: RunTables) -> float:
     chain = t.json("interventions").get("clamp_chain")
     if not isinstance(chain, dict):
@@ -235,7 +377,7 @@ def _clamp_chain(t: RunTables) -> float:
 # -- Part B ------------------------------------------------------------------------------
 @register("complex_frac_early_median", ["operators"],
           "Median complex_frac of the trained isolated mean Jacobians (both sub-layers) over "
-          "the first third of layers (layer < ceil(L/3)).")
+          "the first third of layers (layer < ceil(L/3)).", samples=_JACOBIAN_CHUNKS)
 def _complex_early(t: RunTables) -> float:
     df = _select(t.table("operators"), "operators.parquet", checkpoint="trained", mode="isolated")
     _columns(df, "operators.parquet", "layer", "complex_frac")
@@ -266,14 +408,14 @@ def _funnel_ratio(t: RunTables, checkpoint: str, alpha: float = 1.0) -> float:
 
 register("funnel_ratio_trained", ["cumulative"],
          "erank of the trained forward cumulative Jacobian (α = 1, least truncation) at full "
-         "depth over its value after one step.")(lambda t: _funnel_ratio(t, "trained"))
+         "depth over its value after one step.", samples=_JACOBIAN_CHUNKS)(lambda t: _funnel_ratio(t, "trained"))
 register("funnel_ratio_init", ["cumulative"],
-         "The same ratio on the step-0 (init) checkpoint.")(lambda t: _funnel_ratio(t, "init"))
+         "The same ratio on the step-0 (init) checkpoint.", samples=_JACOBIAN_CHUNKS)(lambda t: _funnel_ratio(t, "init"))
 
 
 @register("funnel_removed_by_schur", ["cumulative"],
           "Fraction of the trained funnel (in log erank) removed by the Schur split α = 0: "
-          "1 − log(r₀)/log(r₁), r_α = erank(full depth)/erank(one step) at α.")
+          "1 − log(r₀)/log(r₁), r_α = erank(full depth)/erank(one step) at α.", samples=_JACOBIAN_CHUNKS)
 def _funnel_schur(t: RunTables) -> float:
     fall1 = -math.log(_funnel_ratio(t, "trained", 1.0))
     fall0 = -math.log(_funnel_ratio(t, "trained", 0.0))
@@ -289,10 +431,12 @@ def _significant(t: RunTables, checkpoint: str) -> pd.Series:
 
 
 register("coupling_significant_rise", ["coupling"],
-         "FDR-significant coupling boundaries of the trained checkpoint minus those of init.")(
+         "FDR-significant coupling boundaries of the trained checkpoint minus those of init.",
+         samples={"boundaries": _boundaries("trained", "init"), "permutations": _permutations})(
     lambda t: float(_significant(t, "trained").sum() - _significant(t, "init").sum()))
 register("coupling_significant_fraction_init", ["coupling"],
-         "Fraction of sub-layer boundaries with FDR-significant coupling at init.")(
+         "Fraction of sub-layer boundaries with FDR-significant coupling at init.",
+         samples={"boundaries": _boundaries("init"), "permutations": _permutations})(
     lambda t: float(_significant(t, "init").mean()))
 
 
@@ -310,6 +454,8 @@ class Claim:
     falsifier: str
     source: str
     inconclusive_band: tuple[tuple[float, float], ...] = field(default=())
+    #: ``(unit, minimum)`` pairs from the ``min_UNIT`` fields, units of :data:`SAMPLE_UNITS`.
+    min_sample: tuple[tuple[str, int], ...] = field(default=())
 
     def criterion(self) -> str:
         """The test as text, e.g. ``≥ 7`` or ``in [1.5, 3]``."""
@@ -338,7 +484,9 @@ def load_claims(path: str | Path | None = None) -> list[Claim]:
     InputError
         One line naming the claim and the problem: unreadable file, invalid TOML, no
         ``[[claim]]`` tables, an unknown top-level key, a missing or unknown field, a
-        duplicate id, an unknown statistic, a bad test, threshold or inconclusive band.
+        duplicate id, an unknown statistic, a bad test, threshold or inconclusive band, a
+        minimum sample that is not a positive integer or names a unit its statistic does
+        not count.
     """
     file = Path(path or default_claims_path())
     where = f"claims file {file.name}"
@@ -408,9 +556,21 @@ def _parse_claim(entry: Any, index: int, where: str) -> Claim:
             band = tuple(_interval(x, fail, "inconclusive_band") for x in b)
         else:
             band = (_interval(b, fail, "inconclusive_band"),)
+    minimum: list[tuple[str, int]] = []
+    counted = STATISTICS[entry["statistic"]].samples
+    for unit in SAMPLE_UNITS:
+        if f"min_{unit}" not in entry:
+            continue
+        n = entry[f"min_{unit}"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise fail(f"min_{unit} must be a positive integer.")
+        if unit not in counted:
+            which = ", ".join(f"min_{u}" for u in counted) or "none"
+            raise fail(f"min_{unit} does not apply to statistic {entry['statistic']!r}; it counts: {which}.")
+        minimum.append((unit, n))
     return Claim(id=entry["id"], prediction=" ".join(entry["prediction"].split()), statistic=entry["statistic"],
                  test=test, threshold=threshold, falsifier=" ".join(entry["falsifier"].split()),
-                 source=" ".join(entry["source"].split()), inconclusive_band=band)
+                 source=" ".join(entry["source"].split()), inconclusive_band=band, min_sample=tuple(minimum))
 
 
 def _is_number(x: Any) -> bool:
@@ -454,13 +614,38 @@ def verdict(claim: Claim, value: float | None) -> tuple[str, str]:
     return "falsified", f"{_fmt(value)} fails {claim.criterion()}"
 
 
+def sample_sizes(claim: Claim, tables: RunTables) -> dict[str, int | None]:
+    """The run's count of each sample unit ``claim`` sets a minimum for (None: not recorded)."""
+    counters = STATISTICS[claim.statistic].samples
+    out: dict[str, int | None] = {}
+    for unit, _ in claim.min_sample:
+        try:
+            out[unit] = counters[unit](tables)
+        except Exception as exc:  # noqa: BLE001 - an odd table: the count is unknown, the verdict stands
+            warnings.warn(f"counting {unit} for {claim.statistic} failed: {type(exc).__name__}: {exc}",
+                          RuntimeWarning, stacklevel=2)
+            out[unit] = None
+    return out
+
+
+def underpowered(claim: Claim, sizes: dict[str, int | None]) -> str:
+    """``"underpowered (n = 2 chunks, needs 6)"`` when a known count is below the claim's
+    minimum (several joined by ``"; "``), else ``""``."""
+    short = [f"n = {sizes[unit]} {SAMPLE_UNITS[unit]}, needs {need}" for unit, need in claim.min_sample
+             if sizes.get(unit) is not None and sizes[unit] < need]  # type: ignore[operator]
+    return f"underpowered ({'; '.join(short)})" if short else ""
+
+
 def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables) -> list[dict[str, Any]]:
     """Evaluate every claim on a run directory; one JSON-ready dict per claim, in order.
 
     Keys: ``id``, ``prediction``, ``statistic``, ``statistic_description``, ``value`` (a
     finite float, ``"inf"``/``"-inf"``, or None when not tested or NaN), ``value_text``,
     ``test``, ``threshold``, ``criterion``, ``inconclusive_band``, ``verdict``, ``reason``,
-    ``falsifier``, ``source``. Reads tables and summaries only.
+    ``falsifier``, ``source``, ``min_sample`` (unit → minimum), ``sample`` (unit → the run's
+    count, None when not tested or not recorded) and ``underpowered`` (True when a count is
+    below its minimum: the verdict is then ``inconclusive`` whatever the value). Reads tables
+    and summaries only.
     """
     tables = run_dir if isinstance(run_dir, RunTables) else RunTables(run_dir)
     results = []
@@ -471,6 +656,11 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables) -> list[d
             reason = note
         elif value is not None and math.isnan(value) and note and note != reason:
             reason = f"{reason}: {note}"
+        sizes = sample_sizes(claim, tables) if value is not None else {u: None for u, _ in claim.min_sample}
+        short = underpowered(claim, sizes)
+        if short:
+            result, reason = "inconclusive", (f"{short}; {reason}" if value is not None and math.isnan(value)
+                                              else short)
         results.append({
             "id": claim.id,
             "prediction": claim.prediction,
@@ -486,19 +676,54 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables) -> list[d
             "reason": reason,
             "falsifier": claim.falsifier,
             "source": claim.source,
+            "min_sample": dict(claim.min_sample),
+            "sample": sizes,
+            "underpowered": bool(short),
         })
     return results
 
 
+def registered_claims(run_dir: str | Path | RunTables) -> dict[str, Any]:
+    """The claims record of the run's manifest (``{}`` when absent): ``sha256`` of the file
+    registered at the start of the run and ``file`` (its copy in the run directory)."""
+    tables = run_dir if isinstance(run_dir, RunTables) else RunTables(run_dir)
+    record = tables.manifest.get("claims")
+    return record if isinstance(record, dict) else {}
+
+
+def run_claims_path(run_dir: str | Path, claims_path: str | Path | None = None) -> Path:
+    """The claims file to score the run at ``run_dir`` with: ``claims_path`` when given, else
+    the run's own copy (``RUN/claims.toml``), else (runs made before copies) the path the
+    manifest recorded if it still exists, else the packaged default. Whether the file is the
+    registered one is decided by hash (:func:`write_claims_json`), not by this choice."""
+    if claims_path is not None:
+        return Path(claims_path)
+    root = Path(run_dir)
+    copy = root / CLAIMS_COPY
+    if copy.is_file():
+        return copy
+    legacy = registered_claims(root).get("path")
+    if isinstance(legacy, str) and Path(legacy).is_file():
+        return Path(legacy)
+    return default_claims_path()
+
+
 def write_claims_json(run_dir: str | Path, results: list[dict[str, Any]], *,
-                      claims_path: str | Path | None = None) -> Path:
-    """Atomically write ``RUN/claims.json``: the results, verdict counts and the claims
-    file's name and sha256 (the packaged default when ``claims_path`` is None)."""
+                      claims_path: str | Path | None = None, registered_hash: str | None = None) -> Path:
+    """Atomically write ``RUN/claims.json``: the results, verdict counts (and how many
+    inconclusive verdicts are underpowered), the claims file's name and sha256 (the packaged
+    default when ``claims_path`` is None), the sha256 registered with the run
+    (``registered_hash``, None when the run recorded none) and ``rescored``: True when the
+    two differ, i.e. the verdicts use other thresholds than the pre-registered ones."""
     file = Path(claims_path or default_claims_path())
+    current = claims_hash(file)
     counts = {v: sum(r["verdict"] == v for r in results) for v in VERDICTS}
     path = Path(run_dir) / CLAIMS_JSON
-    write_json(path, {"claims_file": file.name, "claims_hash": claims_hash(file),
-                      "counts": counts, "results": results})
+    write_json(path, {"claims_file": file.name, "claims_hash": current,
+                      "registered_claims_hash": registered_hash,
+                      "rescored": registered_hash is not None and registered_hash != current,
+                      "counts": counts, "underpowered": sum(bool(r.get("underpowered")) for r in results),
+                      "results": results})
     return path
 
 
