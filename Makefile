@@ -22,8 +22,11 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: install
 	$(BIN)/depthlens run --out runs/demo --overwrite
 
+# The suite under a matrix of thread counts and BLAS kernels (.ci/matrix.sh says which): the
+# whole suite once, a fast tier and a small SmolLM2 run under each other setting.
+# `make test MATRIX_LEGS=full` runs the whole suite under the default settings only.
 test: install
-	$(BIN)/python -m pytest -q
+	VENV=$(VENV) MATRIX_LEGS="$(MATRIX_LEGS)" .ci/matrix.sh
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py

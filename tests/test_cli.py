@@ -75,7 +75,7 @@ def test_capture_matches_model_attentions(text_file: Path, tmp_path: Path) -> No
     [
         (["--model", "no-such-model-xyz"], "model"),
         (["--chunks", "0"], "chunks"),
-        (["--seq-len", "100000"], "seq_len"),
+        (["--seq-len", "100000"], "--seq-len"),
         (["--chunks", "100000"], "chunks"),
     ],
 )
@@ -230,3 +230,170 @@ def test_malformed_claims_refused_before_work(text_file: Path, tmp_path: Path, c
     assert main(_args(text_file, out, "--claims", str(bad))) == 2
     err = capsys.readouterr().err.strip()
     assert "claims" in err and "\n" not in err and not out.exists()
+
+
+def test_relative_claims_registered_in_the_run_and_report_from_another_folder(
+        text_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A relative --claims path is copied into the run (RUN/claims.toml, in the run index); ``depthlens
+    report RUN`` from another folder scores against that copy, and ``report --claims OTHER`` re-scores,
+    flagged with both hashes."""
+    import hashlib
+    import json
+
+    from depthlens.report import default_claims_path
+    from depthlens.runs.atomic import read_index
+
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    data = default_claims_path().read_bytes()
+    (work / "my_claims.toml").write_bytes(data)
+    monkeypatch.chdir(work)
+    out = tmp_path / "run"
+    assert main(_args(text_file, out, "--claims", "my_claims.toml")) == 0
+    registered = hashlib.sha256(data).hexdigest()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["claims"] == {"file": "claims.toml", "source": str(work / "my_claims.toml"), "sha256": registered}
+    assert (out / "claims.toml").read_bytes() == data and "claims.toml" in read_index(out)
+    # the original is edited afterwards and the report is rendered from another folder
+    edited = data.replace(b"threshold = 7.0", b"threshold = 9.0", 1)
+    assert edited != data
+    (work / "my_claims.toml").write_bytes(edited)
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    doc = json.loads((out / "claims.json").read_text())
+    assert doc["rescored"] is False and doc["claims_hash"] == doc["registered_claims_hash"] == registered
+    assert 'id="rescored"' not in (out / "report.html").read_text()
+    assert main(["report", str(out), "--claims", str(work / "my_claims.toml")]) == 0
+    doc = json.loads((out / "claims.json").read_text())
+    assert doc["rescored"] is True and doc["registered_claims_hash"] == registered
+    assert doc["claims_hash"] == hashlib.sha256(edited).hexdigest()
+    html = (out / "report.html").read_text()
+    assert 'id="rescored"' in html and registered in html and doc["claims_hash"] in html
+    # --overwrite removes the copy with the rest of the run and registers afresh
+    monkeypatch.chdir(work)
+    assert main(_args(text_file, out, "--claims", "my_claims.toml", "--overwrite")) == 0
+    assert (out / "claims.toml").read_bytes() == edited
+    # a resume without --claims keeps the registration and its copy
+    (work / "my_claims.toml").write_bytes(data)
+    assert main(_args(text_file, out, "--resume")) == 0
+    assert (out / "claims.toml").read_bytes() == edited
+    assert json.loads((out / "manifest.json").read_text())["claims"]["sha256"] == hashlib.sha256(edited).hexdigest()
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from depthlens import __version__
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"depthlens {__version__}"
+
+
+def _help(command: str, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    return capsys.readouterr().out
+
+
+ATTENTION_FLAGS = ("--null-samples", "--null-chunks", "--extras-chunks", "--certify", "--probe-seqs", "--probe-len")
+JACOBIAN_FLAGS = ("--jacobian-mode", "--positions", "--funnel-rank", "--funnel-alphas", "--revisions", "--save-arrays")
+TOPOLOGY_FLAGS = ("--topk", "--n-perm", "--exclude-massive", "--amplification")
+
+
+@pytest.mark.parametrize("command,groups", [("capture", ()), ("attention", ("attention",)), ("jacobian", ("jacobian",)),
+                                            ("topology", ("jacobian", "topology")),
+                                            ("run", ("attention", "jacobian", "topology"))])
+def test_stage_help_lists_only_its_options(command: str, groups: tuple[str, ...],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    text = _help(command, capsys)
+    for group, flags in (("attention", ATTENTION_FLAGS), ("jacobian", JACOBIAN_FLAGS), ("topology", TOPOLOGY_FLAGS)):
+        for flag in flags:
+            assert (flag in text) == (group in groups), (command, flag)
+    for flag in ("--preset", "--chunks", "--seq-len", "--model", "--out", "--resume", "--quiet"):
+        assert flag in text
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--null-samples", "0"], "--null-samples 0 is invalid"),
+        (["--chunks", "0"], "--chunks 0 is invalid"),
+        (["--n-perm", "0"], "--n-perm 0 is invalid"),
+        (["--funnel-rank", "-1"], "--funnel-rank -1 is invalid"),
+        (["--funnel-alphas", "0,2"], "--funnel-alphas 0,2 is invalid"),
+        (["--funnel-alphas", "a"], "--funnel-alphas 'a' is not"),
+        (["--seq-len", "100000"], "--seq-len 100000 exceeds"),
+        (["--chunks", "100000"], "lower --chunks or --seq-len"),
+    ],
+)
+def test_option_errors_name_the_flag(text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                     extra: list[str], message: str) -> None:
+    out = tmp_path / "run"
+    args = ["run", "--model", "random:llama", "--text", str(text_file), "--chunks", "2", "--seq-len", "16",
+            "--out", str(out), "--quiet"]
+    assert main(args + extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("depthlens: error:") and message in err and "\n" not in err
+    assert not out.exists()
+
+
+def test_stage_option_classes_name_flags_not_fields() -> None:
+    """The option classes of the stages (built by the Python API too) word their errors with flags."""
+    from depthlens.attention.analysis import AttentionOptions
+    from depthlens.errors import InputError
+    from depthlens.jacobian.stage import JacobianOptions
+    from depthlens.topology.stage import TopologyOptions
+
+    cases = [(lambda: AttentionOptions(null_samples=0), "--null-samples 0 must be at least 1"),
+             (lambda: AttentionOptions(null_chunks=-1), "--null-chunks -1 must be at least 0"),
+             (lambda: AttentionOptions(certify="some"), "--certify 'some' is unknown"),
+             (lambda: AttentionOptions(null_mode="x"), "--null-mode 'x' is unknown"),
+             (lambda: JacobianOptions(funnel_rank=-1), "--funnel-rank -1 must be at least 0"),
+             (lambda: JacobianOptions(positions="first"), "--positions 'first' is unknown"),
+             (lambda: JacobianOptions(modes=("x",)), "--jacobian-mode 'x' is unknown"),
+             (lambda: JacobianOptions(null="x"), "--null 'x' is unknown"),
+             (lambda: JacobianOptions(save_arrays="int8"), "--save-arrays 'int8' is unknown"),
+             (lambda: TopologyOptions(topk=0), "--topk 0 must be at least 1"),
+             (lambda: TopologyOptions(n_perm=0), "--n-perm 0 must be at least 1"),
+             (lambda: TopologyOptions(amplification="x"), "--amplification 'x' is unknown")]
+    for build, message in cases:
+        with pytest.raises(InputError) as info:
+            build()
+        assert str(info.value).startswith(message), str(info.value)
+
+
+def test_run_prints_its_disk_use(text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    from depthlens.runs.directory import disk_usage
+
+    out = tmp_path / "run"
+    assert main(_args(text_file, out)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    match = re.fullmatch(r"disk: (\d+\.\d) MB in (.+)", lines[-1])
+    assert match and Path(match[2]) == out
+    assert float(match[1]) == round(disk_usage(out) / 1e6, 1) > 0
+
+
+def test_progress_bars_name_the_checkpoint(text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The jacobian and topology stages loop over the trained model and its step-0 null: every
+    bar says which one it runs."""
+    out = tmp_path / "run"
+    assert main(["topology", "--model", "random:llama", "--text", str(text_file), "--preset", "quick",
+                 "--out", str(out), "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    for desc in ("jacobians trained model (isolated)", "jacobians step-0 null (isolated)",
+                 "operator metrics trained model", "operator metrics step-0 null", "schur funnel trained model",
+                 "schur funnel step-0 null", "topology correlations trained model", "topology correlations step-0 null",
+                 "topology trained model", "topology step-0 null"):
+        assert desc in err, desc
+
+
+def test_stage_accepts_the_unlisted_options_of_other_stages() -> None:
+    """One command line works for every stage (same configuration hash for --resume), though
+    a stage's help lists only its own options."""
+    from depthlens.cli import build_parser
+
+    args = build_parser().parse_args(["capture", "--n-perm", "50", "--null-samples", "3", "--save-arrays", "none"])
+    assert (args.n_perm, args.null_samples, args.save_arrays) == (50, 3, "none")

@@ -88,7 +88,7 @@ def test_toml_choice_must_be_a_listed_string(tmp_path: Path, key: str, value: st
     assert "\n" not in str(err.value)
 
 
-_WRONG: dict[Any, Any] = {bool: "false", int: True, str: 1, str | None: 1}
+_WRONG: dict[Any, Any] = {bool: "false", int: True, str: 1, str | None: 1, int | None: True}
 
 
 @pytest.mark.parametrize("field", [f.name for f in fields(RunConfig)])

@@ -142,7 +142,7 @@ def test_chunks_seeded_selection(byte_tok: PreTrainedTokenizerFast) -> None:
 def test_chunks_too_short_says_how_many(text_file: Path, byte_tok: PreTrainedTokenizerFast) -> None:
     n_tokens = len(TEXT.encode())
     can = n_tokens // 99
-    with pytest.raises(DataError, match=rf"has {n_tokens} tokens, enough for {can} chunks of seq_len 100, not 1000"):
+    with pytest.raises(DataError, match=rf"has {n_tokens} tokens, enough for {can} chunks of 100 tokens, not 1000; lower --chunks or --seq-len"):
         chunks(text_file, byte_tok, 1000, 100)
     assert chunks(text_file, byte_tok, can, 100).shape == (can, 100)
 

@@ -21,6 +21,22 @@ from .residual import summarise_boundaries
 
 STAGE = "capture"
 PATTERN_FEATURES = {"sink_mass": sink_mass, "prev_weight": prev_weight, "row_entropy": row_entropy}
+#: Smallest chunk the stage handles: the pattern features need (n, n) attention with n >= 2.
+MIN_SEQ_LEN = 2
+
+
+def check_sizes(chunks: int, seq_len: int) -> None:
+    """Refuse sizes the stage cannot work with (checked before the model loads).
+
+    Raises
+    ------
+    InputError
+        ``seq_len`` below :data:`MIN_SEQ_LEN`, naming ``--seq-len``.
+    """
+    from .errors import InputError
+
+    if seq_len < MIN_SEQ_LEN:
+        raise InputError(f"--seq-len {seq_len} is too short for the capture stage; pass --seq-len {MIN_SEQ_LEN} or more.")
 
 
 def capture_batch(adapter, input_ids: torch.Tensor, first_chunk: int) -> dict[str, pd.DataFrame]:

@@ -20,6 +20,26 @@ if TYPE_CHECKING:
     from .topology.stage import TopologyOptions
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+#: Largest run seed: torch.manual_seed (random models, step-0 nulls) takes 64 bits.
+MAX_SEED = 2**64 - 1
+PRESETS = ("quick", "default", "paper")
+SAVE_ARRAYS = ("float64", "float32", "none")
+#: The values each preset gives the fields it controls (a field left unset, ``None``, takes
+#: its preset's value; an explicit value, a flag or a --config key, always wins). ``"all"``
+#: stands for the run's chunk count. ``default`` is the historical run; ``quick`` a smoke run
+#: of a minute or two on SmolLM2 (2 cores); ``paper`` the protocol of METHODS.md (A3: every
+#: chunk's pseudospectral radii; A4: S = 16 nulls per observed matrix; A5: 128 probes of
+#: length 64; B3: truncation rank 512; B5: 1000 permutations).
+PRESET_VALUES: dict[str, dict[str, Any]] = {
+    "default": {"chunks": 32, "seq_len": 128, "null_samples": 8, "null_chunks": 8, "extras_chunks": 1,
+                "certify": "median", "probe_seqs": 128, "probe_len": 64, "jacobian_mode": "both", "funnel_rank": 512,
+                "funnel_alphas": "0,0.25,0.5,0.75,1", "n_perm": 1000, "save_arrays": "float64"},
+}
+PRESET_VALUES["quick"] = {**PRESET_VALUES["default"], "chunks": 4, "seq_len": 32, "null_samples": 2, "null_chunks": 1,
+                          "extras_chunks": 1, "certify": "none", "probe_seqs": 8, "probe_len": 16,
+                          "jacobian_mode": "isolated", "funnel_rank": 0, "funnel_alphas": "1", "n_perm": 100,
+                          "save_arrays": "none"}
+PRESET_VALUES["paper"] = {**PRESET_VALUES["default"], "null_samples": 16, "null_chunks": "all", "extras_chunks": "all"}
 _TYPE_NAMES = {bool: "a boolean (true or false, unquoted)", int: "an integer", float: "a number",
                str: "a string (quoted)", type(None): "absent"}
 _PLURALS = {bool: "booleans", int: "integers", float: "numbers", str: "strings (quoted)"}
@@ -128,14 +148,22 @@ class RunConfig:
         Torch device for the model.
     trust_remote_code : bool
         Allow a hub model's own code to run.
+    preset : {"quick", "default", "paper"}
+        Gives the fields of :data:`PRESET_VALUES` (chunks, seq_len, null and probe sizes,
+        certify, jacobian_mode, funnel_rank, funnel_alphas, n_perm, save_arrays) that are
+        left ``None``; an explicit value wins. After construction every field holds its resolved value, so the manifest and
+        the hash record the numbers actually used (and the preset). ``dataclasses.replace``
+        keeps the resolved values: build a new config to change the preset.
     null_mode, null_samples, null_chunks, extras_chunks, certify, probe_seqs, probe_len
         Attention-stage options, see :class:`depthlens.attention.analysis.AttentionOptions`.
         The run defaults (8 null samples on 8 chunks, extras on the first chunk) keep the default
         attention stage on SmolLM2 under 10 minutes on 2 cores; METHODS A4's S = 16 is
         ``null_samples=16``.
-    jacobian_mode, positions, funnel_rank, null, revisions
+    jacobian_mode, positions, funnel_rank, funnel_alphas, null, revisions, save_arrays
         Jacobian-stage options (``jacobian_mode`` isolated, in_context or both; ``revisions``
-        comma-separated), see :class:`depthlens.jacobian.stage.JacobianOptions`.
+        comma-separated; ``funnel_rank`` 0 for the exact products only; ``funnel_alphas`` the
+        comma-separated α of the Schur split; ``save_arrays`` float64, float32 or none: the
+        dtype of ``arrays/jacobians_*``, which no computation reads back), see :class:`depthlens.jacobian.stage.JacobianOptions`.
     topk, n_perm, exclude_massive, amplification
         Topology-stage options, see :class:`depthlens.topology.stage.TopologyOptions`.
     """
@@ -143,50 +171,67 @@ class RunConfig:
     model: str = "smollm2-135m"
     revision: str | None = None
     text: str = "python-docs"
-    chunks: int = 32
-    seq_len: int = 128
+    chunks: int | None = None
+    seq_len: int | None = None
     seed: int = 0
     batch_size: int = 4
     dtype: str = "float32"
     device: str = "cpu"
     trust_remote_code: bool = False
+    preset: str = "default"
     null_mode: str = "spec"
-    null_samples: int = 8
-    null_chunks: int = 8
-    extras_chunks: int = 1
-    certify: str = "median"
-    probe_seqs: int = 128
-    probe_len: int = 64
-    jacobian_mode: str = "both"
+    null_samples: int | None = None
+    null_chunks: int | None = None
+    extras_chunks: int | None = None
+    certify: str | None = None
+    probe_seqs: int | None = None
+    probe_len: int | None = None
+    jacobian_mode: str | None = None
     positions: str = "last"
-    funnel_rank: int = 512
+    funnel_rank: int | None = None
+    funnel_alphas: str | None = None
     null: str = "init"
     revisions: str = ""
+    save_arrays: str | None = None
     topk: int = 20
-    n_perm: int = 1000
+    n_perm: int | None = None
     exclude_massive: bool = False
     amplification: str = "column"
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for field in fields(self):
-            check_type(field.name, getattr(self, field.name), hints[field.name])
+            value, hint = getattr(self, field.name), hints[field.name]
+            if field.name in PRESET_VALUES["default"] and value is not None:  # None only means "from the preset"
+                hint = next(a for a in typing.get_args(hint) if a is not type(None))
+            check_type(field.name, value, hint)
+        if self.preset not in PRESETS:
+            raise InputError(f"--preset {self.preset!r} is unknown; use one of {', '.join(PRESETS)}.")
+        values = PRESET_VALUES[self.preset]
+        for name in ("chunks", *values):  # chunks first: "all" means the run's chunk count
+            if getattr(self, name) is None:
+                value = values[name]
+                object.__setattr__(self, name, self.chunks if value == "all" else value)
         for name, low in (("chunks", 1), ("seq_len", 2), ("batch_size", 1), ("seed", 0), ("null_samples", 1),
-                          ("null_chunks", 0), ("extras_chunks", 0), ("probe_seqs", 1), ("probe_len", 1), ("funnel_rank", 1),
+                          ("null_chunks", 0), ("extras_chunks", 0), ("probe_seqs", 1), ("probe_len", 1), ("funnel_rank", 0),
                           ("topk", 1), ("n_perm", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 flag = "--" + name.replace("_", "-")
-                raise InputError(f"{name} = {value!r} is invalid; pass {flag} as an integer >= {low}.")
+                raise InputError(f"{flag} {value!r} is invalid; pass an integer >= {low}.")
+        if self.seed > MAX_SEED:  # torch.manual_seed takes 64 bits
+            raise InputError(f"--seed {self.seed} is too large; pass an integer from 0 to {MAX_SEED} (2**64 - 1).")
         if self.dtype not in DTYPES:
-            raise InputError(f"dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
+            raise InputError(f"--dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
+        if self.save_arrays not in SAVE_ARRAYS:
+            raise InputError(f"--save-arrays {self.save_arrays!r} is unknown; use one of {', '.join(SAVE_ARRAYS)}.")
         self.attention_options()  # validates the stage options
         self.jacobian_options()
         self.topology_options()
         if not self.model:
-            raise InputError("model is empty; pass --model smollm2-135m, a hub id, a folder or a .gguf file.")
+            raise InputError("--model is empty; pass --model smollm2-135m, a hub id, a folder or a .gguf file.")
         if not self.text:
-            raise InputError("text is empty; pass --text python-docs, wikitext-2 or a file path.")
+            raise InputError("--text is empty; pass --text python-docs, wikitext-2 or a file path.")
 
     def attention_options(self) -> "AttentionOptions":
         """The attention-stage options of this configuration (validated)."""
@@ -201,8 +246,13 @@ class RunConfig:
 
         modes = MODES if self.jacobian_mode == "both" else (self.jacobian_mode,)
         revisions = tuple(r.strip() for r in self.revisions.split(",") if r.strip())
-        return JacobianOptions(modes=modes, positions=self.positions, funnel_rank=self.funnel_rank,
-                               null=self.null, revisions=revisions, seed=self.seed)
+        try:
+            alphas = tuple(float(a) for a in self.funnel_alphas.split(","))
+        except ValueError:
+            raise InputError(f"--funnel-alphas {self.funnel_alphas!r} is not a comma-separated list of numbers; "
+                             "pass e.g. --funnel-alphas 0,0.5,1.") from None
+        return JacobianOptions(modes=modes, positions=self.positions, funnel_rank=self.funnel_rank, alphas=alphas,
+                               null=self.null, revisions=revisions, seed=self.seed, save_arrays=self.save_arrays)
 
     def topology_options(self) -> "TopologyOptions":
         """The topology-stage options of this configuration (validated); the amplification

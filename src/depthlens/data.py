@@ -66,10 +66,23 @@ def _wikitext_2() -> str:
         raise DataError(
             f"wikitext-2 needs the datasets library, which is not installed (pip install 'depthlens[hub]'); {_FILE_HINT}."
         ) from exc
+    from .models import hub
+
+    # Decided at once (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE, or one quick probe), not after
+    # the client's retries: offline, datasets reads its cache only.
+    offline = hub.offline_reason("HF_DATASETS_OFFLINE")
+    settings = getattr(datasets, "config", None)
+    if offline is not None and settings is not None:
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+            if hasattr(settings, name):
+                setattr(settings, name, True)
     try:
         ds = datasets.load_dataset("wikitext", "wikitext-2-v1", split="validation")
     except Exception as exc:  # network, hub and cache failures surface as many exception types
-        raise DataError(f"could not load wikitext-2 through datasets ({type(exc).__name__}: {exc}); {_FILE_HINT}.") from exc
+        if offline is not None:
+            raise DataError(hub.not_cached(f"--text wikitext-2 ({hub.summary(exc, 160)})", offline, _FILE_HINT)) from None
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise DataError(f"could not load wikitext-2 through datasets ({reason}); {_FILE_HINT}.") from exc
     return "".join(ds["text"])
 
 
@@ -196,8 +209,8 @@ def chunks(
     available = len(ids) // width
     if n > available:
         raise DataError(
-            f"text source {text.name} has {len(ids)} tokens, enough for {available} chunks of seq_len {length}, "
-            f"not {n}; lower n_chunks or seq_len, or pass a longer text."
+            f"text source {text.name} has {len(ids)} tokens, enough for {available} chunks of {length} tokens, "
+            f"not {n}; lower --chunks or --seq-len, or pass a longer --text."
         )
     windows = ids[: available * width].reshape(available, width)
     picked = np.arange(n) if seed is None else np.sort(np.random.default_rng(seed).choice(available, n, replace=False))

@@ -7,6 +7,8 @@ without a traceback and exits with status 2.
 
 from __future__ import annotations
 
+import errno
+
 import numpy as np
 
 
@@ -31,6 +33,45 @@ class DataError(DepthlensError):
 
 class RunError(DepthlensError):
     """A run directory cannot be created, resumed or written."""
+
+
+class StorageError(RunError):
+    """The run directory cannot be written: the disk is full (``ENOSPC``, ``EDQUOT``), the file
+    system is read-only (``EROFS``) or permission is denied (``EACCES``, ``EPERM``).
+
+    Raised by every write into a run (:mod:`depthlens.runs.atomic`); unlike other failures it
+    is not isolated to its unit or stage but stops the run at once, since every later write
+    would fail the same way. Finished units stay, so ``--resume`` continues once the cause is
+    fixed.
+
+    Attributes
+    ----------
+    reason : str
+        ``"no space"``, ``"read-only file system"`` or ``"permission denied"``.
+    path : str
+        The file or folder that could not be written.
+    """
+
+    def __init__(self, message: str, reason: str = "", path: object = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.path = str(path)
+
+
+#: errno -> reason of a :class:`StorageError`.
+STORAGE_ERRNOS = {errno.ENOSPC: "no space", errno.EDQUOT: "no space", errno.EROFS: "read-only file system",
+                  errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
+
+
+def storage_error(exc: OSError, path: object) -> StorageError | None:
+    """The :class:`StorageError` of an ``OSError`` raised while writing ``path`` into a run
+    directory, or None when ``exc`` is another kind of failure."""
+    reason = STORAGE_ERRNOS.get(getattr(exc, "errno", None))
+    if reason is None:
+        return None
+    advice = ("free some space, then rerun with --resume (or pass another --out)" if reason == "no space"
+              else "make it writable, then rerun with --resume (or pass another --out)")
+    return StorageError(f"cannot write {path}: {reason} ({exc.strerror or exc}); {advice}.", reason, path)
 
 
 class DecompositionError(DepthlensError, np.linalg.LinAlgError):

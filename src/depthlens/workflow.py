@@ -22,11 +22,14 @@ from .jacobian import stage as jacobian_stage
 from .topology import stage as topology_stage
 from .config import RunConfig
 from .environment import environment_block
-from .errors import InputError, RunIncomplete
-from .models import LoadedModel, load_model
+from .errors import InputError, RunIncomplete, StorageError
+from .models import LoadedModel, load_model, random_config
+from .models.loading import spec_source
 from .models.finite import check_finite_weights
-from .report import claims_hash, default_claims_path, load_claims, render_report
-from .runs import Mode, RunDirectory, check_target, with_ident
+from .report import default_claims_path, load_claims, render_report
+from .report.claims import CLAIMS_COPY
+from .runs import Mode, RunDirectory, atomic, check_target, with_ident
+from .runs.failures import fatal
 
 PACKAGES = ("depthlens", "numpy", "scipy", "torch", "transformers", "pandas", "pyarrow", "numba")
 
@@ -82,7 +85,7 @@ def prepare(config: RunConfig) -> Prepared:
     context = loaded.adapter.max_seq_len
     if context is not None and config.seq_len > context:
         raise InputError(
-            f"seq_len {config.seq_len} exceeds the context of {loaded.name} ({context} tokens); pass --seq-len {context} or less."
+            f"--seq-len {config.seq_len} exceeds the context of {loaded.name} ({context} tokens); pass --seq-len {context} or less."
         )
     source = data.load_text(config.text)
     ids = data.chunks(source, loaded.tokenizer, config.chunks, config.seq_len, seed=config.seed)
@@ -110,17 +113,29 @@ def run(
 
     Each stage works in resumable units; with ``mode=Mode.RESUME`` finished units are
     skipped and the final tables equal those of an uninterrupted run, whatever ``jobs``.
-    The claims file (``claims``, default: the packaged one) is validated and its hash
-    written to the manifest before any analysis runs; with ``report=True`` the claims get
-    their verdicts and ``report.html`` is rendered at the end.
+    The claims file (``claims``, default: the packaged one) is validated before any work,
+    then registered before any analysis runs: its sha256 and absolute source path go in the
+    manifest (``claims``) and its bytes are copied to ``RUN/claims.toml`` (atomically, listed
+    in the run index), which ``depthlens report RUN`` scores against from any folder. A
+    resumed run keeps its registration; a different ``claims`` then re-scores (flagged in the
+    report). With ``report=True`` the claims get their verdicts and ``report.html`` is
+    rendered at the end.
 
     Failures are isolated: a unit that raises is logged to ``logs/<stage>.log`` and the other
     units go on; a stage that raises, or has failed units, is marked ``failed`` in the
     manifest, and a stage that needs its output is marked ``skipped``; the remaining stages
-    run and the report is rendered. ``--resume`` retries what failed.
+    run and the report is rendered. ``--resume`` retries what failed. A full disk or a
+    read-only file system is not isolated: it stops the run at once (no report), the stage is
+    marked ``failed`` with ``error: "no space"`` (or the other reason) when the manifest can
+    still be written, and ``--resume`` continues once space is back.
+
+    The whole plan (every stage to run, those it needs, and their options) is checked by
+    :func:`check_plan` before the model loads.
 
     Raises
     ------
+    StorageError
+        The run directory could not be written (full disk, read-only file system).
     RunIncomplete
         After everything else ran (and the report was rendered), if any unit or stage
         failed; it lists them and names their logs.
@@ -130,22 +145,46 @@ def run(
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise InputError(f"unknown stage {unknown[0]!r}; known stages: {', '.join(STAGES)}.")
+    check_plan(config, stages)  # every stage's minimum sizes, revisions: before the model loads
     claims_path = Path(claims) if claims is not None else default_claims_path()
     load_claims(claims_path)  # a malformed file is refused before any work starts
+    claims_bytes = claims_path.read_bytes()
     check_target(out, mode, config.hash())  # fail fast, before the model loads
     prepared = prepare(config)
     manifest = prepared.manifest()
-    manifest["claims"] = {"path": str(claims_path), "sha256": claims_hash(claims_path)}
+    manifest["claims"] = {"file": CLAIMS_COPY, "source": str(claims_path.resolve()),
+                          "sha256": hashlib.sha256(claims_bytes).hexdigest()}
     run_dir = RunDirectory.open(out, mode, manifest)
+    _register_claims(run_dir, claims_bytes)
+    stopped = False
     try:
         for stage in _with_requirements(stages):
             _run_stage(run_dir, stage, prepared, execution)
+    except StorageError:
+        stopped = True  # a full disk or read-only file system: no report, it could not be written
+        raise
     finally:
-        if report:
-            render_report(run_dir.root, claims_path=claims_path)
-    if run_dir.failures.failures:
+        if report and not stopped:  # the run's registered copy unless another file was passed (then flagged if it differs)
+            render_report(run_dir.root, claims_path=claims)
+    if run_dir.failures.failures:  # the private operator copies stay for --resume
         raise RunIncomplete(run_dir.root, run_dir.failures.failures)
+    jacobian_stage.discard_private(run_dir)
     return run_dir.root
+
+
+def _register_claims(run_dir: RunDirectory, claims_bytes: bytes) -> None:
+    """Copy the registered claims file into the run (``RUN/claims.toml``) unless it is there.
+
+    A new or overwritten run registers ``claims_bytes`` (their hash is in its manifest). A
+    resumed run keeps the copy it has; one from before copies existed gets a copy only when
+    the bytes match the hash its manifest registered.
+    """
+    copy = run_dir.root / CLAIMS_COPY
+    if copy.is_file():
+        return
+    record = run_dir.manifest.get("claims")
+    if isinstance(record, dict) and record.get("sha256") == hashlib.sha256(claims_bytes).hexdigest():
+        atomic.write_bytes(copy, claims_bytes)
 
 
 def _run_stage(run_dir: RunDirectory, stage: str, prepared: Prepared, execution: Execution) -> None:
@@ -158,6 +197,9 @@ def _run_stage(run_dir: RunDirectory, stage: str, prepared: Prepared, execution:
     try:
         STAGES[stage](run_dir, prepared, execution)
     except Exception as exc:  # noqa: BLE001 - isolated: logged with its traceback, the run goes on
+        stop = fatal(exc)
+        if stop is not None:  # a full disk or read-only file system stops the whole run
+            raise _stopped(run_dir, stage, stop) from exc
         failure = run_dir.failures.record(stage, None, exc)
         run_dir.mark_stage(stage, "failed", error=failure.error, log=str(failure.log))
         return
@@ -170,6 +212,19 @@ def _run_stage(run_dir: RunDirectory, stage: str, prepared: Prepared, execution:
                            failed_units={f.unit: f.error for f in failed})
     else:
         run_dir.mark_stage(stage, "done")
+
+
+def _stopped(run_dir: RunDirectory, stage: str, error: StorageError) -> StorageError:
+    """Record in the manifest that ``stage`` stopped on ``error`` (a full disk, a read-only file
+    system), best effort, and return the one-line error that ends the run. Finished units stay
+    and no traceback is logged (the log could not be written either); ``--resume`` continues."""
+    try:
+        run_dir.mark_stage(stage, "failed", error=error.reason, detail=str(error))
+    except (StorageError, OSError) as exc:  # the manifest cannot be written either: say so
+        return StorageError(f"{error} The manifest still says the {stage} stage is running "
+                            f"(it could not be updated: {getattr(exc, 'reason', '') or exc}).",
+                            error.reason, error.path)
+    return error
 
 
 def _run_capture(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
@@ -220,15 +275,61 @@ def _run_jacobian(run_dir: RunDirectory, prepared: Prepared, execution: Executio
 
 def _run_topology(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
     cfg = prepared.config
-    ckpts = jacobian_stage.checkpoints(prepared.loaded, cfg.jacobian_options(), _revision_loader(cfg))
-    topology_stage.run(run_dir, ckpts, prepared.token_ids, cfg.topology_options(),
-                       batch_size=cfg.batch_size, quiet=execution.quiet)
+    jopts, topts = cfg.jacobian_options(), cfg.topology_options()
+    ckpts = jacobian_stage.checkpoints(prepared.loaded, jopts, _revision_loader(cfg))
+
+    def operators(name: str, get: Callable) -> dict:  # float64, whatever --save-arrays
+        return jacobian_stage.operators(run_dir, name, topts.mode, get, prepared.token_ids, jopts,
+                                        batch_size=cfg.batch_size, quiet=execution.quiet)
+
+    topology_stage.run(run_dir, ckpts, prepared.token_ids, topts,
+                       batch_size=cfg.batch_size, quiet=execution.quiet, operators=operators)
 
 
 STAGES = {capture.STAGE: _run_capture, "attention": _run_attention, "jacobian": _run_jacobian,
           "topology": _run_topology}
 #: Stages whose outputs a stage reads; they run first (finished units are skipped).
 REQUIRES = {"topology": ("jacobian",)}
+
+
+_KINDS = {"embedded": "an embedded model", "random": "a random model", "gguf": "a .gguf file", "local": "a local folder"}
+
+
+def check_plan(config: RunConfig, stages: Sequence[str]) -> None:
+    """Check the whole plan before any model loads: every stage that will run (``stages`` and
+    the stages they need) gets its minimum sizes checked against the configuration (each
+    stage module declares them in ``check_sizes``), a ``random:`` spec is parsed, and
+    ``--revision``/``--revisions`` are refused for a model that is not a hub id.
+
+    Raises
+    ------
+    InputError
+        One line naming the flag and the value that works.
+    ModelError
+        A ``random:`` spec with unknown keys or values its configuration rejects.
+    """
+    plan = _with_requirements(stages)
+    source = spec_source(config.model)
+    if source in _KINDS:
+        what = f"--model {config.model!r} is {_KINDS[source]}"
+        if config.revision:
+            raise InputError(f"--revision {config.revision!r} only applies to hub ids, and {what}; drop --revision.")
+        revisions = config.jacobian_options().revisions
+        if revisions:
+            raise InputError(f"--revisions {','.join(revisions)} only applies to hub ids, and {what}; "
+                             "drop --revisions (the step-0 null is analysed with --null init).")
+    if source == "random":
+        _, _, rest = config.model.strip().partition(":")
+        family, _, overrides = rest.partition(":")
+        random_config(family.strip(), overrides.strip() or None)  # unknown keys, bad values: one line
+    checks = {
+        capture.STAGE: lambda: capture.check_sizes(config.chunks, config.seq_len),
+        "attention": lambda: attention_stage.check_sizes(config.chunks, config.seq_len, config.attention_options()),
+        "jacobian": lambda: jacobian_stage.check_sizes(config.chunks, config.seq_len, config.jacobian_options()),
+        "topology": lambda: topology_stage.check_sizes(config.chunks, config.seq_len, config.topology_options()),
+    }
+    for stage in plan:
+        checks[stage]()
 
 
 def _with_requirements(stages: Sequence[str]) -> list[str]:

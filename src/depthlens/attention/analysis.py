@@ -83,15 +83,14 @@ class AttentionOptions:
 
     def __post_init__(self) -> None:
         if self.null_mode not in NULL_MODES:
-            raise InputError(f"null mode {self.null_mode!r} is unknown; use one of {', '.join(NULL_MODES)}.")
+            raise InputError(f"--null-mode {self.null_mode!r} is unknown; use one of {', '.join(NULL_MODES)}.")
         if self.certify not in CERTIFY:
-            raise InputError(f"certify {self.certify!r} is unknown; use one of {', '.join(CERTIFY)}.")
-        for name in ("null_samples", "probe_seqs", "probe_len", "ratio_seqs"):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name} = {getattr(self, name)} must be at least 1.")
-        for name in ("null_chunks", "extras_chunks"):
-            if getattr(self, name) < 0:
-                raise InputError(f"{name} = {getattr(self, name)} must be at least 0.")
+            raise InputError(f"--certify {self.certify!r} is unknown; use one of {', '.join(CERTIFY)}.")
+        for name, low in (("null_samples", 1), ("probe_seqs", 1), ("probe_len", 1), ("ratio_seqs", 1),
+                          ("null_chunks", 0), ("extras_chunks", 0)):
+            if getattr(self, name) < low:  # ratio_seqs has no flag: named as the option of this class
+                what = f"{name} (AttentionOptions)" if name == "ratio_seqs" else "--" + name.replace("_", "-")
+                raise InputError(f"{what} {getattr(self, name)} must be at least {low}.")
 
 
 # ----------------------------------------------------------------------------- workers

@@ -20,7 +20,7 @@ from .. import data
 from ..linalg.causal import deflate
 from ..linalg.pseudospectra import pseudospectrum
 from ..parallel import executor, ordered_map
-from ..errors import RunError
+from ..errors import InputError, RunError
 from ..runs import RunDirectory, with_ident
 from . import analysis as an
 from .roles import assign_roles, probe_scores, role_overlap
@@ -31,6 +31,27 @@ PSEUDO_GRID = np.linspace(-1.5, 1.5, 121)
 #: Relative tolerance of σ_min on that grid: contours need far less than the default 1e-14,
 #: and clustered singular values of routing heads made 1e-14 fall back to dense SVDs.
 PSEUDO_TOL = 1e-9
+#: Smallest sizes the stage handles: attention matrices (n, n) with n >= 2 (the deflated
+#: operator B is then at least 1 x 1), and a probe block of at least one token.
+MIN_SEQ_LEN = 2
+MIN_PROBE_LEN = 1
+
+
+def check_sizes(chunks: int, seq_len: int, opts: an.AttentionOptions) -> None:
+    """Refuse sizes the stage cannot work with (checked before the model loads).
+
+    ``null_chunks`` and ``extras_chunks`` above ``chunks`` simply mean every chunk.
+
+    Raises
+    ------
+    InputError
+        Naming the flag (``--seq-len``, ``--probe-len``) and its minimum.
+    """
+    if seq_len < MIN_SEQ_LEN:
+        raise InputError(f"--seq-len {seq_len} is too short for the attention stage; pass --seq-len {MIN_SEQ_LEN} or more.")
+    if opts.probe_len < MIN_PROBE_LEN:
+        raise InputError(f"--probe-len {opts.probe_len} is too short for the attention stage; "
+                         f"pass --probe-len {MIN_PROBE_LEN} or more.")
 
 
 def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: an.AttentionOptions,

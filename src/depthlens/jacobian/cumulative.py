@@ -182,6 +182,7 @@ def schur_funnel(
     *,
     progress: bool = False,
     pool: Executor | None = None,
+    label: str = "",
 ) -> pd.DataFrame:
     """Cumulative effective ranks with the non-normal part of every operator scaled by α (METHODS B4).
 
@@ -201,7 +202,7 @@ def schur_funnel(
     ranks : sequence of (int or None)
         Truncations, as ``rank`` of :func:`cumulative_ranks`.
     progress : bool
-        Show progress bars (tqdm).
+        Show progress bars (tqdm); ``label`` (e.g. ``step-0 null``) follows their names.
     pool : Executor, optional
         Worker processes (:func:`depthlens.parallel.executor`): the Schur forms and the
         curves are computed there, the operators and normal parts handed over once as
@@ -247,15 +248,16 @@ def schur_funnel(
     with tempfile.TemporaryDirectory(prefix="depthlens-funnel-") as tmp:
         shared = not isinstance(pool, InlineExecutor)
         ops_ref: Sequence[object] = _share(ops, Path(tmp) / "ops") if shared else ops
-        todo = [(i, J) for i, (form, J) in enumerate(zip(forms, ops, strict=True)) if form is None]
+        split = bool(np.any(alpha_values != 1.0))  # α = 1 alone is the plain product: no Schur form needed
+        todo = [(i, J) for i, (form, J) in enumerate(zip(forms, ops, strict=True)) if form is None and split]
         futures = [pool.submit(_normal_part, J) for _, J in todo]
         normal = [form.normal_part if form is not None else None for form in forms]
-        for (i, _), future in tqdm(zip(todo, futures), total=len(todo), desc="schur forms", unit="op", disable=not progress):
+        for (i, _), future in tqdm(zip(todo, futures), total=len(todo), desc=f"schur forms {label}".strip(), unit="op", disable=not progress):
             normal[i] = future.result()
-        normal_ref: Sequence[object] = _share(normal, Path(tmp) / "normal") if shared else normal
+        normal_ref: Sequence[object] = _share(normal, Path(tmp) / "normal") if shared and split else normal
         del normal
         futures = [pool.submit(_split_curve, ops_ref, normal_ref, alpha, direction, cap) for alpha, direction, cap in jobs]
-        tables = [f.result() for f in tqdm(futures, desc="schur funnel", unit="curve", disable=not progress)]
+        tables = [f.result() for f in tqdm(futures, desc=f"schur funnel {label}".strip(), unit="curve", disable=not progress)]
     table = pd.concat(tables, ignore_index=True)
     return table[["alpha", "direction", "truncation", *_COLUMNS, "failure"]]
 

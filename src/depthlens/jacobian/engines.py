@@ -627,6 +627,7 @@ def mean_operators(
     layers: Iterable[int] | None = None,
     dtype: torch.dtype = torch.float64,
     accumulator: MeanAccumulator | None = None,
+    label: str = "",
 ) -> dict[tuple[int, str], np.ndarray]:
     """Mean operators ``J̄ = (1/N) sum J`` of every layer's ``attn`` and ``mlp`` over chunks.
 
@@ -648,6 +649,8 @@ def mean_operators(
         Which layers (default all).
     accumulator : MeanAccumulator, optional
         Accumulate into this one (e.g. to continue or merge runs); a new one otherwise.
+    label : str
+        Names the model in the progress bar (``jacobians <label> (<mode>)``), e.g. ``step-0 null``.
 
     Returns
     -------
@@ -671,7 +674,7 @@ def mean_operators(
     wanted = list(range(adapter.n_layers)) if layers is None else [adapter._check_layer(int(x)) for x in layers]
     acc = MeanAccumulator() if accumulator is None else accumulator
     starts = range(0, ids.shape[0], int(batch_size))
-    bar = tqdm(total=len(starts) * len(wanted), desc=f"jacobians ({mode})", unit="layer", disable=not progress)
+    bar = tqdm(total=len(starts) * len(wanted), desc=f"jacobians {label} ({mode})" if label else f"jacobians ({mode})", unit="layer", disable=not progress)
     try:
         for s in starts:
             states = adapter.residual_states(ids[s : s + int(batch_size)])

@@ -219,7 +219,8 @@ def metrics_table(operators: Mapping[tuple[int, str], ArrayLike], *, progress: b
 
 
 def metrics_and_eigenvalues(
-    operators: Mapping[tuple[int, str], ArrayLike], *, progress: bool = False, pool: Executor | None = None
+    operators: Mapping[tuple[int, str], ArrayLike], *, progress: bool = False, pool: Executor | None = None,
+    label: str = "",
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """:func:`operator_metrics` of every operator as a tidy table, and the eigenvalues of every
     operator from the same Schur forms (no second decomposition).
@@ -230,7 +231,7 @@ def metrics_and_eigenvalues(
         The operators, e.g. ``{(0, "attn"): J, (0, "mlp"): J, ...}``; rows follow the
         mapping's order.
     progress : bool
-        Show a progress bar (tqdm).
+        Show a progress bar (tqdm); ``label`` (e.g. ``step-0 null (isolated)``) follows its name.
     pool : Executor, optional
         Worker processes for the decompositions (:func:`depthlens.parallel.executor`);
         results do not depend on it.
@@ -267,7 +268,7 @@ def metrics_and_eigenvalues(
     pool = pool if pool is not None else InlineExecutor()
     futures = [pool.submit(_analyse, J) for J in operators.values()]
     rows, eigen = [], []
-    for key, future in tqdm(zip(operators, futures), total=len(operators), desc="operator metrics", unit="op", disable=not progress):
+    for key, future in tqdm(zip(operators, futures), total=len(operators), desc=f"operator metrics {label}".strip(), unit="op", disable=not progress):
         ident = {"layer": int(key[0]), "sublayer": str(key[1])}
         try:
             metrics, mu = future.result()

@@ -253,6 +253,33 @@ def _parse_value(raw: str) -> Any:
     return raw
 
 
+#: Size fields of a random configuration (common names) that must be positive integers.
+_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+          "intermediate_size", "max_position_embeddings", "head_dim")
+
+
+def _check_sizes(family: str, values: dict[str, Any], aliases: Mapping[str, str]) -> None:
+    """Refuse sizes that would fail later (a string, zero layers, heads that do not divide the
+    width or the key/value heads), with one line naming the ``--model`` override."""
+    def get(name: str) -> Any:
+        return values.get(aliases.get(name, name))
+
+    for name in _SIZES:
+        value = get(name)
+        if aliases.get(name, name) not in values or (value is None and name in ("num_key_value_heads", "head_dim")):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelError(f"--model random:{family} override {name}={value!r} is invalid; "
+                             f"write a positive integer, e.g. random:{family}:{name}={_DEFAULTS['llama'].get(name, 64)}.")
+    width, heads, kv = get("hidden_size"), get("num_attention_heads"), get("num_key_value_heads")
+    if width % heads:
+        raise ModelError(f"--model random:{family}: hidden_size={width} is not a multiple of num_attention_heads={heads}; "
+                         "change one of them (e.g. hidden_size=64,num_attention_heads=4).")
+    if kv is not None and heads % kv:
+        raise ModelError(f"--model random:{family}: num_attention_heads={heads} is not a multiple of "
+                         f"num_key_value_heads={kv}; change one of them (e.g. num_attention_heads=4,num_key_value_heads=2).")
+
+
 def random_config(family: str, overrides: Mapping[str, Any] | str | None = None) -> Any:
     """A tiny configuration of ``family`` written in code (no download).
 
@@ -289,6 +316,7 @@ def random_config(family: str, overrides: Mapping[str, Any] | str | None = None)
                 f"override {key!r} is not a field of {cls.__name__}; check the spelling (e.g. hidden_size=128)."
             )
         values[key] = value
+    _check_sizes(family, values, aliases)
     pattern = _LAYER_PATTERN.get(family)
     if pattern is not None and "layer_types" not in values:
         n = int(values["num_hidden_layers"])
@@ -298,8 +326,10 @@ def random_config(family: str, overrides: Mapping[str, Any] | str | None = None)
         values.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": pct})
     try:
         config = cls(**values, attn_implementation="eager")
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ModelError(f"{cls.__name__} rejects these values ({exc}); change the overrides.") from exc
+    except Exception as exc:  # noqa: BLE001 - ValueError, TypeError, huggingface_hub's StrictDataclassError, ...
+        reason = " ".join(str(exc).split())
+        raise ModelError(f"{cls.__name__} rejects the overrides of --model random:{family} ({reason}); "
+                         "change them.") from exc
     config._attn_implementation = "eager"
     return config
 
@@ -323,6 +353,8 @@ def build_random(
         torch.manual_seed(int(seed))
         try:
             model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-        except (ValueError, TypeError, RuntimeError) as exc:
-            raise ModelError(f"cannot build a random {family} model ({exc}); change the overrides.") from exc
+        except Exception as exc:  # noqa: BLE001 - any failure of these overrides: one line
+            reason = " ".join(str(exc).split())
+            raise ModelError(f"cannot build a random {family} model ({type(exc).__name__}: {reason}); "
+                             f"change the overrides of --model random:{family}.") from exc
     return model.float().eval()

@@ -51,6 +51,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import numbers
 import os
 import re
 import shutil
@@ -63,6 +64,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, ModelError
+from .hub import summary
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -719,9 +721,9 @@ def _load_local(
 def _hub_error(spec: str, revision: str | None, exc: BaseException) -> ModelError:
     rev = f" at revision {revision!r}" if revision else ""
     return ModelError(
-        f"cannot load {spec!r}{rev} from the Hugging Face hub ({_one_line(exc, 160)}); "
-        "the network or hub may be unavailable, or the id or revision is wrong. "
-        "A local folder or .gguf file path works offline."
+        f"cannot load --model {spec!r}{rev} from the Hugging Face hub ({summary(exc)}); "
+        "the network or hub may be unavailable, or the id or revision is wrong; "
+        "a local folder or .gguf file path works offline."
     )
 
 
@@ -747,6 +749,17 @@ def _hub_files(spec: str, revision: str | None, safe: bool) -> list[Path]:
     return [p for p in (cached(s) for s in shards) if p is not None]
 
 
+def _hub_cached(spec: str, revision: str | None) -> bool:
+    """Whether the local Hugging Face cache holds the configuration of ``spec`` at ``revision``."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        got = try_to_load_from_cache(spec, "config.json", revision=revision)
+    except Exception:  # noqa: BLE001 - an odd id or revision: not cached
+        return False
+    return isinstance(got, str) and os.path.isfile(got)
+
+
 def _load_hub(
     spec: str,
     *,
@@ -757,17 +770,25 @@ def _load_hub(
 ) -> LoadedModel:
     from transformers import AutoModelForCausalLM
 
+    from . import hub
     from .families import family_of
 
+    # Decided at once: HF_HUB_OFFLINE, or one quick probe; offline, the cache only (no retries).
+    offline = hub.offline_reason()
+    local = offline is not None
+    if local and not _hub_cached(spec, revision):
+        rev = f" at revision {revision!r}" if revision else ""
+        raise ModelError(hub.not_cached(f"--model {spec!r}{rev}", offline, "pass --model a local folder or .gguf file"))
     try:
         with _quiet_transformers():
-            config = _load_config(spec, revision=revision, trust_remote_code=trust_remote_code, local=False)
+            config = _load_config(spec, revision=revision, trust_remote_code=trust_remote_code, local=local)
     except Exception as exc:
         raise _remote_code_error(spec, exc) or _hub_error(spec, revision, exc) from None
     family_of(config)  # an unsupported architecture fails before any weights download
     try:
         with _quiet_transformers():
-            tokenizer = _tokenizer_from(spec, revision=revision, trust_remote_code=trust_remote_code)
+            tokenizer = _tokenizer_from(spec, revision=revision, trust_remote_code=trust_remote_code,
+                                        local_files_only=local)
     except Exception as exc:
         raise _remote_code_error(spec, exc) or _hub_error(spec, revision, exc) from None
 
@@ -781,6 +802,7 @@ def _load_hub(
                 use_safetensors=use_safetensors,
                 weights_only=True,
                 trust_remote_code=trust_remote_code,
+                local_files_only=local,
             )
 
     # The safetensors auto-conversion of transformers would ask a hub service to convert the
@@ -840,6 +862,8 @@ def _load_random(
         from .families import FAMILIES
 
         raise ModelError(f"spec {spec!r} names no family; write random:<family> with one of {', '.join(FAMILIES)}.")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**64:
+        raise InputError(f"--seed {seed!r} is invalid for a random model; pass an integer from 0 to 2**64 - 1.")
     model = build_random(family, overrides.strip() or None, seed=int(seed))
     tokenizer = _random_tokenizer(model)
     provenance = {
@@ -858,6 +882,38 @@ def _load_random(
 # ---------------------------------------------------------------------------------------
 # the entry points
 # ---------------------------------------------------------------------------------------
+
+
+def spec_source(spec: str | os.PathLike | None) -> str | None:
+    """What :func:`load_model` would load ``spec`` from, without loading anything: one of
+    :data:`SOURCES` (``embedded``, ``hub``, ``local``, ``gguf``, ``random``), or None for a
+    spec it would refuse. Cheap (a few file-system checks), so plans are checked with it
+    before any model loads.
+
+    Examples
+    --------
+    >>> spec_source("random:llama"), spec_source("org/name"), spec_source("smollm2-135m")
+    ('random', 'hub', 'embedded')
+    """
+    spec = DEFAULT_MODEL if spec is None else os.fspath(spec) if isinstance(spec, os.PathLike) else spec
+    if not isinstance(spec, str) or not spec.strip():
+        return None
+    spec = spec.strip()
+    key = spec.lower()
+    if key in EMBEDDED:
+        return "embedded"
+    if key.startswith("random:"):
+        return "random"
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return "gguf" if path.suffix.lower() == ".gguf" else None
+    if path.is_dir():
+        return "local"
+    if key.endswith(".gguf"):
+        return "gguf"
+    if _HUB_ID.match(spec) and not spec.startswith(("/", "./", "../", "~")):
+        return "hub"
+    return None
 
 
 def load_model(
@@ -923,7 +979,7 @@ def load_model(
     def no_revision(kind: str) -> None:
         if revision is not None:
             raise InputError(
-                f"revision {revision!r} only applies to hub ids, and {spec!r} is {kind}; drop revision."
+                f"--revision {revision!r} only applies to hub ids, and --model {spec!r} is {kind}; drop --revision."
             )
 
     key = spec.lower()

@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..errors import storage_error
+
 INDEX = "depthlens-index.txt"
 """The run index: one path per line, relative to the run directory, of every file the run wrote."""
 INDEX_HEADER = "# depthlens run index: the files this run wrote; --overwrite deletes exactly these\n"
@@ -41,20 +43,34 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     ``0o666 & ~umask`` whatever the body did to the temporary file's mode. When ``path``
     lies in a run directory, it is recorded in the run's index before the temporary file
     is created, so a leftover temporary file always belongs to an indexed name.
+
+    Raises
+    ------
+    StorageError
+        When the disk is full, the file system read-only or permission denied (the
+        ``OSError`` of any step, the body's writes included, is converted; the temporary
+        file is removed and ``path`` keeps its old content).
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    record(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path: Path | None = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        record(target)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        tmp_path = Path(tmp)
         yield tmp_path
         os.chmod(tmp_path, 0o666 & ~current_umask())
         os.replace(tmp_path, target)
+    except OSError as exc:
+        error = storage_error(exc, target)
+        if error is None:
+            raise
+        raise error from exc
     finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+        if tmp_path is not None and tmp_path.exists():
+            with contextlib.suppress(OSError):
+                tmp_path.unlink()
 
 
 def current_umask() -> int:

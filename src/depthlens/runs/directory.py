@@ -21,6 +21,7 @@ they are. Anything that is not a run is never touched.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 from collections import Counter
 import json
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import RunError
+from ..errors import STORAGE_ERRNOS, RunError, StorageError
 from . import atomic
 from .. import drivers
 from .failures import FailureLog
@@ -94,6 +95,7 @@ def check_target(path: str | Path, mode: Mode, config_hash: str) -> None:
     root = Path(path)
     if root.exists() and not root.is_dir():
         raise RunError(f"output path {root} is a file; pass --out with a directory path.")
+    _check_writable(root)
     if not (root.is_dir() and any(root.iterdir())):
         return
     why = not_a_run(root)
@@ -115,6 +117,33 @@ def check_target(path: str | Path, mode: Mode, config_hash: str) -> None:
                 f"cannot resume {root}: it was started with a different configuration "
                 f"(hash {old} != {config_hash}); rerun with the same options or use --overwrite."
             )
+
+
+def _missing_folders(root: Path) -> list[Path]:
+    """The folders that ``root.mkdir(parents=True)`` would create, outermost first."""
+    missing = []
+    folder = root
+    while not folder.exists() and folder.parent != folder:
+        missing.append(folder)
+        folder = folder.parent
+    return missing[::-1]
+
+
+def _check_writable(root: Path) -> None:
+    """Refuse an ``--out`` that cannot be created or written: one under a file, or whose
+    nearest existing folder is not writable (read-only file system, permissions). Touches
+    nothing; what this cannot foresee (``/proc``) fails in :meth:`RunDirectory.open`, which
+    then removes what it created."""
+    try:
+        missing = _missing_folders(root)
+        existing = missing[0].parent if missing else root
+        if not existing.is_dir():
+            raise RunError(f"--out {root} lies under {existing}, which is not a folder; pass --out with a directory path.")
+    except OSError as exc:
+        raise RunError(f"--out {root} cannot be checked ({exc.strerror or exc}); pass another --out.") from None
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunError(f"--out {root} cannot be written: {existing} is not writable (read-only file system or "
+                       "permissions); pass another --out.")
 
 
 def _indexed_path(root: Path, entry: str) -> Path | None:
@@ -206,6 +235,24 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         raise RunError(f"{file} is not valid JSON ({exc.msg}); the run directory is damaged, choose another --out.") from None
 
 
+def disk_usage(path: str | Path) -> int:
+    """Bytes held by the regular files under ``path`` (links are not followed; 0 if absent)."""
+    total = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                info = os.lstat(os.path.join(folder, name))
+            except OSError:  # vanished meanwhile
+                continue
+            total += info.st_size if not os.path.islink(os.path.join(folder, name)) else 0
+    return total
+
+
+def disk_line(path: str | Path) -> str:
+    """``disk: 12.3 MB in runs/demo``: what a run directory holds, printed at the end of a run."""
+    return f"disk: {disk_usage(path) / 1e6:.1f} MB in {path}"
+
+
 def with_ident(table: pd.DataFrame, ident: dict[str, str]) -> pd.DataFrame:
     """A copy of ``table`` with identifying columns (e.g. ``model``, ``revision``) put first."""
     table = table.copy()
@@ -264,10 +311,25 @@ class RunDirectory:
         else:
             run = cls(root, {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION,
                              "created": now, "stages": {}})
-        root.mkdir(parents=True, exist_ok=True)
-        if not (root / INDEX).is_file():
-            atomic.start_index(root)  # before the manifest, so the manifest is indexed too
-        run._write_manifest()
+        created = _missing_folders(root)
+        had = {name: (root / name).is_file() for name in (INDEX, MANIFEST)}
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            if not had[INDEX]:
+                atomic.start_index(root)  # before the manifest, so the manifest is indexed too
+            run._write_manifest()
+        except (OSError, StorageError) as exc:  # nothing of a run that could not start stays behind
+            for name, existed in had.items():
+                if not existed:
+                    with contextlib.suppress(OSError):
+                        (root / name).unlink(missing_ok=True)
+            for folder in reversed(created):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            if isinstance(exc, StorageError):
+                raise
+            raise StorageError(f"cannot create the run directory --out {root} ({exc.strerror or exc}); "
+                               "pass another --out.", STORAGE_ERRNOS.get(exc.errno, "cannot create"), root) from None
         return run
 
     # -- manifest -------------------------------------------------------------------

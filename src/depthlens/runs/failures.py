@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import StorageError, storage_error
 from . import atomic
 
 #: Exit status of a run that finished with failed units or stages (2 is bad input, 130 an
@@ -56,6 +58,18 @@ def log_exception(root: Path, stage: str, unit: str | None, exc: BaseException) 
     return UnitFailure(stage, unit, one_line(exc), log)
 
 
+def fatal(exc: BaseException) -> StorageError | None:
+    """The :class:`~depthlens.errors.StorageError` that ``exc`` is (or stands for: an
+    ``OSError`` of a full disk or read-only file system raised outside the atomic writes), or
+    None. Such a failure is not isolated: it stops the run, since every later write would fail
+    the same way and even its log could not be written."""
+    if isinstance(exc, StorageError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        return storage_error(exc, exc.filename or "the run directory")
+    return None
+
+
 class FailureLog:
     """The failures of one run, in the order they happened."""
 
@@ -75,10 +89,16 @@ class FailureLog:
 
     @contextlib.contextmanager
     def unit(self, stage: str, key: str) -> Iterator[None]:
-        """Run one unit: an ``Exception`` is logged, recorded and suppressed (an interrupt is not)."""
+        """Run one unit: an ``Exception`` is logged, recorded and suppressed (an interrupt is
+        not, nor a full disk or read-only file system: :func:`fatal`)."""
         try:
             yield
         except Exception as exc:  # noqa: BLE001 - isolation is the point; the log keeps the traceback
+            stop = fatal(exc)
+            if stop is not None:
+                if stop is exc:
+                    raise
+                raise stop from exc
             self.record(stage, key, exc)
 
 

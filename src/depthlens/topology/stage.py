@@ -11,6 +11,7 @@ comparable across depth; the profile, γ, seed and iterations are recorded.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,23 +79,57 @@ class TopologyOptions:
 
     def __post_init__(self) -> None:
         if self.amplification not in AMPLIFICATION:
-            raise InputError(f"amplification {self.amplification!r} is unknown; use one of {', '.join(AMPLIFICATION)}.")
-        if self.topk < 1 or self.n_perm < 1 or self.skip_positions < 0:
-            raise InputError("topk and n_perm must be at least 1 and skip_positions at least 0.")
+            raise InputError(f"--amplification {self.amplification!r} is unknown; use one of {', '.join(AMPLIFICATION)}.")
+        for flag, value in (("--topk", self.topk), ("--n-perm", self.n_perm)):
+            if value < 1:
+                raise InputError(f"{flag} {value} must be at least 1.")
+        if self.skip_positions < 0:
+            raise InputError(f"skip_positions {self.skip_positions} must be at least 0 (TopologyOptions).")
         if not 0.0 < self.boundary_quantile < 1.0:
-            raise InputError(f"boundary_quantile {self.boundary_quantile} must lie in (0, 1).")
+            raise InputError(f"boundary_quantile {self.boundary_quantile} must lie in (0, 1) (TopologyOptions).")
+
+
+#: Fewest observations (token positions over all chunks, after ``skip_positions``) the
+#: correlations need: with 2 every |r| is 1, every node has the same participation and no
+#: node is a boundary node (tried on every random family; 3 is enough).
+MIN_OBSERVATIONS = 3
+
+
+def check_sizes(chunks: int, seq_len: int, opts: TopologyOptions) -> None:
+    """Refuse sizes the stage cannot work with (checked before the model loads): each chunk
+    needs a position after the first ``skip_positions``, and all chunks together
+    :data:`MIN_OBSERVATIONS` positions for the correlations.
+
+    Raises
+    ------
+    InputError
+        Naming ``--seq-len`` or ``--chunks`` and the smallest value that works.
+    """
+    skip = opts.skip_positions
+    if seq_len <= skip:
+        raise InputError(f"--seq-len {seq_len} leaves no positions for the topology stage, which skips the first "
+                         f"{skip} of each chunk; pass --seq-len {skip + 1} or more.")
+    per_chunk = seq_len - skip
+    if chunks * per_chunk < MIN_OBSERVATIONS:
+        need_chunks = -(-MIN_OBSERVATIONS // per_chunk)
+        need_len = skip + -(-MIN_OBSERVATIONS // chunks)
+        raise InputError(f"--chunks {chunks} with --seq-len {seq_len} give the topology stage {chunks * per_chunk} "
+                         f"position(s) after skipping the first {skip} of each chunk, and its correlations need "
+                         f"{MIN_OBSERVATIONS}; pass --chunks {need_chunks} or --seq-len {need_len} or more.")
 
 
 def boundary_moments(adapter, token_ids: torch.Tensor, opts: TopologyOptions, batch_size: int,
-                     quiet: bool) -> tuple[list[RunningMoments], np.ndarray]:
+                     quiet: bool, label: str = "") -> tuple[list[RunningMoments], np.ndarray]:
     """Streaming correlations of residual coordinates at every operator input boundary, and
-    a (boundaries, d) mask of dimensions holding a massive activation in some chunk."""
+    a (boundaries, d) mask of dimensions holding a massive activation in some chunk.
+    ``label`` names the model in the progress bar (e.g. ``step-0 null``)."""
     n_bound = 2 * adapter.n_layers
     moments = [RunningMoments(adapter.d_model) for _ in range(n_bound)]
     massive = np.zeros((n_bound, adapter.d_model), dtype=bool)
     if token_ids.shape[1] <= opts.skip_positions:
-        raise InputError(f"seq_len {token_ids.shape[1]} leaves no positions after skipping {opts.skip_positions}; use longer chunks.")
-    bar = tqdm(total=token_ids.shape[0], desc="topology correlations", unit="chunk", disable=quiet)
+        raise InputError(f"--seq-len {token_ids.shape[1]} leaves no positions after skipping the first {opts.skip_positions}; "
+                         f"pass --seq-len {opts.skip_positions + 1} or more.")
+    bar = tqdm(total=token_ids.shape[0], desc=f"topology correlations {label}".strip(), unit="chunk", disable=quiet)
     for start in range(0, token_ids.shape[0], batch_size):
         states = adapter.residual_states(token_ids[start : start + batch_size]).to(torch.float64).numpy()
         for b in range(n_bound):
@@ -124,25 +159,45 @@ def boundary_rows(R: np.ndarray, J: np.ndarray, keep: np.ndarray, gamma: float, 
     return summary, units
 
 
+def _saved_arrays(run_dir: RunDirectory, mode: str) -> Callable[[str, Callable], dict]:
+    """The mean operators as ``arrays/jacobians_<checkpoint>_<mode>.safetensors`` holds them."""
+    def read(name: str, get: Callable) -> dict:
+        array = run_dir.root / "arrays" / f"jacobians_{name}_{mode}.safetensors"
+        if not array.is_file():
+            raise RunError(f"{array} is missing; run the jacobian stage with mode {mode} first.")
+        return {(int(k.split(".")[0]), k.split(".")[1]): v for k, v in load_file(str(array)).items()}
+
+    return read
+
+
 def run(run_dir: RunDirectory, checkpoints: list[tuple[str, Callable]], token_ids: torch.Tensor,
-        opts: TopologyOptions, *, batch_size: int, quiet: bool) -> None:
+        opts: TopologyOptions, *, batch_size: int, quiet: bool,
+        operators: Callable[[str, Callable], dict] | None = None) -> None:
     """Run the stage for each ``(checkpoint, loader)`` and write ``communities``, ``units``,
-    ``coupling`` and ``topology_profile`` tables. Needs the jacobian stage's mean operators.
+    ``coupling`` and ``topology_profile`` tables. Needs the jacobian stage's mean operators:
+    ``operators(name, loader)`` gives them as ``{(layer, sublayer): J}`` in float64
+    (:func:`depthlens.jacobian.stage.operators`; default: read the saved arrays), and is
+    called only when a boundary unit of that checkpoint is still to do.
     Each checkpoint is one isolated unit of failure (``checkpoint_<name>`` in
     ``run_dir.failures``); the tables hold the checkpoints that finished."""
+    from ..jacobian.stage import label
+
     communities, units, coupling, profiles = [], [], [], []
-    operators = run_dir.read_table("operators")
+    operators = operators or _saved_arrays(run_dir, opts.mode)
+    op_table = run_dir.read_table("operators")
     for name, get in checkpoints:
+        get = functools.cache(get)  # the operators may need the model too (recomputed)
         with run_dir.failures.unit(STAGE, f"checkpoint_{name}"):
-            array = run_dir.root / "arrays" / f"jacobians_{name}_{opts.mode}.safetensors"
-            if not array.is_file():
-                raise RunError(f"{array} is missing; run the jacobian stage with mode {opts.mode} first.")
-            J = load_file(str(array))
-            keys = [f"{STAGE}_{name}_{b:03d}" for b in range(len(J))]
+            ops = op_table[(op_table["checkpoint"] == name) & (op_table["mode"] == opts.mode)]
+            if ops.empty:
+                raise RunError(f"the jacobian stage has no {opts.mode} operators of checkpoint {name}; "
+                               f"run it with --jacobian-mode {opts.mode} or both first.")
+            keys = [f"{STAGE}_{name}_{b:03d}" for b in range(len(ops))]
             profile_key = f"profile_{name}"
             if not all(run_dir.has_unit(STAGE, k) for k in [profile_key, *keys]):
+                J = operators(name, get)
                 loaded = get()
-                moments, massive = boundary_moments(loaded.adapter, token_ids, opts, batch_size, quiet)
+                moments, massive = boundary_moments(loaded.adapter, token_ids, opts, batch_size, quiet, label(name))
                 keep_all = ~massive if opts.exclude_massive else np.ones_like(massive)
                 ref = len(moments) // 2
                 if not run_dir.has_unit(STAGE, profile_key):
@@ -154,11 +209,11 @@ def run(run_dir: RunDirectory, checkpoints: list[tuple[str, Callable]], token_id
                     run_dir.write_unit(STAGE, profile_key, {"profile": table})
                 prof_table = run_dir.read_units(STAGE, [profile_key], "profile")
                 gamma = float(prof_table.loc[prof_table["chosen"], "gamma"].iloc[0])
-                bar = tqdm(total=len(keys), desc=f"topology {name}", unit="boundary", disable=quiet)
+                bar = tqdm(total=len(keys), desc=f"topology {label(name)}", unit="boundary", disable=quiet)
                 for b, key in enumerate(keys):
                     if not run_dir.has_unit(STAGE, key):
                         layer, kind = divmod(b, 2)
-                        summary, unit_rows = boundary_rows(moments[b].correlation(), J[f"{layer}.{'mlp' if kind else 'attn'}"],
+                        summary, unit_rows = boundary_rows(moments[b].correlation(), J[(layer, "mlp" if kind else "attn")],
                                                            keep_all[b], gamma, opts, b)
                         run_dir.write_unit(STAGE, key, {"communities": pd.DataFrame([summary]), "units": unit_rows})
                     bar.update()
@@ -172,7 +227,6 @@ def run(run_dir: RunDirectory, checkpoints: list[tuple[str, Callable]], token_id
             table = table.rename(columns={"layer": "boundary"})
             table.insert(1, "layer", table["boundary"] // 2)
             table.insert(2, "sublayer", np.where(table["boundary"] % 2, "mlp", "attn"))
-            ops = operators[(operators["checkpoint"] == name) & (operators["mode"] == opts.mode)]
             table = table.merge(ops[["layer", "sublayer", "henrici_update_rel", "symmetry"]], on=["layer", "sublayer"], how="left")
             table["significant"] = table["q"] <= opts.q_level
             for part, sink in ((comm, communities), (unit_table, units), (table, coupling), (prof_table, profiles)):
