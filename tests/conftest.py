@@ -24,3 +24,15 @@ def wikitext_path() -> Path:
     if not WIKITEXT.is_file():
         pytest.skip(f"{WIKITEXT} is absent (../shared is not beside this checkout)")
     return WIKITEXT
+
+
+SENTENCES = " ".join(f"Sentence number {i} talks about topic {i % 7} and the weather." for i in range(400))
+"""Simple English sentences, enough for small runs of tiny random models (byte-level or BPE)."""
+
+
+@pytest.fixture(scope="session")
+def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A text file of :data:`SENTENCES` for ``--text`` (shared by the command-line tests)."""
+    path = tmp_path_factory.mktemp("text") / "corpus.txt"
+    path.write_text(SENTENCES)
+    return path

@@ -15,14 +15,7 @@ import pytest
 
 from depthlens.cli import main
 
-TEXT = " ".join(f"Sentence number {i} talks about topic {i % 7} and the weather." for i in range(400))
 
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("text") / "corpus.txt"
-    path.write_text(TEXT)
-    return path
 
 
 def _args(text: Path, out: Path, *extra: str) -> list[str]:

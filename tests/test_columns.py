@@ -14,19 +14,15 @@ from depthlens.columns import COLUMNS, STAGES, TABLES, describe, pages, stage_of
 from depthlens.columns import main as columns_main
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-TEXT = " ".join(f"Sentence number {i} talks about topic {i % 7} and the weather." for i in range(300))
 SMALL = ["--chunks", "3", "--seq-len", "24", "--null-samples", "2", "--null-chunks", "2", "--extras-chunks", "1",
          "--probe-seqs", "4", "--probe-len", "8", "--n-perm", "50", "--jobs", "1", "--quiet"]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def run(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> Path:
     """Every stage of a tiny random Llama on simple sentences (about 20 s)."""
-    root = tmp_path_factory.mktemp("columns")
-    text = root / "corpus.txt"
-    text.write_text(TEXT)
-    out = root / "run"
-    assert main(["run", "--model", "random:llama", "--text", str(text), *SMALL, "--out", str(out)]) == 0
+    out = tmp_path_factory.mktemp("columns") / "run"
+    assert main(["run", "--model", "random:llama", "--text", str(text_file), *SMALL, "--out", str(out)]) == 0
     return out
 
 

@@ -17,16 +17,9 @@ from depthlens.linalg import guarded
 from depthlens.parallel import executor, ordered_map
 from depthlens.runs.failures import EXIT_FAILED_UNITS, FailureLog
 
-TEXT = " ".join(f"Sentence number {i} talks about topic {i % 7} and the weather." for i in range(300))
 SMALL = ["--chunks", "3", "--seq-len", "24", "--null-samples", "2", "--null-chunks", "2", "--extras-chunks", "1",
          "--probe-seqs", "4", "--probe-len", "8", "--n-perm", "50", "--jobs", "1", "--quiet"]
 
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("text") / "corpus.txt"
-    path.write_text(TEXT)
-    return path
 
 
 def _cli(command: str, text: Path, out: Path, *extra: str) -> int:

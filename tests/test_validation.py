@@ -21,14 +21,7 @@ from depthlens.cli import main
 from depthlens.config import RunConfig
 from depthlens.errors import DataError, InputError, ModelError, StorageError
 
-TEXT = " ".join(f"Sentence number {i} talks about topic {i % 7} and the weather." for i in range(400))
 
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("text") / "corpus.txt"
-    path.write_text(TEXT)
-    return path
 
 
 def _args(command: str, text: Path, out: Path, *extra: str) -> list[str]:

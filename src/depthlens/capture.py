@@ -33,10 +33,9 @@ def check_sizes(chunks: int, seq_len: int) -> None:
     InputError
         ``seq_len`` below :data:`MIN_SEQ_LEN`, naming ``--seq-len``.
     """
-    from .errors import InputError
+    from .errors import require_at_least
 
-    if seq_len < MIN_SEQ_LEN:
-        raise InputError(f"--seq-len {seq_len} is too short for the capture stage; pass --seq-len {MIN_SEQ_LEN} or more.")
+    require_at_least("--seq-len", seq_len, MIN_SEQ_LEN, STAGE)
 
 
 def capture_batch(adapter, input_ids: torch.Tensor, first_chunk: int) -> dict[str, pd.DataFrame]:

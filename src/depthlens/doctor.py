@@ -27,7 +27,6 @@ torch and building a tiny random Llama model.
 
 from __future__ import annotations
 
-import copy
 import sys
 import time
 import warnings
@@ -93,38 +92,6 @@ class Measured(NamedTuple):
 # ----------------------------------------------------------------------------- shared cases
 
 
-class _Float64Mode:
-    """Inside, ``.float()``, ``.to(float32)`` and ``dtype=float32`` leave float64 tensors float64.
-
-    Hugging Face RMSNorms and the eager softmax upcast to float32 even in a float64 model;
-    without this the reference would only be float32-accurate. (Built lazily: torch is
-    imported only when a model check runs.)
-    """
-
-    _cls: Any = None
-
-    @classmethod
-    def make(cls) -> Any:
-        if cls._cls is None:
-            import torch
-            from torch.overrides import TorchFunctionMode
-
-            class Mode(TorchFunctionMode):
-                def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                    kwargs = dict(kwargs or {})
-                    if args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
-                        if func is torch.Tensor.float:
-                            return args[0]
-                        if func is torch.Tensor.to:
-                            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
-                        if kwargs.get("dtype") is torch.float32:
-                            kwargs["dtype"] = torch.float64
-                    return func(*args, **kwargs)
-
-            cls._cls = Mode
-        return cls._cls()
-
-
 class Cases:
     """Inputs shared by the checks, built on first use and kept for the run.
 
@@ -165,13 +132,10 @@ class Cases:
             import torch
 
             from .models import adapter_for, build_random
+            from .models.float64 import double_copy
 
             model = build_random("llama", seed=0)
-            m64 = copy.deepcopy(model).double()
-            for mod in m64.modules():  # RoPE angles stay float32, as the model computes them
-                for name, buf in list(mod.named_buffers(recurse=False)):
-                    if name.endswith("inv_freq"):
-                        setattr(mod, name, buf.float())
+            m64 = double_copy(model)
             ad = adapter_for(model)
             vocab = int(ad.config.vocab_size)
             ids = torch.randint(0, vocab, (1, _T), generator=torch.Generator().manual_seed(_SEED))
@@ -244,11 +208,13 @@ def check_attention(cases: Cases) -> Measured:
     """
     import torch
 
+    from .models.float64 import Float64Mode
+
     m = cases.model()
     ad64, m64, ids = m["ad64"], m["model64"], m["ids"]
     err = 0.0
     scale_max = 0.0
-    with _Float64Mode.make(), torch.no_grad():
+    with Float64Mode(), torch.no_grad():
         ref = m64(ids, output_attentions=True).attentions
         for layer, A in ad64.attention_probs(ids):
             err = max(err, float((A - ref[layer].to(torch.float64)).abs().max()))
@@ -275,6 +241,7 @@ def check_jacobian(cases: Cases) -> Measured:
     import torch
 
     from .jacobian.engines import input_state, sublayer_jacobians
+    from .models.float64 import Float64Mode
 
     m = cases.model()
     ad, ad64, ids = m["ad"], m["ad64"], m["ids"]
@@ -285,7 +252,7 @@ def check_jacobian(cases: Cases) -> Measured:
     f = ad64.sublayer(layer, "attn")
     h = r[:1].to(torch.float64)
     refs = []
-    with _Float64Mode.make():
+    with Float64Mode():
         for t in positions:
 
             def g(x: torch.Tensor, t: int = t) -> torch.Tensor:

@@ -23,6 +23,18 @@ class InputError(DepthlensError, ValueError):
     """An array, parameter or option is not acceptable (shape, dtype, range, structure)."""
 
 
+def require_at_least(flag: str, value: int, minimum: int, stage: str) -> None:
+    """Refuse a size below a stage's minimum, naming the flag.
+
+    Raises
+    ------
+    InputError
+        ``"--seq-len 1 is too short for the attention stage; pass --seq-len 2 or more."``
+    """
+    if value < minimum:
+        raise InputError(f"{flag} {value} is too short for the {stage} stage; pass {flag} {minimum} or more.")
+
+
 class ModelError(DepthlensError):
     """A model spec cannot be resolved, loaded or analysed."""
 

@@ -9,12 +9,10 @@ rotary buffers stay float32, as the model computes its RoPE angles (the engines 
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from depthlens.errors import InputError
 from depthlens.jacobian.engines import (
@@ -25,33 +23,9 @@ from depthlens.jacobian.engines import (
     sublayer_jacobians,
 )
 from depthlens.models import FAMILIES, adapter_for, load_model
+from depthlens.models.float64 import Float64Mode, double_copy
 
 B, T = 2, 6
-
-
-class Float64Mode(TorchFunctionMode):
-    """Inside, ``.float()``, ``.to(float32)`` and ``dtype=float32`` leave float64 tensors float64."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
-            if func is torch.Tensor.float:
-                return args[0]
-            if func is torch.Tensor.to:
-                args = tuple(torch.float64 if a is torch.float32 else a for a in args)
-            if kwargs.get("dtype") is torch.float32:
-                kwargs["dtype"] = torch.float64
-        return func(*args, **kwargs)
-
-
-def double_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A float64 copy of ``model`` whose rotary ``*inv_freq`` buffers stay float32 (as the model computes RoPE)."""
-    m = copy.deepcopy(model).double()
-    for mod in m.modules():
-        for name, buf in list(mod.named_buffers(recurse=False)):
-            if name.endswith("inv_freq"):
-                setattr(mod, name, buf.float())
-    return m
 
 
 def _map(ad64, layer: int, kind: str):

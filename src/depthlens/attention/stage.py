@@ -20,7 +20,7 @@ from .. import data
 from ..linalg.causal import deflate
 from ..linalg.pseudospectra import pseudospectrum
 from ..parallel import executor, ordered_map
-from ..errors import InputError, RunError
+from ..errors import RunError, require_at_least
 from ..runs import RunDirectory, with_ident
 from . import analysis as an
 from .roles import assign_roles, probe_scores, role_overlap
@@ -47,11 +47,8 @@ def check_sizes(chunks: int, seq_len: int, opts: an.AttentionOptions) -> None:
     InputError
         Naming the flag (``--seq-len``, ``--probe-len``) and its minimum.
     """
-    if seq_len < MIN_SEQ_LEN:
-        raise InputError(f"--seq-len {seq_len} is too short for the attention stage; pass --seq-len {MIN_SEQ_LEN} or more.")
-    if opts.probe_len < MIN_PROBE_LEN:
-        raise InputError(f"--probe-len {opts.probe_len} is too short for the attention stage; "
-                         f"pass --probe-len {MIN_PROBE_LEN} or more.")
+    require_at_least("--seq-len", seq_len, MIN_SEQ_LEN, an.STAGE)
+    require_at_least("--probe-len", opts.probe_len, MIN_PROBE_LEN, an.STAGE)
 
 
 def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: an.AttentionOptions,

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from safetensors.numpy import load_file
 
-from ..errors import InputError
+from ..errors import InputError, require_at_least
 from ..parallel import executor
 from ..runs import RunDirectory, atomic
 from . import engines
@@ -48,8 +48,7 @@ def check_sizes(chunks: int, seq_len: int, opts: JacobianOptions) -> None:
     InputError
         ``seq_len`` below :data:`MIN_SEQ_LEN`, naming ``--seq-len``.
     """
-    if seq_len < MIN_SEQ_LEN:
-        raise InputError(f"--seq-len {seq_len} is too short for the jacobian stage; pass --seq-len {MIN_SEQ_LEN} or more.")
+    require_at_least("--seq-len", seq_len, MIN_SEQ_LEN, STAGE)
 
 
 @dataclass(frozen=True)
