@@ -278,7 +278,8 @@ _OPERATOR = {
                               "fraction in [0, 1]; exact closed form"),
     "complex_frac": Column("Fraction of eigenvalues λ of J with |Im λ| > 1e-8 · max|λ| (rotation).",
                            "fraction in [0, 1]; Schur eigenvalues"),
-    "rot_angle_mean": Column("Mean rotation angle: mean |arg μ| over the eigenvalues μ of U (arg 0 = 0).",
+    "rot_angle_mean": Column("Mean rotation angle: mean |arg μ| over the eigenvalues μ of U; eigenvalues with "
+                             "|μ| ≤ 1e-5·max|μ| are zero to working precision and count with angle 0.",
                              "radians in [0, π]"),
     "expand_eig": Column("Fraction of eigenvalues of J with |λ| > 1 + 1e-3.", "fraction in [0, 1]"),
     "expand_sv": Column("Fraction of singular values of J with σ > 1 + 1e-3.", "fraction in [0, 1]"),

@@ -154,3 +154,14 @@ def test_expansion_fraction() -> None:
 def test_spectrum_functions_reject_bad_values(bad: object) -> None:
     with pytest.raises(InputError):
         complex_fraction(bad)  # type: ignore[arg-type]
+
+
+def test_rotation_angle_mean_counts_numerical_zeros_as_zero() -> None:
+    """An eigenvalue at rounding level (here −1e-9 beside modulus 2) has no meaningful
+    argument: it counts with angle 0 as an exact zero does, not with its computed π."""
+    from depthlens.linalg.normality import rotation_angle_mean
+
+    mu = np.array([1j, -1e-9, 2.0])
+    assert rotation_angle_mean(mu) == pytest.approx(np.pi / 6, rel=1e-15)
+    assert rotation_angle_mean(mu, rel=0.0) == pytest.approx((np.pi / 2 + np.pi) / 3, rel=1e-15)
+    assert rotation_angle_mean(np.zeros(3)) == 0.0

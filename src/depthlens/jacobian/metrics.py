@@ -64,7 +64,8 @@ class OperatorSpectra:
     Attributes
     ----------
     eigenvalues : ndarray, shape (d,), complex128
-        Eigenvalues ``λ`` of J, by descending modulus, then descending imaginary part.
+        Eigenvalues ``λ`` of J, by descending modulus (to 10 significant digits of the
+        largest), then descending imaginary part.
     update_eigenvalues : ndarray, shape (d,), complex128
         Eigenvalues ``μ = λ − 1`` of U in the same order, as computed from U (accurate to
         about ``n ε ‖U‖``, which ``λ − 1`` would not be).
@@ -98,8 +99,15 @@ def _schur_triangle(U: np.ndarray) -> np.ndarray:
 
 
 def _ordered(mu: np.ndarray) -> np.ndarray:
+    """``mu`` by descending ``|λ|`` (``λ = 1 + μ``), then descending ``Im λ``. Moduli are
+    compared to 10 significant digits of the largest, so the two members of a conjugate pair,
+    whose computed moduli differ in the last bits, tie and come positive part first, on
+    every machine (unrounded, thread counts and BLAS kernels flipped some pairs)."""
     lam = 1.0 + mu
-    return mu[np.lexsort((-lam.imag, -np.abs(lam)))]
+    modulus = np.abs(lam)
+    top = float(modulus.max()) if modulus.size else 0.0
+    key = np.round(modulus / top, 10) if top > 0 else modulus
+    return mu[np.lexsort((-lam.imag, -key))]
 
 
 def spectra(J: ArrayLike) -> OperatorSpectra:
