@@ -23,6 +23,7 @@ from depthlens.report.claims import (
 )
 
 from . import build_run, read_json, read_table, write_json, write_table
+from .test_claims import GOOD
 
 JACOBIAN_IDS = ("B1-complex-early", "B2-funnel-trained", "B3-funnel-init", "B4-funnel-schur")
 
@@ -138,16 +139,6 @@ def test_not_tested_stays_not_tested(tmp_path):
     assert not any(r["underpowered"] for r in got.values())
 
 
-GOOD = """
-[[claim]]
-id = "c1"
-prediction = "p"
-statistic = "induction_ratio_median"
-test = "between"
-threshold = [1.5, 3.0]
-falsifier = "f"
-source = "s"
-"""
 
 
 @pytest.mark.parametrize("extra,expected", [
