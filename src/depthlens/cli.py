@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from .config import DTYPES, PRESET_VALUES, PRESETS, SAVE_ARRAYS, RunConfig  # noqa: E402
 from . import __version__  # noqa: E402
-from .errors import DepthlensError, InputError, RunIncomplete  # noqa: E402
+from .errors import DepthlensError, InputError, RunIncomplete, one_line  # noqa: E402
 from .runs import Mode  # noqa: E402
 from .runs.directory import disk_line  # noqa: E402
 from .parallel import install_sigterm_handler  # noqa: E402
@@ -244,8 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - a bug: the traceback goes to a log, the terminal gets one line
         log = _internal_error(args, exc)
-        print(f"depthlens: internal error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}; "
-              f"details in {log}", file=sys.stderr)
+        print(f"depthlens: internal error: {one_line(exc)}; details in {log}", file=sys.stderr)
         return 1
     finally:
         if previous is not None:

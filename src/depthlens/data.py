@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import DataError, InputError
+from .errors import DataError, InputError, one_line
 
 __all__ = ["DEFAULT_SOURCE", "SOURCES", "TextSource", "chunks", "load_text", "repeated_random_tokens"]
 
@@ -81,8 +81,7 @@ def _wikitext_2() -> str:
     except Exception as exc:  # network, hub and cache failures surface as many exception types
         if offline is not None:
             raise DataError(hub.not_cached(f"--text wikitext-2 ({hub.summary(exc, 160)})", offline, _FILE_HINT)) from None
-        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
-        raise DataError(f"could not load wikitext-2 through datasets ({reason}); {_FILE_HINT}.") from exc
+        raise DataError(f"could not load wikitext-2 through datasets ({one_line(exc)}); {_FILE_HINT}.") from exc
     return "".join(ds["text"])
 
 

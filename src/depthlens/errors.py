@@ -23,6 +23,13 @@ class InputError(DepthlensError, ValueError):
     """An array, parameter or option is not acceptable (shape, dtype, range, structure)."""
 
 
+def one_line(exc: BaseException, limit: int | None = 300) -> str:
+    """``Type: message`` of an exception on one line (whitespace collapsed), cut to ``limit``
+    characters with ``...`` (None: whole): how terminal lines and failure records show it."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
+
+
 def require_at_least(flag: str, value: int, minimum: int, stage: str) -> None:
     """Refuse a size below a stage's minimum, naming the flag.
 

@@ -17,6 +17,8 @@ import socket
 import sys
 from urllib.parse import urlsplit
 
+from ..errors import one_line
+
 #: Seconds the connectivity probe waits for a TCP connection.
 PROBE_TIMEOUT = 3.0
 _TRUE = ("1", "on", "yes", "true")
@@ -84,7 +86,7 @@ def not_cached(what: str, reason: str, alternative: str) -> str:
 def summary(exc: BaseException, limit: int = 200) -> str:
     """``Type: message`` of ``exc`` on one line, cut to the leading whole sentences that fit
     in ``limit`` characters (at least the first one), so a message never ends mid-sentence."""
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    text = one_line(exc, limit=None)  # cut below, at a sentence
     out = ""
     for sentence in re.split(r"(?<=[.!?])\s+", text):
         if out and len(out) + 1 + len(sentence) > limit:

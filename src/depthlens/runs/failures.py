@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StorageError, storage_error
+from ..errors import one_line
 from . import atomic
 
 #: Exit status of a run that finished with failed units or stages (2 is bad input, 130 an
@@ -38,12 +39,6 @@ class UnitFailure:
         """``jacobian unit funnel_init failed: …; details in RUN/logs/jacobian.log``."""
         what = f"{self.stage} unit {self.unit}" if self.unit else f"stage {self.stage}"
         return f"{what} failed: {self.error}; details in {self.log}"
-
-
-def one_line(exc: BaseException) -> str:
-    """``Type: message`` of an exception on one line, at most 300 characters."""
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def log_exception(root: Path, stage: str, unit: str | None, exc: BaseException) -> UnitFailure:
