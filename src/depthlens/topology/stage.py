@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from safetensors.numpy import load_file
 from tqdm.auto import tqdm
 
 from ..errors import InputError, RunError
@@ -160,12 +159,15 @@ def boundary_rows(R: np.ndarray, J: np.ndarray, keep: np.ndarray, gamma: float, 
 
 
 def _saved_arrays(run_dir: RunDirectory, mode: str) -> Callable[[str, Callable], dict]:
-    """The mean operators as ``arrays/jacobians_<checkpoint>_<mode>.safetensors`` holds them."""
+    """The float64 mean operators the jacobian stage saved (:func:`depthlens.jacobian.stage.saved_operators`)."""
+    from ..jacobian.stage import saved_operators
+
     def read(name: str, get: Callable) -> dict:
-        array = run_dir.root / "arrays" / f"jacobians_{name}_{mode}.safetensors"
-        if not array.is_file():
-            raise RunError(f"{array} is missing; run the jacobian stage with mode {mode} first.")
-        return {(int(k.split(".")[0]), k.split(".")[1]): v for k, v in load_file(str(array)).items()}
+        found = saved_operators(run_dir, name, mode)
+        if found is None:
+            raise RunError(f"the float64 {mode} operators of checkpoint {name} are missing from {run_dir.root}; "
+                           f"run the jacobian stage with mode {mode} first.")
+        return found
 
     return read
 
