@@ -103,8 +103,8 @@ def main() -> None:
 
     # (a) in-context attention, one layer, last position of one chunk
     h = states[input_state(ad, LAYER, "attn")][:1]
-    t_cold, _ = timed(lambda: sublayer_jacobians(ad, h, LAYER, "attn", mode="in_context"))
-    t_fast, J = timed(lambda: sublayer_jacobians(ad, h, LAYER, "attn", mode="in_context"), repeat=10)
+    t_cold, _ = timed(lambda: sublayer_jacobians(ad, h, LAYER, "attn", jacobian_mode="in_context"))
+    t_fast, J = timed(lambda: sublayer_jacobians(ad, h, LAYER, "attn", jacobian_mode="in_context"), repeat=10)
     f, _ = naive_in_context(ad, h, LAYER)
     with torch.no_grad():
         check = float((f(h) - states[input_state(ad, LAYER, "attn") + 1][0, -1]).abs().max())
@@ -142,7 +142,7 @@ def main() -> None:
     # (c) all 60 mean operators over 64 chunks, both modes
     total = 0.0
     for mode in ("isolated", "in_context"):
-        t, means = timed(lambda: mean_operators(ad, ids, mode=mode, positions="last", batch_size=16))
+        t, means = timed(lambda: mean_operators(ad, ids, jacobian_mode=mode, positions="last", batch_size=16))
         total += t
         U = means[(LAYER, "attn")] - torch.eye(ad.d_model).double().numpy()
         print(f"(c) mean_operators {mode:10s}: {len(means)} operators over {N_CHUNKS} chunks x {SEQ_LEN} tokens in {t:.1f} s "

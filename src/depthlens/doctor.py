@@ -137,7 +137,7 @@ class Cases:
             model = build_random("llama", seed=0)
             m64 = double_copy(model)
             ad = adapter_for(model)
-            vocab = int(ad.config.vocab_size)
+            vocab = ad.vocab_size
             ids = torch.randint(0, vocab, (1, _T), generator=torch.Generator().manual_seed(_SEED))
             return {"model64": m64, "ad": ad, "ad64": adapter_for(m64), "ids": ids}
 
@@ -222,7 +222,7 @@ def check_attention(cases: Cases) -> Measured:
         for layer, x in inputs.items():
             q, k, _ = ad64.qkv(layer, x)
             k = torch.repeat_interleave(k, ad64.n_heads // ad64.n_kv_heads, dim=1)
-            S = (q.abs() @ k.abs().transpose(-1, -2)) * abs(ad64.attn_module(layer).scaling)
+            S = (q.abs() @ k.abs().transpose(-1, -2)) * abs(ad64.attention_scale(layer))
             scale_max = max(scale_max, float(S.max()))
     tol = 16 * (ad64.head_dim * max(scale_max, 1.0) + _T) * U
     return Measured(err, tol)
@@ -248,7 +248,7 @@ def check_jacobian(cases: Cases) -> Measured:
     layer = ad.n_layers - 1
     r = ad.residual_states(ids)[input_state(ad, layer, "attn")]
     positions = [3, _T - 1]
-    J = sublayer_jacobians(ad, r, layer, "attn", mode="in_context", positions=positions)
+    J = sublayer_jacobians(ad, r, layer, "attn", jacobian_mode="in_context", positions=positions)
     f = ad64.sublayer(layer, "attn")
     h = r[:1].to(torch.float64)
     refs = []

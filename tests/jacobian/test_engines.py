@@ -110,7 +110,7 @@ def test_matches_jacrev_every_family(family_case, kind, mode):
     for layer in range(ad.n_layers):
         r = hs[input_state(ad, layer, kind)]
         pos = [0, 2, T - 1]
-        J = sublayer_jacobians(ad, r, layer, kind, mode=mode, positions=pos)
+        J = sublayer_jacobians(ad, r, layer, kind, jacobian_mode=mode, positions=pos)
         assert J.shape == (B * len(pos), ad.d_model, ad.d_model) and J.dtype == torch.float64
         Jref = reference_jacrev(ad64, r, layer, kind, mode, pos)
         assert rel_update_error(J, Jref) < 1e-9, (ad.family, layer, kind, mode)
@@ -121,7 +121,7 @@ def test_matches_finite_differences_every_family(family_case, kind, mode):
     ad, ad64, hs = family_case
     layer = ad.n_layers - 1
     r = hs[input_state(ad, layer, kind)]
-    J = sublayer_jacobians(ad, r, layer, kind, mode=mode, positions=[T - 2])
+    J = sublayer_jacobians(ad, r, layer, kind, jacobian_mode=mode, positions=[T - 2])
     Jfd = reference_fd(ad64, r, layer, kind, mode, b=1, t=T - 2)
     assert rel_update_error(J[1], Jfd) < 1e-6
 
@@ -129,8 +129,8 @@ def test_matches_finite_differences_every_family(family_case, kind, mode):
 def test_mlp_is_the_same_in_both_modes(family_case):
     ad, _, hs = family_case
     r = hs[input_state(ad, 0, "mlp")]
-    a = sublayer_jacobians(ad, r, 0, "mlp", mode="isolated", positions="all")
-    b = sublayer_jacobians(ad, r, 0, "mlp", mode="in_context", positions="all")
+    a = sublayer_jacobians(ad, r, 0, "mlp", jacobian_mode="isolated", positions="all")
+    b = sublayer_jacobians(ad, r, 0, "mlp", jacobian_mode="in_context", positions="all")
     assert torch.equal(a, b)
 
 
@@ -138,8 +138,8 @@ def test_sum_matches_stack(family_case):
     ad, _, hs = family_case
     for kind, mode in CASES:
         r = hs[input_state(ad, 0, kind)]
-        J = sublayer_jacobians(ad, r, 0, kind, mode=mode, positions="all")
-        total, n = sublayer_jacobian_sum(ad, r, 0, kind, mode=mode, positions="all")
+        J = sublayer_jacobians(ad, r, 0, kind, jacobian_mode=mode, positions="all")
+        total, n = sublayer_jacobian_sum(ad, r, 0, kind, jacobian_mode=mode, positions="all")
         assert n == B * T
         assert torch.allclose(total, J.sum(0), rtol=0, atol=1e-12 * float(J.abs().max()) * n)
 
@@ -148,8 +148,8 @@ def test_first_position_in_context_equals_isolated(family_case):
     """At t = 0 the only key is the token's own: in-context attention is the one-token map."""
     ad, _, hs = family_case
     r = hs[input_state(ad, 0, "attn")]
-    a = sublayer_jacobians(ad, r, 0, "attn", mode="isolated", positions=0)
-    b = sublayer_jacobians(ad, r, 0, "attn", mode="in_context", positions=0)
+    a = sublayer_jacobians(ad, r, 0, "attn", jacobian_mode="isolated", positions=0)
+    b = sublayer_jacobians(ad, r, 0, "attn", jacobian_mode="in_context", positions=0)
     assert torch.allclose(a, b, rtol=0, atol=1e-13)
 
 
@@ -162,8 +162,8 @@ def test_parallel_residual_operators_sum_to_block():
     hs = ad.residual_states(torch.randint(0, 256, (1, T), generator=torch.Generator().manual_seed(3)))
     assert input_state(ad, 1, "mlp") == 2
     r = hs[2]
-    Ja = sublayer_jacobians(ad, r, 1, "attn", mode="in_context")
-    Jm = sublayer_jacobians(ad, r, 1, "mlp", mode="in_context")
+    Ja = sublayer_jacobians(ad, r, 1, "attn", jacobian_mode="in_context")
+    Jm = sublayer_jacobians(ad, r, 1, "mlp", jacobian_mode="in_context")
     blk = ad64.block(1)
     h = r.double()
 
@@ -194,7 +194,7 @@ def test_isolated_attention_update_rank_is_bounded_by_kv_width():
 def test_mean_operators_equal_mean_of_explicit_stack(family, mode):
     ad = load_model(f"random:{family}").adapter
     ids = torch.randint(0, 256, (5, T), generator=torch.Generator().manual_seed(11))
-    means = mean_operators(ad, ids, mode=mode, positions="last", batch_size=2)
+    means = mean_operators(ad, ids, jacobian_mode=mode, positions="last", batch_size=2)
     assert list(means) == [(layer, kind) for layer in range(ad.n_layers) for kind in ("attn", "mlp")]
     # The reference states come from the same float32 forward passes (batches of 2, as the
     # engine runs them): a float32 forward at batch 5 need not be bit-identical to batch 2
@@ -203,7 +203,7 @@ def test_mean_operators_equal_mean_of_explicit_stack(family, mode):
     # float64 sum under test.
     hs = same_batches_states(ad, ids, 2)
     for (layer, kind), M in means.items():
-        stack = sublayer_jacobians(ad, hs[input_state(ad, layer, kind)], layer, kind, mode=mode)
+        stack = sublayer_jacobians(ad, hs[input_state(ad, layer, kind)], layer, kind, jacobian_mode=mode)
         assert stack.shape[0] == 5
         expected = stack.mean(0).numpy()
         assert M.dtype == np.float64
@@ -214,14 +214,14 @@ def test_mean_operators_all_positions_and_accumulator_resume():
     ad = load_model("random:llama").adapter
     ids = torch.randint(0, 256, (3, T), generator=torch.Generator().manual_seed(5))
     acc = MeanAccumulator()
-    mean_operators(ad, ids[:2], mode="in_context", positions="all", layers=[1], accumulator=acc)
-    means = mean_operators(ad, ids[2:], mode="in_context", positions="all", layers=[1], accumulator=acc)
+    mean_operators(ad, ids[:2], jacobian_mode="in_context", positions="all", layers=[1], accumulator=acc)
+    means = mean_operators(ad, ids[2:], jacobian_mode="in_context", positions="all", layers=[1], accumulator=acc)
     assert list(means) == [(1, "attn"), (1, "mlp")]
     assert acc.count(1, "attn") == 3 * T
     # The reference states from the same two float32 forward passes (chunks 0-1, then 2) the
     # accumulator saw; one pass over all three need not round the same (see above).
     hs = torch.cat([ad.residual_states(ids[:2]), ad.residual_states(ids[2:])], dim=1)
-    stack = sublayer_jacobians(ad, hs[2], 1, "attn", mode="in_context", positions="all")
+    stack = sublayer_jacobians(ad, hs[2], 1, "attn", jacobian_mode="in_context", positions="all")
     np.testing.assert_allclose(means[(1, "attn")], stack.mean(0).numpy(), rtol=0, atol=1e-12)
 
 
@@ -244,8 +244,8 @@ def test_mean_accumulator_add_merge_and_errors():
 def test_float32_engine_close_to_float64(family_case):
     ad, _, hs = family_case
     r = hs[0]
-    a = sublayer_jacobians(ad, r, 0, "attn", mode="in_context", dtype=torch.float32)
-    b = sublayer_jacobians(ad, r, 0, "attn", mode="in_context")
+    a = sublayer_jacobians(ad, r, 0, "attn", jacobian_mode="in_context", dtype=torch.float32)
+    b = sublayer_jacobians(ad, r, 0, "attn", jacobian_mode="in_context")
     assert a.dtype == torch.float32
     assert rel_update_error(a, b) < 1e-4
 
@@ -255,7 +255,7 @@ def test_bad_arguments():
     r = torch.zeros(1, 4, ad.d_model)
     for kwargs in (
         {"kind": "ffn"},
-        {"mode": "nearby"},
+        {"jacobian_mode": "nearby"},
         {"positions": "first"},
         {"positions": 9},
         {"positions": []},
@@ -301,7 +301,7 @@ def smollm2_case():
 def test_smollm2_matches_jacrev_and_finite_differences(smollm2_case, layer, kind, mode):
     ad, ad64, hs = smollm2_case
     r = hs[input_state(ad, layer, kind)]
-    J = sublayer_jacobians(ad, r, layer, kind, mode=mode, positions=[-1])
+    J = sublayer_jacobians(ad, r, layer, kind, jacobian_mode=mode, positions=[-1])
     Jref = reference_jacrev(ad64, r, layer, kind, mode, [r.shape[1] - 1])
     assert rel_update_error(J, Jref) < 1e-9
     if layer == 3:  # finite differences on 24 random input coordinates (a full set takes ~30 s)

@@ -252,6 +252,79 @@ def test_sublayer_is_differentiable_with_torch_func() -> None:
     assert torch.allclose(J[:, 3], fd, atol=2e-3)
 
 
+# ---------------------------------------------------------------------------- attention arithmetic and weights
+
+
+def test_attention_arithmetic_interface(case: Case) -> None:
+    ad = case.ad
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    for layer in range(ad.n_layers):
+        assert ad.attention_scale(layer) == float(ad.attn_module(layer).scaling)
+        assert ad.attention_softcap(layer) is None
+        w = ad.sliding_windows[layer]
+        assert torch.equal(ad.allowed_positions(layer, T), (j <= i) if w is None else (j <= i) & (i - j < w))
+    assert ad.logit_softcap() == (30.0 if case.name == "gemma3" else None)
+    assert ad.has_rope == (case.name != "gpt2")
+    if not ad.has_rope:
+        with pytest.raises(ModelError, match="rotary"):
+            ad.rope_cos_sin(0, T, torch.empty(0))
+        return
+    gen = torch.Generator().manual_seed(0)
+    q0, k0 = torch.randn(ad.head_dim, generator=gen), torch.randn(ad.head_dim, generator=gen)
+    q = q0.expand(1, ad.n_heads, T, ad.head_dim)
+    k = k0.expand(1, ad.n_kv_heads, T, ad.head_dim)
+    for layer in range(ad.n_layers):
+        qr, kr = ad.apply_rope(q, k, *ad.rope_cos_sin(layer, T, q))
+        assert torch.allclose(qr.norm(dim=-1), q.norm(dim=-1), atol=1e-5)  # a rotation
+        assert torch.allclose(qr[:, :, 0], q[:, :, 0]) and not torch.allclose(qr[:, :, 1], q[:, :, 1])
+        S = qr[0, 0] @ kr[0, 0].T  # the same vectors at every position: scores depend on i - j only
+        assert torch.allclose(S[1:, 1:], S[:-1, :-1], atol=1e-5)
+
+
+def test_layer_weights_reproduce_the_model(case: Case) -> None:
+    """The family-free weights evaluate to the adapter's own maps: queries and keys at position 0
+    (no rotation), one-token attention (its value-output path) and the MLP branch."""
+    ad = case.ad
+    H, KV, hd = ad.n_heads, ad.n_kv_heads, ad.head_dim
+
+    def affine(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        return x @ W.T if b is None else x @ W.T + b
+
+    def normed(norm, x: torch.Tensor, heads: int, per_head: bool) -> torch.Tensor:
+        if norm is None:
+            return x
+        return norm(x.reshape(T, heads, hd)).reshape(T, -1) if per_head else norm(x)
+
+    for layer in range(ad.n_layers):
+        w = ad.layer_weights(layer)
+        assert w.Wq.dtype == torch.float64 and w.Wq.shape == (H * hd, ad.d_model)
+        h = case.states[2 * layer][0].double()  # T residuals, each fed as a one-token sequence
+        n = h if w.attn_in is None else w.attn_in(h)
+        q = normed(w.q_norm, affine(n, w.Wq, w.bq), H, w.qk_per_head)
+        k = normed(w.k_norm, affine(n, w.Wk, w.bk), KV, w.qk_per_head)
+        v = affine(n, w.Wv, w.bv)
+        with torch.no_grad():
+            qm, km, vm = ad.qkv(layer, n.float()[:, None])
+            attn = ad.branch(layer, "attn")(h.float()[:, None])[:, 0]
+        for ours, theirs in ((q, qm), (k, km), (v, vm)):
+            assert torch.allclose(ours.float(), theirs[:, :, 0].reshape(T, -1), rtol=1e-4, atol=1e-4)
+        o = v.reshape(T, KV, hd).repeat_interleave(H // KV, dim=1).reshape(T, -1)
+        a = affine(o, w.Wo, w.bo)
+        a = a if w.attn_post is None else w.attn_post(a)
+        assert torch.allclose(a.float(), attn, rtol=1e-4, atol=1e-4)
+        g = case.states[2 * layer if ad.parallel_residual else 2 * layer + 1][0].double()
+        m = g if w.mlp_in is None else w.mlp_in(g)
+        u = affine(m, w.Wg, w.bg)
+        z = w.act(u) if w.Wu is None else w.act(u) * affine(m, w.Wu, w.bu)
+        out = affine(z, w.Wd, w.bd)
+        out = out if w.mlp_post is None else w.mlp_post(out)
+        with torch.no_grad():
+            mlp = ad.branch(layer, "mlp")(g.float()[None])[0]
+        assert torch.allclose(out.float(), mlp, rtol=1e-4, atol=1e-4)
+    with pytest.raises(InputError, match="layer"):
+        ad.layer_weights(ad.n_layers)
+
+
 # ---------------------------------------------------------------------------- ablation
 
 
@@ -270,7 +343,7 @@ def _manual(case: Case, layer: int, fn) -> torch.Tensor:
 
 def test_zero_ablation_of_all_heads_equals_zeroed_projection_input(case: Case) -> None:
     layer = 0
-    with case.ad.ablate_head(layer, list(range(4)), mode="zero"):
+    with case.ad.ablate_head(layer, list(range(4)), method="zero"):
         got = _logits(case.model, case.ids)
     want = _manual(case, layer, torch.zeros_like)
     assert torch.allclose(got, want, rtol=0, atol=1e-6)
@@ -282,7 +355,7 @@ def test_mean_ablation_matches_manual(case: Case) -> None:
     outs = ad.head_outputs(case.ids, layer)
     assert outs.shape == (B, T, 4, 16)
     mean = outs[:, :, head].mean(dim=(0, 1))
-    with ad.ablate_head(layer, head, mode="mean", value=mean):
+    with ad.ablate_head(layer, head, method="mean", value=mean):
         got = _logits(case.model, case.ids)
 
     def manual(x: torch.Tensor) -> torch.Tensor:
@@ -293,7 +366,7 @@ def test_mean_ablation_matches_manual(case: Case) -> None:
     assert not torch.allclose(got, case.out.logits, atol=1e-6)
     # several heads at once, one mean vector each
     means = outs[:, :, [0, 3]].mean(dim=(0, 1))
-    with ad.ablate_head(layer, [0, 3], mode="mean", value=means):
+    with ad.ablate_head(layer, [0, 3], method="mean", value=means):
         got2 = _logits(case.model, case.ids)
 
     def manual2(x: torch.Tensor) -> torch.Tensor:
@@ -307,7 +380,7 @@ def test_mean_ablation_matches_manual(case: Case) -> None:
 def test_resample_ablation_matches_manual() -> None:
     c = _case("llama")
     other = c.ad.head_outputs(c.other_ids, 0)[:, :, 1]
-    with c.ad.ablate_head(0, 1, mode="resample", value=other):
+    with c.ad.ablate_head(0, 1, method="resample", value=other):
         got = _logits(c.model, c.ids)
 
     def manual(x: torch.Tensor) -> torch.Tensor:
@@ -329,17 +402,17 @@ def test_ablation_acts_on_sublayer_maps_too() -> None:
 
 def test_ablation_argument_errors() -> None:
     ad = _case("llama").ad
-    with pytest.raises(InputError, match="mode"):
-        with ad.ablate_head(0, 0, mode="shuffle"):
+    with pytest.raises(InputError, match="method"):
+        with ad.ablate_head(0, 0, method="shuffle"):
             pass
     with pytest.raises(InputError, match="head"):
         with ad.ablate_head(0, 9):
             pass
     with pytest.raises(InputError, match="shape"):
-        with ad.ablate_head(0, 0, mode="mean", value=torch.zeros(5)):
+        with ad.ablate_head(0, 0, method="mean", value=torch.zeros(5)):
             pass
     with pytest.raises(InputError, match="needs a value"):
-        with ad.ablate_head(0, 0, mode="mean"):
+        with ad.ablate_head(0, 0, method="mean"):
             pass
 
 
@@ -395,7 +468,7 @@ def test_hooks_removed_after_exceptions(case: Case) -> None:
     ad, model = case.ad, case.model
     before = _hook_snapshot(model)
     with pytest.raises(RuntimeError, match="boom"):
-        with ad.ablate_head(0, [0, 1], mode="zero"):
+        with ad.ablate_head(0, [0, 1], method="zero"):
             with ad.clamp(0, 0.0, 0, from_layer=0):
                 assert _hook_snapshot(model) != before
                 raise RuntimeError("boom")
@@ -403,7 +476,7 @@ def test_hooks_removed_after_exceptions(case: Case) -> None:
     # an error raised by the hook itself, in the middle of a forward pass
     bad = torch.zeros(B, T + 3, 16)
     with pytest.raises(InputError, match="resample"):
-        with ad.ablate_head(0, 0, mode="resample", value=bad):
+        with ad.ablate_head(0, 0, method="resample", value=bad):
             model(case.ids)
     assert _hook_snapshot(model) == before
     # the capture passes leave nothing behind either

@@ -1,4 +1,4 @@
-"""Tests of depthlens.models.loading.
+"""Tests of depthlens.models.loading and the source loaders behind it.
 
 Integration tier: tiny random models written in code (no download). Real tier
 (``@pytest.mark.real``): the embedded SmolLM2, converted once into a fresh cache folder and
@@ -19,7 +19,7 @@ import torch
 
 from depthlens.errors import DepthlensError, InputError, ModelError
 from depthlens.models import FAMILIES, LoadedModel, embedded_models, init_like, load_model
-from depthlens.models import loading
+from depthlens.models import gguf, loading
 from depthlens.models.loading import byte_tokenizer, cache_root, sha256_file, supported_families
 
 TEXT = "The quick brown fox jumps over the lazy dog. Ünïcödé — ∑ 日本語\n\tend"
@@ -399,10 +399,10 @@ def fake_gguf(tmp_path, monkeypatch):
         tmp = target.parent / f".tmp-{sha[:16]}-fake"
         source.model.save_pretrained(tmp)
         source.tokenizer.save_pretrained(tmp)
-        (tmp / loading._MARKER).write_text(json.dumps({"format": loading._CACHE_FORMAT, "sha256": sha}))
+        (tmp / gguf._MARKER).write_text(json.dumps({"format": gguf._CACHE_FORMAT, "sha256": sha}))
         os.rename(tmp, target)
 
-    monkeypatch.setattr(loading, "_convert_gguf", convert)
+    monkeypatch.setattr(gguf, "_convert_gguf", convert)
     return path, calls
 
 
@@ -429,7 +429,7 @@ def test_half_written_cache_entry_is_never_used(fake_gguf, tmp_path):
     (cache / "gguf" / ".tmp-0123-leftover").mkdir()
     loaded = load_model(str(path), cache_dir=cache)
     assert len(calls) == 1 and loaded.provenance["cached"] is False
-    assert (entry / loading._MARKER).is_file()
+    assert (entry / gguf._MARKER).is_file()
 
 
 def test_cache_location(monkeypatch, tmp_path):

@@ -2,7 +2,9 @@
 
 An :class:`Adapter` wraps a Hugging Face causal LM and exposes it as a dynamical system over
 depth. Places in the model are named ``(layer, sublayer, head)`` with ``sublayer`` in
-``{"attn", "mlp"}``; layers and heads are 0-based.
+``{"attn", "mlp"}``; layers and heads are 0-based. Only :mod:`depthlens.models` names Hugging
+Face modules and configuration fields: the analysis packages reach the model through this
+interface.
 
 Residual states
     ``residual_states(ids)[2 * l]`` is the pre-attention residual of layer ``l`` (the input
@@ -23,7 +25,15 @@ Sub-layer maps
     :class:`ModelError` (the MLP is not a function of the pre-MLP state): use ``block(l)``
     or ``branch(l, "mlp")`` (the MLP branch as a function of the pre-attention state).
 
-Attention probabilities
+Attention arithmetic
+    :meth:`Adapter.attention_scale`, :meth:`Adapter.attention_softcap`,
+    :meth:`Adapter.allowed_positions` (causal / sliding-window mask),
+    :meth:`Adapter.rope_cos_sin` and :meth:`Adapter.apply_rope` (rotary position embeddings
+    as the model computes them) say how scores are formed; :meth:`Adapter.layer_weights`
+    gives a layer's weights, norms and q/k norms in one shape for every family
+    (:class:`~depthlens.models.weights.LayerWeights`).
+
+Attention probabilities (:mod:`depthlens.models.hooks`)
     Recomputed in float64 from the pre-softmax scores: the attention module's input is
     captured during one forward pass, queries and keys are formed exactly as the model does
     (projections, q/k norms and RoPE in the model dtype), then cast to float64 for the
@@ -31,7 +41,7 @@ Attention probabilities
     are exact zeros; every row sums to one. Each query head has its own matrix (grouped
     key/value heads are repeated).
 
-Hooks (context managers that always remove themselves)
+Interventions (:mod:`depthlens.models.interventions`; context managers that always remove themselves)
     ``ablate_head`` replaces query-head outputs at the input of the attention output
     projection; ``clamp`` overwrites residual entries at the input of decoder layers
     ``>= from_layer`` and at the input of the final norm.
@@ -42,26 +52,38 @@ adapter never adds a BOS token (see :meth:`Adapter.prepend_bos`).
 
 from __future__ import annotations
 
-import contextlib
 import operator
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, ModelError
-from .families import family_of, text_config
+from .hooks import Captures
+from .interventions import Interventions
+from .registry import family_for_config, text_config
+from .weights import LayerWeights, WeightReader
 
-Sublayer = str  # "attn" | "mlp"
-SUBLAYERS: tuple[str, ...] = ("attn", "mlp")
-ABLATION_MODES: tuple[str, ...] = ("zero", "mean", "resample")
+__all__ = ["SUBLAYERS", "Adapter", "Sublayer", "adapter_for", "check_sublayer"]
+
+Sublayer = Literal["attn", "mlp"]
+SUBLAYERS: tuple[Sublayer, ...] = ("attn", "mlp")
 
 
-class _Stop(Exception):
-    """Raised inside a hook to end a forward pass early once everything needed is captured."""
+def check_sublayer(kind: str) -> Sublayer:
+    """``kind`` if it is one of :data:`SUBLAYERS`.
+
+    Raises
+    ------
+    InputError
+        Otherwise.
+    """
+    if kind not in SUBLAYERS:
+        raise InputError(f"sublayer {kind!r} is not one of {SUBLAYERS}.")
+    return kind  # type: ignore[return-value]
 
 
 def _as_index(value: object) -> int | None:
@@ -74,37 +96,25 @@ def _as_index(value: object) -> int | None:
         return None
 
 
-def _first_arg(args: tuple, kwargs: dict, name: str = "hidden_states") -> Tensor:
-    if args:
-        return args[0]
-    if name in kwargs:
-        return kwargs[name]
-    raise ModelError(f"could not find the {name} argument of a hooked module; the model layout is unexpected.")
-
-
-def _replace_first_arg(args: tuple, kwargs: dict, value: Tensor, name: str = "hidden_states") -> tuple:
-    if args:
-        return (value, *args[1:]), kwargs
-    kwargs = dict(kwargs)
-    kwargs[name] = value
-    return args, kwargs
-
-
 def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     """(B, KV, T, d) -> (B, KV * n_rep, T, d); query head j reads key/value head j // n_rep."""
     return x if n_rep == 1 else torch.repeat_interleave(x, n_rep, dim=1)
 
 
-class Adapter(ABC):
+class Adapter(Captures, Interventions, ABC):
     """A causal LM seen as a stack of sub-layer maps (abstract; one subclass per family).
 
     Attributes
     ----------
     model : torch.nn.Module
         The wrapped ``*ForCausalLM`` module (put in eval mode).
+    config : transformers.PretrainedConfig
+        The language model's configuration (the text configuration of multimodal models).
     family : str
-        The family name (see :data:`depthlens.models.families.FAMILIES`).
-    n_layers, n_heads, n_kv_heads, head_dim, d_model, max_seq_len : int
+        The family name (see :func:`depthlens.models.registry.families`).
+    layers : sequence of torch.nn.Module
+        The decoder layers, in order.
+    n_layers, n_heads, n_kv_heads, head_dim, d_model, max_seq_len, vocab_size : int
         Shape of the model (``n_heads`` query heads per layer).
     bos_token_id : int or None
         From the configuration; None when the configuration has none.
@@ -113,6 +123,8 @@ class Adapter(ABC):
         attention: a query at position i attends to j with ``i - W < j <= i``.
     parallel_residual : bool
         True when attention and MLP read the same residual (GPT-NeoX / Pythia).
+    has_rope : bool
+        True when queries and keys carry rotary position embeddings (:meth:`rope_cos_sin`).
 
     Examples
     --------
@@ -125,11 +137,10 @@ class Adapter(ABC):
     (torch.Size([1, 4, 8, 8]), torch.float64)
     """
 
-    family: str = ""
-
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.config = text_config(model.config)
+        self.family: str = family_for_config(model.config).name
         if model.training:
             model.eval()
         try:
@@ -150,6 +161,7 @@ class Adapter(ABC):
         self.head_dim: int = int(self._head_dim())
         self.d_model: int = int(cfg.hidden_size)
         self.max_seq_len: int = int(cfg.max_position_embeddings)
+        self.vocab_size: int = int(cfg.vocab_size)
         bos = getattr(cfg, "bos_token_id", None)
         if bos is None:
             bos = getattr(model.config, "bos_token_id", None)
@@ -158,7 +170,9 @@ class Adapter(ABC):
         self.parallel_residual: bool = bool(self._parallel_residual())
         if self.n_heads % self.n_kv_heads:
             raise ModelError(f"{self.n_heads} query heads are not a multiple of {self.n_kv_heads} key/value heads.")
+        self._rope = getattr(self.backbone, "rotary_emb", None)
         self._rotary_fn = getattr(sys.modules[type(self._attns[0]).__module__], "apply_rotary_pos_emb", None)
+        self.has_rope: bool = self._rope is not None and self._rotary_fn is not None
 
     # ------------------------------------------------------------------ family-specific
 
@@ -211,6 +225,10 @@ class Adapter(ABC):
     def _pre_mlp_module(self, layer: int) -> nn.Module | None:
         """A module whose first input is the pre-MLP residual of ``layer`` (None if there is none)."""
 
+    @abstractmethod
+    def _layer_weights(self, layer: int, read: WeightReader) -> LayerWeights:
+        """The weights of decoder layer ``layer``, read with ``read`` (see :meth:`layer_weights`)."""
+
     def _head_dim(self) -> int:
         hd = getattr(self._attns[0], "head_dim", None) or getattr(self.config, "head_dim", None)
         return int(hd or self.config.hidden_size // self.config.num_attention_heads)
@@ -229,35 +247,108 @@ class Adapter(ABC):
     def _parallel_residual(self) -> bool:
         return False
 
-    def _scaling(self, layer: int) -> float:
-        return float(self._attns[layer].scaling)
+    # ------------------------------------------------------------------ attention arithmetic
 
-    def _softcap(self, layer: int) -> float | None:
-        """Tanh soft-cap of attention scores, where the model applies one (no current family does:
-        Gemma 3's modeling code keeps ``attn_logit_softcapping`` in its config but never passes it on)."""
+    def attention_scale(self, layer: int) -> float:
+        """The factor multiplying ``q . k`` in the scores of ``layer`` (e.g. ``head_dim ** -0.5``)."""
+        return float(self._attns[self.check_layer(layer)].scaling)
+
+    def attention_softcap(self, layer: int) -> float | None:
+        """The tanh soft-cap ``c`` of ``layer``'s scores (``s -> c tanh(s / c)``), or None.
+
+        No current family applies one: Gemma 3's modeling code keeps ``attn_logit_softcapping``
+        in its configuration but never passes it on.
+        """
         return None
 
-    def _final_softcap(self) -> float | None:
+    def logit_softcap(self) -> float | None:
+        """The tanh soft-cap of the output logits (``final_logit_softcapping``), or None."""
         cap = getattr(self.config, "final_logit_softcapping", None)
         return None if cap is None else float(cap)
 
-    def _rope_module(self) -> nn.Module | None:
-        return getattr(self.backbone, "rotary_emb", None)
+    def allowed_positions(self, layer: int, T: int, device: torch.device | str | None = None) -> Tensor:
+        """Boolean ``(T, T)``: query ``i`` may attend to key ``j`` in ``layer`` (causal, sliding window)."""
+        i = torch.arange(T, device=device)[:, None]
+        j = torch.arange(T, device=device)[None, :]
+        ok = j <= i
+        w = self.sliding_windows[self.check_layer(layer)]
+        if w is not None:
+            ok = ok & (i - j < w)
+        return ok
 
-    def _position_embeddings(self, layer: int, T: int, like: Tensor) -> tuple[Tensor, Tensor]:
-        """(cos, sin) for positions 0 .. T-1, as the model's rotary module computes them."""
-        rope = self._rope_module()
+    def rope_cos_sin(self, layer: int, T: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """``(cos, sin)`` of the rotary embedding at positions ``0 .. T-1``, from the model's rotary module.
+
+        Shapes ``(1, T, rot)`` with ``rot`` the rotated width of a head (all of it, or the
+        partial-rotary fraction); dtype and device of ``like`` (angles computed in float32
+        from the model's own ``inv_freq``). Layers with their own RoPE base (Gemma 3's and
+        OLMo 3's sliding layers) get theirs.
+
+        Raises
+        ------
+        ModelError
+            If the model has no rotary embedding (:attr:`has_rope` is False).
+        """
+        if not self.has_rope:
+            raise ModelError(f"{self.family} has no rotary position embedding.")
         pos = torch.arange(T, device=like.device).unsqueeze(0)
         dummy = torch.empty(0, dtype=like.dtype, device=like.device)
         types = getattr(self.config, "layer_types", None)
-        if types is not None and isinstance(getattr(rope, "rope_type", None), dict):  # per-layer-type RoPE
-            return rope(dummy, pos, types[layer])
-        return rope(dummy, pos)
+        if types is not None and isinstance(getattr(self._rope, "rope_type", None), dict):  # per-layer-type RoPE
+            return self._rope(dummy, pos, types[layer])
+        return self._rope(dummy, pos)
 
-    def _rotate(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        if self._rotary_fn is None:  # pragma: no cover - every RoPE family module defines it
-            raise ModelError(f"{self.family}: the modeling module has no apply_rotary_pos_emb.")
+    def apply_rope(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """Rotate queries ``(B, H, T, hd)`` and keys ``(B, KV, T, hd)`` by ``(cos, sin)`` (:meth:`rope_cos_sin`).
+
+        The model's own ``apply_rotary_pos_emb`` (partial rotary: only the first ``rot``
+        dims of each head turn). It is linear in ``q`` and ``k``.
+
+        Raises
+        ------
+        ModelError
+            If the model has no rotary embedding.
+        """
+        if not self.has_rope:
+            raise ModelError(f"{self.family} has no rotary position embedding.")
         return self._rotary_fn(q, k, cos, sin)
+
+    def layer_weights(
+        self, layer: int, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+    ) -> LayerWeights:
+        """Copies of decoder layer ``layer``'s weights in ``dtype`` on ``device``, in the family-free form.
+
+        A :class:`~depthlens.models.weights.LayerWeights`: pre- and post-norms of both
+        sub-layers, q/k norms (per head or over the full projection), the projections as
+        ``(out, in)`` matrices with their biases, and the MLP (gated or not) with the model's
+        activation module. Nothing is cached; each call copies the layer's parameters
+        (``itemsize x`` their count in memory).
+
+        Parameters
+        ----------
+        layer : int
+        dtype : torch.dtype
+            Arithmetic dtype of the copies (float64 by default).
+        device : torch.device or str, optional
+            Default: the model's device.
+
+        Raises
+        ------
+        InputError
+            For a bad layer.
+        ModelError
+            If a module of the layer has an unexpected type, or a q/k norm an unexpected width.
+        """
+        self.check_layer(layer)
+        read = WeightReader(dtype, self.device if device is None else torch.device(device))
+        with torch.no_grad():
+            w = self._layer_weights(layer, read)
+        H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        q_width, k_width = (hd, hd) if w.qk_per_head else (H * hd, KV * hd)
+        for norm, size, what in ((w.q_norm, q_width, "q"), (w.k_norm, k_width, "k")):
+            if norm is not None and norm.size != size:
+                raise ModelError(f"{self.family} layer {layer}: {what} norm has width {norm.size}, expected {size}.")
+        return w
 
     # ------------------------------------------------------------------ helpers
 
@@ -273,20 +364,29 @@ class Adapter(ABC):
             raise InputError(
                 f"input_ids has {ids.shape[1]} positions; this model handles at most {self.max_seq_len}."
             )
-        vocab = int(self.config.vocab_size)
+        vocab = self.vocab_size
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise InputError(f"input_ids holds ids outside [0, {vocab}); check the tokenizer matches the model.")
         return ids.long().to(self.device)
 
     @property
     def device(self) -> torch.device:
+        """The device of the model's parameters."""
         return next(self.model.parameters()).device
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of the model's parameters."""
         return next(self.model.parameters()).dtype
 
-    def _check_layer(self, layer: int, *, allow_end: bool = False) -> int:
+    def check_layer(self, layer: int, *, allow_end: bool = False) -> int:
+        """``layer`` as an int if it is a layer index (``allow_end``: or ``n_layers``, the final state).
+
+        Raises
+        ------
+        InputError
+            For anything else (out of range, not an integer, a bool).
+        """
         top = self.n_layers if allow_end else self.n_layers - 1
         index = _as_index(layer)
         if index is None or not 0 <= index <= top:
@@ -305,16 +405,6 @@ class Adapter(ABC):
         if len(set(heads)) != len(heads):
             raise InputError(f"heads {heads} repeat an index; list each head once.")
         return heads
-
-    def _allowed(self, layer: int, T: int, device: torch.device) -> Tensor:
-        """Boolean (T, T): query i may attend to key j (causal, sliding window)."""
-        i = torch.arange(T, device=device)[:, None]
-        j = torch.arange(T, device=device)[None, :]
-        ok = j <= i
-        w = self.sliding_windows[layer]
-        if w is not None:
-            ok = ok & (i - j < w)
-        return ok
 
     def _forward(self, ids: Tensor) -> Any:
         return self.model(input_ids=ids, use_cache=False)
@@ -347,12 +437,12 @@ class Adapter(ABC):
         k = _repeat_kv(k, n_rep)
         v = _repeat_kv(v, n_rep)
         T = q.shape[-2]
-        scores = torch.matmul(q, k.transpose(-1, -2)) * self._scaling(layer)
-        cap = self._softcap(layer)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.attention_scale(layer)
+        cap = self.attention_softcap(layer)
         if cap is not None:
             scores = torch.tanh(scores / cap) * cap
         mask = torch.zeros((T, T), dtype=scores.dtype, device=scores.device)
-        mask = mask.masked_fill(~self._allowed(layer, T, scores.device), torch.finfo(scores.dtype).min)
+        mask = mask.masked_fill(~self.allowed_positions(layer, T, scores.device), torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores + mask, dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.matmul(probs, v).transpose(1, 2)
         return out.reshape(*out.shape[:2], -1)
@@ -361,134 +451,13 @@ class Adapter(ABC):
         """Float64 attention probabilities (B, H, T, T) from queries (B, H, T, hd) and keys (B, KV, T, hd)."""
         q64 = q.to(torch.float64)
         k64 = _repeat_kv(k, self.n_heads // self.n_kv_heads).to(torch.float64)
-        scores = torch.matmul(q64, k64.transpose(-1, -2)) * self._scaling(layer)
-        cap = self._softcap(layer)
+        scores = torch.matmul(q64, k64.transpose(-1, -2)) * self.attention_scale(layer)
+        cap = self.attention_softcap(layer)
         if cap is not None:
             scores = torch.tanh(scores / cap) * cap
         T = q.shape[-2]
-        scores = scores.masked_fill(~self._allowed(layer, T, scores.device), float("-inf"))
+        scores = scores.masked_fill(~self.allowed_positions(layer, T, scores.device), float("-inf"))
         return torch.softmax(scores, dim=-1)
-
-    def attention_probs(
-        self, input_ids: Tensor, layers: int | Iterable[int] | None = None
-    ) -> Iterator[tuple[int, Tensor]]:
-        """Yield ``(layer, A)`` with ``A`` the float64 attention probabilities (B, H, T, T).
-
-        One forward pass captures the attention inputs of the requested layers (it stops
-        after the last of them); the float64 matrices are then formed one layer at a time,
-        so only one layer's matrices are alive at once. Active ablations and clamps act on
-        that forward pass, so the probabilities of later layers reflect them.
-
-        Parameters
-        ----------
-        input_ids : Tensor (B, T)
-        layers : int or iterable of int, optional
-            Which layers (default all), yielded in the order given.
-
-        Raises
-        ------
-        InputError
-            For bad ids or layer indices.
-        """
-        ids = self._ids(input_ids)
-        if layers is None:
-            wanted = list(range(self.n_layers))
-        else:
-            wanted = [layers] if isinstance(layers, int) else list(layers)
-            for layer in wanted:
-                self._check_layer(layer)
-        return self._attention_probs(ids, wanted)
-
-    def _attention_probs(self, ids: Tensor, wanted: list[int]) -> Iterator[tuple[int, Tensor]]:
-        captured = self.attention_inputs(ids, set(wanted))
-        for layer in wanted:
-            x = captured[layer]
-            with torch.no_grad():
-                q, k, _ = self.qkv(layer, x)
-                yield layer, self.probs_from_qk(layer, q, k)
-
-    def attention_inputs(self, input_ids: Tensor, layers: Iterable[int] | None = None) -> dict[int, Tensor]:
-        """The inputs of the attention modules of ``layers`` (B, T, d), from one (early-stopped) forward pass."""
-        ids = self._ids(input_ids)
-        wanted = set(range(self.n_layers)) if layers is None else {self._check_layer(i) for i in layers}
-        if not wanted:
-            return {}
-        last = max(wanted)
-        captured: dict[int, Tensor] = {}
-        handles = []
-
-        def make(i: int) -> Callable:
-            def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-                captured[i] = _first_arg(args, kwargs).detach()
-                if i == last:
-                    raise _Stop
-
-            return hook
-
-        try:
-            for i in wanted:
-                handles.append(self._attns[i].register_forward_pre_hook(make(i), with_kwargs=True))
-            with torch.no_grad(), contextlib.suppress(_Stop):
-                self._forward(ids)
-        finally:
-            for h in handles:
-                h.remove()
-        return captured
-
-    # ------------------------------------------------------------------ residual stream
-
-    def residual_states(self, input_ids: Tensor) -> Tensor:
-        """The residual stream ``(2L + 1, B, T, d)`` in the model dtype, from one forward pass.
-
-        Index ``2l`` is the input of layer ``l``, ``2l + 1`` its pre-MLP residual (for parallel
-        residual models ``h + Attn(ln_1(h))``), ``2L`` the last layer's output before the final
-        norm. Active clamps and ablations are reflected.
-        """
-        ids = self._ids(input_ids)
-        L = self.n_layers
-        states: list[Tensor | None] = [None] * (2 * L + 1)
-        handles = []
-
-        def pre_layer(i: int) -> Callable:
-            def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-                states[2 * i] = _first_arg(args, kwargs).detach()
-
-            return hook
-
-        def pre_mlp(i: int) -> Callable:
-            def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-                states[2 * i + 1] = _first_arg(args, kwargs).detach()
-
-            return hook
-
-        def attn_out(i: int) -> Callable:
-            def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-                a = output[0] if isinstance(output, tuple) else output
-                states[2 * i + 1] = states[2 * i] + a.detach()
-
-            return hook
-
-        def final(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            states[2 * L] = _first_arg(args, kwargs, "input").detach()
-
-        try:
-            for i, layer in enumerate(self.layers):
-                handles.append(layer.register_forward_pre_hook(pre_layer(i), with_kwargs=True))
-                mod = self._pre_mlp_module(i)
-                if mod is None:
-                    handles.append(self._attns[i].register_forward_hook(attn_out(i), with_kwargs=True))
-                else:
-                    handles.append(mod.register_forward_pre_hook(pre_mlp(i), with_kwargs=True))
-            handles.append(self._final_norm_module.register_forward_pre_hook(final, with_kwargs=True))
-            with torch.no_grad():
-                self._forward(ids)
-        finally:
-            for h in handles:
-                h.remove()
-        missing = [i for i, s in enumerate(states) if s is None]
-        if missing:
-            raise ModelError(f"residual states {missing} were not seen in the forward pass; the layout is unexpected.")
-        return torch.stack(states)  # type: ignore[arg-type]
 
     def logits(self, input_ids: Tensor) -> Tensor:
         """The model's own logits (B, T, V) (no gradient)."""
@@ -498,11 +467,6 @@ class Adapter(ABC):
 
     # ------------------------------------------------------------------ sub-layer maps
 
-    def _check_sublayer(self, kind: str) -> str:
-        if kind not in SUBLAYERS:
-            raise InputError(f"sublayer {kind!r} is not one of {SUBLAYERS}.")
-        return kind
-
     def branch(self, layer: int, kind: Sublayer) -> Callable[[Tensor], Tensor]:
         """What sub-layer ``kind`` of ``layer`` adds to the residual, as a function of the residual it reads.
 
@@ -510,8 +474,8 @@ class Adapter(ABC):
         ``g -> post(MLP(norm(g)))``. For parallel-residual models the MLP branch reads the
         pre-attention state ``h`` (so ``block(l)(h) = h + branch(l, "attn")(h) + branch(l, "mlp")(h)``).
         """
-        self._check_layer(layer)
-        self._check_sublayer(kind)
+        self.check_layer(layer)
+        check_sublayer(kind)
         if kind == "mlp":
             return lambda g: self._mlp_branch(layer, g)
 
@@ -535,8 +499,8 @@ class Adapter(ABC):
             ``kind="mlp"`` on a parallel-residual model, where the MLP reads the pre-attention
             state: use ``block(layer)`` or ``branch(layer, "mlp")``.
         """
-        self._check_layer(layer)
-        self._check_sublayer(kind)
+        self.check_layer(layer)
+        check_sublayer(kind)
         if kind == "mlp" and self.parallel_residual:
             raise ModelError(
                 f"{self.family} uses a parallel residual: its MLP reads the pre-attention state, so "
@@ -548,7 +512,7 @@ class Adapter(ABC):
 
     def block(self, layer: int) -> Callable[[Tensor], Tensor]:
         """The whole decoder layer as a map of its input: (B, T, d) -> (B, T, d)."""
-        self._check_layer(layer)
+        self.check_layer(layer)
         attn = self.branch(layer, "attn")
         mlp = self.branch(layer, "mlp")
         if self.parallel_residual:
@@ -557,11 +521,11 @@ class Adapter(ABC):
 
     def attn_module(self, layer: int) -> nn.Module:
         """The Hugging Face self-attention module of ``layer``."""
-        return self._attns[self._check_layer(layer)]
+        return self._attns[self.check_layer(layer)]
 
     def out_proj(self, layer: int) -> nn.Module:
         """The attention output projection of ``layer`` (input: head outputs (B, T, H * hd))."""
-        return self._oprojs[self._check_layer(layer)]
+        return self._oprojs[self.check_layer(layer)]
 
     def final_norm(self, h_final: Tensor) -> Tensor:
         """The final norm alone: (B, T, d) -> (B, T, d) (what transformers reports as ``hidden_states[L]``)."""
@@ -570,7 +534,7 @@ class Adapter(ABC):
     def unembed(self, h_final: Tensor) -> Tensor:
         """Final norm, language-model head and any final logit soft-capping: (B, T, d) -> (B, T, V)."""
         logits = self.lm_head(self._final_norm_module(h_final))
-        cap = self._final_softcap()
+        cap = self.logit_softcap()
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
@@ -584,197 +548,6 @@ class Adapter(ABC):
                 h = self.block(layer)(h)
             return self.unembed(h)
 
-    # ------------------------------------------------------------------ heads
-
-    def head_outputs(self, input_ids: Tensor, layer: int) -> Tensor:
-        """Every query head's output before the output projection of ``layer``: (B, T, H, hd).
-
-        Active ablations of that layer are reflected (the capture sees the projection's input).
-        """
-        ids = self._ids(input_ids)
-        self._check_layer(layer)
-        out: list[Tensor] = []
-
-        def hook(module: nn.Module, args: tuple) -> None:
-            out.append(args[0].detach())
-            raise _Stop
-
-        handle = self._oprojs[layer].register_forward_pre_hook(hook)
-        try:
-            with torch.no_grad(), contextlib.suppress(_Stop):
-                self._forward(ids)
-        finally:
-            handle.remove()
-        x = out[0]
-        return x.reshape(*x.shape[:2], self.n_heads, self.head_dim)
-
-    @contextlib.contextmanager
-    def ablate_head(
-        self,
-        layer: int,
-        head: int | Sequence[int],
-        mode: str = "zero",
-        value: Tensor | None = None,
-    ) -> Iterator[None]:
-        """Replace query heads' outputs at the input of ``layer``'s output projection.
-
-        Parameters
-        ----------
-        layer : int
-        head : int or sequence of int
-            One head, or several ablated together.
-        mode : {"zero", "mean", "resample"}
-            ``zero``: set to 0. ``mean``: set to ``value``, the head's mean output vector,
-            shape ``(hd,)`` for one head or ``(n, hd)`` for ``n`` heads (e.g. the mean of
-            :meth:`head_outputs` over batch and positions). ``resample``: set to ``value`` of
-            shape ``(B, T, hd)`` for one head or ``(B, T, n, hd)`` for ``n`` heads (outputs on
-            other inputs; ``B`` may be 1 to broadcast).
-
-        The hook acts on every call of the projection: the model's forward pass and the
-        :meth:`sublayer` / :meth:`block` maps. It is removed on exit, also after an exception.
-
-        Raises
-        ------
-        InputError
-            For a bad layer, head, mode or value shape (value shapes against the sequence
-            length are checked when the hook fires).
-        """
-        self._check_layer(layer)
-        heads = self._check_heads(head)
-        single = isinstance(head, int)
-        if mode not in ABLATION_MODES:
-            raise InputError(f"ablation mode {mode!r} is not one of {ABLATION_MODES}.")
-        hd = self.head_dim
-        n = len(heads)
-        if mode == "zero":
-            if value is not None:
-                raise InputError("zero ablation takes no value; leave value=None.")
-        else:
-            if value is None:
-                raise InputError(f"{mode} ablation needs a value (see head_outputs).")
-            value = torch.as_tensor(value)
-            if single:
-                value = value.unsqueeze(-2)
-            want = (n, hd)
-            if mode == "mean" and tuple(value.shape) != want:
-                shape = "(hd,)" if single else "(n, hd)"
-                raise InputError(f"mean ablation value has shape {tuple(value.shape)}; expected {shape} with hd={hd}.")
-            if mode == "resample" and (value.ndim != 4 or tuple(value.shape[-2:]) != want):
-                shape = "(B, T, hd)" if single else "(B, T, n, hd)"
-                raise InputError(f"resample value has shape {tuple(value.shape)}; expected {shape} with hd={hd}.")
-        index = torch.tensor(heads)
-
-        def hook(module: nn.Module, args: tuple) -> tuple:
-            x = args[0]
-            B, T = x.shape[0], x.shape[1]
-            y = x.reshape(B, T, self.n_heads, hd).clone()
-            idx = index.to(x.device)
-            if mode == "zero":
-                y[:, :, idx, :] = 0
-            elif mode == "mean":
-                y[:, :, idx, :] = value.to(device=x.device, dtype=x.dtype)
-            else:
-                v = value.to(device=x.device, dtype=x.dtype)
-                if v.shape[1] != T or v.shape[0] not in (1, B):
-                    raise InputError(
-                        f"resample value has shape {tuple(v.shape)}; the input has B={B}, T={T} (B may be 1)."
-                    )
-                y[:, :, idx, :] = v.expand(B, T, n, hd)
-            return (y.reshape(x.shape), *args[1:])
-
-        handle = self._oprojs[layer].register_forward_pre_hook(hook)
-        try:
-            yield
-        finally:
-            handle.remove()
-
-    # ------------------------------------------------------------------ clamps
-
-    @contextlib.contextmanager
-    def clamp(
-        self,
-        dims: int | Sequence[int],
-        values: float | Tensor | Mapping[int, float | Tensor] | Callable[[int, Tensor], Tensor],
-        positions: int | Sequence[int],
-        from_layer: int,
-    ) -> Iterator[None]:
-        """Set residual entries ``h[:, positions, dims] = values`` from ``from_layer`` on.
-
-        The clamp acts in the model's forward pass at the input of every decoder layer
-        ``l >= from_layer`` (the pre-attention residual, state ``2l``) and at the input of the
-        final norm (state ``2L``), so the final state and the logits are consistent with it.
-        Pre-MLP states are not clamped. The pure maps :meth:`sublayer`, :meth:`block` and
-        :meth:`unembed` are not affected.
-
-        Parameters
-        ----------
-        dims : int or sequence of int
-            Residual dimensions (D of them).
-        values : float, Tensor, mapping or callable
-            A scalar or tensor broadcastable to ``(B, P, D)`` used at every clamped layer; a
-            mapping ``{layer: value}`` with a value for every layer ``from_layer .. L`` (``L``
-            meaning the final-norm input); or a callable ``f(layer, current) -> new`` given the
-            current entries ``(B, P, D)`` (e.g. ``lambda l, x: 0.5 * x`` for a dose).
-        positions : int or sequence of int
-            Token positions (P of them).
-        from_layer : int
-            First clamped layer, ``0 .. L`` (``L`` clamps only the final state).
-
-        Raises
-        ------
-        InputError
-            For out-of-range dims, positions or layers, or a mapping missing a layer.
-        """
-        L = self.n_layers
-        self._check_layer(from_layer, allow_end=True)
-        dim_list = [dims] if isinstance(dims, int) else list(dims)
-        pos_list = [positions] if isinstance(positions, int) else list(positions)
-        if not dim_list or not pos_list:
-            raise InputError("clamp needs at least one dim and one position.")
-        for d in dim_list:
-            if not 0 <= int(d) < self.d_model:
-                raise InputError(f"dim {d} is out of range; the residual has {self.d_model} dims.")
-        for p in pos_list:
-            if not 0 <= int(p) < self.max_seq_len:
-                raise InputError(f"position {p} is out of range 0 .. {self.max_seq_len - 1}.")
-        if isinstance(values, Mapping):
-            missing = [i for i in range(from_layer, L + 1) if i not in values]
-            if missing:
-                raise InputError(f"clamp values miss layers {missing}; give one for each of {from_layer} .. {L}.")
-        p_idx = torch.tensor(pos_list)[:, None]
-        d_idx = torch.tensor(dim_list)[None, :]
-
-        def apply(layer: int, h: Tensor) -> Tensor:
-            if max(pos_list) >= h.shape[1]:
-                raise InputError(f"clamp position {max(pos_list)} is beyond the sequence length {h.shape[1]}.")
-            pi, di = p_idx.to(h.device), d_idx.to(h.device)
-            if callable(values) and not isinstance(values, Tensor):
-                new = values(layer, h[:, pi, di])
-            elif isinstance(values, Mapping):
-                new = values[layer]
-            else:
-                new = values
-            h = h.clone()
-            h[:, pi, di] = torch.as_tensor(new, dtype=h.dtype, device=h.device)
-            return h
-
-        def make(layer: int) -> Callable:
-            def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
-                name = "input" if layer == L else "hidden_states"
-                return _replace_first_arg(args, kwargs, apply(layer, _first_arg(args, kwargs, name)), name)
-
-            return hook
-
-        handles = []
-        try:
-            for i in range(from_layer, L):
-                handles.append(self.layers[i].register_forward_pre_hook(make(i), with_kwargs=True))
-            handles.append(self._final_norm_module.register_forward_pre_hook(make(L), with_kwargs=True))
-            yield
-        finally:
-            for h in handles:
-                h.remove()
-
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(family={self.family!r}, n_layers={self.n_layers}, n_heads={self.n_heads}, "
@@ -783,28 +556,18 @@ class Adapter(ABC):
 
 
 def adapter_for(model: nn.Module) -> Adapter:
-    """The :class:`Adapter` for ``model``, chosen by :func:`~depthlens.models.families.family_of`.
+    """The :class:`Adapter` for ``model``: the adapter class of its :class:`~depthlens.models.registry.Family`.
 
     Any ``attn_implementation`` works (probabilities are recomputed by the adapter).
 
     Raises
     ------
     ModelError
-        If the model is not a causal LM of a supported family, or its modules do not have
-        that family's layout (e.g. remote code, or a base model without an LM head).
+        If the model has no configuration, is not a causal LM of a registered family (an
+        unknown ``model_type`` is refused, never given a default adapter), or its modules do
+        not have that family's layout (e.g. remote code, or a base model without an LM head).
     """
     config = getattr(model, "config", None)
     if config is None:
         raise ModelError(f"{type(model).__name__} has no .config; pass a Hugging Face causal LM module.")
-    family = family_of(config)
-    if family == "llama":
-        from .llama import LlamaAdapter as cls
-    elif family == "gemma3":
-        from .gemma3 import Gemma3Adapter as cls
-    elif family == "gpt2":
-        from .gpt2 import GPT2Adapter as cls
-    elif family == "gpt_neox":
-        from .gpt_neox import GPTNeoXAdapter as cls
-    else:
-        from .olmo import OlmoAdapter as cls
-    return cls(model)
+    return family_for_config(config).adapter(model)

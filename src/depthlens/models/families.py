@@ -1,19 +1,9 @@
-"""Architecture families that depthlens understands, and tiny random models written in code.
+"""Architecture families by name, and tiny random models written in code.
 
-A *family* groups Hugging Face ``model_type`` values whose decoder layers have the same
-shape of computation (norm placement, attention projections, position encoding), so one
-:class:`~depthlens.models.adapter.Adapter` subclass serves all of them.
-
-============  ==========================================  ===================================
-family        model_type values                           notes
-============  ==========================================  ===================================
-``llama``     ``llama``, ``mistral``, ``qwen2``           pre-RMSNorm, RoPE, GQA, SwiGLU
-``gemma3``    ``gemma3_text`` (and multimodal ``gemma3``)  sandwich norms, q/k norms, sliding
-``gpt2``      ``gpt2``                                    pre-LayerNorm, learned positions
-``gpt_neox``  ``gpt_neox`` (Pythia)                       partial RoPE, parallel residual
-``olmo2``     ``olmo2``                                   post-norms, q/k norms on full width
-``olmo3``     ``olmo3``                                   as olmo2 plus sliding layers
-============  ==========================================  ===================================
+Everything here is derived from the registry (:mod:`depthlens.models.registry`), where each
+architecture's module declares its :class:`~depthlens.models.registry.Family`: the names
+(:data:`FAMILIES`), the mapping of a configuration to its family (:func:`family_of`) and the
+tiny configurations (:func:`random_config`, :func:`build_random`).
 
 Examples
 --------
@@ -31,31 +21,13 @@ from typing import Any
 import torch
 
 from ..errors import ModelError
+from . import registry
+from .registry import family_for_config, text_config
 
-FAMILIES: tuple[str, ...] = ("llama", "gemma3", "gpt2", "gpt_neox", "olmo2", "olmo3")
+__all__ = ["FAMILIES", "build_random", "family_of", "parse_overrides", "random_config", "text_config"]
 
-#: ``model_type`` -> family.
-MODEL_TYPES: dict[str, str] = {
-    "llama": "llama",
-    "mistral": "llama",
-    "qwen2": "llama",
-    "gemma3_text": "gemma3",
-    "gemma3": "gemma3",
-    "gpt2": "gpt2",
-    "gpt_neox": "gpt_neox",
-    "olmo2": "olmo2",
-    "olmo3": "olmo3",
-}
-
-_SUPPORTED = ", ".join(f"{f} ({'/'.join(t for t, g in MODEL_TYPES.items() if g == f)})" for f in FAMILIES)
-
-
-def text_config(config: Any) -> Any:
-    """The configuration of the language model inside ``config`` (itself for text-only models)."""
-    inner = getattr(config, "text_config", None)
-    if inner is not None and getattr(config, "model_type", None) in ("gemma3",):
-        return inner
-    return config
+#: The registered family names, in registry order.
+FAMILIES: tuple[str, ...] = tuple(entry.name for entry in registry.families())
 
 
 def family_of(config: Any) -> str:
@@ -74,143 +46,15 @@ def family_of(config: Any) -> str:
     Raises
     ------
     ModelError
-        If the model is bidirectional (an encoder, an encoder-decoder, or a decoder configured
-        with bidirectional attention): depthlens needs a causal language model. If the
-        ``model_type`` belongs to no supported family.
+        As :func:`~depthlens.models.registry.family_for_config`: bidirectional models, and
+        ``model_type`` values of no registered family.
     """
-    model_type = getattr(config, "model_type", None)
-    if not model_type:
-        raise ModelError(
-            f"the configuration {type(config).__name__} has no model_type; pass a Hugging Face causal LM config."
-        )
-    family = MODEL_TYPES.get(model_type)
-    if family is not None:
-        if getattr(text_config(config), "use_bidirectional_attention", False):
-            raise ModelError(
-                f"model_type {model_type!r} is configured with bidirectional attention "
-                "(use_bidirectional_attention=True); depthlens needs a causal LM."
-            )
-        return family
-    if _is_bidirectional(config):
-        raise ModelError(
-            f"model_type {model_type!r} is a bidirectional (encoder or encoder-decoder) model; "
-            f"depthlens needs a causal LM, one of the families {_SUPPORTED}."
-        )
-    raise ModelError(f"model_type {model_type!r} is not supported; supported families: {_SUPPORTED}.")
-
-
-def _is_bidirectional(config: Any) -> bool:
-    if getattr(config, "is_encoder_decoder", False):
-        return True
-    try:
-        from transformers.models.auto.modeling_auto import (
-            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-            MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-        )
-    except Exception:  # pragma: no cover - transformers layout changed
-        return bool(getattr(config, "is_decoder", True) is False)
-    model_type = config.model_type
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES or not getattr(config, "is_decoder", False)
-    # e.g. BERT: has a causal-LM head class but is an encoder unless configured as a decoder
-    return model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
+    return family_for_config(config).name
 
 
 # ---------------------------------------------------------------------------------------
 # tiny random configurations
 # ---------------------------------------------------------------------------------------
-
-_COMMON: dict[str, Any] = {
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "max_position_embeddings": 256,
-    "initializer_range": 0.1,
-    "bos_token_id": 0,
-    "eos_token_id": 1,
-    "pad_token_id": None,
-    "tie_word_embeddings": False,
-}
-
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {**_COMMON, "num_key_value_heads": 2, "intermediate_size": 128, "rms_norm_eps": 1e-6},
-    "gemma3": {
-        **_COMMON,
-        "num_hidden_layers": 3,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "query_pre_attn_scalar": 16,
-        "intermediate_size": 128,
-        "sliding_window": 4,
-        "final_logit_softcapping": 30.0,
-        "rms_norm_eps": 1e-6,
-    },
-    "gpt2": {
-        "vocab_size": 256,
-        "n_embd": 64,
-        "n_layer": 2,
-        "n_head": 4,
-        "n_positions": 256,
-        "n_inner": 128,
-        "initializer_range": 0.1,
-        "bos_token_id": 0,
-        "eos_token_id": 0,
-        "tie_word_embeddings": True,
-    },
-    "gpt_neox": {
-        **_COMMON,
-        "intermediate_size": 128,
-        "use_parallel_residual": True,
-        "tie_word_embeddings": False,
-        "rotary_pct": 0.25,
-    },
-    "olmo2": {**_COMMON, "num_key_value_heads": 2, "intermediate_size": 128, "rms_norm_eps": 1e-6},
-    "olmo3": {
-        **_COMMON,
-        "num_hidden_layers": 3,
-        "num_key_value_heads": 2,
-        "intermediate_size": 128,
-        "rms_norm_eps": 1e-6,
-        "sliding_window": 4,
-    },
-}
-
-#: layer-type pattern repeated over depth for families with sliding-window layers
-_LAYER_PATTERN: dict[str, tuple[str, ...]] = {
-    "gemma3": ("sliding_attention", "full_attention"),
-    "olmo3": ("sliding_attention", "sliding_attention", "full_attention"),
-}
-
-#: override aliases (GPT-2 spells its sizes differently)
-_ALIASES: dict[str, dict[str, str]] = {
-    "gpt2": {
-        "hidden_size": "n_embd",
-        "num_hidden_layers": "n_layer",
-        "num_attention_heads": "n_head",
-        "max_position_embeddings": "n_positions",
-        "intermediate_size": "n_inner",
-    },
-}
-
-
-def _config_class(family: str) -> type:
-    import transformers as tf
-
-    return {
-        "llama": tf.LlamaConfig,
-        "gemma3": tf.Gemma3TextConfig,
-        "gpt2": tf.GPT2Config,
-        "gpt_neox": tf.GPTNeoXConfig,
-        "olmo2": tf.Olmo2Config,
-        "olmo3": tf.Olmo3Config,
-    }[family]
-
-
-def _check_family(family: str) -> str:
-    if family not in FAMILIES:
-        raise ModelError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}.")
-    return family
 
 
 def parse_overrides(overrides: Mapping[str, Any] | str | None) -> dict[str, Any]:
@@ -258,7 +102,7 @@ _SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads
           "intermediate_size", "max_position_embeddings", "head_dim")
 
 
-def _check_sizes(family: str, values: dict[str, Any], aliases: Mapping[str, str]) -> None:
+def _check_sizes(family: str, values: dict[str, Any], defaults: Mapping[str, Any], aliases: Mapping[str, str]) -> None:
     """Refuse sizes that would fail later (a string, zero layers, heads that do not divide the
     width or the key/value heads), with one line naming the ``--model`` override."""
     def get(name: str) -> Any:
@@ -269,8 +113,9 @@ def _check_sizes(family: str, values: dict[str, Any], aliases: Mapping[str, str]
         if aliases.get(name, name) not in values or (value is None and name in ("num_key_value_heads", "head_dim")):
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            example = defaults.get(aliases.get(name, name), 64)
             raise ModelError(f"--model random:{family} override {name}={value!r} is invalid; "
-                             f"write a positive integer, e.g. random:{family}:{name}={_DEFAULTS['llama'].get(name, 64)}.")
+                             f"write a positive integer, e.g. random:{family}:{name}={example}.")
     width, heads, kv = get("hidden_size"), get("num_attention_heads"), get("num_key_value_heads")
     if width % heads:
         raise ModelError(f"--model random:{family}: hidden_size={width} is not a multiple of num_attention_heads={heads}; "
@@ -292,11 +137,13 @@ def random_config(family: str, overrides: Mapping[str, Any] | str | None = None)
     Parameters
     ----------
     family : str
-        One of :data:`FAMILIES`.
+        One of :data:`FAMILIES`; its :class:`~depthlens.models.registry.Family` entry holds
+        the defaults (``tiny_config``).
     overrides : dict or str, optional
         Configuration fields to change, as a mapping or ``"key=value,key=value"``. The
         common names ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
-        ``max_position_embeddings`` and ``intermediate_size`` work for gpt2 too.
+        ``max_position_embeddings`` and ``intermediate_size`` work for gpt2 too (the
+        family's ``aliases``).
 
     Raises
     ------
@@ -304,10 +151,10 @@ def random_config(family: str, overrides: Mapping[str, Any] | str | None = None)
         For an unknown family, an unknown configuration key (named in the message) or values
         the configuration class rejects.
     """
-    _check_family(family)
-    cls = _config_class(family)
-    values = dict(_DEFAULTS[family])
-    aliases = _ALIASES.get(family, {})
+    entry = registry.family(family)
+    cls = entry.config_type()
+    values = dict(entry.tiny_config)
+    aliases = entry.aliases
     reference = cls()
     for key, value in parse_overrides(overrides).items():
         key = aliases.get(key, key)
@@ -316,14 +163,12 @@ def random_config(family: str, overrides: Mapping[str, Any] | str | None = None)
                 f"override {key!r} is not a field of {cls.__name__}; check the spelling (e.g. hidden_size=128)."
             )
         values[key] = value
-    _check_sizes(family, values, aliases)
-    pattern = _LAYER_PATTERN.get(family)
-    if pattern is not None and "layer_types" not in values:
+    _check_sizes(family, values, entry.tiny_config, aliases)
+    if entry.layer_pattern and "layer_types" not in values:
         n = int(values["num_hidden_layers"])
-        values["layer_types"] = [pattern[i % len(pattern)] for i in range(n)]
-    if family == "gpt_neox":
-        pct = values.pop("rotary_pct")
-        values.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": pct})
+        values["layer_types"] = [entry.layer_pattern[i % len(entry.layer_pattern)] for i in range(n)]
+    if entry.finish_config is not None:
+        entry.finish_config(values)
     try:
         config = cls(**values, attn_implementation="eager")
     except Exception as exc:  # noqa: BLE001 - ValueError, TypeError, huggingface_hub's StrictDataclassError, ...

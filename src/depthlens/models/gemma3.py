@@ -14,15 +14,23 @@ model the adapter sees text only: ``input_ids`` without image tokens.
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import nn
 
 from .llama import LlamaAdapter
+from .registry import TINY_COMMON, Family
 
 
 class Gemma3Adapter(LlamaAdapter):
     """Adapter for ``Gemma3ForCausalLM`` (and the text part of ``Gemma3ForConditionalGeneration``)."""
 
-    family = "gemma3"
+    norm_names = {
+        "attn_in": "input_layernorm",
+        "attn_post": "post_attention_layernorm",
+        "mlp_in": "pre_feedforward_layernorm",
+        "mlp_post": "post_feedforward_layernorm",
+    }
+    qk_norm = "head"
+    norm_offset = 1.0
 
     def _locate(self, model: nn.Module) -> tuple[nn.Module, nn.Module]:
         backbone = model.model
@@ -30,32 +38,31 @@ class Gemma3Adapter(LlamaAdapter):
             backbone = backbone.language_model
         return backbone, model.lm_head
 
-    def _final_softcap(self) -> float | None:
+    def logit_softcap(self) -> float | None:
         # Gemma3ForCausalLM soft-caps its logits; the multimodal wrapper's forward does not
         if hasattr(self.model.model, "language_model"):
             return None
-        return super()._final_softcap()
+        return super().logit_softcap()
 
-    def qkv(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        a = self._attns[layer]
-        B, T, _ = x.shape
-        shape = (B, T, -1, self.head_dim)
-        q = a.q_norm(a.q_proj(x).view(shape).transpose(1, 2))
-        k = a.k_norm(a.k_proj(x).view(shape).transpose(1, 2))
-        v = a.v_proj(x).view(shape).transpose(1, 2)
-        cos, sin = self._position_embeddings(layer, T, x)
-        q, k = self._rotate(q, k, cos, sin)
-        return q, k, v
 
-    def _attn_input(self, layer: int, h: Tensor) -> Tensor:
-        return self.layers[layer].input_layernorm(h)
-
-    def _attn_post(self, layer: int, a: Tensor) -> Tensor:
-        return self.layers[layer].post_attention_layernorm(a)
-
-    def _mlp_branch(self, layer: int, g: Tensor) -> Tensor:
-        blk = self.layers[layer]
-        return blk.post_feedforward_layernorm(blk.mlp(blk.pre_feedforward_layernorm(g)))
-
-    def _pre_mlp_module(self, layer: int) -> nn.Module | None:
-        return self.layers[layer].pre_feedforward_layernorm
+ENTRIES = (
+    Family(
+        name="gemma3",
+        model_types=("gemma3_text", "gemma3"),
+        config_class="Gemma3TextConfig",
+        tiny_config={
+            **TINY_COMMON,
+            "num_hidden_layers": 3,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "intermediate_size": 128,
+            "sliding_window": 4,
+            "final_logit_softcapping": 30.0,
+            "rms_norm_eps": 1e-6,
+        },
+        adapter=Gemma3Adapter,
+        layer_pattern=("sliding_attention", "full_attention"),
+        wrapper_types=("gemma3",),
+    ),
+)

@@ -17,12 +17,12 @@ import torch
 from torch import Tensor, nn
 
 from .adapter import Adapter
+from .registry import Family
+from .weights import LayerWeights, WeightReader
 
 
 class GPT2Adapter(Adapter):
     """Adapter for ``GPT2LMHeadModel``."""
-
-    family = "gpt2"
 
     def _locate(self, model: nn.Module) -> tuple[nn.Module, nn.Module]:
         if getattr(model.config, "add_cross_attention", False):
@@ -65,3 +65,46 @@ class GPT2Adapter(Adapter):
 
     def _sliding_window(self, layer: int) -> int | None:
         return None
+
+    def _layer_weights(self, layer: int, read: WeightReader) -> LayerWeights:
+        blk, a = self.layers[layer], self._attns[layer]
+        W, b = read.linear(a.c_attn)  # fused [q | k | v] rows
+        d = self.d_model
+        Wo, bo = read.linear(a.c_proj)
+        Wi, bi = read.linear(blk.mlp.c_fc)
+        Wd, bd = read.linear(blk.mlp.c_proj)
+        return LayerWeights(
+            attn_in=read.norm(blk.ln_1), Wq=W[:d], bq=None if b is None else b[:d], Wk=W[d : 2 * d],
+            bk=None if b is None else b[d : 2 * d], Wv=W[2 * d :], bv=None if b is None else b[2 * d :],
+            q_norm=None, k_norm=None, qk_per_head=True, Wo=Wo, bo=bo, attn_post=None, mlp_in=read.norm(blk.ln_2),
+            Wg=Wi, bg=bi, Wu=None, bu=None, act=blk.mlp.act, Wd=Wd, bd=bd, mlp_post=None,
+        )
+
+
+ENTRIES = (
+    Family(
+        name="gpt2",
+        model_types=("gpt2",),
+        config_class="GPT2Config",
+        tiny_config={
+            "vocab_size": 256,
+            "n_embd": 64,
+            "n_layer": 2,
+            "n_head": 4,
+            "n_positions": 256,
+            "n_inner": 128,
+            "initializer_range": 0.1,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "tie_word_embeddings": True,
+        },
+        adapter=GPT2Adapter,
+        aliases={
+            "hidden_size": "n_embd",
+            "num_hidden_layers": "n_layer",
+            "num_attention_heads": "n_head",
+            "max_position_embeddings": "n_positions",
+            "intermediate_size": "n_inner",
+        },
+    ),
+)

@@ -9,41 +9,32 @@ heads, then RoPE; OLMo 3 adds sliding-window layers (``layer_types``) with per-t
 
 from __future__ import annotations
 
-from torch import Tensor, nn
-
 from .llama import LlamaAdapter
-from .families import family_of
+from .registry import TINY_COMMON, Family
 
 
 class OlmoAdapter(LlamaAdapter):
     """Adapter for ``Olmo2ForCausalLM`` and ``Olmo3ForCausalLM`` (``family`` is olmo2 or olmo3)."""
 
-    family = "olmo2"
+    norm_names = {
+        "attn_in": None,
+        "attn_post": "post_attention_layernorm",
+        "mlp_in": None,
+        "mlp_post": "post_feedforward_layernorm",
+    }
+    qk_norm = "full"
 
-    def __init__(self, model: nn.Module) -> None:
-        self.family = family_of(model.config)
-        super().__init__(model)
 
-    def qkv(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        a = self._attns[layer]
-        B, T, _ = x.shape
-        shape = (B, T, -1, self.head_dim)
-        q = a.q_norm(a.q_proj(x)).view(shape).transpose(1, 2)
-        k = a.k_norm(a.k_proj(x)).view(shape).transpose(1, 2)
-        v = a.v_proj(x).view(shape).transpose(1, 2)
-        cos, sin = self._position_embeddings(layer, T, x)
-        q, k = self._rotate(q, k, cos, sin)
-        return q, k, v
+_TINY = {**TINY_COMMON, "num_key_value_heads": 2, "intermediate_size": 128, "rms_norm_eps": 1e-6}
 
-    def _attn_input(self, layer: int, h: Tensor) -> Tensor:
-        return h
-
-    def _attn_post(self, layer: int, a: Tensor) -> Tensor:
-        return self.layers[layer].post_attention_layernorm(a)
-
-    def _mlp_branch(self, layer: int, g: Tensor) -> Tensor:
-        blk = self.layers[layer]
-        return blk.post_feedforward_layernorm(blk.mlp(g))
-
-    def _pre_mlp_module(self, layer: int) -> nn.Module | None:
-        return self.layers[layer].mlp
+ENTRIES = (
+    Family(name="olmo2", model_types=("olmo2",), config_class="Olmo2Config", tiny_config=_TINY, adapter=OlmoAdapter),
+    Family(
+        name="olmo3",
+        model_types=("olmo3",),
+        config_class="Olmo3Config",
+        tiny_config={**_TINY, "num_hidden_layers": 3, "sliding_window": 4},
+        adapter=OlmoAdapter,
+        layer_pattern=("sliding_attention", "sliding_attention", "full_attention"),
+    ),
+)

@@ -1,0 +1,151 @@
+"""Mean sub-layer operators over many tokens: a running accumulator and the driver over chunks.
+
+:class:`MeanAccumulator` keeps float64 sums and counts per ``(layer, kind)`` (mergeable
+across workers and resumable); :func:`mean_operators` runs the forward passes and feeds it
+the engines' per-batch sums (:func:`~depthlens.jacobian.sublayer.sublayer_jacobian_sum`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ..errors import InputError
+from ..models.adapter import Adapter, Sublayer, check_sublayer
+from .options import JacobianMode
+from .sublayer import KINDS, check_dtype, check_jacobian_mode, input_state, select_positions, sublayer_jacobian_sum
+
+__all__ = ["MeanAccumulator", "mean_operators"]
+
+
+class MeanAccumulator:
+    """Running float64 sums and counts of operators per ``(layer, kind)``; :meth:`mean` divides.
+
+    Examples
+    --------
+    >>> import torch
+    >>> acc = MeanAccumulator()
+    >>> acc.add(0, "attn", torch.eye(3).expand(4, 3, 3))
+    >>> float(acc.mean()[(0, "attn")].trace()), acc.count(0, "attn")
+    (3.0, 4)
+    """
+
+    def __init__(self) -> None:
+        self._sum: dict[tuple[int, Sublayer], Tensor] = {}
+        self._count: dict[tuple[int, Sublayer], int] = {}
+
+    def add(self, layer: int, kind: Sublayer, jacobians: Tensor) -> None:
+        """Add a stack of operators ``(N, d, d)`` (or one ``(d, d)``)."""
+        J = torch.as_tensor(jacobians)
+        if J.ndim == 2:
+            J = J.unsqueeze(0)
+        if J.ndim != 3 or J.shape[-1] != J.shape[-2]:
+            raise InputError(f"jacobians have shape {tuple(J.shape)}; pass (N, d, d) or (d, d).")
+        self.add_sum(layer, kind, J.to(torch.float64).sum(0), J.shape[0])
+
+    def add_sum(self, layer: int, kind: Sublayer, total: Tensor, count: int) -> None:
+        """Add a precomputed sum of ``count`` operators."""
+        total = torch.as_tensor(total).to(torch.float64)
+        key = (int(layer), check_sublayer(kind))
+        if key in self._sum:
+            if self._sum[key].shape != total.shape:
+                raise InputError(f"operator shape {tuple(total.shape)} differs from {tuple(self._sum[key].shape)} for {key}.")
+            self._sum[key] = self._sum[key] + total.to(self._sum[key].device)
+            self._count[key] += int(count)
+        else:
+            self._sum[key] = total.clone()
+            self._count[key] = int(count)
+
+    def merge(self, other: MeanAccumulator) -> None:
+        """Add another accumulator's sums and counts (e.g. from another worker)."""
+        for key, total in other._sum.items():
+            self.add_sum(key[0], key[1], total, other._count[key])
+
+    def keys(self) -> list[tuple[int, Sublayer]]:
+        return sorted(self._sum, key=lambda k: (k[0], KINDS.index(k[1])))
+
+    def count(self, layer: int, kind: Sublayer) -> int:
+        return self._count.get((int(layer), kind), 0)
+
+    def mean(self) -> dict[tuple[int, Sublayer], np.ndarray]:
+        """``{(layer, kind): sum / count}`` as float64 numpy arrays, in layer order."""
+        return {k: (self._sum[k] / self._count[k]).cpu().numpy() for k in self.keys()}
+
+
+def mean_operators(
+    adapter: Adapter,
+    input_ids: Tensor,
+    jacobian_mode: JacobianMode = "isolated",
+    positions: str | int | Sequence[int] = "last",
+    batch_size: int = 8,
+    progress: bool = False,
+    layers: Iterable[int] | None = None,
+    dtype: torch.dtype = torch.float64,
+    accumulator: MeanAccumulator | None = None,
+    label: str = "",
+) -> dict[tuple[int, Sublayer], np.ndarray]:
+    """Mean operators ``J̄ = (1/N) sum J`` of every layer's ``attn`` and ``mlp`` over chunks.
+
+    One forward pass per batch of chunks gives the residual states; then, per layer, the
+    engines sum the operators of the selected positions (:func:`sublayer_jacobian_sum`).
+
+    Parameters
+    ----------
+    adapter : Adapter
+    input_ids : Tensor (N, T)
+        Token chunks (BOS already prepended where wanted).
+    jacobian_mode, positions, dtype
+        As :func:`sublayer_jacobians`.
+    batch_size : int
+        Chunks per forward pass.
+    progress : bool
+        Show a progress bar.
+    layers : iterable of int, optional
+        Which layers (default all).
+    accumulator : MeanAccumulator, optional
+        Accumulate into this one (e.g. to continue or merge runs); a new one otherwise.
+    label : str
+        Names the model in the progress bar (``jacobians <label> (<jacobian_mode>)``), e.g. ``step-0 null``.
+
+    Returns
+    -------
+    dict ``{(layer, kind): ndarray (d, d)}`` in float64, layers in order, ``attn`` before ``mlp``.
+
+    Raises
+    ------
+    InputError
+        Bad ids, jacobian_mode, positions, batch size or layers.
+    """
+    check_jacobian_mode(jacobian_mode)
+    check_dtype(dtype)
+    ids = torch.as_tensor(input_ids)
+    if ids.ndim == 1:
+        ids = ids.unsqueeze(0)
+    if ids.ndim != 2 or ids.shape[0] == 0:
+        raise InputError(f"input_ids has shape {tuple(ids.shape)}; pass token chunks (N, T).")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise InputError(f"batch_size {batch_size!r} must be a positive integer.")
+    select_positions(positions, ids.shape[1])
+    wanted = list(range(adapter.n_layers)) if layers is None else [adapter.check_layer(int(x)) for x in layers]
+    acc = MeanAccumulator() if accumulator is None else accumulator
+    starts = range(0, ids.shape[0], int(batch_size))
+    bar = tqdm(total=len(starts) * len(wanted), desc=f"jacobians {label} ({jacobian_mode})" if label else f"jacobians ({jacobian_mode})", unit="layer", disable=not progress)
+    try:
+        for s in starts:
+            states = adapter.residual_states(ids[s : s + int(batch_size)])
+            for layer in wanted:
+                for kind in KINDS:
+                    total, count = sublayer_jacobian_sum(
+                        adapter, states[input_state(adapter, layer, kind)], layer, kind, jacobian_mode, positions, dtype
+                    )
+                    acc.add_sum(layer, kind, total, count)
+                bar.update(1)
+            del states
+    finally:
+        bar.close()
+    out = acc.mean()
+    return {k: out[k] for k in out if k[0] in set(wanted)} if layers is not None else out

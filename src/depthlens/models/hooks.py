@@ -1,0 +1,201 @@
+"""Captures: what one forward pass of the model computes, read by hooks that remove themselves.
+
+:class:`Captures` is mixed into :class:`~depthlens.models.adapter.Adapter` and gives it
+:meth:`~Captures.attention_inputs`, :meth:`~Captures.attention_probs` (recomputed in float64
+from the captured attention inputs), :meth:`~Captures.residual_states` and
+:meth:`~Captures.head_outputs`. Every capture runs under ``torch.no_grad()``, returns
+detached tensors, stops the forward pass once it has what it needs where it can, and removes
+its hooks on the way out, also after an exception. Active ablations and clamps
+(:mod:`depthlens.models.interventions`) act on the captured forward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import ModelError
+
+__all__ = ["Captures"]
+
+
+class _Stop(Exception):
+    """Raised inside a hook to end a forward pass early once everything needed is captured."""
+
+
+def first_arg(args: tuple, kwargs: dict, name: str = "hidden_states") -> Tensor:
+    """The first input of a hooked module, passed positionally or as ``name``.
+
+    Raises
+    ------
+    ModelError
+        If the module received neither.
+    """
+    if args:
+        return args[0]
+    if name in kwargs:
+        return kwargs[name]
+    raise ModelError(f"could not find the {name} argument of a hooked module; the model layout is unexpected.")
+
+
+def replace_first_arg(args: tuple, kwargs: dict, value: Tensor, name: str = "hidden_states") -> tuple:
+    """``(args, kwargs)`` with the first input (see :func:`first_arg`) replaced by ``value``."""
+    if args:
+        return (value, *args[1:]), kwargs
+    kwargs = dict(kwargs)
+    kwargs[name] = value
+    return args, kwargs
+
+
+class Captures:
+    """Forward-pass captures of an :class:`~depthlens.models.adapter.Adapter` (a mixin of it).
+
+    Hooks the adapter's decoder layers, attention modules, output projections and final norm
+    (``layers``, ``_attns``, ``_oprojs``, ``_final_norm_module``) and the module its family
+    names with ``_pre_mlp_module``.
+    """
+
+    def attention_probs(
+        self, input_ids: Tensor, layers: int | Iterable[int] | None = None
+    ) -> Iterator[tuple[int, Tensor]]:
+        """Yield ``(layer, A)`` with ``A`` the float64 attention probabilities (B, H, T, T).
+
+        One forward pass captures the attention inputs of the requested layers (it stops
+        after the last of them); the float64 matrices are then formed one layer at a time,
+        so only one layer's matrices are alive at once. Active ablations and clamps act on
+        that forward pass, so the probabilities of later layers reflect them.
+
+        Parameters
+        ----------
+        input_ids : Tensor (B, T)
+        layers : int or iterable of int, optional
+            Which layers (default all), yielded in the order given.
+
+        Raises
+        ------
+        InputError
+            For bad ids or layer indices.
+        """
+        ids = self._ids(input_ids)
+        if layers is None:
+            wanted = list(range(self.n_layers))
+        else:
+            wanted = [layers] if isinstance(layers, int) else list(layers)
+            for layer in wanted:
+                self.check_layer(layer)
+        return self._attention_probs(ids, wanted)
+
+    def _attention_probs(self, ids: Tensor, wanted: list[int]) -> Iterator[tuple[int, Tensor]]:
+        captured = self.attention_inputs(ids, set(wanted))
+        for layer in wanted:
+            x = captured[layer]
+            with torch.no_grad():
+                q, k, _ = self.qkv(layer, x)
+                yield layer, self.probs_from_qk(layer, q, k)
+
+    def attention_inputs(self, input_ids: Tensor, layers: Iterable[int] | None = None) -> dict[int, Tensor]:
+        """The inputs of the attention modules of ``layers`` (B, T, d), from one (early-stopped) forward pass."""
+        ids = self._ids(input_ids)
+        wanted = set(range(self.n_layers)) if layers is None else {self.check_layer(i) for i in layers}
+        if not wanted:
+            return {}
+        last = max(wanted)
+        captured: dict[int, Tensor] = {}
+        handles = []
+
+        def make(i: int) -> Callable:
+            def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+                captured[i] = first_arg(args, kwargs).detach()
+                if i == last:
+                    raise _Stop
+
+            return hook
+
+        try:
+            for i in wanted:
+                handles.append(self._attns[i].register_forward_pre_hook(make(i), with_kwargs=True))
+            with torch.no_grad(), contextlib.suppress(_Stop):
+                self._forward(ids)
+        finally:
+            for h in handles:
+                h.remove()
+        return captured
+
+    def residual_states(self, input_ids: Tensor) -> Tensor:
+        """The residual stream ``(2L + 1, B, T, d)`` in the model dtype, from one forward pass.
+
+        Index ``2l`` is the input of layer ``l``, ``2l + 1`` its pre-MLP residual (for parallel
+        residual models ``h + Attn(ln_1(h))``), ``2L`` the last layer's output before the final
+        norm. Active clamps and ablations are reflected.
+        """
+        ids = self._ids(input_ids)
+        L = self.n_layers
+        states: list[Tensor | None] = [None] * (2 * L + 1)
+        handles = []
+
+        def pre_layer(i: int) -> Callable:
+            def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+                states[2 * i] = first_arg(args, kwargs).detach()
+
+            return hook
+
+        def pre_mlp(i: int) -> Callable:
+            def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+                states[2 * i + 1] = first_arg(args, kwargs).detach()
+
+            return hook
+
+        def attn_out(i: int) -> Callable:
+            def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+                a = output[0] if isinstance(output, tuple) else output
+                states[2 * i + 1] = states[2 * i] + a.detach()
+
+            return hook
+
+        def final(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            states[2 * L] = first_arg(args, kwargs, "input").detach()
+
+        try:
+            for i, layer in enumerate(self.layers):
+                handles.append(layer.register_forward_pre_hook(pre_layer(i), with_kwargs=True))
+                mod = self._pre_mlp_module(i)
+                if mod is None:
+                    handles.append(self._attns[i].register_forward_hook(attn_out(i), with_kwargs=True))
+                else:
+                    handles.append(mod.register_forward_pre_hook(pre_mlp(i), with_kwargs=True))
+            handles.append(self._final_norm_module.register_forward_pre_hook(final, with_kwargs=True))
+            with torch.no_grad():
+                self._forward(ids)
+        finally:
+            for h in handles:
+                h.remove()
+        missing = [i for i, s in enumerate(states) if s is None]
+        if missing:
+            raise ModelError(f"residual states {missing} were not seen in the forward pass; the layout is unexpected.")
+        return torch.stack(states)  # type: ignore[arg-type]
+
+    def head_outputs(self, input_ids: Tensor, layer: int) -> Tensor:
+        """Every query head's output before the output projection of ``layer``: (B, T, H, hd).
+
+        Active ablations of that layer are reflected (the capture sees the projection's input).
+        """
+        ids = self._ids(input_ids)
+        self.check_layer(layer)
+        out: list[Tensor] = []
+
+        def hook(module: nn.Module, args: tuple) -> None:
+            out.append(args[0].detach())
+            raise _Stop
+
+        handle = self._oprojs[layer].register_forward_pre_hook(hook)
+        try:
+            with torch.no_grad(), contextlib.suppress(_Stop):
+                self._forward(ids)
+        finally:
+            handle.remove()
+        x = out[0]
+        return x.reshape(*x.shape[:2], self.n_heads, self.head_dim)

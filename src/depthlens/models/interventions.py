@@ -1,0 +1,201 @@
+"""Interventions: head ablation and residual clamps, as context managers that remove themselves.
+
+:class:`Interventions` is mixed into :class:`~depthlens.models.adapter.Adapter` and gives it
+:meth:`~Interventions.ablate_head` (replace query heads' outputs at the input of the
+attention output projection) and :meth:`~Interventions.clamp` (overwrite residual entries at
+the input of decoder layers ``>= from_layer`` and of the final norm). Both act on every
+forward pass of the model while active, and their hooks are removed on exit, also after an
+exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import InputError
+from .hooks import first_arg, replace_first_arg
+
+__all__ = ["ABLATION_METHODS", "AblationMethod", "Interventions"]
+
+AblationMethod = Literal["zero", "mean", "resample"]
+ABLATION_METHODS: tuple[AblationMethod, ...] = ("zero", "mean", "resample")
+
+
+class Interventions:
+    """Head ablation and residual clamps of an :class:`~depthlens.models.adapter.Adapter` (a mixin of it).
+
+    Hooks the adapter's output projections (``_oprojs``), decoder layers (``layers``) and
+    final norm (``_final_norm_module``).
+    """
+
+    @contextlib.contextmanager
+    def ablate_head(
+        self,
+        layer: int,
+        head: int | Sequence[int],
+        method: AblationMethod = "zero",
+        value: Tensor | None = None,
+    ) -> Iterator[None]:
+        """Replace query heads' outputs at the input of ``layer``'s output projection.
+
+        Parameters
+        ----------
+        layer : int
+        head : int or sequence of int
+            One head, or several ablated together.
+        method : {"zero", "mean", "resample"}
+            ``zero``: set to 0. ``mean``: set to ``value``, the head's mean output vector,
+            shape ``(hd,)`` for one head or ``(n, hd)`` for ``n`` heads (e.g. the mean of
+            :meth:`head_outputs` over batch and positions). ``resample``: set to ``value`` of
+            shape ``(B, T, hd)`` for one head or ``(B, T, n, hd)`` for ``n`` heads (outputs on
+            other inputs; ``B`` may be 1 to broadcast).
+        value : Tensor, optional
+            For ``mean`` and ``resample`` (see ``method``); None for ``zero``.
+
+        The hook acts on every call of the projection: the model's forward pass and the
+        :meth:`sublayer` / :meth:`block` maps. It is removed on exit, also after an exception.
+
+        Raises
+        ------
+        InputError
+            For a bad layer, head, method or value shape (value shapes against the sequence
+            length are checked when the hook fires).
+        """
+        self.check_layer(layer)
+        heads = self._check_heads(head)
+        single = isinstance(head, int)
+        if method not in ABLATION_METHODS:
+            raise InputError(f"ablation method {method!r} is not one of {ABLATION_METHODS}.")
+        hd = self.head_dim
+        n = len(heads)
+        if method == "zero":
+            if value is not None:
+                raise InputError("zero ablation takes no value; leave value=None.")
+        else:
+            if value is None:
+                raise InputError(f"{method} ablation needs a value (see head_outputs).")
+            value = torch.as_tensor(value)
+            if single:
+                value = value.unsqueeze(-2)
+            want = (n, hd)
+            if method == "mean" and tuple(value.shape) != want:
+                shape = "(hd,)" if single else "(n, hd)"
+                raise InputError(f"mean ablation value has shape {tuple(value.shape)}; expected {shape} with hd={hd}.")
+            if method == "resample" and (value.ndim != 4 or tuple(value.shape[-2:]) != want):
+                shape = "(B, T, hd)" if single else "(B, T, n, hd)"
+                raise InputError(f"resample value has shape {tuple(value.shape)}; expected {shape} with hd={hd}.")
+        index = torch.tensor(heads)
+
+        def hook(module: nn.Module, args: tuple) -> tuple:
+            x = args[0]
+            B, T = x.shape[0], x.shape[1]
+            y = x.reshape(B, T, self.n_heads, hd).clone()
+            idx = index.to(x.device)
+            if method == "zero":
+                y[:, :, idx, :] = 0
+            elif method == "mean":
+                y[:, :, idx, :] = value.to(device=x.device, dtype=x.dtype)
+            else:
+                v = value.to(device=x.device, dtype=x.dtype)
+                if v.shape[1] != T or v.shape[0] not in (1, B):
+                    raise InputError(
+                        f"resample value has shape {tuple(v.shape)}; the input has B={B}, T={T} (B may be 1)."
+                    )
+                y[:, :, idx, :] = v.expand(B, T, n, hd)
+            return (y.reshape(x.shape), *args[1:])
+
+        handle = self._oprojs[layer].register_forward_pre_hook(hook)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    @contextlib.contextmanager
+    def clamp(
+        self,
+        dims: int | Sequence[int],
+        values: float | Tensor | Mapping[int, float | Tensor] | Callable[[int, Tensor], Tensor],
+        positions: int | Sequence[int],
+        from_layer: int,
+    ) -> Iterator[None]:
+        """Set residual entries ``h[:, positions, dims] = values`` from ``from_layer`` on.
+
+        The clamp acts in the model's forward pass at the input of every decoder layer
+        ``l >= from_layer`` (the pre-attention residual, state ``2l``) and at the input of the
+        final norm (state ``2L``), so the final state and the logits are consistent with it.
+        Pre-MLP states are not clamped. The pure maps :meth:`sublayer`, :meth:`block` and
+        :meth:`unembed` are not affected.
+
+        Parameters
+        ----------
+        dims : int or sequence of int
+            Residual dimensions (D of them).
+        values : float, Tensor, mapping or callable
+            A scalar or tensor broadcastable to ``(B, P, D)`` used at every clamped layer; a
+            mapping ``{layer: value}`` with a value for every layer ``from_layer .. L`` (``L``
+            meaning the final-norm input); or a callable ``f(layer, current) -> new`` given the
+            current entries ``(B, P, D)`` (e.g. ``lambda l, x: 0.5 * x`` for a dose).
+        positions : int or sequence of int
+            Token positions (P of them).
+        from_layer : int
+            First clamped layer, ``0 .. L`` (``L`` clamps only the final state).
+
+        Raises
+        ------
+        InputError
+            For out-of-range dims, positions or layers, or a mapping missing a layer.
+        """
+        L = self.n_layers
+        self.check_layer(from_layer, allow_end=True)
+        dim_list = [dims] if isinstance(dims, int) else list(dims)
+        pos_list = [positions] if isinstance(positions, int) else list(positions)
+        if not dim_list or not pos_list:
+            raise InputError("clamp needs at least one dim and one position.")
+        for d in dim_list:
+            if not 0 <= int(d) < self.d_model:
+                raise InputError(f"dim {d} is out of range; the residual has {self.d_model} dims.")
+        for p in pos_list:
+            if not 0 <= int(p) < self.max_seq_len:
+                raise InputError(f"position {p} is out of range 0 .. {self.max_seq_len - 1}.")
+        if isinstance(values, Mapping):
+            missing = [i for i in range(from_layer, L + 1) if i not in values]
+            if missing:
+                raise InputError(f"clamp values miss layers {missing}; give one for each of {from_layer} .. {L}.")
+        p_idx = torch.tensor(pos_list)[:, None]
+        d_idx = torch.tensor(dim_list)[None, :]
+
+        def apply(layer: int, h: Tensor) -> Tensor:
+            if max(pos_list) >= h.shape[1]:
+                raise InputError(f"clamp position {max(pos_list)} is beyond the sequence length {h.shape[1]}.")
+            pi, di = p_idx.to(h.device), d_idx.to(h.device)
+            if callable(values) and not isinstance(values, Tensor):
+                new = values(layer, h[:, pi, di])
+            elif isinstance(values, Mapping):
+                new = values[layer]
+            else:
+                new = values
+            h = h.clone()
+            h[:, pi, di] = torch.as_tensor(new, dtype=h.dtype, device=h.device)
+            return h
+
+        def make(layer: int) -> Callable:
+            def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+                name = "input" if layer == L else "hidden_states"
+                return replace_first_arg(args, kwargs, apply(layer, first_arg(args, kwargs, name)), name)
+
+            return hook
+
+        handles = []
+        try:
+            for i in range(from_layer, L):
+                handles.append(self.layers[i].register_forward_pre_hook(make(i), with_kwargs=True))
+            handles.append(self._final_norm_module.register_forward_pre_hook(make(L), with_kwargs=True))
+            yield
+        finally:
+            for h in handles:
+                h.remove()

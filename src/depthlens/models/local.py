@@ -1,0 +1,97 @@
+"""Saved Hugging Face checkpoints in a local folder (``config.json``, tokenizer and weights).
+
+Weights are read from ``*.safetensors`` when the folder has them, else from
+``pytorch_model*.bin`` through torch's restricted unpickler (``weights_only=True``); no code
+from the folder runs unless ``trust_remote_code=True``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelError, one_line
+from .hashing import combined_sha256, hash_files
+from .pretrained import Checkpoint, load_config, model_from_folder, quiet_transformers, remote_code_error
+from .tokenizer import tokenizer_from
+
+__all__ = ["load_local"]
+
+
+def _weight_files(folder: Path) -> tuple[list[Path], bool]:
+    """The weight files of ``folder`` and whether they are safetensors (else ``pytorch_model*.bin``)."""
+    safe = sorted(folder.glob("*.safetensors"))
+    if safe:
+        return safe, True
+    pickles = sorted(folder.glob("pytorch_model*.bin"))
+    return pickles, False
+
+
+def load_local(folder: Path, *, spec: str, dtype: torch.dtype, trust_remote_code: bool) -> Checkpoint:
+    """Load the model, tokenizer and weights saved in ``folder`` (which has ``config.json``).
+
+    Parameters
+    ----------
+    folder : Path
+        The resolved folder.
+    spec : str
+        The model spec as given.
+    dtype : torch.dtype
+        The dtype the weights are read in.
+    trust_remote_code : bool
+        Passed to transformers.
+
+    Returns
+    -------
+    Checkpoint
+        Named after the folder; ``provenance`` records the weight files and their sha256.
+
+    Raises
+    ------
+    ModelError
+        No weights, an unreadable configuration, tokenizer or weights, an unsupported
+        architecture, or a checkpoint that needs its own code.
+    """
+    from .families import family_of
+
+    files, safe = _weight_files(folder)
+    if not files:
+        raise ModelError(
+            f"folder {folder} has config.json but no *.safetensors or pytorch_model*.bin weights; "
+            "save the model there with save_pretrained."
+        )
+    try:
+        with quiet_transformers():
+            config = load_config(str(folder), revision=None, trust_remote_code=trust_remote_code, local=True)
+    except Exception as exc:
+        raise remote_code_error(spec, exc) or ModelError(
+            f"cannot read {folder / 'config.json'} ({one_line(exc)}); check the file."
+        ) from None
+    family_of(config)  # fail before reading weights
+    try:
+        with quiet_transformers():
+            tokenizer = tokenizer_from(str(folder), local_files_only=True, trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise ModelError(
+            f"folder {folder} has no usable tokenizer ({one_line(exc)}); save the tokenizer there too "
+            "(tokenizer.save_pretrained)."
+        ) from None
+    try:
+        with quiet_transformers():
+            model = model_from_folder(folder, dtype, trust_remote_code, use_safetensors=safe)
+    except Exception as exc:
+        raise remote_code_error(spec, exc) or ModelError(
+            f"cannot load the weights in {folder} ({one_line(exc)}); check the files."
+        ) from None
+    hashes = hash_files(files)
+    provenance = {
+        "spec": spec,
+        "revision": None,
+        "source": "local",
+        "path": str(folder),
+        "sha256": combined_sha256(hashes),
+        "files": hashes,
+        "weights_format": "safetensors" if safe else "pytorch_bin(weights_only=True)",
+    }
+    return Checkpoint(model, tokenizer, folder.name, provenance)
