@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from scipy.stats import ortho_group
 
 from depthlens.errors import InputError
-from depthlens.linalg.ranks import erank, erank_sigma, participation, self_alignment, stable_rank
+from depthlens.linalg.ranks import erank, erank_sigma, participation_ratio, self_alignment, stable_rank
 
-RANKS = [erank, erank_sigma, participation, stable_rank]
+RANKS = [erank, erank_sigma, participation_ratio, stable_rank]
 
 
 @pytest.mark.parametrize("fn", RANKS)
@@ -37,9 +37,9 @@ def test_closed_forms() -> None:
     assert erank(sv) == pytest.approx(np.exp(-np.sum(p2 * np.log(p2))), rel=1e-14)
     p1 = np.array([2 / 3, 1 / 3])
     assert erank_sigma(sv) == pytest.approx(np.exp(-np.sum(p1 * np.log(p1))), rel=1e-14)
-    assert participation(sv) == pytest.approx(25 / 17, rel=1e-14)
+    assert participation_ratio(sv) == pytest.approx(25 / 17, rel=1e-14)
     assert stable_rank(sv) == pytest.approx(5 / 4, rel=1e-14)
-    assert participation([1e200, 1e200]) == pytest.approx(2.0, rel=1e-14)  # no overflow
+    assert participation_ratio([1e200, 1e200]) == pytest.approx(2.0, rel=1e-14)  # no overflow
 
 
 def test_batched(rng: np.random.Generator) -> None:
@@ -66,7 +66,7 @@ def test_rank_errors() -> None:
     with pytest.raises(InputError, match="every singular value is zero"):
         stable_rank([0.0, 0.0])
     with pytest.raises(InputError, match="non-negative"):
-        participation([1.0, -1.0])
+        participation_ratio([1.0, -1.0])
     with pytest.raises(InputError, match="non-negative"):
         erank([])
 

@@ -136,9 +136,9 @@ def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSIL
     return out
 
 
-def null_reserves(A: np.ndarray, mode: str, n_samples: int, rng: np.random.Generator) -> np.ndarray:
+def null_reserves(A: np.ndarray, null_mode: str, n_samples: int, rng: np.random.Generator) -> np.ndarray:
     """``TR1 = log K(B̃)`` of ``n_samples`` matched shuffle nulls of ``A`` (METHODS A4)."""
-    nulls = shuffle_null(A, mode, n_samples, rng=rng)
+    nulls = shuffle_null(A, null_mode, n_samples, rng=rng)
     return np.array([math.log(kreiss_b(deflate(N), upper=False).value) for N in nulls])
 
 

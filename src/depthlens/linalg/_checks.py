@@ -6,6 +6,8 @@ import numpy as np
 
 from ..errors import InputError
 
+__all__ = ["as_square"]
+
 
 def as_square(M: object, name: str = "M", *, batched: bool = False) -> np.ndarray:
     """Return ``M`` as a finite float64 (or complex128) array of square matrices.

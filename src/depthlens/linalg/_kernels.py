@@ -50,6 +50,8 @@ import numpy as np
 import scipy.linalg
 from numba import njit
 
+__all__ = ["ENGINES", "horner", "sigma_min_batch", "sigma_min_batch_numpy"]
+
 ENGINES = ("numba", "numpy")
 _WARM_MIX = 1e-2
 _FM = {"reassoc", "contract", "nsz"}

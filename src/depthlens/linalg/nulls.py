@@ -21,17 +21,17 @@ NullMode = Literal["full", "sink", "spec"]
 NULL_MODES: tuple[NullMode, ...] = ("full", "sink", "spec")
 
 
-def _allowed(n: int, mode: NullMode) -> np.ndarray:
+def _allowed(n: int, null_mode: NullMode) -> np.ndarray:
     """Boolean (n, n): positions each row may permute over (0-based rows and columns)."""
     row, col = np.indices((n, n))
-    first = 0 if mode == "full" else 1
-    last = row if mode in ("full", "sink") else row - 1
+    first = 0 if null_mode == "full" else 1
+    last = row if null_mode in ("full", "sink") else row - 1
     return (col >= first) & (col <= last)
 
 
 def shuffle_null(
     A: ArrayLike,
-    mode: NullMode = "spec",
+    null_mode: NullMode = "spec",
     n_samples: int = 16,
     *,
     rng: np.random.Generator,
@@ -47,7 +47,7 @@ def shuffle_null(
     ----------
     A : array_like, shape (..., n, n)
         Causal row-stochastic matrices; every matrix and every row is shuffled independently.
-    mode : {"full", "sink", "spec"}
+    null_mode : {"full", "sink", "spec"}
         Which positions each row permutes over.
     n_samples : int
         Number of null samples S ≥ 1 per matrix.
@@ -64,7 +64,7 @@ def shuffle_null(
     Raises
     ------
     InputError
-        If ``A`` is not causal row-stochastic, ``mode`` is unknown, ``n_samples < 1`` or
+        If ``A`` is not causal row-stochastic, ``null_mode`` is unknown, ``n_samples < 1`` or
         ``rng`` is not a ``numpy.random.Generator``.
 
     Notes
@@ -81,14 +81,14 @@ def shuffle_null(
     (2, 4, 4)
     """
     arr = check_causal_stochastic(A)
-    if mode not in NULL_MODES:
-        raise InputError(f"mode is {mode!r}; pass one of {', '.join(NULL_MODES)}.")
+    if null_mode not in NULL_MODES:
+        raise InputError(f"null_mode is {null_mode!r}; pass one of {', '.join(NULL_MODES)}.")
     if isinstance(n_samples, bool) or not isinstance(n_samples, (int, np.integer)) or n_samples < 1:
         raise InputError(f"n_samples is {n_samples!r}; pass a positive integer.")
     if not isinstance(rng, np.random.Generator):
         raise InputError(f"rng is a {type(rng).__name__}; pass a numpy.random.Generator, e.g. np.random.default_rng(seed).")
     n = arr.shape[-1]
-    allowed = _allowed(n, mode)
+    allowed = _allowed(n, null_mode)
     # base[i]: row i's allowed columns ascending, then its fixed columns ascending.
     base = np.argsort(~allowed, axis=-1, kind="stable")
     keys = np.where(allowed, rng.random((int(n_samples), *arr.shape)), np.inf)

@@ -16,11 +16,11 @@ from ..errors import InputError
 from ._checks import as_square
 from .sigma import DEFAULT_TOL, TriangularForm, check_engine, triangular_form
 
-__all__ = ["PseudospectralResult", "PseudospectrumResult", "pseudospectral_abscissa", "pseudospectral_radius", "pseudospectrum"]
+__all__ = ["PseudospectralExtremum", "SigmaGrid", "pseudospectral_abscissa", "pseudospectral_radius", "pseudospectrum"]
 
 
 @dataclass(frozen=True, eq=False)
-class PseudospectrumResult:
+class SigmaGrid:
     """``σ_min(zI − M)`` on the grid ``z = x + iy``.
 
     Attributes
@@ -51,7 +51,7 @@ def _axis(v: object, name: str) -> np.ndarray:
 
 def pseudospectrum(
     M: object, grid_x: object, grid_y: object, *, engine: str = "numba", tol: float = DEFAULT_TOL
-) -> PseudospectrumResult:
+) -> SigmaGrid:
     """``σ_min(zI − M)`` on a rectangular grid (contour it at ε for ``Λ_ε``).
 
     Exactness as :func:`~depthlens.linalg.sigma.sigma_min` (inverse iteration to ``tol``
@@ -74,7 +74,7 @@ def pseudospectrum(
 
     Returns
     -------
-    PseudospectrumResult
+    SigmaGrid
 
     Raises
     ------
@@ -101,11 +101,11 @@ def pseudospectrum(
     S = ev.sigma.reshape(Z.shape)
     S[1::2] = S[1::2, ::-1]
     method = "schur" if tf.kind == "schur" else f"triangular-{tf.kind}"
-    return PseudospectrumResult(x, y, S, method, int(np.count_nonzero(~ev.converged)))
+    return SigmaGrid(x, y, S, method, int(np.count_nonzero(~ev.converged)))
 
 
 @dataclass(frozen=True)
-class PseudospectralResult:
+class PseudospectralExtremum:
     """Pseudospectral radius or abscissa with the point attaining it.
 
     Attributes
@@ -372,7 +372,7 @@ def _refine(
     return best[0], best[1]
 
 
-def _extreme(M: object, eps: float, kind: str, n_lines: int, engine: str) -> PseudospectralResult:
+def _extreme(M: object, eps: float, kind: str, n_lines: int, engine: str) -> PseudospectralExtremum:
     A = as_square(M)
     check_engine(engine)
     if not (isinstance(eps, (int, float, np.floating)) and eps > 0 and math.isfinite(eps)):
@@ -419,10 +419,10 @@ def _extreme(M: object, eps: float, kind: str, n_lines: int, engine: str) -> Pse
         if sk > best_s:
             best_p, best_s = pk, sk
     z = complex(lines.z(np.array([best_p]), np.array([best_s]))[0])
-    return PseudospectralResult(best_s, z, eps, search.count, _METHOD)
+    return PseudospectralExtremum(best_s, z, eps, search.count, _METHOD)
 
 
-def pseudospectral_radius(M: object, eps: float, *, n_lines: int = 64, engine: str = "numba") -> PseudospectralResult:
+def pseudospectral_radius(M: object, eps: float, *, n_lines: int = 64, engine: str = "numba") -> PseudospectralExtremum:
     """ε-pseudospectral radius ``ρ_ε(M) = max{|z| : σ_min(zI − M) ≤ ε}``.
 
     Method: on ``n_lines`` rays (``arg z ∈ [0, π]`` for real ``M``, by conjugate symmetry)
@@ -462,7 +462,7 @@ def pseudospectral_radius(M: object, eps: float, *, n_lines: int = 64, engine: s
 
     Returns
     -------
-    PseudospectralResult
+    PseudospectralExtremum
 
     Raises
     ------
@@ -478,7 +478,7 @@ def pseudospectral_radius(M: object, eps: float, *, n_lines: int = 64, engine: s
     return _extreme(M, eps, "radius", n_lines, engine)
 
 
-def pseudospectral_abscissa(M: object, eps: float, *, n_lines: int = 64, engine: str = "numba") -> PseudospectralResult:
+def pseudospectral_abscissa(M: object, eps: float, *, n_lines: int = 64, engine: str = "numba") -> PseudospectralExtremum:
     """ε-pseudospectral abscissa ``α_ε(M) = max{Re z : σ_min(zI − M) ≤ ε}``.
 
     Same method and guarantees as :func:`pseudospectral_radius` with horizontal lines
@@ -497,7 +497,7 @@ def pseudospectral_abscissa(M: object, eps: float, *, n_lines: int = 64, engine:
 
     Returns
     -------
-    PseudospectralResult
+    PseudospectralExtremum
 
     Raises
     ------

@@ -15,7 +15,7 @@ from ..errors import InputError
 from ._checks import as_square
 from . import guarded
 
-__all__ = ["erank", "erank_sigma", "participation", "self_alignment", "self_alignment_svd", "stable_rank"]
+__all__ = ["erank", "erank_sigma", "participation_ratio", "self_alignment", "self_alignment_svd", "stable_rank"]
 
 
 def _scaled_sv(M_or_sv: ArrayLike) -> np.ndarray:
@@ -74,7 +74,7 @@ def erank_sigma(M_or_sv: ArrayLike) -> np.ndarray:
     return _entropy_rank(_scaled_sv(M_or_sv))
 
 
-def participation(M_or_sv: ArrayLike) -> np.ndarray:
+def participation_ratio(M_or_sv: ArrayLike) -> np.ndarray:
     """Participation ratio ``(Σσ²)² / Σσ⁴`` in [1, n].
 
     Parameters, returns and raises as :func:`erank`.
