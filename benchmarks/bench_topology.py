@@ -98,25 +98,25 @@ def real_stage() -> None:
     from depthlens.config import RunConfig
     from depthlens.jacobian import engines, metrics_table
     from depthlens.runs import RunDirectory
-    from depthlens.runs.directory import Mode
+    from depthlens.runs.directory import RunMode
     from depthlens.topology import stage
     from depthlens.workflow import prepare
 
     cfg = RunConfig(chunks=64)
     prepared = prepare(cfg)
-    ops = engines.mean_operators(prepared.loaded.adapter, prepared.token_ids, mode="isolated", batch_size=16)
+    ops = engines.mean_operators(prepared.loaded.adapter, prepared.token_ids, jacobian_mode="isolated", batch_size=16)
     with tempfile.TemporaryDirectory() as tmp:
-        run_dir = RunDirectory.open(Path(tmp) / "run", Mode.NEW, prepared.manifest())
+        run_dir = RunDirectory.open(Path(tmp) / "run", RunMode.NEW, prepared.manifest())
         run_dir.write_arrays("jacobians_trained_isolated", {f"{l}.{k}": J for (l, k), J in ops.items()})
         table = metrics_table(ops)
         table.insert(0, "checkpoint", "trained")
-        table.insert(1, "mode", "isolated")
+        table.insert(1, "jacobian_mode", "isolated")
         run_dir.write_table("operators", table)
         start = time.perf_counter()
-        stage.run(run_dir, [("trained", lambda: prepared.loaded)], prepared.token_ids, cfg.topology_options(),
-                  batch_size=cfg.batch_size, quiet=True)
+        tables = stage.analyse_checkpoints(run_dir, [("trained", lambda: prepared.loaded)], prepared.token_ids,
+                                           cfg.options("topology"), batch_size=cfg.batch_size, quiet=True)
         wall = time.perf_counter() - start
-        coupling = run_dir.read_table("coupling")
+        coupling = tables["coupling"]
     print(f"real stage: SmolLM2, {cfg.chunks} chunks x {cfg.seq_len} tokens, {len(coupling)} boundaries, "
           f"{cfg.n_perm} permutations each: {wall:.1f} s = {wall / 60:.2f} min (target < 3 min); "
           f"{int(coupling['significant'].sum())} FDR-significant boundaries")

@@ -186,12 +186,14 @@ def test_failed_stage_is_marked_and_reported_then_resumes(text_file: Path, tmp_p
     from depthlens import workflow
     from depthlens.config import RunConfig
     from depthlens.errors import RunIncomplete
-    from depthlens.runs import Mode
+    from depthlens.runs import RunMode
 
     def broken(*_: object) -> None:
         raise RuntimeError("simulated crash")
 
-    monkeypatch.setitem(workflow.STAGES, "attention", broken)
+    from depthlens.attention import stage as attention_stage
+
+    monkeypatch.setattr(attention_stage, "run", broken)
     config = RunConfig(model="random:llama", text=str(text_file), chunks=2, seq_len=16)
     out = tmp_path / "run"
     with pytest.raises(RunIncomplete) as info:
@@ -209,8 +211,8 @@ def test_failed_stage_is_marked_and_reported_then_resumes(text_file: Path, tmp_p
     assert verdicts["A1-kreiss-pinned"] == "not tested"
     monkeypatch.undo()
     calls = []
-    monkeypatch.setitem(workflow.STAGES, "attention", lambda *a: calls.append(a))
-    workflow.run(config, out, mode=Mode.RESUME, stages=("capture", "attention"),
+    monkeypatch.setattr(attention_stage, "run", lambda *a: calls.append(a))
+    workflow.run(config, out, run_mode=RunMode.RESUME, stages=("capture", "attention"),
                  execution=workflow.Execution(quiet=True, jobs=1))
     assert len(calls) == 1
     assert json.loads((out / "manifest.json").read_text())["stages"]["attention"]["status"] == "done"
@@ -310,10 +312,10 @@ def test_stage_help_lists_only_its_options(command: str, groups: tuple[str, ...]
 @pytest.mark.parametrize(
     "extra,message",
     [
-        (["--null-samples", "0"], "--null-samples 0 is invalid"),
-        (["--chunks", "0"], "--chunks 0 is invalid"),
-        (["--n-perm", "0"], "--n-perm 0 is invalid"),
-        (["--funnel-rank", "-1"], "--funnel-rank -1 is invalid"),
+        (["--null-samples", "0"], "--null-samples 0 must be at least 1"),
+        (["--chunks", "0"], "--chunks 0 must be at least 1"),
+        (["--n-perm", "0"], "--n-perm 0 must be at least 1"),
+        (["--funnel-rank", "-1"], "--funnel-rank -1 must be at least 0"),
         (["--funnel-alphas", "0,2"], "--funnel-alphas 0,2 is invalid"),
         (["--funnel-alphas", "a"], "--funnel-alphas 'a' is not"),
         (["--seq-len", "100000"], "--seq-len 100000 exceeds"),
@@ -333,10 +335,10 @@ def test_option_errors_name_the_flag(text_file: Path, tmp_path: Path, capsys: py
 
 def test_stage_option_classes_name_flags_not_fields() -> None:
     """The option classes of the stages (built by the Python API too) word their errors with flags."""
-    from depthlens.attention.analysis import AttentionOptions
+    from depthlens.attention.options import AttentionOptions
     from depthlens.errors import InputError
-    from depthlens.jacobian.stage import JacobianOptions
-    from depthlens.topology.stage import TopologyOptions
+    from depthlens.jacobian.options import JacobianOptions
+    from depthlens.topology.options import TopologyOptions
 
     cases = [(lambda: AttentionOptions(null_samples=0), "--null-samples 0 must be at least 1"),
              (lambda: AttentionOptions(null_chunks=-1), "--null-chunks -1 must be at least 0"),
@@ -344,7 +346,7 @@ def test_stage_option_classes_name_flags_not_fields() -> None:
              (lambda: AttentionOptions(null_mode="x"), "--null-mode 'x' is unknown"),
              (lambda: JacobianOptions(funnel_rank=-1), "--funnel-rank -1 must be at least 0"),
              (lambda: JacobianOptions(positions="first"), "--positions 'first' is unknown"),
-             (lambda: JacobianOptions(modes=("x",)), "--jacobian-mode 'x' is unknown"),
+             (lambda: JacobianOptions(jacobian_mode="x"), "--jacobian-mode 'x' is unknown"),
              (lambda: JacobianOptions(null="x"), "--null 'x' is unknown"),
              (lambda: JacobianOptions(save_arrays="int8"), "--save-arrays 'int8' is unknown"),
              (lambda: TopologyOptions(topk=0), "--topk 0 must be at least 1"),

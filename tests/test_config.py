@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import typing
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 
-from depthlens.config import RunConfig, check_type
+import dataclasses
+
+from depthlens.config import RunConfig, RunOptions, check_type, option_owner
+from depthlens.options import option_fields
+from depthlens.stages import STAGES
 from depthlens.errors import InputError
 
 
@@ -55,14 +58,20 @@ def _toml(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def _line(key: str, value: str) -> str:
+    """``key = value`` in the section the option lives in (top level for the run's own)."""
+    owner = option_owner(key)
+    return f"{key} = {value}\n" if owner is None else f"[{owner}]\n{key} = {value}\n"
+
+
 @pytest.mark.parametrize("key", ["trust_remote_code", "exclude_massive"])
 @pytest.mark.parametrize("value", ['"false"', '"true"', "0", "1"])
 def test_toml_bool_must_be_a_boolean(tmp_path: Path, key: str, value: str) -> None:
     with pytest.raises(InputError, match=f"config key {key} = .* expected a boolean") as err:
-        RunConfig.from_sources(_toml(tmp_path, f"{key} = {value}\n"))
+        RunConfig.from_sources(_toml(tmp_path, _line(key, value)))
     assert f"--{key.replace('_', '-')}" in str(err.value) and "\n" not in str(err.value)
-    assert getattr(RunConfig.from_sources(_toml(tmp_path, f"{key} = false\n")), key) is False
-    assert getattr(RunConfig.from_sources(_toml(tmp_path, f"{key} = true\n")), key) is True
+    assert getattr(RunConfig.from_sources(_toml(tmp_path, _line(key, "false"))), key) is False
+    assert getattr(RunConfig.from_sources(_toml(tmp_path, _line(key, "true"))), key) is True
 
 
 @pytest.mark.parametrize("value", ["true", "3.0", '"3"'])
@@ -72,10 +81,12 @@ def test_toml_int_must_be_an_integer(tmp_path: Path, value: str) -> None:
 
 
 @pytest.mark.parametrize("key,value",
-                         [("model", "5"), ("text", "true"), ("revision", "3"), ("revisions", '["a", "b"]')])
+                         [("model", "5"), ("text", "true"), ("revision", "3")])
 def test_toml_str_must_be_a_string(tmp_path: Path, key: str, value: str) -> None:
     with pytest.raises(InputError, match=f"config key {key} = .* expected a string"):
         RunConfig.from_sources(_toml(tmp_path, f"{key} = {value}\n"))
+    with pytest.raises(InputError, match="config key revisions = 'a,b' is a string, expected a list of strings"):
+        RunConfig.from_sources(_toml(tmp_path, '[jacobian]\nrevisions = "a,b"\n'))
     assert RunConfig.from_sources(_toml(tmp_path, 'revision = "step1000"\n')).revision == "step1000"
 
 
@@ -83,19 +94,57 @@ def test_toml_str_must_be_a_string(tmp_path: Path, key: str, value: str) -> None
                                        ("jacobian_mode", '"both "'), ("positions", '["last"]'), ("null", "false"),
                                        ("amplification", '"Column"'), ("dtype", '"int8"')])
 def test_toml_choice_must_be_a_listed_string(tmp_path: Path, key: str, value: str) -> None:
-    with pytest.raises(InputError) as err:
-        RunConfig.from_sources(_toml(tmp_path, f"{key} = {value}\n"))
+    with pytest.raises(InputError, match=f"config key {key} = |--{key.replace('_', '-')} .* is unknown") as err:
+        RunConfig.from_sources(_toml(tmp_path, _line(key, value)))
     assert "\n" not in str(err.value)
 
 
-_WRONG: dict[Any, Any] = {bool: "false", int: True, str: 1, str | None: 1, int | None: True}
+def _wrong(annotation: Any) -> Any:
+    """A value of the wrong type for ``annotation``."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return 1 if isinstance(typing.get_args(annotation)[0], str) else "x"
+    if origin in (tuple, list):
+        return "a,b"
+    if dataclasses.is_dataclass(annotation):
+        return 3
+    return {bool: "false", int: True, float: "0.5", str: 1, str | None: 1, int | None: True}[annotation]
 
 
-@pytest.mark.parametrize("field", [f.name for f in fields(RunConfig)])
-def test_every_field_is_type_checked(field: str) -> None:
-    hint = typing.get_type_hints(RunConfig)[field]
+def _all_options() -> list[tuple[str, Any]]:
+    classes = [RunOptions, *(s.options for s in STAGES.values())]
+    return [(f.name, f.annotation) for cls in classes for f in option_fields(cls) if f.derived is None]
+
+
+@pytest.mark.parametrize("field,annotation", _all_options())
+def test_every_option_is_type_checked(field: str, annotation: Any) -> None:
     with pytest.raises(InputError, match=f"config key {field} = "):
-        RunConfig(**{field: _WRONG[hint]})
+        RunConfig(**{field: _wrong(annotation)})
+
+
+def test_stage_options_live_in_sections(tmp_path: Path) -> None:
+    config = RunConfig.from_sources(_toml(tmp_path, 'chunks = 3\n[attention]\nnull_samples = 5\n'
+                                                    '[attention.thresholds]\nrouting = 0.4\n'
+                                                    '[jacobian]\nfunnel_alphas = [0, 1]\n'))
+    assert (config.chunks, config.null_samples, config.thresholds.routing) == (3, 5, 0.4)
+    assert config.options("jacobian").funnel_alphas == (0.0, 1.0)
+    assert config.to_dict()["attention"]["null_samples"] == 5 and "null_samples" not in config.to_dict()
+    with pytest.raises(InputError, match="null_samples belongs to the \\[attention\\] section"):
+        RunConfig.from_sources(_toml(tmp_path, "null_samples = 5\n"))
+    with pytest.raises(InputError, match="\\[jacobian\\] null_samples is an option of \\[attention\\]"):
+        RunConfig.from_sources(_toml(tmp_path, "[jacobian]\nnull_samples = 5\n"))
+    with pytest.raises(InputError, match="unknown config key thresholds.rout"):
+        RunConfig.from_sources(_toml(tmp_path, "[attention.thresholds]\nrout = 0.4\n"))
+    with pytest.raises(InputError, match="names a stage"):
+        RunConfig.from_sources(_toml(tmp_path, "attention = 3\n"))
+
+
+def test_derived_options_come_from_the_run() -> None:
+    config = RunConfig(seed=7, jacobian_mode="in_context")
+    assert {config.options(s).seed for s in ("attention", "jacobian", "topology")} == {7}
+    assert config.options("topology").jacobian_mode == "in_context"
+    with pytest.raises(InputError, match="unknown config key 'seed' of stage topology"):
+        RunConfig(topology={"seed": 3})
 
 
 @pytest.mark.parametrize(
@@ -115,8 +164,10 @@ def test_check_type_per_declared_type(annotation: Any, good: list, bad: list) ->
     for value in good:
         check_type("some_key", value, annotation)
     for value in bad:
-        with pytest.raises(InputError, match="config key some_key = .*expected .*--some-key"):
+        with pytest.raises(InputError, match="config key some_key = .*expected .*--some-key|--some-key .* is unknown"):
             check_type("some_key", value, annotation)
+    with pytest.raises(InputError, match="^--some-key 'c' is unknown; use one of a, b.$"):
+        check_type("some_key", "c", Literal["a", "b"])
 
 
 def test_config_path_is_a_folder_or_binary(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ TEXT = " ".join(f"Line {i} of a text about subject {i % 11}, with detail {i % 3}
 #: The numbers of ``depthlens run`` before presets existed; ``default`` must keep them.
 HISTORICAL = {"chunks": 32, "seq_len": 128, "null_samples": 8, "null_chunks": 8, "extras_chunks": 1, "certify": "median",
               "probe_seqs": 128, "probe_len": 64, "jacobian_mode": "both", "funnel_rank": 512, "n_perm": 1000,
-              "funnel_alphas": "0,0.25,0.5,0.75,1",
+              "funnel_alphas": (0.0, 0.25, 0.5, 0.75, 1.0),
               "topk": 20, "null": "init", "positions": "last", "null_mode": "spec"}
 
 
@@ -37,7 +37,7 @@ def test_quick_preset_shrinks_every_size() -> None:
     for name in ("chunks", "seq_len", "null_samples", "null_chunks", "probe_seqs", "probe_len", "n_perm"):
         assert getattr(quick, name) < getattr(default, name), name
     assert quick.certify == "none" and quick.funnel_rank == 0 and quick.jacobian_mode == "isolated"
-    assert len(quick.jacobian_options().alphas) < len(default.jacobian_options().alphas)
+    assert len(quick.funnel_alphas) < len(default.funnel_alphas)
     assert quick.save_arrays == "none" and quick.extras_chunks <= 1
 
 
@@ -51,7 +51,7 @@ def test_paper_preset_is_the_methods_protocol() -> None:
 def test_explicit_values_override_the_preset(tmp_path: Path) -> None:
     assert RunConfig(preset="quick", n_perm=500, chunks=2).n_perm == 500
     toml = tmp_path / "c.toml"
-    toml.write_text('preset = "quick"\nnull_samples = 3\n')
+    toml.write_text('preset = "quick"\n[attention]\nnull_samples = 3\n')
     config = RunConfig.from_sources(toml, chunks=2, probe_seqs=None)  # an unset flag keeps file and preset
     assert (config.preset, config.null_samples, config.chunks, config.probe_seqs) == ("quick", 3, 2,
                                                                                     config_module.PRESET_VALUES["quick"]["probe_seqs"])
@@ -63,14 +63,14 @@ def test_preset_is_in_the_config_and_its_hash() -> None:
     assert quick.to_dict()["preset"] == "quick"
     assert len({RunConfig(preset=p).hash() for p in ("quick", "default", "paper")}) == 3
     # the same numbers under another preset name are another configuration
-    same_numbers = RunConfig(**{k: v for k, v in quick.to_dict().items() if k != "preset"})
+    same_numbers = RunConfig(**dict(quick.items()))
     assert same_numbers.to_dict() != quick.to_dict() and same_numbers.hash() != quick.hash()
 
 
 def test_unknown_preset_or_save_arrays_names_the_flag() -> None:
     with pytest.raises(InputError, match="^--preset 'fast' is unknown; use one of quick, default, paper"):
         RunConfig(preset="fast")
-    with pytest.raises(InputError, match="^--save-arrays 'float16' is unknown"):
+    with pytest.raises(InputError, match="^--save-arrays 'float16' is unknown; use one of float64, float32, none"):
         RunConfig(save_arrays="float16")
 
 

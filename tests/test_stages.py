@@ -38,8 +38,8 @@ def _ops(root: Path, checkpoint: str, mode: str) -> dict[tuple[int, str], np.nda
 
 def test_operator_metrics_match_saved_operators(run_root: Path) -> None:
     table = pd.read_parquet(run_root / "tables" / "operators.parquet")
-    assert set(table["checkpoint"]) == {"trained", "init"} and set(table["mode"]) == {"isolated", "in_context"}
-    for (ckpt, mode), group in table.groupby(["checkpoint", "mode"]):
+    assert set(table["checkpoint"]) == {"trained", "init"} and set(table["jacobian_mode"]) == {"isolated", "in_context"}
+    for (ckpt, mode), group in table.groupby(["checkpoint", "jacobian_mode"]):
         ops = _ops(run_root, ckpt, mode)
         for _, row in group.iterrows():
             expect = operator_metrics(ops[(row["layer"], row["sublayer"])])
@@ -67,7 +67,7 @@ def test_coupling_recomputed_from_units(run_root: Path) -> None:
             u = units[(units["checkpoint"] == ckpt) & (units["boundary"] == row["boundary"])]
             J = ops[(row["layer"], row["sublayer"])]
             np.testing.assert_allclose(u["amplification"].to_numpy(), np.linalg.norm(J[:, u["unit"].to_numpy()], axis=0))
-            amp, mask = u["amplification"].to_numpy(), u["is_boundary"].to_numpy()
+            amp, mask = u["amplification"].to_numpy(), u["is_boundary_node"].to_numpy()
             assert row["effect"] == pytest.approx(rank_biserial(amp[mask], amp[~mask]), abs=1e-12)
             assert 0 < row["p"] <= 1
 

@@ -20,6 +20,7 @@ from depthlens import workflow
 from depthlens.cli import main
 from depthlens.config import RunConfig
 from depthlens.errors import DataError, InputError, ModelError, StorageError
+from depthlens.stages import STAGES
 
 
 
@@ -71,7 +72,7 @@ def test_plan_refused_before_the_model_loads(text_file: Path, tmp_path: Path, ca
 def test_plan_minimums_are_the_real_ones() -> None:
     """The smallest sizes the checks accept are ones the stages run with (topology: 3
     positions after the 4 skipped; capture, attention and jacobian: seq_len 2)."""
-    workflow.check_plan(RunConfig(model="random:llama", chunks=1, seq_len=7), workflow.STAGES)
+    workflow.check_plan(RunConfig(model="random:llama", chunks=1, seq_len=7), list(STAGES))
     workflow.check_plan(RunConfig(model="random:llama", chunks=3, seq_len=5), ["topology"])
     workflow.check_plan(RunConfig(model="random:llama", chunks=1, seq_len=2), ["capture", "attention", "jacobian"])
     with pytest.raises(InputError, match="--seq-len 6"):
@@ -82,10 +83,10 @@ def test_revisions_of_a_gguf_file_refused(tmp_path: Path) -> None:
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
     with pytest.raises(InputError, match=r"--revisions step1 only applies to hub ids.*a \.gguf file"):
-        workflow.check_plan(RunConfig(model=str(gguf), revisions="step1"), ["jacobian"])
+        workflow.check_plan(RunConfig(model=str(gguf), revisions=("step1",)), ["jacobian"])
     with pytest.raises(InputError, match="drop --revision"):
         workflow.check_plan(RunConfig(model="smollm2-135m", revision="main"), ["capture"])
-    workflow.check_plan(RunConfig(model="org/name", revisions="step1", revision="main"), ["jacobian"])  # a hub id
+    workflow.check_plan(RunConfig(model="org/name", revisions=("step1",), revision="main"), ["jacobian"])  # a hub id
 
 
 # ----------------------------------------------------------------------------- finding 5: one line

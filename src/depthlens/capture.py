@@ -15,8 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from .attention.patterns import prev_weight, row_entropy, sink_mass
+from .config import RunConfig
+from .context import StageContext
+from .errors import require_at_least
 from .residual import summarise_boundaries
 
 STAGE = "capture"
@@ -25,7 +29,7 @@ PATTERN_FEATURES = {"sink_mass": sink_mass, "prev_weight": prev_weight, "row_ent
 MIN_SEQ_LEN = 2
 
 
-def check_sizes(chunks: int, seq_len: int) -> None:
+def check(config: RunConfig) -> None:
     """Refuse sizes the stage cannot work with (checked before the model loads).
 
     Raises
@@ -33,9 +37,28 @@ def check_sizes(chunks: int, seq_len: int) -> None:
     InputError
         ``seq_len`` below :data:`MIN_SEQ_LEN`, naming ``--seq-len``.
     """
-    from .errors import require_at_least
+    require_at_least("--seq-len", config.seq_len, MIN_SEQ_LEN, STAGE)
 
-    require_at_least("--seq-len", seq_len, MIN_SEQ_LEN, STAGE)
+
+def run(context: StageContext) -> None:
+    """Capture every batch of chunks as one resumable unit, then write the stage's tables."""
+    run_dir, ids, batch_size = context.run_dir, context.token_ids, context.config.batch_size
+    starts = list(range(0, ids.shape[0], batch_size))
+    keys = [f"batch{start // batch_size:05d}" for start in starts]
+    todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(STAGE, k)]
+    bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc=STAGE, unit="batch",
+               disable=context.execution.quiet)
+    with torch.inference_mode():
+        for key, start in todo:
+            with run_dir.failures.unit(STAGE, key):
+                run_dir.write_unit(STAGE, key, capture_batch(context.loaded.adapter, ids[start : start + batch_size], start))
+            bar.update()
+    bar.close()
+    keys = [k for k in keys if run_dir.has_unit(STAGE, k)]
+    patterns = run_dir.read_units(STAGE, keys, "attention_patterns")
+    context.write_table("attention_patterns", patterns)
+    context.write_table("attention_summary", summarise_heads(patterns))
+    context.write_table("residual_summary", run_dir.read_units(STAGE, keys, "residual_summary"))
 
 
 def capture_batch(adapter, input_ids: torch.Tensor, first_chunk: int) -> dict[str, pd.DataFrame]:
@@ -83,7 +106,7 @@ def capture_batch(adapter, input_ids: torch.Tensor, first_chunk: int) -> dict[st
 
 def summarise_heads(patterns: pd.DataFrame) -> pd.DataFrame:
     """Median over chunks of each pattern feature, one row per (layer, head)."""
-    keys = [c for c in ("model", "revision", "layer", "head") if c in patterns.columns]
+    keys = ["layer", "head"]
     out = patterns.groupby(keys, sort=True, dropna=False)[list(PATTERN_FEATURES)].median().reset_index()
     out["n_chunks"] = patterns.groupby(keys, sort=True, dropna=False).size().to_numpy()
     return out

@@ -26,36 +26,36 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from collections.abc import Sequence
 
-from .config import DTYPES, PRESET_VALUES, PRESETS, SAVE_ARRAYS, RunConfig  # noqa: E402
+from .config import PRESET_VALUES, PRESETS, RunConfig, RunOptions  # noqa: E402
 from . import __version__  # noqa: E402
 from .errors import DepthlensError, InputError, RunIncomplete, one_line  # noqa: E402
-from .runs import Mode  # noqa: E402
+from .options import add_flags, flag_values  # noqa: E402
+from .runs import RunMode  # noqa: E402
 from .runs.directory import disk_line  # noqa: E402
 from .parallel import install_sigterm_handler  # noqa: E402
 from .runs import atomic  # noqa: E402
 from .runs.failures import EXIT_FAILED_UNITS  # noqa: E402
+from .stages import STAGES, with_requirements  # noqa: E402
 
-RUN_STAGES = ("capture", "attention", "jacobian", "topology")
-STAGE_HELP = {
-    "run": "the main job: every stage on the chosen model and text",
-    "capture": "attention pattern features per head and residual summaries per boundary",
-    "attention": "resolvent view of every head: Kreiss constants, transients, nulls, roles, depth products",
-    "jacobian": "mean sub-layer Jacobians, their spectral geometry, cumulative funnel and Schur split",
-    "topology": "activation-correlation communities, boundary nodes and their Jacobian coupling (runs jacobian first)",
-}
-OPTIONS = ("model", "revision", "text", "chunks", "seq_len", "seed", "batch_size", "dtype", "device",
-           "trust_remote_code", "null_mode", "null_samples", "null_chunks", "extras_chunks", "certify",
-           "probe_seqs", "probe_len", "jacobian_mode", "positions", "funnel_rank", "null", "revisions",
-           "topk", "n_perm", "exclude_massive", "amplification", "preset", "save_arrays", "funnel_alphas")
-#: The option groups each stage command lists in its help (a stage's own, and those of the
-#: stages it runs first: topology runs jacobian); the others are accepted but not listed.
-STAGE_GROUPS = {"run": ("attention", "jacobian", "topology"), "capture": (), "attention": ("attention",),
-                "jacobian": ("jacobian",), "topology": ("jacobian", "topology")}
+RUN_HELP = "the main job: every stage on the chosen model and text"
+#: Every option's default (the ``default`` preset), for help texts.
+_DEFAULTS = dict(RunConfig().items())
+
+
+def _shown(value: object) -> str:
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) if isinstance(value, tuple) else str(value)
 
 
 def _by_preset(name: str) -> str:
-    """The values of option ``name`` under each preset, for help texts: ``quick 4, default 32, paper 32``."""
-    return ", ".join(f"{p} {PRESET_VALUES[p][name]}" for p in PRESETS)
+    """The values of option ``name`` under each preset, for help texts: ``quick 4, default 32,
+    paper 32`` (``default N`` alone when no preset changes it; nothing for a switch or an
+    option that is unset by default)."""
+    values = {p: PRESET_VALUES[p].get(name, _DEFAULTS[name]) for p in PRESETS}
+    if values["default"] in (None, ()) or isinstance(values["default"], bool):
+        return ""
+    if all(v == values["default"] for v in values.values()):
+        return f"default {_shown(values['default'])}"
+    return ", ".join(f"{p} {_shown(v)}" for p, v in values.items())
 
 
 class _Hidden:
@@ -68,63 +68,22 @@ class _Hidden:
         self.parser.add_argument(*args, **{**kwargs, "help": argparse.SUPPRESS})
 
 
-def _group(parser: argparse.ArgumentParser, group: str, command: str) -> argparse._ArgumentGroup | _Hidden:
-    """The option group ``group`` of ``command``'s parser: listed when the command runs that
-    stage (:data:`STAGE_GROUPS`), else accepted but not listed, so one command line works for
-    every stage and gives the same configuration (and hash) for ``--resume``."""
-    if group in STAGE_GROUPS[command]:
-        return parser.add_argument_group(f"{group} stage")
-    return _Hidden(parser)
-
-
 def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
-    p = sub.add_parser(name, help=STAGE_HELP[name], description=STAGE_HELP[name])
+    """The parser of ``depthlens NAME``: the run's options, then every stage's (listed in the
+    help for the stages this command runs, accepted but not listed for the others, so one
+    command line works for every stage and gives the same configuration and hash for
+    ``--resume``). Flags, help texts and defaults come from the options dataclasses."""
+    summary = RUN_HELP if name == "run" else STAGES[name].help
+    p = sub.add_parser(name, help=summary, description=summary)
     p.add_argument("--config", metavar="FILE", help="TOML file with run options; flags override it")
     p.add_argument("--preset", choices=PRESETS,
                    help="sizes of the run: quick (smoke run), default, paper (METHODS.md protocol); "
                         "explicit flags and --config values override it (default: default)")
-    p.add_argument("--model", help="smollm2-135m (default), hub id, folder, .gguf file or random:<family>[:k=v,...]")
-    p.add_argument("--revision", help="hub revision (checkpoint) of --model")
-    p.add_argument("--text", help="python-docs (default), wikitext-2 or a text file path")
-    p.add_argument("--chunks", type=int, help=f"number of text chunks ({_by_preset('chunks')})")
-    p.add_argument("--seq-len", type=int, dest="seq_len", help=f"tokens per chunk including BOS ({_by_preset('seq_len')})")
-    p.add_argument("--seed", type=int, help="the run's seed (default 0)")
-    p.add_argument("--batch-size", type=int, dest="batch_size", help="chunks per forward pass (default 4)")
-    p.add_argument("--dtype", choices=DTYPES, help="model weight dtype (default float32)")
-    p.add_argument("--device", help="torch device (default cpu)")
-    p.add_argument("--trust-remote-code", action="store_true", default=None, help="allow a hub model's own code to run")
-    a = _group(p, "attention", name)
-    a.add_argument("--null-mode", dest="null_mode", choices=("spec", "sink", "full"), help="shuffle null (default spec)")
-    a.add_argument("--null-samples", dest="null_samples", type=int,
-                   help=f"null samples per matrix ({_by_preset('null_samples')})")
-    a.add_argument("--null-chunks", dest="null_chunks", type=int, help=f"chunks that get nulls ({_by_preset('null_chunks')})")
-    a.add_argument("--extras-chunks", dest="extras_chunks", type=int,
-                   help=f"chunks that get pseudospectral radii and numerical range ({_by_preset('extras_chunks')})")
-    a.add_argument("--certify", choices=("median", "all", "none"),
-                   help=f"certified Kreiss brackets ({_by_preset('certify')})")
-    a.add_argument("--probe-seqs", dest="probe_seqs", type=int,
-                   help=f"repeated-token probe sequences ({_by_preset('probe_seqs')})")
-    a.add_argument("--probe-len", dest="probe_len", type=int,
-                   help=f"repeated-token block length ({_by_preset('probe_len')})")
-    j = _group(p, "jacobian", name)
-    j.add_argument("--jacobian-mode", dest="jacobian_mode", choices=("isolated", "in_context", "both"),
-                   help=f"Jacobian mode ({_by_preset('jacobian_mode')})")
-    j.add_argument("--positions", choices=("last", "all"), help="token positions per chunk (default last)")
-    j.add_argument("--funnel-rank", dest="funnel_rank", type=int,
-                   help=f"truncation rank of cumulative products, 0 for exact products only ({_by_preset('funnel_rank')})")
-    j.add_argument("--funnel-alphas", dest="funnel_alphas",
-                   help=f"comma-separated α of the funnel's Schur split ({_by_preset('funnel_alphas')})")
-    j.add_argument("--null", choices=("init", "none"), help="also analyse the step-0 null (default init)")
-    j.add_argument("--revisions", help="comma-separated extra hub revisions of --model to analyse")
-    j.add_argument("--save-arrays", dest="save_arrays", choices=SAVE_ARRAYS,
-                   help="dtype of the saved mean Jacobians in arrays/, or none; the tables are the same "
-                        f"({_by_preset('save_arrays')})")
-    t = _group(p, "topology", name)
-    t.add_argument("--topk", type=int, help="strongest |r| neighbours per unit (default 20)")
-    t.add_argument("--n-perm", dest="n_perm", type=int, help=f"label permutations per boundary ({_by_preset('n_perm')})")
-    t.add_argument("--exclude-massive", dest="exclude_massive", action="store_true", default=None,
-                   help="drop massive-activation dimensions from the graphs")
-    t.add_argument("--amplification", choices=("column", "row", "diagonal"), help="Jacobian amplification (default column)")
+    add_flags(p, RunOptions, _by_preset)
+    listed = list(STAGES) if name == "run" else with_requirements([name])
+    for stage in STAGES.values():
+        group = p.add_argument_group(f"{stage.name} stage") if stage.name in listed else _Hidden(p)
+        add_flags(group, stage.options, _by_preset)
     p.add_argument("--claims", metavar="FILE", help="pre-registered claims TOML (default: the packaged claims)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes for the numerics (default 2)")
     p.add_argument("--out", default="runs/default", help="run directory (default runs/default)")
@@ -139,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="depthlens", description="Transformers as dynamical systems over depth.")
     parser.add_argument("--version", action="version", version=f"depthlens {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in ("run", *RUN_STAGES):
+    for name in ("run", *STAGES):
         _stage_parser(sub, name)
     sub.add_parser("models", help="list the embedded models and supported architecture families")
     sub.add_parser("doctor", help="check this machine: BLAS/LAPACK kernels and threads, compiled kernels against references")
@@ -175,13 +134,13 @@ def _stage(args: argparse.Namespace) -> None:
     if args.quiet:
         _silence_libraries()
 
-    options = {k: getattr(args, k) for k in OPTIONS}
-    config = RunConfig.from_sources(args.config, **options)
-    mode = Mode.RESUME if args.resume else Mode.OVERWRITE if args.overwrite else Mode.NEW
-    stages = RUN_STAGES if args.command == "run" else (args.command,)
+    options = flag_values(args, [RunOptions, *(s.options for s in STAGES.values())])
+    config = RunConfig.from_sources(args.config, preset=args.preset, **options)
+    run_mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.NEW
+    stages = tuple(STAGES) if args.command == "run" else (args.command,)
     if args.jobs < 1:
         raise InputError(f"--jobs {args.jobs} is invalid; pass a positive number of worker processes.")
-    root = run(config, args.out, mode=mode, stages=stages, execution=Execution(quiet=args.quiet, jobs=args.jobs),
+    root = run(config, args.out, run_mode=run_mode, stages=stages, execution=Execution(quiet=args.quiet, jobs=args.jobs),
                claims=args.claims, report=args.command == "run")
     print(f"run directory: {root}")
     if args.command == "run":

@@ -1,4 +1,22 @@
-"""Typed, validated run configuration, read from TOML files and command-line flags."""
+"""Typed, validated run configuration, read from TOML files, command-line flags and Python.
+
+A configuration is the run's own options (:class:`RunOptions`: model, text, chunk sizes,
+seed, ...), a preset, and one options dataclass per stage (:data:`depthlens.stages.STAGES`).
+In a TOML file the run's options are top-level keys and each stage's are a section::
+
+    model = "smollm2-135m"
+    chunks = 16
+
+    [attention]
+    null_samples = 4
+
+    [jacobian]
+    funnel_alphas = [0, 0.5, 1]
+
+Option names are unique across the run and every stage, so flags (``--null-samples``) and
+keyword arguments (``RunConfig(null_samples=4)``) need no section; both are generated from
+the dataclass fields, and their defaults are written once, in those dataclasses.
+"""
 
 from __future__ import annotations
 
@@ -6,272 +24,239 @@ import dataclasses
 import hashlib
 import json
 import tomllib
-import types
-import typing
-from dataclasses import dataclass, fields
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 from .errors import InputError
+from .options import OptionField, check_fields, check_type, option_fields
+from .stages import STAGES
 
-if TYPE_CHECKING:
-    from .attention.analysis import AttentionOptions
-    from .jacobian.stage import JacobianOptions
-    from .topology.stage import TopologyOptions
+__all__ = ["DTYPES", "MAX_SEED", "PRESETS", "PRESET_VALUES", "RunConfig", "RunOptions", "check_type", "option_owner"]
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 #: Largest run seed: torch.manual_seed (random models, step-0 nulls) takes 64 bits.
 MAX_SEED = 2**64 - 1
 PRESETS = ("quick", "default", "paper")
-SAVE_ARRAYS = ("float64", "float32", "none")
-#: The values each preset gives the fields it controls (a field left unset, ``None``, takes
-#: its preset's value; an explicit value, a flag or a --config key, always wins). ``"all"``
-#: stands for the run's chunk count. ``default`` is the historical run; ``quick`` a smoke run
-#: of a minute or two on SmolLM2 (2 cores); ``paper`` the protocol of METHODS.md (A3: every
-#: chunk's pseudospectral radii; A4: S = 16 nulls per observed matrix; A5: 128 probes of
-#: length 64; B3: truncation rank 512; B5: 1000 permutations).
+#: The values each preset gives the options it controls, by option name; ``default`` is every
+#: option's own default. An option given explicitly (a flag, a --config key, a keyword) always
+#: wins. ``"all"`` stands for the run's chunk count. ``quick`` is a smoke run of a minute or two
+#: on SmolLM2 (2 cores); ``paper`` the protocol of METHODS.md (A3: every chunk's pseudospectral
+#: radii; A4: S = 16 nulls per observed matrix, on every chunk).
 PRESET_VALUES: dict[str, dict[str, Any]] = {
-    "default": {"chunks": 32, "seq_len": 128, "null_samples": 8, "null_chunks": 8, "extras_chunks": 1,
-                "certify": "median", "probe_seqs": 128, "probe_len": 64, "jacobian_mode": "both", "funnel_rank": 512,
-                "funnel_alphas": "0,0.25,0.5,0.75,1", "n_perm": 1000, "save_arrays": "float64"},
+    "default": {},
+    "quick": {"chunks": 4, "seq_len": 32, "null_samples": 2, "null_chunks": 1, "extras_chunks": 1,
+              "certify": "none", "probe_seqs": 8, "probe_len": 16, "jacobian_mode": "isolated", "funnel_rank": 0,
+              "funnel_alphas": (1.0,), "n_perm": 100, "save_arrays": "none"},
+    "paper": {"null_samples": 16, "null_chunks": "all", "extras_chunks": "all"},
 }
-PRESET_VALUES["quick"] = {**PRESET_VALUES["default"], "chunks": 4, "seq_len": 32, "null_samples": 2, "null_chunks": 1,
-                          "extras_chunks": 1, "certify": "none", "probe_seqs": 8, "probe_len": 16,
-                          "jacobian_mode": "isolated", "funnel_rank": 0, "funnel_alphas": "1", "n_perm": 100,
-                          "save_arrays": "none"}
-PRESET_VALUES["paper"] = {**PRESET_VALUES["default"], "null_samples": 16, "null_chunks": "all", "extras_chunks": "all"}
-_TYPE_NAMES = {bool: "a boolean (true or false, unquoted)", int: "an integer", float: "a number",
-               str: "a string (quoted)", type(None): "absent"}
-_PLURALS = {bool: "booleans", int: "integers", float: "numbers", str: "strings (quoted)"}
-_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-          tuple: "a list", dict: "a table", type(None): "absent"}
-
-
-def _describe(annotation: Any) -> str:
-    """How a value of type ``annotation`` is written, for error messages."""
-    origin = typing.get_origin(annotation)
-    if origin is typing.Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in typing.get_args(annotation) if a is not type(None)) + " (or absent)"
-    if origin in (tuple, list):
-        item = typing.get_args(annotation)[0]
-        return "a list of " + _PLURALS.get(item, f"{_describe(item)} items")
-    return _TYPE_NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
-
-
-def _matches(value: Any, annotation: Any) -> bool:
-    """Whether ``value`` is a value of ``annotation`` (``bool`` is no integer; an integer is a float)."""
-    origin = typing.get_origin(annotation)
-    if origin is typing.Literal:
-        return any(type(value) is type(a) and value == a for a in typing.get_args(annotation))
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, a) for a in typing.get_args(annotation))
-    if origin in (tuple, list):
-        item = typing.get_args(annotation)[0]
-        return isinstance(value, (tuple, list)) and all(_matches(v, item) for v in value)
-    if annotation is type(None):
-        return value is None
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is str:
-        return isinstance(value, str)
-    raise TypeError(f"config type {annotation!r} has no check")  # a new field type needs a rule here
-
-
-def check_type(name: str, value: Any, annotation: Any) -> None:
-    """Refuse a configuration value that is not of its declared type.
-
-    Parameters
-    ----------
-    name : str
-        The configuration key (``trust_remote_code``); its flag is ``--trust-remote-code``.
-    value : Any
-        The value, as given by a TOML file, a flag or the Python API.
-    annotation : type
-        The declared type: ``bool``, ``int`` (a bool is refused), ``float`` (an int is
-        accepted), ``str``, ``X | None``, ``tuple[str, ...]``/``list[str]`` (a TOML array)
-        or ``Literal[...]`` (a choice).
-
-    Raises
-    ------
-    InputError
-        Naming the key, the value, the expected type and the flag. The string ``"false"``
-        for a boolean is refused, never read as true.
-
-    Examples
-    --------
-    >>> check_type("exclude_massive", False, bool)
-    >>> check_type("exclude_massive", "false", bool)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    depthlens.errors.InputError: config key exclude_massive = 'false' is a string, expected a boolean ...
-    """
-    if not _matches(value, annotation):
-        flag = "--" + name.replace("_", "-")
-        kind = _KINDS.get(type(value), f"a {type(value).__name__}")
-        raise InputError(f"config key {name} = {value!r} is {kind}, expected {_describe(annotation)}; "
-                         f"fix it in --config or pass {flag}.")
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """Everything that determines a run's numbers.
+class RunOptions:
+    """The run's own options: what is analysed, and how it is loaded.
 
     Execution options that do not change the results (output folder, resume/overwrite,
-    progress bars) are not part of the configuration, so a resumed run has the same hash.
+    progress bars, worker processes) are no options, so a resumed run has the same hash.
 
     Parameters
     ----------
     model : str
-        Model spec: ``smollm2-135m`` (embedded default), a hub id, a local folder, a
-        ``.gguf`` file, or ``random:<family>[:<overrides>]``.
+        smollm2-135m (embedded default), a hub id, a local folder, a .gguf file or
+        random:<family>[:key=value,...]
     revision : str or None
-        Hub revision (checkpoint) of ``model``.
+        hub revision (checkpoint) of --model
     text : str
-        Text source: ``python-docs`` (default, offline), ``wikitext-2`` or a file path.
+        python-docs (default, offline), wikitext-2 or a text file path
     chunks : int
-        Number of text chunks (>= 1).
+        number of text chunks
     seq_len : int
-        Tokens per chunk including BOS (>= 2).
+        tokens per chunk including BOS
     seed : int
-        The one seed of the run; every unit spawns its own stream from it.
+        the run's one seed; every unit spawns its own stream from it
     batch_size : int
-        Chunks per forward pass (>= 1); also the size of one resumable unit.
-    dtype : str
-        Model weight dtype; analyses are float64 regardless.
+        chunks per forward pass; also the size of one resumable unit
+    dtype : {"float32", "float64", "bfloat16", "float16"}
+        model weight dtype; the analyses are float64 regardless
     device : str
-        Torch device for the model.
+        torch device of the model
     trust_remote_code : bool
-        Allow a hub model's own code to run.
-    preset : {"quick", "default", "paper"}
-        Gives the fields of :data:`PRESET_VALUES` (chunks, seq_len, null and probe sizes,
-        certify, jacobian_mode, funnel_rank, funnel_alphas, n_perm, save_arrays) that are
-        left ``None``; an explicit value wins. After construction every field holds its resolved value, so the manifest and
-        the hash record the numbers actually used (and the preset). ``dataclasses.replace``
-        keeps the resolved values: build a new config to change the preset.
-    null_mode, null_samples, null_chunks, extras_chunks, certify, probe_seqs, probe_len
-        Attention-stage options, see :class:`depthlens.attention.analysis.AttentionOptions`.
-        The run defaults (8 null samples on 8 chunks, extras on the first chunk) keep the default
-        attention stage on SmolLM2 under 10 minutes on 2 cores; METHODS A4's S = 16 is
-        ``null_samples=16``.
-    jacobian_mode, positions, funnel_rank, funnel_alphas, null, revisions, save_arrays
-        Jacobian-stage options (``jacobian_mode`` isolated, in_context or both; ``revisions``
-        comma-separated; ``funnel_rank`` 0 for the exact products only; ``funnel_alphas`` the
-        comma-separated α of the Schur split; ``save_arrays`` float64, float32 or none: the
-        dtype of ``arrays/jacobians_*``, which no computation reads back), see :class:`depthlens.jacobian.stage.JacobianOptions`.
-    topk, n_perm, exclude_massive, amplification
-        Topology-stage options, see :class:`depthlens.topology.stage.TopologyOptions`.
+        allow a hub model's own code to run
     """
 
     model: str = "smollm2-135m"
     revision: str | None = None
     text: str = "python-docs"
-    chunks: int | None = None
-    seq_len: int | None = None
-    seed: int = 0
-    batch_size: int = 4
-    dtype: str = "float32"
+    chunks: int = field(default=32, metadata={"min": 1})
+    seq_len: int = field(default=128, metadata={"min": 2})
+    seed: int = field(default=0, metadata={"min": 0})
+    batch_size: int = field(default=4, metadata={"min": 1})
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
     trust_remote_code: bool = False
-    preset: str = "default"
-    null_mode: str = "spec"
-    null_samples: int | None = None
-    null_chunks: int | None = None
-    extras_chunks: int | None = None
-    certify: str | None = None
-    probe_seqs: int | None = None
-    probe_len: int | None = None
-    jacobian_mode: str | None = None
-    positions: str = "last"
-    funnel_rank: int | None = None
-    funnel_alphas: str | None = None
-    null: str = "init"
-    revisions: str = ""
-    save_arrays: str | None = None
-    topk: int = 20
-    n_perm: int | None = None
-    exclude_massive: bool = False
-    amplification: str = "column"
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for field in fields(self):
-            value, hint = getattr(self, field.name), hints[field.name]
-            if field.name in PRESET_VALUES["default"] and value is not None:  # None only means "from the preset"
-                hint = next(a for a in typing.get_args(hint) if a is not type(None))
-            check_type(field.name, value, hint)
-        if self.preset not in PRESETS:
-            raise InputError(f"--preset {self.preset!r} is unknown; use one of {', '.join(PRESETS)}.")
-        values = PRESET_VALUES[self.preset]
-        for name in ("chunks", *values):  # chunks first: "all" means the run's chunk count
-            if getattr(self, name) is None:
-                value = values[name]
-                object.__setattr__(self, name, self.chunks if value == "all" else value)
-        for name, low in (("chunks", 1), ("seq_len", 2), ("batch_size", 1), ("seed", 0), ("null_samples", 1),
-                          ("null_chunks", 0), ("extras_chunks", 0), ("probe_seqs", 1), ("probe_len", 1), ("funnel_rank", 0),
-                          ("topk", 1), ("n_perm", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                flag = "--" + name.replace("_", "-")
-                raise InputError(f"{flag} {value!r} is invalid; pass an integer >= {low}.")
+        check_fields(self)
         if self.seed > MAX_SEED:  # torch.manual_seed takes 64 bits
             raise InputError(f"--seed {self.seed} is too large; pass an integer from 0 to {MAX_SEED} (2**64 - 1).")
-        if self.dtype not in DTYPES:
-            raise InputError(f"--dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
-        if self.save_arrays not in SAVE_ARRAYS:
-            raise InputError(f"--save-arrays {self.save_arrays!r} is unknown; use one of {', '.join(SAVE_ARRAYS)}.")
-        self.attention_options()  # validates the stage options
-        self.jacobian_options()
-        self.topology_options()
         if not self.model:
             raise InputError("--model is empty; pass --model smollm2-135m, a hub id, a folder or a .gguf file.")
         if not self.text:
             raise InputError("--text is empty; pass --text python-docs, wikitext-2 or a file path.")
 
-    def attention_options(self) -> "AttentionOptions":
-        """The attention-stage options of this configuration (validated)."""
-        from .attention.analysis import AttentionOptions
 
-        names = ("null_mode", "null_samples", "null_chunks", "extras_chunks", "certify", "probe_seqs", "probe_len")
-        return AttentionOptions(**{n: getattr(self, n) for n in names}, seed=self.seed)
+#: Where each option lives: ``None`` for the run's own options, else the stage's name.
+def _owners() -> dict[str, str | None]:
+    owners: dict[str, str | None] = {f.name: None for f in option_fields(RunOptions)}
+    for stage in STAGES.values():
+        for f in option_fields(stage.options):
+            if f.derived is None:
+                if f.name in owners or f.name in STAGES or f.name == "preset":
+                    raise TypeError(f"option {f.name} of stage {stage.name} clashes with another option")
+                owners[f.name] = stage.name
+    return owners
 
-    def jacobian_options(self) -> "JacobianOptions":
-        """The jacobian-stage options of this configuration (validated)."""
-        from .jacobian.stage import MODES, JacobianOptions
 
-        modes = MODES if self.jacobian_mode == "both" else (self.jacobian_mode,)
-        revisions = tuple(r.strip() for r in self.revisions.split(",") if r.strip())
-        try:
-            alphas = tuple(float(a) for a in self.funnel_alphas.split(","))
-        except ValueError:
-            raise InputError(f"--funnel-alphas {self.funnel_alphas!r} is not a comma-separated list of numbers; "
-                             "pass e.g. --funnel-alphas 0,0.5,1.") from None
-        return JacobianOptions(modes=modes, positions=self.positions, funnel_rank=self.funnel_rank, alphas=alphas,
-                               null=self.null, revisions=revisions, seed=self.seed, save_arrays=self.save_arrays)
+_OWNERS = _owners()
 
-    def topology_options(self) -> "TopologyOptions":
-        """The topology-stage options of this configuration (validated); the amplification
-        comes from the isolated operators when that mode runs, else from the first mode."""
-        from .topology.stage import TopologyOptions
 
-        modes = self.jacobian_options().modes
-        return TopologyOptions(topk=self.topk, n_perm=self.n_perm, exclude_massive=self.exclude_massive,
-                               amplification=self.amplification, seed=self.seed,
-                               mode="isolated" if "isolated" in modes else modes[0])
+def option_owner(name: str) -> str | None:
+    """The stage whose option ``name`` is (``None`` for the run's own options).
+
+    Raises
+    ------
+    KeyError
+        For a name that is no option.
+    """
+    return _OWNERS[name]
+
+
+def _preset_value(preset: str, name: str, chunks: int) -> Any:
+    value = PRESET_VALUES[preset][name]
+    return chunks if value == "all" else value
+
+
+def _section_values(name: str, value: Any) -> dict[str, Any]:
+    """The explicit values of section ``name`` given as a mapping or an options instance."""
+    cls = STAGES[name].options
+    if isinstance(value, cls):
+        return {f.name: getattr(value, f.name) for f in option_fields(cls) if f.derived is None}
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise InputError(f"config section [{name}] is a {type(value).__name__}; pass a table of its options.")
+
+
+class RunConfig:
+    """Everything that determines a run's numbers: the run's options, the preset, and every
+    stage's options.
+
+    Parameters
+    ----------
+    preset : {"quick", "default", "paper"}
+        Gives the options of :data:`PRESET_VALUES` that are not passed explicitly.
+    **values
+        Options by name (``chunks=8``, ``null_samples=4``: names are unique across the run
+        and the stages) or whole sections (``attention={"null_samples": 4}`` or an
+        :class:`~depthlens.attention.options.AttentionOptions`). Unset options take the
+        preset's value, else their default.
+
+    Raises
+    ------
+    InputError
+        One line for an unknown key, a value of the wrong type or out of range, naming the
+        flag.
+
+    Examples
+    --------
+    >>> config = RunConfig(preset="quick", null_samples=3)
+    >>> config.chunks, config.null_samples, config.options("attention").null_samples
+    (4, 3, 3)
+    >>> config.options("topology").seed == config.seed
+    True
+    """
+
+    def __init__(self, preset: str = "default", **values: Any) -> None:
+        check_type("preset", preset, str)
+        if preset not in PRESETS:
+            raise InputError(f"--preset {preset!r} is unknown; use one of {', '.join(PRESETS)}.")
+        explicit: dict[str | None, dict[str, Any]] = {None: {}, **{name: {} for name in STAGES}}
+        for key, value in values.items():
+            if key in STAGES:
+                explicit[key].update(_section_values(key, value))
+            elif key in _OWNERS:
+                explicit[_OWNERS[key]][key] = value
+            else:
+                known = ", ".join(sorted([*_OWNERS, *STAGES, "preset"]))
+                raise InputError(f"unknown config key {key!r}; known keys: {known}.")
+        chunks = explicit[None].get("chunks", PRESET_VALUES[preset].get("chunks", RunOptions.chunks))
+        for name in PRESET_VALUES[preset]:
+            owner = _OWNERS[name]
+            explicit[owner].setdefault(name, _preset_value(preset, name, chunks))
+        object.__setattr__(self, "preset", preset)
+        object.__setattr__(self, "run", RunOptions(**explicit.pop(None)))
+        sections = {}
+        for name, given in explicit.items():
+            sections[name] = _build_section(name, given)
+        object.__setattr__(self, "sections", sections)
+        for name in STAGES:  # derived fields resolve (e.g. the topology's Jacobian mode)
+            self.options(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __getattr__(self, name: str) -> Any:
+        """An option by name: ``config.chunks``, ``config.null_samples`` (its section's value)."""
+        if name.startswith("_") or name not in _OWNERS:
+            raise AttributeError(name)
+        owner = _OWNERS[name]
+        return getattr(self.run if owner is None else self.sections[owner], name)
+
+    def options(self, stage: str) -> Any:
+        """The options of ``stage`` with their derived fields filled (the run's seed, the
+        topology's Jacobian mode from the jacobian section)."""
+        section = self.sections[stage]
+        derived = {f.name: self._resolve(f) for f in option_fields(type(section)) if f.derived is not None}
+        return dataclasses.replace(section, **derived) if derived else section
+
+    def _resolve(self, f: OptionField) -> Any:
+        head, _, rest = f.derived.partition(".")
+        if not rest:
+            return getattr(self.run, head)
+        return getattr(self.options(head), rest)
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        """Every option as ``(name, value)``, the run's first, then each stage's."""
+        for f in option_fields(RunOptions):
+            yield f.name, getattr(self.run, f.name)
+        for name, section in self.sections.items():
+            for f in option_fields(type(section)):
+                if f.derived is None:
+                    yield f.name, getattr(section, f.name)
 
     def to_dict(self) -> dict[str, Any]:
-        """The configuration as a plain dict (JSON-serialisable)."""
-        return dataclasses.asdict(self)
+        """The configuration as a plain JSON-serialisable dict: the run's options and the
+        preset at the top, one table per stage with options (the TOML layout)."""
+        out: dict[str, Any] = {**_plain(dataclasses.asdict(self.run)), "preset": self.preset}
+        for name, section in self.sections.items():
+            values = {f.name: getattr(section, f.name) for f in option_fields(type(section)) if f.derived is None}
+            if values:
+                out[name] = _plain(values)
+        return out
 
     def hash(self) -> str:
         """A short stable hash of the configuration (16 hex digits of SHA-256)."""
         blob = json.dumps(self.to_dict(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunConfig) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(self.hash())
+
+    def __repr__(self) -> str:
+        return f"RunConfig({', '.join(f'{k}={v!r}' for k, v in self.items())}, preset={self.preset!r})"
 
     @classmethod
     def from_sources(cls, toml_path: str | Path | None = None, **overrides: Any) -> "RunConfig":
@@ -283,26 +268,71 @@ class RunConfig:
         ------
         InputError
             If the file is missing, a folder, unreadable, not UTF-8 or not TOML, or has unknown
-            keys, values of the wrong type (checked by :func:`check_type`) or bad values.
+            keys or sections, a stage's key outside its section, values of the wrong type
+            (checked by :func:`check_type`) or bad values.
         """
-        values: dict[str, Any] = {}
-        if toml_path is not None:
-            path = Path(toml_path)
-            try:
-                values = tomllib.loads(path.read_text(encoding="utf-8"))
-            except FileNotFoundError:
-                raise InputError(f"config file {path} does not exist; pass --config an existing TOML file.") from None
-            except IsADirectoryError:
-                raise InputError(f"config file {path} is a directory; pass --config a TOML file.") from None
-            except UnicodeDecodeError:
-                raise InputError(f"config file {path} is not UTF-8 text (a binary file?); pass --config a TOML file.") from None
-            except OSError as exc:
-                raise InputError(f"config file {path} cannot be read ({exc.strerror}); pass --config a readable TOML file.") from None
-            except tomllib.TOMLDecodeError as exc:
-                raise InputError(f"config file {path} is not valid TOML ({exc}); fix it or pass --config another file.") from None
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise InputError(f"unknown config key {unknown[0]!r}; known keys: {', '.join(sorted(known))}.")
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        values = _read_toml(Path(toml_path)) if toml_path is not None else {}
+        for key, value in values.items():
+            if key not in STAGES and _OWNERS.get(key, None) is not None:
+                raise InputError(f"config key {key} belongs to the [{_OWNERS[key]}] section; move it there.")
+            if key in STAGES and not isinstance(value, Mapping):
+                raise InputError(f"config key {key} names a stage; write its options as a [{key}] section.")
+        flat: dict[str, Any] = {k: v for k, v in values.items() if k not in STAGES}
+        for name in STAGES:
+            for key, value in values.get(name, {}).items():
+                if _OWNERS.get(key, "") != name:
+                    where = "a run option (top level)" if key in _OWNERS and _OWNERS[key] is None else (
+                        f"an option of [{_OWNERS[key]}]" if key in _OWNERS else "unknown")
+                    keys = ", ".join(k for k, o in _OWNERS.items() if o == name) or "(none)"
+                    raise InputError(f"config key [{name}] {key} is {where}; the [{name}] keys are: {keys}.")
+                flat[key] = value
+        flat.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**flat)
+
+
+def _build_section(name: str, given: dict[str, Any]) -> Any:
+    cls = STAGES[name].options
+    fields_ = {f.name: f for f in option_fields(cls)}
+    for key, value in list(given.items()):
+        f = fields_.get(key)
+        if f is None or f.derived is not None:
+            raise InputError(f"unknown config key {key!r} of stage {name}.")
+        if dataclasses.is_dataclass(f.annotation) and isinstance(value, Mapping):
+            given[key] = _nested(f, value)
+    return cls(**given)
+
+
+def _nested(f: OptionField, value: Mapping[str, Any]) -> Any:
+    """A nested options table (``[attention.thresholds]``) as its dataclass, type-checked."""
+    known = {g.name: g for g in option_fields(f.annotation)}
+    for key, item in value.items():
+        if key not in known:
+            raise InputError(f"unknown config key {f.name}.{key}; known: {', '.join(known)}.")
+        check_type(f"{f.name}.{key}", item, known[key].annotation)
+    return f.annotation(**value)
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists and dataclasses as tables, recursively (the JSON and TOML form)."""
+    if dataclasses.is_dataclass(value):
+        return _plain(dataclasses.asdict(value))
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"config file {path} does not exist; pass --config an existing TOML file.") from None
+    except IsADirectoryError:
+        raise InputError(f"config file {path} is a directory; pass --config a TOML file.") from None
+    except UnicodeDecodeError:
+        raise InputError(f"config file {path} is not UTF-8 text (a binary file?); pass --config a TOML file.") from None
+    except OSError as exc:
+        raise InputError(f"config file {path} cannot be read ({exc.strerror}); pass --config a readable TOML file.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"config file {path} is not valid TOML ({exc}); fix it or pass --config another file.") from None

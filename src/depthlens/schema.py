@@ -1,17 +1,22 @@
-"""What every column of every table means: one description, from which the ``docs/`` pages
-and the report's per-table glossaries are generated.
+"""The output schema: every table, summary and array file a run writes, in one place.
 
-:data:`COLUMNS` maps stage → table → column → :class:`Column` ``(definition, unit)``, where
-``unit`` states the unit and how exact the number is. :data:`TABLES` says what one row of
-each table is. Symbols follow METHODS.md (``A`` a causal attention matrix, ``P = 1e₁ᵀ`` its
-Perron projector, ``B = A − P``, ``J = I + U`` a mean sub-layer Jacobian).
+For each table :data:`SCHEMA` holds a :class:`Table`: the stage that writes it, its file
+(``tables/NAME.parquet``), what one row is, its identity columns (:data:`IDENTITY`, the same in
+every table), its key columns (with the identity, what a row is about) and every column's
+:class:`Column` ``(definition, unit)``, where ``unit`` states the unit and how exact the number
+is. :data:`SUMMARIES` and :data:`ARRAYS` declare the JSON summaries and the safetensors files.
+Stages write their tables through :meth:`depthlens.context.StageContext.write_table`, which
+checks them against their declaration (:func:`check_table`); the report, the claims and the
+tests' synthetic runs read the same declarations. Symbols follow METHODS.md (``A`` a causal
+attention matrix, ``P = 1e₁ᵀ`` its Perron projector, ``B = A − P``, ``J = I + U`` a mean
+sub-layer Jacobian).
 
 Regenerate the committed pages after changing anything here::
 
-    python -m depthlens.columns docs/
+    python -m depthlens.schema docs/
 
-(``tests/test_columns.py`` fails while ``docs/`` differs from what this module generates, and
-while a table of a real run holds a column described nowhere here.)
+(``tests/test_schema.py`` fails while ``docs/`` differs from what this module generates, and
+while a table of a real run differs from its declaration.)
 """
 
 from __future__ import annotations
@@ -19,9 +24,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-__all__ = ["COLUMNS", "STAGES", "TABLES", "Column", "describe", "main", "page", "pages", "stage_of", "write_docs"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["ARRAYS", "COLUMNS", "IDENTITY", "SCHEMA", "STAGES", "SUMMARIES", "TABLES", "ArrayFile", "Column",
+           "SchemaError", "Summary", "Table", "check_table", "conform_table", "describe", "main", "page", "pages",
+           "producer", "stage_of", "write_docs"]
 
 
 class Column(NamedTuple):
@@ -31,7 +41,7 @@ class Column(NamedTuple):
     unit: str
 
 
-#: Stages in report order, each with the METHODS sections its tables implement.
+#: Stages in report order, each with the METHODS sections its outputs implement.
 STAGES: dict[str, str] = {
     "capture": "METHODS A3 (pattern features) and A7 (massive activations)",
     "attention": "METHODS A2–A6",
@@ -40,9 +50,15 @@ STAGES: dict[str, str] = {
 }
 
 # ----------------------------------------------------------------------------- shared columns
+#: The identity columns every table starts with: which model, which weights, which text.
+IDENTITY: dict[str, Column] = {
+    "model": Column("Model specification as loaded (hub id, local path, `random:<family>` or the name of an "
+                    "in-memory model).", "text"),
+    "revision": Column("Hub revision of the weights the row was computed from; empty for the model as loaded "
+                       "without `--revision` and for the step-0 null.", "text"),
+    "text": Column("Text source of the run's chunks (`python-docs`, `wikitext-2` or a file path).", "text"),
+}
 _ID = {
-    "model": Column("Model specification as loaded (hub id, local path or `random:<family>`).", "text"),
-    "revision": Column("Hub revision of the model; empty when none was given.", "text"),
     "checkpoint": Column("Which weights: `trained` (the loaded model), `init` (the same architecture at "
                          "initialisation, seeded from the run seed) or a hub revision name.", "text"),
     "layer": Column("Decoder layer, 0-based.", "integer"),
@@ -51,9 +67,16 @@ _ID = {
     "chunk": Column("Text chunk, 0-based, in the order of the run's token ids.", "integer"),
     "sublayer": Column("Sub-layer: `attn` (attention with its skip connection) or `mlp` (MLP with its "
                        "skip connection).", "text"),
-    "mode": Column("Jacobian mode of the operator (METHODS B1): `isolated` (one-token pass through the "
-                   "block) or `in_context` (diagonal block with the rest of the chunk fixed).", "text"),
+    "jacobian_mode": Column("Jacobian mode of the operator (METHODS B1): `isolated` (one-token pass through the "
+                            "block) or `in_context` (diagonal block with the rest of the chunk fixed).", "text"),
 }
+
+
+def _keys(*names: str) -> dict[str, Column]:
+    """The shared descriptions of key columns ``names``."""
+    return {name: _ID[name] for name in names}
+
+
 _FAILURE = Column("Empty (null) when the row was computed; otherwise the reason it could not be: no "
                   "LAPACK driver of the guarded decompositions converged (the row's quantities are then "
                   "missing, NaN).", "text or null")
@@ -73,17 +96,17 @@ _PATTERN = {
 
 _CAPTURE = {
     "attention_patterns": {
-        **{k: _ID[k] for k in ("model", "revision", "layer", "head", "chunk")},
+        **_keys("layer", "head", "chunk"),
         **_PATTERN,
     },
     "attention_summary": {
-        **{k: _ID[k] for k in ("model", "revision", "layer", "head")},
+        **_keys("layer", "head"),
         **{k: Column(f"Median over the head's chunks of `{k}` in attention_patterns: {c.definition}", c.unit)
            for k, c in _PATTERN.items()},
         "n_chunks": Column("Chunks the medians are taken over.", "count"),
     },
     "residual_summary": {
-        **{k: _ID[k] for k in ("model", "revision", "chunk")},
+        **_keys("chunk"),
         "layer": Column("Layer of the boundary, 0-based; L (the number of layers) for `final`.", "integer"),
         "boundary": Column("Residual-stream boundary: `pre_attn` (input of layer l), `pre_mlp` (between its "
                            "attention and MLP) or `final` (output of the last layer, before the final norm).",
@@ -197,7 +220,7 @@ _PROBE = {
 
 _ATTENTION = {
     "heads": {
-        **{k: _ID[k] for k in ("model", "revision", "layer", "head")},
+        **_keys("layer", "head"),
         **{k: _per_head(k, c) for k, c in {**_PATTERN, **_MATRIX}.items()},
         "n_chunks": Column("Chunks the head's medians are taken over.", "count"),
         "n_extras_chunks": Column("Chunks with the ε-pseudospectral radii and numerical range (`extras`).",
@@ -230,7 +253,7 @@ _ATTENTION = {
                                   "ratio; null when undefined"),
     },
     "head_chunks": {
-        **{k: _ID[k] for k in ("model", "revision", "layer", "head", "chunk")},
+        **_keys("layer", "head", "chunk"),
         "extras": Column("Whether this chunk got the costlier extras (`psr_B@ε`, `TR4@ε`, numerical range): the "
                          "first `extras_chunks` chunks.", "boolean"),
         **_PATTERN,
@@ -239,11 +262,11 @@ _ATTENTION = {
         "failure": _FAILURE,
     },
     "head_probe": {
-        **{k: _ID[k] for k in ("model", "revision", "layer", "head")},
+        **_keys("layer", "head"),
         **_PROBE,
     },
     "depth": {
-        **{k: _ID[k] for k in ("model", "revision", "chunk")},
+        **_keys("chunk"),
         "operator": Column("Per-layer operator A_l of the product (METHODS A6): `mean` (head mean), `rollout` "
                            "(½(Ā_l + I)), `chain_routing` (per layer the head with the largest previous-token or "
                            "induction score), `chain_sink` (per layer the head with the largest sink mass).",
@@ -289,27 +312,28 @@ _OPERATOR = {
        for k in _ALIGN_K},
     "erank": Column("Effective rank exp(H(p)) with p_i = σ_i² / Σσ² (the default).", "in [1, d]; SVD"),
     "erank_sigma": Column("Effective rank variant exp(H(p)) with p_i = σ_i / Σσ.", "in [1, d]; SVD"),
-    "participation": Column("Participation ratio (Σσ²)² / Σσ⁴.", "in [1, d]; SVD"),
+    "participation_ratio": Column("Participation ratio (Σσ²)² / Σσ⁴.", "in [1, d]; SVD"),
     "stable_rank": Column("Stable rank ‖J‖_F² / ‖J‖₂² = Σσ² / σ_max².", "in [1, d]; SVD"),
 }
 
 _JACOBIAN = {
     "operators": {
-        **{k: _ID[k] for k in ("model", "checkpoint", "mode", "layer", "sublayer")},
+        **_keys("checkpoint", "jacobian_mode", "layer", "sublayer"),
         **{k: Column(f"Of the mean sub-layer Jacobian J̄ = I + U (METHODS B2): {c.definition}", c.unit)
            for k, c in _OPERATOR.items()},
         "failure": _FAILURE,
     },
     "eigenvalues": {
-        **{k: _ID[k] for k in ("model", "checkpoint", "mode", "layer", "sublayer")},
+        **_keys("checkpoint", "jacobian_mode", "layer", "sublayer"),
         "re": Column("Real part of one eigenvalue λ = 1 + μ of the mean Jacobian J̄ (μ from the Schur form of U); "
                      "one row per eigenvalue.", "dimensionless; backward stable"),
         "im": Column("Imaginary part of that eigenvalue (conjugate pairs give two rows).",
                      "dimensionless; backward stable"),
     },
     "cumulative": {
-        **{k: _ID[k] for k in ("model", "checkpoint")},
-        "mode": Column("Jacobian mode of the operators in the products (`isolated` when it was computed).", "text"),
+        **_keys("checkpoint"),
+        "jacobian_mode": Column("Jacobian mode of the operators in the products (`isolated` when it was computed).",
+                                "text"),
         "alpha": Column("Schur-split scale α of the non-normal part: every operator replaced by "
                         "J(α) = Q(Λ + αN)Q* (METHODS B4); α = 1 the real operators, α = 0 their normal parts.",
                         "in [0, 1]"),
@@ -322,7 +346,7 @@ _JACOBIAN = {
         "erank": Column("Effective rank exp(H(p)), p_i = σ_i² / Σσ², of the cumulative product C_b.",
                         "in [1, d]; backward stable per step (singular values below ε σ_max are noise)"),
         "erank_sigma": Column("Effective rank variant with p_i = σ_i / Σσ, of C_b.", "in [1, d]"),
-        "participation": Column("Participation ratio (Σσ²)² / Σσ⁴ of C_b.", "in [1, d]"),
+        "participation_ratio": Column("Participation ratio (Σσ²)² / Σσ⁴ of C_b.", "in [1, d]"),
         "log_norm": Column("ln ‖C_b‖₂ (the running product is renormalised each step; its scale is kept here).",
                            "nats (natural log); exact to rounding"),
         "failure": _FAILURE,
@@ -338,7 +362,7 @@ _GAMMA = Column("CPM resolution γ of the positive-edge layer, chosen once per c
 
 _TOPOLOGY = {
     "communities": {
-        "checkpoint": _ID["checkpoint"],
+        **_keys("checkpoint"),
         "boundary": _BOUNDARY,
         "gamma": _GAMMA,
         "n_communities": Column("Communities of the signed Leiden CPM partition of the correlation graph.",
@@ -354,20 +378,20 @@ _TOPOLOGY = {
                           "symmetrised by union.", "count"),
     },
     "units": {
-        "checkpoint": _ID["checkpoint"],
+        **_keys("checkpoint"),
         "boundary": _BOUNDARY,
         "unit": Column("Residual coordinate (node), 0-based dimension index.", "integer"),
         "community": Column("Community label of the unit, 0 … C−1 by decreasing community size.", "integer"),
-        "participation": Column("Participation coefficient over positive edges, 1 − Σ_c (k_ic / k_i)²; 0 for a "
-                                "node without positive edges.", "in [0, 1 − 1/C]; exact"),
-        "is_boundary": Column("Boundary node: participation in the top quartile (≥ the ⌈n/4⌉-th largest, ties "
-                              "included) and > 0.", "boolean"),
+        "participation_coefficient": Column("Participation coefficient over positive edges, 1 − Σ_c (k_ic / k_i)²; "
+                                            "0 for a node without positive edges.", "in [0, 1 − 1/C]; exact"),
+        "is_boundary_node": Column("Boundary node of the graph: participation coefficient in the top quartile (≥ the "
+                                   "⌈n/4⌉-th largest, ties included) and > 0.", "boolean"),
         "amplification": Column("Jacobian amplification of the unit: the column norm ‖J̄ e_i‖₂ of the mean "
                                 "Jacobian of the sub-layer this boundary feeds (variants: row norm, |J̄_ii|).",
                                 "dimensionless; exact to rounding"),
     },
     "topology_profile": {
-        "checkpoint": _ID["checkpoint"],
+        **_keys("checkpoint"),
         "gamma": Column("Evaluated resolution γ of the profile (linear bisection), on the reference boundary.",
                         "dimensionless"),
         "n_communities": Column("Communities of the partition kept at this γ.", "count"),
@@ -380,7 +404,7 @@ _TOPOLOGY = {
         "chosen": Column("True for the row whose γ was chosen (centre of the widest plateau).", "boolean"),
     },
     "coupling": {
-        "checkpoint": _ID["checkpoint"],
+        **_keys("checkpoint"),
         "boundary": _BOUNDARY,
         "layer": Column("Layer of the boundary: boundary // 2.", "integer"),
         "sublayer": Column("Sub-layer the boundary feeds: `attn` (even boundary) or `mlp` (odd).", "text"),
@@ -390,8 +414,8 @@ _TOPOLOGY = {
                     "p-value; exact Monte Carlo test, never 0"),
         "q": Column("Benjamini–Hochberg q-value of `p` over the boundaries of this checkpoint.", "q-value"),
         "sign": Column("Sign of `effect`: −1, 0 or +1.", "integer"),
-        "n_boundary": Column("Boundary nodes at this boundary.", "count"),
-        "n_interior": Column("Interior (non-boundary) nodes at this boundary.", "count"),
+        "n_boundary_nodes": Column("Boundary nodes of the graph at this boundary.", "count"),
+        "n_interior_nodes": Column("Interior (non-boundary) nodes of the graph at this boundary.", "count"),
         "henrici_update_rel": Column("`henrici_update_rel` of the same sub-layer's mean Jacobian (operators table, "
                                      "same checkpoint and mode).", "fraction in [0, 1]"),
         "symmetry": Column("`symmetry` of the same sub-layer's mean Jacobian (operators table).", "fraction in [0, 1]"),
@@ -399,51 +423,198 @@ _TOPOLOGY = {
     },
 }
 
-#: stage → table → column → :class:`Column`.
+class Table(NamedTuple):
+    """One table of a run: ``tables/NAME.parquet``."""
+
+    name: str
+    stage: str
+    row: str
+    keys: tuple[str, ...]
+    columns: dict[str, Column]
+    optional: dict[str, str]
+
+    @property
+    def file(self) -> str:
+        """Its path inside a run directory."""
+        return f"tables/{self.name}.parquet"
+
+    @property
+    def identity(self) -> tuple[str, ...]:
+        """The identity columns (:data:`IDENTITY`), first in every table."""
+        return tuple(IDENTITY)
+
+
+class Summary(NamedTuple):
+    """One JSON summary of a run: ``NAME.json``."""
+
+    name: str
+    stage: str
+    description: str
+
+    @property
+    def file(self) -> str:
+        """Its path inside a run directory."""
+        return f"{self.name}.json"
+
+
+class ArrayFile(NamedTuple):
+    """One kind of safetensors file of a run: ``arrays/PATTERN.safetensors``."""
+
+    pattern: str
+    stage: str
+    description: str
+
+    @property
+    def file(self) -> str:
+        """Its path pattern inside a run directory."""
+        return f"arrays/{self.pattern}.safetensors"
+
+
+def _table(name: str, stage: str, row: str, keys: tuple[str, ...], columns: dict[str, Column]) -> Table:
+    return Table(name, stage, row, keys, {**IDENTITY, **columns}, _OPTIONAL.get(name, {}))
+
+
+_WITH_CERTIFY = "with `--certify median` or `all` (the default: median)"
+#: Columns a table has only under some options: table → column → when it is present.
+_OPTIONAL: dict[str, dict[str, str]] = {
+    "heads": {c: _WITH_CERTIFY for c in ("certified_chunk", *_CERTIFIED, "certify_failure")},
+    "head_chunks": {c: "with `--certify all`" for c in _CERTIFIED},
+}
+
+
+_STAGE_TABLES = {"capture": _CAPTURE, "attention": _ATTENTION, "jacobian": _JACOBIAN, "topology": _TOPOLOGY}
+_ROWS: dict[str, tuple[tuple[str, ...], str]] = {
+    "attention_patterns": (("layer", "head", "chunk"),
+                           "One row per (layer, head, chunk): the pattern features of one attention matrix."),
+    "attention_summary": (("layer", "head"), "One row per (layer, head): pattern features, median over chunks."),
+    "residual_summary": (("chunk", "layer", "boundary"),
+                         "One row per (chunk, boundary): magnitude summary of the residual stream."),
+    "heads": (("layer", "head"),
+              "One row per (layer, head): per-chunk quantities aggregated over chunks, null statistics, probe "
+              "scores, role, the certified Kreiss bracket and the induction-engagement ratio."),
+    "head_chunks": (("layer", "head", "chunk"),
+                    "One row per (layer, head, chunk): every METHODS A3 quantity of one attention matrix A and its "
+                    "Perron deflation B = A − P."),
+    "head_probe": (("layer", "head"), "One row per (layer, head): repeated-random-token probe scores."),
+    "depth": (("chunk", "operator", "source", "sample", "depth"),
+              "One row per (operator, chunk, source, sample, depth): the surviving deviation of a depth product "
+              "against its eigenvalue predictions."),
+    "operators": (("checkpoint", "jacobian_mode", "layer", "sublayer"),
+                  "One row per (checkpoint, Jacobian mode, layer, sub-layer): spectral metrics of the mean Jacobian."),
+    "eigenvalues": (("checkpoint", "jacobian_mode", "layer", "sublayer"),
+                    "One row per eigenvalue of each mean Jacobian (checkpoint, Jacobian mode, layer, sub-layer)."),
+    "cumulative": (("checkpoint", "jacobian_mode", "alpha", "direction", "truncation", "depth"),
+                   "One row per (checkpoint, alpha, direction, truncation, depth): ranks of the cumulative "
+                   "Jacobian product."),
+    "communities": (("checkpoint", "boundary"),
+                    "One row per (checkpoint, boundary): the community partition of the correlation graph."),
+    "units": (("checkpoint", "boundary", "unit"),
+              "One row per (checkpoint, boundary, unit): community, participation coefficient and amplification "
+              "of one residual coordinate."),
+    "topology_profile": (("checkpoint", "gamma"), "One row per (checkpoint, γ): the resolution profile that chose γ."),
+    "coupling": (("checkpoint", "boundary"),
+                 "One row per (checkpoint, boundary): topology–dynamics coupling (METHODS B5)."),
+}
+
+#: Every table, by name, in report order.
+SCHEMA: dict[str, Table] = {
+    name: _table(name, stage, _ROWS[name][1], _ROWS[name][0], columns)
+    for stage, tables in _STAGE_TABLES.items() for name, columns in tables.items()
+}
+
+#: Every JSON summary, by name.
+SUMMARIES: dict[str, Summary] = {s.name: s for s in (
+    Summary("attention", "attention", "Role counts, Δ_TR statistics by role, the depth-product headline and the "
+            "stage's options."),
+    Summary("topology", "topology", "Significant layers per checkpoint at the FDR level `q_level`, and the "
+            "boundaries tested per checkpoint."),
+    Summary("interventions", "clamp", "The massive-activation clamp chain (METHODS A7); written by the clamp stage, "
+            "which this version does not have yet."),
+)}
+
+#: Every kind of array file.
+ARRAYS: dict[str, ArrayFile] = {a.pattern: a for a in (
+    ArrayFile("pseudospectra", "attention", "σ_min grids of each head's median-chunk B (the report's contours)."),
+    ArrayFile("jacobians_<checkpoint>_<jacobian_mode>", "jacobian",
+              "The mean sub-layer Jacobians of one checkpoint and mode, in the dtype of --save-arrays."),
+)}
+
+#: stage → table → column → :class:`Column` (identity columns included).
 COLUMNS: dict[str, dict[str, dict[str, Column]]] = {
-    "capture": _CAPTURE,
-    "attention": _ATTENTION,
-    "jacobian": _JACOBIAN,
-    "topology": _TOPOLOGY,
+    stage: {name: t.columns for name, t in SCHEMA.items() if t.stage == stage} for stage in STAGES
 }
 
 #: table → what one row of ``tables/TABLE.parquet`` is.
-TABLES: dict[str, str] = {
-    "attention_patterns": "One row per (layer, head, chunk): the pattern features of one attention matrix.",
-    "attention_summary": "One row per (layer, head): pattern features, median over chunks.",
-    "residual_summary": "One row per (chunk, boundary): magnitude summary of the residual stream.",
-    "heads": "One row per (layer, head): per-chunk quantities aggregated over chunks, null statistics, probe "
-             "scores, role, the certified Kreiss bracket and the induction-engagement ratio.",
-    "head_chunks": "One row per (layer, head, chunk): every METHODS A3 quantity of one attention matrix A and "
-                   "its Perron deflation B = A − P.",
-    "head_probe": "One row per (layer, head): repeated-random-token probe scores.",
-    "depth": "One row per (operator, chunk, source, sample, depth): the surviving deviation of a depth product "
-             "against its eigenvalue predictions.",
-    "operators": "One row per (checkpoint, mode, layer, sub-layer): spectral metrics of the mean Jacobian.",
-    "eigenvalues": "One row per eigenvalue of each mean Jacobian (checkpoint, mode, layer, sub-layer).",
-    "cumulative": "One row per (checkpoint, alpha, direction, truncation, depth): ranks of the cumulative "
-                  "Jacobian product.",
-    "communities": "One row per (checkpoint, boundary): the community partition of the correlation graph.",
-    "units": "One row per (checkpoint, boundary, unit): community, participation and amplification of one "
-             "residual coordinate.",
-    "topology_profile": "One row per (checkpoint, γ): the resolution profile that chose γ.",
-    "coupling": "One row per (checkpoint, boundary): topology–dynamics coupling (METHODS B5).",
-}
+TABLES: dict[str, str] = {name: t.row for name, t in SCHEMA.items()}
+
+
+class SchemaError(ValueError):
+    """A table that differs from its declaration: a bug of the stage that wrote it."""
+
+
+def check_table(name: str, table: "pd.DataFrame") -> None:
+    """Check ``table`` against the declaration of ``name``: the identity columns come first,
+    every key column is present, and every column is declared.
+
+    Raises
+    ------
+    SchemaError
+        For an undeclared table, a missing identity or key column, or an undeclared column.
+    """
+    spec = SCHEMA.get(name)
+    if spec is None:
+        raise SchemaError(f"table {name!r} is not declared in depthlens.schema")
+    if tuple(table.columns[: len(IDENTITY)]) != spec.identity:
+        raise SchemaError(f"table {name} must start with the identity columns {', '.join(IDENTITY)}; "
+                          f"it starts with {', '.join(map(str, table.columns[:len(IDENTITY)]))}")
+    missing = [k for k in spec.keys if k not in table.columns]
+    extra = [c for c in table.columns if c not in spec.columns]
+    if missing or extra:
+        raise SchemaError(f"table {name} differs from its declaration: missing key columns {missing}, "
+                          f"undeclared columns {extra}")
+
+
+def conform_table(name: str, table: "pd.DataFrame") -> "pd.DataFrame":
+    """``table`` checked against the declaration of ``name`` (:func:`check_table`) with its
+    columns in declaration order: the form every table is written in.
+
+    Raises
+    ------
+    SchemaError
+        As :func:`check_table`.
+    """
+    check_table(name, table)
+    return table[[c for c in SCHEMA[name].columns if c in table.columns]]
+
+
+def producer(output: str) -> str | None:
+    """The stage that writes ``output``: a table ``NAME``, a summary ``NAME.json`` or an array
+    file ``arrays/NAME``; None for an undeclared output."""
+    if output.startswith("arrays/"):
+        name = output[len("arrays/"):]
+        return next((a.stage for a in ARRAYS.values()
+                     if name == a.pattern or name.startswith(a.pattern.split("<")[0]) and "<" in a.pattern), None)
+    if output.endswith(".json"):
+        summary = SUMMARIES.get(output[: -len(".json")])
+        return None if summary is None else summary.stage
+    table = SCHEMA.get(output)
+    return None if table is None else table.stage
 
 
 def stage_of(table: str) -> str | None:
     """The stage that writes ``tables/TABLE.parquet``, or None for an unknown table."""
-    return next((s for s, tables in COLUMNS.items() if table in tables), None)
+    spec = SCHEMA.get(table)
+    return None if spec is None else spec.stage
 
 
 def describe(table: str, column: str) -> Column | None:
     """The description of ``column`` of ``table``, or None when it is not described."""
-    stage = stage_of(table)
-    return None if stage is None else COLUMNS[stage][table].get(column)
+    spec = SCHEMA.get(table)
+    return None if spec is None else spec.columns.get(column)
 
 
 # ----------------------------------------------------------------------------- pages
-_GENERATED = "Generated by `python -m depthlens.columns docs/` from `src/depthlens/columns.py`; do not edit by hand."
+_GENERATED = "Generated by `python -m depthlens.schema docs/` from `src/depthlens/schema.py`; do not edit by hand."
 
 
 def _cell(text: str) -> str:
@@ -458,20 +629,27 @@ def page(stage: str) -> str:
              f"Implements {STAGES[stage]}; the quantities are defined in METHODS.md. Tables: "
              + ", ".join(f"[`{t}`](#{t})" for t in tables) + ".", ""]
     for table, cols in tables.items():
-        lines += [f"## `{table}`", "", f"File `tables/{table}.parquet`. {TABLES[table]}", "",
+        lines += [f"## `{table}`", "", f"File `{SCHEMA[table].file}`. {TABLES[table]} Key: "
+                  + ", ".join(f"`{k}`" for k in (*IDENTITY, *SCHEMA[table].keys)) + ".", "",
                   "| column | definition | unit / exactness |", "|---|---|---|"]
-        lines += [f"| `{_cell(name)}` | {_cell(col.definition)} | {_cell(col.unit)} |" for name, col in cols.items()]
+        optional = SCHEMA[table].optional
+        lines += [f"| `{_cell(name)}` | {_cell(col.definition)}"
+                  + (f" Present only {_cell(optional[name])}." if name in optional else "")
+                  + f" | {_cell(col.unit)} |" for name, col in cols.items()]
         lines.append("")
     return "\n".join(lines)
 
 
 def index_page() -> str:
-    """``docs/README.md``: the stages and their tables."""
+    """``docs/README.md``: the stages, their tables, summaries and array files."""
     lines = ["# depthlens table reference", "", _GENERATED, "",
-             "One page per stage; each lists the tables the stage writes to `RUN/tables/` and defines every column.",
-             ""]
+             "One page per stage; each lists the tables the stage writes to `RUN/tables/` and defines every column. "
+             "Every table starts with the identity columns " + ", ".join(f"`{k}`" for k in IDENTITY) + ".", ""]
     for stage, tables in COLUMNS.items():
         lines.append(f"- [{stage}]({stage}.md): " + ", ".join(f"[`{t}`]({stage}.md#{t})" for t in tables))
+    lines += ["", "Summaries and array files:", "", "| file | stage | what it holds |", "|---|---|---|"]
+    for item in (*SUMMARIES.values(), *ARRAYS.values()):
+        lines.append(f"| `{_cell(item.file)}` | {item.stage} | {_cell(item.description)} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -498,10 +676,10 @@ def write_docs(folder: str | Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m depthlens.columns [FOLDER]``: write the pages (default ``docs``)."""
+    """``python -m depthlens.schema [FOLDER]``: write the pages (default ``docs``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) > 1 or any(a.startswith("-") for a in args):
-        print("usage: python -m depthlens.columns [FOLDER]   (writes the column reference pages, default docs/)",
+        print("usage: python -m depthlens.schema [FOLDER]   (writes the column reference pages, default docs/)",
               file=sys.stderr)
         return 2
     for path in write_docs(args[0] if args else "docs"):

@@ -14,13 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
-from . import capture, data
-from .attention import stage as attention_stage
-from .jacobian import stage as jacobian_stage
-from .topology import stage as topology_stage
+from . import data
+from . import stages as stages_registry
 from .config import RunConfig
+from .context import Execution, StageContext
 from .environment import environment_block
 from .errors import InputError, RunIncomplete, StorageError
 from .models import LoadedModel, load_model, random_config
@@ -28,7 +26,7 @@ from .models.loading import spec_source
 from .models.finite import check_finite_weights
 from .report import default_claims_path, load_claims, render_report
 from .report.claims import CLAIMS_COPY
-from .runs import Mode, RunDirectory, atomic, check_target, with_ident
+from .runs import RunDirectory, RunMode, atomic, check_target
 from .runs.failures import fatal
 
 PACKAGES = ("depthlens", "numpy", "scipy", "torch", "transformers", "pandas", "pyarrow", "numba")
@@ -64,8 +62,10 @@ class Prepared:
         }
 
 
-def prepare(config: RunConfig) -> Prepared:
-    """Load the model and the text chunks of ``config``, checking each on the way.
+def prepare(config: RunConfig, loaded: LoadedModel | None = None) -> Prepared:
+    """Load the model (unless ``loaded`` is given: an in-memory model, see
+    :func:`depthlens.models.wrap_model`) and the text chunks of ``config``, checking each on
+    the way.
 
     Raises
     ------
@@ -73,14 +73,9 @@ def prepare(config: RunConfig) -> Prepared:
         Unknown model spec, unreadable or short text, a ``seq_len`` beyond the model's
         context, and the other one-line errors of the loaders.
     """
-    loaded = load_model(
-        config.model,
-        revision=config.revision,
-        dtype=config.dtype,
-        device=config.device,
-        trust_remote_code=config.trust_remote_code,
-        seed=config.seed,
-    )
+    if loaded is None:
+        loaded = load_model(config.model, revision=config.revision, dtype=config.dtype, device=config.device,
+                            trust_remote_code=config.trust_remote_code, seed=config.seed)
     check_finite_weights(loaded.model, loaded.name)
     context = loaded.adapter.max_seq_len
     if context is not None and config.seq_len > context:
@@ -92,26 +87,19 @@ def prepare(config: RunConfig) -> Prepared:
     return Prepared(config, loaded, ids, source.sha256)
 
 
-@dataclass(frozen=True)
-class Execution:
-    """How to run, without changing any number: progress bars and worker processes."""
-
-    quiet: bool = False
-    jobs: int = 2
-
-
 def run(
     config: RunConfig,
     out: str | Path,
-    mode: Mode = Mode.NEW,
+    run_mode: RunMode = RunMode.NEW,
     stages: Sequence[str] = ("capture",),
     execution: Execution = Execution(),
     claims: str | Path | None = None,
     report: bool = False,
+    loaded: LoadedModel | None = None,
 ) -> Path:
     """Run ``stages`` of ``config`` into the run directory ``out`` and return its path.
 
-    Each stage works in resumable units; with ``mode=Mode.RESUME`` finished units are
+    Each stage works in resumable units; with ``run_mode=RunMode.RESUME`` finished units are
     skipped and the final tables equal those of an uninterrupted run, whatever ``jobs``.
     The claims file (``claims``, default: the packaged one) is validated before any work,
     then registered before any analysis runs: its sha256 and absolute source path go in the
@@ -119,7 +107,8 @@ def run(
     in the run index), which ``depthlens report RUN`` scores against from any folder. A
     resumed run keeps its registration; a different ``claims`` then re-scores (flagged in the
     report). With ``report=True`` the claims get their verdicts and ``report.html`` is
-    rendered at the end.
+    rendered at the end. ``loaded`` is a model already in memory (``config.model`` then
+    names it and is not loaded).
 
     Failures are isolated: a unit that raises is logged to ``logs/<stage>.log`` and the other
     units go on; a stage that raises, or has failed units, is marked ``failed`` in the
@@ -142,23 +131,20 @@ def run(
     DepthlensError
         Bad input found before the run directory was opened (nothing is written then).
     """
-    unknown = [s for s in stages if s not in STAGES]
-    if unknown:
-        raise InputError(f"unknown stage {unknown[0]!r}; known stages: {', '.join(STAGES)}.")
-    check_plan(config, stages)  # every stage's minimum sizes, revisions: before the model loads
+    plan = check_plan(config, stages, in_memory=loaded is not None)  # before the model loads
     claims_path = Path(claims) if claims is not None else default_claims_path()
     load_claims(claims_path)  # a malformed file is refused before any work starts
     claims_bytes = claims_path.read_bytes()
-    check_target(out, mode, config.hash())  # fail fast, before the model loads
-    prepared = prepare(config)
+    check_target(out, run_mode, config.hash())  # fail fast, before the model loads
+    prepared = prepare(config, loaded)
     manifest = prepared.manifest()
     manifest["claims"] = {"file": CLAIMS_COPY, "source": str(claims_path.resolve()),
                           "sha256": hashlib.sha256(claims_bytes).hexdigest()}
-    run_dir = RunDirectory.open(out, mode, manifest)
+    run_dir = RunDirectory.open(out, run_mode, manifest)
     _register_claims(run_dir, claims_bytes)
     stopped = False
     try:
-        for stage in _with_requirements(stages):
+        for stage in plan:
             _run_stage(run_dir, stage, prepared, execution)
     except StorageError:
         stopped = True  # a full disk or read-only file system: no report, it could not be written
@@ -166,9 +152,12 @@ def run(
     finally:
         if report and not stopped:  # the run's registered copy unless another file was passed (then flagged if it differs)
             render_report(run_dir.root, claims_path=claims)
-    if run_dir.failures.failures:  # the private operator copies stay for --resume
+    if run_dir.failures.failures:  # private copies (e.g. float64 operators) stay for --resume
         raise RunIncomplete(run_dir.root, run_dir.failures.failures)
-    jacobian_stage.discard_private(run_dir)
+    for stage in plan:
+        finish = getattr(stages_registry.get(stage).load(), "finish", None)
+        if finish is not None:
+            finish(run_dir)
     return run_dir.root
 
 
@@ -189,13 +178,16 @@ def _register_claims(run_dir: RunDirectory, claims_bytes: bytes) -> None:
 
 def _run_stage(run_dir: RunDirectory, stage: str, prepared: Prepared, execution: Execution) -> None:
     """Run one stage with failure isolation and record its status in the manifest."""
-    blocked = [need for need in REQUIRES.get(stage, ()) if run_dir.manifest["stages"].get(need, {}).get("status") != "done"]
+    spec = stages_registry.get(stage)
+    blocked = [need for need in spec.requires if run_dir.manifest["stages"].get(need, {}).get("status") != "done"]
     if blocked:
         run_dir.mark_stage(stage, "skipped", reason=f"needs the {blocked[0]} stage, which did not finish")
         return
     run_dir.mark_stage(stage, "running")
+    context = StageContext(stage, run_dir, prepared.config, prepared.loaded, prepared.token_ids, execution,
+                           _revision_loader(prepared.config))
     try:
-        STAGES[stage](run_dir, prepared, execution)
+        spec.load().run(context)
     except Exception as exc:  # noqa: BLE001 - isolated: logged with its traceback, the run goes on
         stop = fatal(exc)
         if stop is not None:  # a full disk or read-only file system stops the whole run
@@ -227,35 +219,6 @@ def _stopped(run_dir: RunDirectory, stage: str, error: StorageError) -> StorageE
     return error
 
 
-def _run_capture(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
-    cfg = prepared.config
-    ids = prepared.token_ids
-    starts = list(range(0, ids.shape[0], cfg.batch_size))
-    keys = [f"batch{start // cfg.batch_size:05d}" for start in starts]
-    todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(capture.STAGE, k)]
-    bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc="capture", unit="batch", disable=execution.quiet)
-    with torch.inference_mode():
-        for key, start in todo:
-            with run_dir.failures.unit(capture.STAGE, key):
-                tables = capture.capture_batch(prepared.loaded.adapter, ids[start : start + cfg.batch_size], start)
-                run_dir.write_unit(capture.STAGE, key, tables)
-            bar.update()
-    bar.close()
-    keys = [k for k in keys if run_dir.has_unit(capture.STAGE, k)]
-    ident = {"model": prepared.loaded.name, "revision": cfg.revision or ""}
-    patterns = with_ident(run_dir.read_units(capture.STAGE, keys, "attention_patterns"), ident)
-    residual = with_ident(run_dir.read_units(capture.STAGE, keys, "residual_summary"), ident)
-    run_dir.write_table("attention_patterns", patterns)
-    run_dir.write_table("attention_summary", capture.summarise_heads(patterns))
-    run_dir.write_table("residual_summary", residual)
-
-
-def _run_attention(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
-    cfg = prepared.config
-    attention_stage.run(run_dir, prepared.loaded, prepared.token_ids, cfg.attention_options(),
-                        batch_size=cfg.batch_size, jobs=execution.jobs, quiet=execution.quiet)
-
-
 def _revision_loader(cfg: RunConfig) -> Callable[[str], LoadedModel]:
     def load_revision(revision: str) -> LoadedModel:
         loaded = load_model(cfg.model, revision=revision, dtype=cfg.dtype, device=cfg.device,
@@ -266,80 +229,40 @@ def _revision_loader(cfg: RunConfig) -> Callable[[str], LoadedModel]:
     return load_revision
 
 
-def _run_jacobian(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
-    cfg = prepared.config
-    jacobian_stage.run(run_dir, prepared.loaded, prepared.token_ids, cfg.jacobian_options(),
-                       batch_size=cfg.batch_size, quiet=execution.quiet, load_revision=_revision_loader(cfg),
-                       jobs=execution.jobs)
+_KINDS = {"embedded": "an embedded model", "random": "a random model", "gguf": "a .gguf file", "local": "a local folder",
+          "memory": "a model in memory"}
 
 
-def _run_topology(run_dir: RunDirectory, prepared: Prepared, execution: Execution) -> None:
-    cfg = prepared.config
-    jopts, topts = cfg.jacobian_options(), cfg.topology_options()
-    ckpts = jacobian_stage.checkpoints(prepared.loaded, jopts, _revision_loader(cfg))
-
-    def operators(name: str, get: Callable) -> dict:  # float64, whatever --save-arrays
-        return jacobian_stage.operators(run_dir, name, topts.mode, get, prepared.token_ids, jopts,
-                                        batch_size=cfg.batch_size, quiet=execution.quiet)
-
-    topology_stage.run(run_dir, ckpts, prepared.token_ids, topts,
-                       batch_size=cfg.batch_size, quiet=execution.quiet, operators=operators)
-
-
-STAGES = {capture.STAGE: _run_capture, "attention": _run_attention, "jacobian": _run_jacobian,
-          "topology": _run_topology}
-#: Stages whose outputs a stage reads; they run first (finished units are skipped).
-REQUIRES = {"topology": ("jacobian",)}
-
-
-_KINDS = {"embedded": "an embedded model", "random": "a random model", "gguf": "a .gguf file", "local": "a local folder"}
-
-
-def check_plan(config: RunConfig, stages: Sequence[str]) -> None:
-    """Check the whole plan before any model loads: every stage that will run (``stages`` and
-    the stages they need) gets its minimum sizes checked against the configuration (each
-    stage module declares them in ``check_sizes``), a ``random:`` spec is parsed, and
-    ``--revision``/``--revisions`` are refused for a model that is not a hub id.
+def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False) -> list[str]:
+    """Check the whole plan before any model loads and return it: ``stages`` with the stages
+    they need put first (:func:`depthlens.stages.with_requirements`). Every stage of the plan
+    checks its sizes against the configuration (its module's ``check``), a ``random:`` spec is
+    parsed, and ``--revision``/``--revisions`` are refused for a model that is not a hub id
+    (an in-memory model, ``in_memory``, has no revisions either).
 
     Raises
     ------
     InputError
-        One line naming the flag and the value that works.
+        One line naming the flag and the value that works, or an unknown stage.
     ModelError
         A ``random:`` spec with unknown keys or values its configuration rejects.
     """
-    plan = _with_requirements(stages)
-    source = spec_source(config.model)
+    plan = stages_registry.with_requirements(list(stages))
+    source = "memory" if in_memory else spec_source(config.model)
     if source in _KINDS:
         what = f"--model {config.model!r} is {_KINDS[source]}"
         if config.revision:
             raise InputError(f"--revision {config.revision!r} only applies to hub ids, and {what}; drop --revision.")
-        revisions = config.jacobian_options().revisions
-        if revisions:
-            raise InputError(f"--revisions {','.join(revisions)} only applies to hub ids, and {what}; "
+        if config.revisions:
+            raise InputError(f"--revisions {','.join(config.revisions)} only applies to hub ids, and {what}; "
                              "drop --revisions (the step-0 null is analysed with --null init).")
     if source == "random":
         _, _, rest = config.model.strip().partition(":")
         family, _, overrides = rest.partition(":")
         random_config(family.strip(), overrides.strip() or None)  # unknown keys, bad values: one line
-    checks = {
-        capture.STAGE: lambda: capture.check_sizes(config.chunks, config.seq_len),
-        "attention": lambda: attention_stage.check_sizes(config.chunks, config.seq_len, config.attention_options()),
-        "jacobian": lambda: jacobian_stage.check_sizes(config.chunks, config.seq_len, config.jacobian_options()),
-        "topology": lambda: topology_stage.check_sizes(config.chunks, config.seq_len, config.topology_options()),
-    }
     for stage in plan:
-        checks[stage]()
-
-
-def _with_requirements(stages: Sequence[str]) -> list[str]:
-    ordered: list[str] = []
-    for stage in stages:
-        for need in (*REQUIRES.get(stage, ()), stage):
-            if need not in ordered:
-                ordered.append(need)
-    return ordered
-
+        stages_registry.get(stage).load().check(config)
+    return plan
 
 
 def _versions() -> dict[str, str]:

@@ -13,10 +13,10 @@ import torch
 
 from depthlens import data
 from depthlens.attention import stage
-from depthlens.attention.analysis import AttentionOptions
+from depthlens.attention.options import AttentionOptions
 from depthlens.attention.features import matrix_features
 from depthlens.models import load_model
-from depthlens.runs import Mode, RunDirectory
+from depthlens.runs import RunMode, RunDirectory
 
 PLANTED = {(0, 1): "prev", (1, 2): "induction", (1, 0): "sink"}
 TEXT = " ".join(f"token stream {i % 13} with words {i % 5} and more {i}" for i in range(300))
@@ -67,8 +67,10 @@ def planted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     ids = data.chunks(str(text), loaded.tokenizer, 4, 24, seed=None)
     opts = AttentionOptions(null_samples=4, null_chunks=2, extras_chunks=1, probe_seqs=8, probe_len=12, ratio_seqs=2)
     root = tmp_path_factory.mktemp("run")
-    run_dir = RunDirectory.open(root / "r", Mode.NEW, {"config_hash": "x"})
-    summary = stage.run(run_dir, loaded, ids, opts, batch_size=2, jobs=1, quiet=True)
+    run_dir = RunDirectory.open(root / "r", RunMode.NEW, {"config_hash": "x"})
+    tables, summary = stage.analyse(run_dir, loaded, ids, opts, batch_size=2, jobs=1, quiet=True)
+    for name, table in tables.items():
+        run_dir.write_table(name, table)
     return root / "r", summary
 
 

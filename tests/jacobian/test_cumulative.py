@@ -9,10 +9,10 @@ import pytest
 
 from depthlens.errors import InputError
 from depthlens.jacobian.cumulative import cumulative_ranks, schur_funnel
-from depthlens.linalg.ranks import erank, erank_sigma, participation
+from depthlens.linalg.ranks import erank, erank_sigma, participation_ratio
 from depthlens.linalg.schur import schur_form, schur_split
 
-RANK_FNS = {"erank": erank, "erank_sigma": erank_sigma, "participation": participation}
+RANK_FNS = {"erank": erank, "erank_sigma": erank_sigma, "participation_ratio": participation_ratio}
 
 
 def random_ops(rng: np.random.Generator, n: int, d: int, scale: float = 1.0) -> list[np.ndarray]:
@@ -48,7 +48,7 @@ def reference(ops: list[np.ndarray], direction: str, rank: int | None = None) ->
 
 def assert_curve(got: pd.DataFrame, want: pd.DataFrame, rel: float = 1e-9) -> None:
     assert got["depth"].tolist() == want["depth"].tolist()
-    for col in ("erank", "erank_sigma", "participation", "log_norm"):
+    for col in ("erank", "erank_sigma", "participation_ratio", "log_norm"):
         np.testing.assert_allclose(got[col], want[col], rtol=rel, atol=rel, err_msg=col)
 
 
@@ -56,10 +56,10 @@ def assert_curve(got: pd.DataFrame, want: pd.DataFrame, rel: float = 1e-9) -> No
 def test_exact_against_explicit_products(rng: np.random.Generator, direction: str) -> None:
     ops = random_ops(rng, 7, 12)
     got = cumulative_ranks(ops, direction)
-    assert list(got.columns) == ["depth", "steps", "erank", "erank_sigma", "participation", "log_norm"]
+    assert list(got.columns) == ["depth", "steps", "erank", "erank_sigma", "participation_ratio", "log_norm"]
     assert got["steps"].tolist() == (list(range(1, 8)) if direction == "forward" else list(range(7, 0, -1)))
     assert_curve(got, reference(ops, direction))
-    assert all(got[c].dtype == np.float64 for c in ("erank", "erank_sigma", "participation", "log_norm"))
+    assert all(got[c].dtype == np.float64 for c in ("erank", "erank_sigma", "participation_ratio", "log_norm"))
 
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])
@@ -74,7 +74,7 @@ def test_huge_and_tiny_scales(rng: np.random.Generator, direction: str, exponent
     assert not np.all(np.isfinite(naive)) if exponent > 0 else np.abs(naive).max() < 1e-300
     got = cumulative_ranks(ops, direction)
     want = cumulative_ranks(base, direction)
-    for col in ("erank", "erank_sigma", "participation"):
+    for col in ("erank", "erank_sigma", "participation_ratio"):
         np.testing.assert_allclose(got[col], want[col], rtol=1e-12)
     np.testing.assert_allclose(got["log_norm"] - want["log_norm"], got["steps"] * exponent * np.log(2.0), rtol=1e-12)
     assert_curve(want, reference(base, direction), rel=1e-8)  # the unscaled products stay finite
@@ -158,7 +158,7 @@ def nonnormal_ops(rng: np.random.Generator, n: int, d: int) -> list[np.ndarray]:
 def test_funnel_alpha_one_is_plain_curve(rng: np.random.Generator) -> None:
     ops = nonnormal_ops(rng, 6, 10)
     funnel = schur_funnel(ops, alphas=(1.0,), ranks=(None, 4))
-    assert list(funnel.columns) == ["alpha", "direction", "truncation", "depth", "steps", "erank", "erank_sigma", "participation", "log_norm",
+    assert list(funnel.columns) == ["alpha", "direction", "truncation", "depth", "steps", "erank", "erank_sigma", "participation_ratio", "log_norm",
                                     "failure"]
     assert funnel["failure"].isna().all()
     for direction in ("forward", "backward"):

@@ -12,7 +12,7 @@ from scipy.stats import ortho_group
 from depthlens.errors import InputError
 from depthlens.jacobian.metrics import METRICS, metrics_and_eigenvalues, metrics_table, operator_metrics, spectra
 from depthlens.linalg.normality import henrici_rel, symmetry_index
-from depthlens.linalg.ranks import erank, erank_sigma, participation, self_alignment, self_alignment_svd, stable_rank
+from depthlens.linalg.ranks import erank, erank_sigma, participation_ratio, self_alignment, self_alignment_svd, stable_rank
 
 
 def rotation_blocks(angles: np.ndarray) -> np.ndarray:
@@ -53,7 +53,7 @@ def test_symmetric_psd(rng: np.random.Generator) -> None:
 @pytest.mark.parametrize("d", [1, 7, 100])
 def test_identity(d: int) -> None:
     m = operator_metrics(np.eye(d))
-    for name in ("erank", "erank_sigma", "participation", "stable_rank"):
+    for name in ("erank", "erank_sigma", "participation_ratio", "stable_rank"):
         assert m[name] == pytest.approx(d, rel=1e-13)
     assert m["cond"] == m["spectral_radius"] == 1.0
     assert m["henrici_rel"] == m["henrici_update_rel"] == m["rot_angle_mean"] == 0.0
@@ -94,7 +94,7 @@ def test_against_direct_computations(rng: np.random.Generator) -> None:
     assert m["spectral_radius"] == pytest.approx(np.abs(lam).max(), rel=1e-12)
     for k in (1, 8, 64):
         assert m[f"self_align_{k}"] == pytest.approx(float(self_alignment(J, k)), rel=1e-9)
-    for fn in (erank, erank_sigma, participation, stable_rank):
+    for fn in (erank, erank_sigma, participation_ratio, stable_rank):
         assert m[fn.__name__] == pytest.approx(float(fn(J)), rel=1e-12)
     # Henrici by the (cancelling) eigenvalue formula agrees to its own accuracy.
     direct = np.sqrt(np.linalg.norm(J) ** 2 - np.sum(np.abs(lam) ** 2)) / np.linalg.norm(J)

@@ -1,5 +1,9 @@
 """Synthetic run directories for the report tests (no model, no analysis: tables written by hand).
 
+Every table is written through :func:`write_table`, which puts the identity columns of
+:data:`depthlens.schema.IDENTITY` first and checks the table against its declaration in
+:mod:`depthlens.schema`, so the synthetic runs have the real runs' layout.
+
 :func:`build_run` writes a small run whose numbers support every default claim except the
 clamp chain (no interventions stage), with samples at or above every claim's minimum (8
 chunks, 6 routing and 6 sink heads, 24 boundaries, 1000 permutations); tests then overwrite
@@ -18,13 +22,23 @@ import numpy as np
 import pandas as pd
 from safetensors.numpy import save_file
 
-ALL_STAGES = ("capture", "attention", "jacobian", "topology")
+from depthlens.schema import ARRAYS, IDENTITY, SCHEMA, SUMMARIES, conform_table
+from depthlens.stages import STAGES
+
+ALL_STAGES = tuple(STAGES)
 MALICIOUS = "<script>alert(1)</script>"
+IDENT = {"model": "synthetic:tiny", "revision": "", "text": "synthetic"}
 
 
-def write_table(root: Path, name: str, df: pd.DataFrame) -> None:
+def write_table(root: Path, name: str, df: pd.DataFrame, ident: dict[str, str] | None = None) -> None:
+    """Write ``tables/NAME.parquet``: the identity columns first (kept when ``df`` has them,
+    else from ``ident``, default :data:`IDENT`), checked against the schema."""
+    df = df.copy()
+    ident = {**IDENT, **(ident or {})}
+    for key in reversed(list(IDENTITY)):
+        df.insert(0, key, df.pop(key) if key in df.columns else ident[key])
     (root / "tables").mkdir(parents=True, exist_ok=True)
-    df.to_parquet(root / "tables" / f"{name}.parquet", index=False)
+    conform_table(name, df).to_parquet(root / "tables" / f"{name}.parquet", index=False)
 
 
 def read_table(root: Path, name: str) -> pd.DataFrame:
@@ -50,18 +64,18 @@ def set_stage(root: Path, stage: str, status: str | None) -> None:
 
 
 def drop_stage(root: Path, stage: str) -> None:
-    """Remove a stage's outputs and its manifest entry, as if it never ran."""
-    outputs = {
-        "capture": ["attention_patterns", "attention_summary", "residual_summary"],
-        "attention": ["heads", "head_chunks", "depth"],
-        "jacobian": ["operators", "eigenvalues", "cumulative"],
-        "topology": ["coupling"],
-    }[stage]
-    for name in outputs:
-        (root / "tables" / f"{name}.parquet").unlink(missing_ok=True)
-    for extra in {"attention": ["attention.json", "arrays/pseudospectra.safetensors"],
-                  "topology": ["topology.json"]}.get(stage, []):
-        (root / extra).unlink(missing_ok=True)
+    """Remove a stage's outputs (as the schema declares them) and its manifest entry, as if it
+    never ran."""
+    for table in SCHEMA.values():
+        if table.stage == stage:
+            (root / table.file).unlink(missing_ok=True)
+    for summary in SUMMARIES.values():
+        if summary.stage == stage:
+            (root / summary.file).unlink(missing_ok=True)
+    for array in ARRAYS.values():
+        if array.stage == stage:
+            for path in (root / "arrays").glob(array.file.split("/")[1].split("<")[0] + "*"):
+                path.unlink()
     set_stage(root, stage, None)
 
 
@@ -74,8 +88,8 @@ def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str
     root.mkdir(parents=True, exist_ok=True)
     stages = tuple(stages)
     write_json(root, "manifest", {
-        "config": {"model": model, "seed": 0, "chunks": chunks, "null_chunks": 8, "n_perm": 1000,
-                   "null_mode": "spec"},
+        "config": {"model": model, "seed": 0, "chunks": chunks, "attention": {"null_chunks": 8, "null_mode": "spec"},
+                   "topology": {"n_perm": 1000}},
         "config_hash": "0123456789abcdef",
         "created": "2026-01-01T00:00:00+00:00",
         "model": {"name": model, "revision": None, "family": "llama", "sha256": "ab" * 32},
@@ -84,13 +98,13 @@ def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str
         "seed": 0,
         "stages": {s: {"status": "done"} for s in stages},
     })
-    ident = {"model": model, "revision": ""}
+    ident = {**IDENT, "model": model}
     if "attention" in stages:
         _attention(root, rng, ident, pseudospectra, chunks)
     if "jacobian" in stages:
-        _jacobian(root, rng, model)
+        _jacobian(root, rng, ident)
     if "topology" in stages:
-        _topology(root, boundaries)
+        _topology(root, boundaries, ident)
     return root
 
 
@@ -115,8 +129,8 @@ def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra:
                                "delta_TR1": delta if chunk < null_chunks else np.nan})
     heads = pd.DataFrame(rows)
     heads["induction_ratio"] = heads["induction_ratio"].astype(object)
-    write_table(root, "heads", heads)
-    write_table(root, "head_chunks", pd.DataFrame(chunk_rows))
+    write_table(root, "heads", heads, ident)
+    write_table(root, "head_chunks", pd.DataFrame(chunk_rows), ident)
     depth_rows = []
     for op in ("mean", "rollout"):
         for chunk in range(chunks):
@@ -132,7 +146,7 @@ def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra:
                         if op == "rollout" and source == "model" and depth == 3:  # E = 0: gap = +inf
                             row.update(e1=0.0, e2=0.0, gap_e1=np.inf, gap_e2=np.inf)
                         depth_rows.append(row)
-    write_table(root, "depth", pd.DataFrame(depth_rows))
+    write_table(root, "depth", pd.DataFrame(depth_rows), ident)
     write_json(root, "attention", {
         "n_heads": len(roles), "roles": {r: roles.count(r) for r in ("routing", "sink", "other")},
         "routing_positive_significant": 1.0, "sink_negative": 1.0, "sink_negative_significant": 1.0,
@@ -153,7 +167,7 @@ def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra:
         save_file(arrays, str(root / "arrays" / "pseudospectra.safetensors"), metadata=meta)
 
 
-def _jacobian(root: Path, rng: np.random.Generator, model: str) -> None:
+def _jacobian(root: Path, rng: np.random.Generator, ident: dict[str, str]) -> None:
     layers = 6
     op_rows, eig_rows, cum_rows = [], [], []
     for checkpoint in ("trained", "init"):
@@ -161,14 +175,14 @@ def _jacobian(root: Path, rng: np.random.Generator, model: str) -> None:
             for sub in ("attn", "mlp"):
                 early = layer < 2
                 complex_frac = (0.97 if early else 0.3) if checkpoint == "trained" else 0.2
-                op_rows.append({"model": model, "checkpoint": checkpoint, "mode": "isolated", "layer": layer,
+                op_rows.append({"checkpoint": checkpoint, "jacobian_mode": "isolated", "layer": layer,
                                 "sublayer": sub, "complex_frac": complex_frac,
                                 "henrici_update_rel": 0.9 - 0.1 * layer, "symmetry": 0.4 + 0.1 * layer,
                                 "erank": 20.0, "spectral_radius": 1.5, "cond": 10.0})
                 pairs = rng.normal(size=(4, 2)) * [1.0, 0.8 if complex_frac > 0.5 else 0.05]
                 for re, im in pairs:
                     for sign in (1, -1):
-                        eig_rows.append({"model": model, "checkpoint": checkpoint, "mode": "isolated",
+                        eig_rows.append({"checkpoint": checkpoint, "jacobian_mode": "isolated",
                                          "layer": layer, "sublayer": sub, "re": 1 + re, "im": sign * im})
         steps = 2 * layers
         for alpha in (0.0, 0.25, 0.5, 0.75, 1.0):
@@ -176,16 +190,16 @@ def _jacobian(root: Path, rng: np.random.Generator, model: str) -> None:
             for direction in ("forward", "backward"):
                 for depth in range(steps):
                     erank = 100.0 * (final / 100.0) ** (depth / (steps - 1))
-                    cum_rows.append({"model": model, "checkpoint": checkpoint, "mode": "isolated", "alpha": alpha,
+                    cum_rows.append({"checkpoint": checkpoint, "jacobian_mode": "isolated", "alpha": alpha,
                                      "direction": direction, "truncation": 64, "depth": depth, "steps": depth + 1,
-                                     "erank": erank, "erank_sigma": erank, "participation": erank,
+                                     "erank": erank, "erank_sigma": erank, "participation_ratio": erank,
                                      "log_norm": 0.1 * depth})
-    write_table(root, "operators", pd.DataFrame(op_rows))
-    write_table(root, "eigenvalues", pd.DataFrame(eig_rows))
-    write_table(root, "cumulative", pd.DataFrame(cum_rows))
+    write_table(root, "operators", pd.DataFrame(op_rows), ident)
+    write_table(root, "eigenvalues", pd.DataFrame(eig_rows), ident)
+    write_table(root, "cumulative", pd.DataFrame(cum_rows), ident)
 
 
-def _topology(root: Path, boundaries: int) -> None:
+def _topology(root: Path, boundaries: int, ident: dict[str, str]) -> None:
     rows = []
     for checkpoint in ("trained", "init"):
         for boundary in range(boundaries):
@@ -193,8 +207,8 @@ def _topology(root: Path, boundaries: int) -> None:
             rows.append({"checkpoint": checkpoint, "boundary": boundary, "layer": boundary // 2,
                          "sublayer": ("attn", "mlp")[boundary % 2],
                          "effect": (0.4 if sig else 0.05) * (-1) ** boundary, "p": 0.001 if sig else 0.5,
-                         "q": 0.01 if sig else 0.7, "sign": (-1) ** boundary, "n_boundary": 16, "n_interior": 48,
+                         "q": 0.01 if sig else 0.7, "sign": (-1) ** boundary, "n_boundary_nodes": 16, "n_interior_nodes": 48,
                          "henrici_update_rel": 0.8, "symmetry": 0.6, "significant": sig})
-    write_table(root, "coupling", pd.DataFrame(rows))
+    write_table(root, "coupling", pd.DataFrame(rows), ident)
     write_json(root, "topology", {"significant_layers": {"trained": (boundaries + 1) // 2, "init": 0},
                                   "n_boundaries": {"trained": boundaries, "init": boundaries}, "q_level": 0.05})

@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 
 from depthlens.errors import InputError
+from depthlens.report.statistics import STATISTICS, compute_statistic
 from depthlens.report.claims import (
-    STATISTICS,
     TESTS,
     Claim,
     claims_hash,
-    compute_statistic,
     default_claims_path,
     evaluate,
     load_claims,

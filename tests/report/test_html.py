@@ -173,7 +173,7 @@ def test_report_in_headless_chromium(report, tmp_path):
 
 
 def test_every_table_section_links_its_docs_page_and_has_a_glossary(report):
-    from depthlens.columns import COLUMNS, pages
+    from depthlens.schema import COLUMNS, pages
 
     path, text = report
     for stage, tables in COLUMNS.items():

@@ -12,10 +12,9 @@ import pytest
 
 from depthlens.errors import InputError
 from depthlens.report import render_report
+from depthlens.report.statistics import SAMPLE_UNITS, STATISTICS
 from depthlens.report.claims import (
     CLAIMS_COPY,
-    SAMPLE_UNITS,
-    STATISTICS,
     claims_hash,
     default_claims_path,
     evaluate,
@@ -101,7 +100,7 @@ def test_few_heads_boundaries_and_permutations_are_underpowered(tmp_path):
     heads.loc[routing[3:], "role"] = "other"  # 3 routing heads left
     write_table(run, "heads", heads)
     manifest = read_json(run, "manifest")
-    manifest["config"]["n_perm"] = 10
+    manifest["config"]["topology"]["n_perm"] = 10
     write_json(run, "manifest", manifest)
     got = results(run)
     assert got["A4-induction-doubling"]["reason"] == "underpowered (n = 3 routing heads, needs 6)"

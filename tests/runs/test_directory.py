@@ -14,7 +14,7 @@ from depthlens.errors import RunError
 from depthlens.runs import (
     FORMAT,
     FORMAT_VERSION,
-    Mode,
+    RunMode,
     RunDirectory,
     atomic,
     check_target,
@@ -25,12 +25,12 @@ from depthlens.runs import (
 from depthlens.runs.atomic import atomic_path
 
 
-def _open(path: Path, mode: Mode, h: str = "abc") -> RunDirectory:
+def _open(path: Path, mode: RunMode, h: str = "abc") -> RunDirectory:
     return RunDirectory.open(path, mode, {"config_hash": h, "seed": 1})
 
 
 def test_new_run_writes_manifest(tmp_path: Path) -> None:
-    run = _open(tmp_path / "r", Mode.NEW)
+    run = _open(tmp_path / "r", RunMode.NEW)
     manifest = json.loads((tmp_path / "r" / "manifest.json").read_text())
     assert manifest["config_hash"] == "abc" and "created" in manifest
     run.mark_stage("capture", "done", n=3)
@@ -39,34 +39,34 @@ def test_new_run_writes_manifest(tmp_path: Path) -> None:
 
 def test_refusals(tmp_path: Path) -> None:
     root = tmp_path / "r"
-    _open(root, Mode.NEW)
+    _open(root, RunMode.NEW)
     with pytest.raises(RunError, match="--resume"):
-        _open(root, Mode.NEW)
+        _open(root, RunMode.NEW)
     with pytest.raises(RunError, match="different configuration"):
-        _open(root, Mode.RESUME, "other")
+        _open(root, RunMode.RESUME, "other")
     stranger = tmp_path / "home"
     stranger.mkdir()
     (stranger / "precious.txt").write_text("keep")
     with pytest.raises(RunError, match="not a depthlens run"):
-        check_target(stranger, Mode.OVERWRITE, "abc")
+        check_target(stranger, RunMode.OVERWRITE, "abc")
     assert (stranger / "precious.txt").exists()
     (tmp_path / "file").write_text("x")
     with pytest.raises(RunError, match="is a file"):
-        check_target(tmp_path / "file", Mode.NEW, "abc")
+        check_target(tmp_path / "file", RunMode.NEW, "abc")
 
 
 def test_overwrite_and_resume(tmp_path: Path) -> None:
     root = tmp_path / "r"
-    run = _open(root, Mode.NEW)
+    run = _open(root, RunMode.NEW)
     run.write_unit("s", "u0", {"t": pd.DataFrame({"x": [1]})})
-    resumed = _open(root, Mode.RESUME)
+    resumed = _open(root, RunMode.RESUME)
     assert resumed.has_unit("s", "u0") and len(resumed.manifest["resumed"]) == 1
-    fresh = _open(root, Mode.OVERWRITE)
+    fresh = _open(root, RunMode.OVERWRITE)
     assert not fresh.has_unit("s", "u0")
 
 
 def test_units_round_trip(tmp_path: Path) -> None:
-    run = _open(tmp_path / "r", Mode.NEW)
+    run = _open(tmp_path / "r", RunMode.NEW)
     for i in range(3):
         run.write_unit("s", f"u{i}", {"t": pd.DataFrame({"x": [i, i + 10]})})
     table = run.read_units("s", ["u2", "u0", "u1"], "t")
@@ -76,7 +76,7 @@ def test_units_round_trip(tmp_path: Path) -> None:
 
 
 def test_tables_and_arrays(tmp_path: Path) -> None:
-    run = _open(tmp_path / "r", Mode.NEW)
+    run = _open(tmp_path / "r", RunMode.NEW)
     df = pd.DataFrame({"layer": [0, 1], "v": [0.5, 1.5]})
     run.write_table("t", df)
     pd.testing.assert_frame_equal(run.read_table("t"), df)
@@ -86,6 +86,17 @@ def test_tables_and_arrays(tmp_path: Path) -> None:
     with safe_open(str(path), "np") as f:
         meta = f.metadata()
     assert meta["config_hash"] == "abc" and json.loads(meta["dtypes"]) == {"J": "float64"}
+    single = np.ones(3, dtype=np.float32)
+    run.write_arrays("b", {"J": arr, "s": single})
+    arrays, meta = run.read_arrays("b")  # the reader of what write_arrays wrote: dtypes and metadata kept
+    assert arrays["J"].dtype == np.float64 and arrays["s"].dtype == np.float32
+    np.testing.assert_array_equal(arrays["J"], arr)
+    assert meta["config_hash"] == "abc" and json.loads(meta["dtypes"]) == {"J": "float64", "s": "float32"}
+    with pytest.raises(RunError, match="arrays/missing.safetensors of .* cannot be read"):
+        run.read_arrays("missing")
+    (tmp_path / "r" / "arrays" / "bad.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(RunError, match="arrays/bad.safetensors of .* cannot be read"):
+        run.read_arrays("bad")
 
 
 def test_atomic_path_leaves_nothing_on_error(tmp_path: Path) -> None:
@@ -106,8 +117,8 @@ def _foreign_project(root: Path) -> None:
     (root / "src" / "app.js").write_text("x")
 
 
-@pytest.mark.parametrize("mode", [Mode.NEW, Mode.RESUME, Mode.OVERWRITE])
-def test_foreign_manifest_is_not_a_run(tmp_path: Path, mode: Mode) -> None:
+@pytest.mark.parametrize("mode", [RunMode.NEW, RunMode.RESUME, RunMode.OVERWRITE])
+def test_foreign_manifest_is_not_a_run(tmp_path: Path, mode: RunMode) -> None:
     root = tmp_path / "w"
     _foreign_project(root)
     with pytest.raises(RunError, match="not a depthlens run") as err:
@@ -118,23 +129,23 @@ def test_foreign_manifest_is_not_a_run(tmp_path: Path, mode: Mode) -> None:
 
 def test_manifest_carries_the_format_marker(tmp_path: Path) -> None:
     root = tmp_path / "r"
-    _open(root, Mode.NEW)
+    _open(root, RunMode.NEW)
     manifest = read_manifest(root)
-    assert (manifest["format"], manifest["format_version"]) == (FORMAT, FORMAT_VERSION) == ("depthlens-run", 1)
+    assert (manifest["format"], manifest["format_version"]) == (FORMAT, FORMAT_VERSION) == ("depthlens-run", 2)
     assert not_a_run(root) is None
     assert "manifest.json" in atomic.read_index(root)
     (root / atomic.INDEX).rename(root / "index.bak")
     assert "depthlens-index.txt" in not_a_run(root)
     (root / "index.bak").rename(root / atomic.INDEX)
-    (root / "manifest.json").write_text(json.dumps({**manifest, "format_version": 2}))
-    assert "version 2" in not_a_run(root)
+    (root / "manifest.json").write_text(json.dumps({**manifest, "format_version": 3}))
+    assert "version 3" in not_a_run(root)
     with pytest.raises(RunError, match="not a depthlens run"):
-        _open(root, Mode.OVERWRITE)
+        _open(root, RunMode.OVERWRITE)
 
 
 def test_overwrite_deletes_only_what_the_run_wrote(tmp_path: Path) -> None:
     root = tmp_path / "r"
-    run = _open(root, Mode.NEW)
+    run = _open(root, RunMode.NEW)
     run.write_unit("s", "u0", {"t": pd.DataFrame({"x": [1]})})
     run.write_table("t", pd.DataFrame({"x": [1]}))
     run.write_arrays("a", {"J": np.eye(2)})
@@ -145,7 +156,7 @@ def test_overwrite_deletes_only_what_the_run_wrote(tmp_path: Path) -> None:
     (root / "notes.txt").write_text("mine")
     (root / "tables" / "mine.csv").write_text("mine")
     (root / "logs").mkdir()
-    fresh = _open(root, Mode.OVERWRITE, "new")
+    fresh = _open(root, RunMode.OVERWRITE, "new")
     left = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
     assert left == ["depthlens-index.txt", "logs", "manifest.json", "notes.txt", "tables", "tables/mine.csv"]
     assert fresh.manifest["config_hash"] == "new" and atomic.read_index(root) == ["manifest.json"]
@@ -153,7 +164,7 @@ def test_overwrite_deletes_only_what_the_run_wrote(tmp_path: Path) -> None:
 
 def test_overwrite_never_follows_index_entries_outside_the_run(tmp_path: Path) -> None:
     root = tmp_path / "r"
-    _open(root, Mode.NEW)
+    _open(root, RunMode.NEW)
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep.txt").write_text("keep")
@@ -176,10 +187,10 @@ def _interrupted_write(path: Path) -> Path:
     return tmp
 
 
-@pytest.mark.parametrize("mode", [Mode.RESUME, Mode.OVERWRITE])
-def test_temporaries_of_killed_writes_are_removed(tmp_path: Path, mode: Mode) -> None:
+@pytest.mark.parametrize("mode", [RunMode.RESUME, RunMode.OVERWRITE])
+def test_temporaries_of_killed_writes_are_removed(tmp_path: Path, mode: RunMode) -> None:
     root = tmp_path / "r"
-    run = _open(root, Mode.NEW)
+    run = _open(root, RunMode.NEW)
     run.write_unit("s", "u0", {"t": pd.DataFrame({"x": [1]})})
     tmps = [_interrupted_write(root / "units" / "s" / "u1.t.parquet"),
             _interrupted_write(root / "tables" / "t.parquet")]
@@ -188,4 +199,4 @@ def test_temporaries_of_killed_writes_are_removed(tmp_path: Path, mode: Mode) ->
     foreign.write_text("mine")
     resumed = _open(root, mode)
     assert not any(t.exists() for t in tmps) and foreign.read_text() == "mine"
-    assert resumed.has_unit("s", "u0") == (mode is Mode.RESUME)
+    assert resumed.has_unit("s", "u0") == (mode is RunMode.RESUME)

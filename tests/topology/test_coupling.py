@@ -14,7 +14,7 @@ from depthlens.topology import (
     amplification,
     boundary_nodes,
     coupling_table,
-    participation,
+    participation_coefficient,
     permutation_pvalue,
     rank_biserial,
 )
@@ -29,7 +29,7 @@ SMALL_MEMBERSHIP = np.array([0, 0, 0, 1, 1, 1, 2, 3])
 
 
 def test_participation_matches_hand_computation() -> None:
-    pc = participation(SMALL, 8, SMALL_MEMBERSHIP)
+    pc = participation_coefficient(SMALL, 8, SMALL_MEMBERSHIP)
     expected = [
         0.375,  # 0: k = 1, A 0.75, B 0.25 (negative edge to 7 ignored): 1 − 0.5625 − 0.0625
         0.5,  # 1: k = 1, A 0.5, B 0.5
@@ -133,14 +133,14 @@ def test_coupling_table_numbers_and_seeds() -> None:
     layers = _layers(np.random.default_rng(8), 6, 80, shift=1.5)
     table, record = coupling_table(layers, n_perm=200, seed=4)
     assert table["layer"].tolist() == list(range(6))
-    assert list(table.columns) == ["layer", "effect", "p", "q", "sign", "n_boundary", "n_interior"]
+    assert list(table.columns) == ["layer", "effect", "p", "q", "sign", "n_boundary_nodes", "n_interior_nodes"]
     children = np.random.SeedSequence(4).spawn(6)
     for row in table.itertuples():
         values, boundary = layers[row.layer]
         assert row.effect == pytest.approx(rank_biserial(values[boundary], values[~boundary]), abs=1e-14)
         assert row.p == permutation_pvalue(values, boundary, 200, np.random.default_rng(children[row.layer]))
-        assert row.sign == np.sign(row.effect) and row.n_boundary == boundary.sum()
-        assert row.n_interior == (~boundary).sum()
+        assert row.sign == np.sign(row.effect) and row.n_boundary_nodes == boundary.sum()
+        assert row.n_interior_nodes == (~boundary).sum()
         assert record.spawn_keys[row.layer] == (row.layer,)
     np.testing.assert_allclose(table["q"], stats.false_discovery_control(table["p"]), rtol=1e-12)
     assert (table["effect"] > 0).all() and (table["q"] < 0.05).all()

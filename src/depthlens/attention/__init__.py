@@ -1,1 +1,8 @@
-"""Per-head attention operators: capture, pattern features, resolvent features, nulls, roles."""
+"""Per-head attention operators: pattern features, resolvent features, nulls, roles, depth
+products (METHODS A1–A6). :mod:`.features`, :mod:`.roles`, :mod:`.depth` and :mod:`.patterns`
+take attention matrices as arrays; :mod:`.stage` runs them over a model."""
+
+from .options import AttentionOptions
+from .roles import RoleThresholds
+
+__all__ = ["AttentionOptions", "RoleThresholds"]

@@ -17,80 +17,23 @@ The worker functions take arrays and seeds only, so results do not depend on ``j
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import numpy as np
 import pandas as pd
 
-from ..errors import DecompositionError, InputError
-from ..linalg.nulls import NULL_MODES, shuffle_null
+from ..errors import DecompositionError
+from ..linalg.nulls import shuffle_null
 from ..stats import bh_qvalues, log_median, sign_test
 from . import features
 from .depth import depth_table, layer_operators
-from .roles import RoleThresholds
+from .options import AttentionOptions
 
 STAGE = "attention"
-CERTIFY = ("median", "all", "none")
 #: Per-chunk quantities aggregated per head by the median of logs (scale quantities).
 SCALE = ("norm_B", "kreiss_B", "kreiss_B_upper", "peak_B", "num_radius_B")
 #: Per-chunk 0/1 flags aggregated per head by the minimum (1 only if every chunk has it).
 FLAGS = ("peak_certified",)
-
-
-@dataclass(frozen=True)
-class AttentionOptions:
-    """Parameters of the attention stage (recorded in the manifest through the config).
-
-    Parameters
-    ----------
-    null_mode : {"spec", "sink", "full"}
-        Shuffle null (METHODS A4); ``spec`` keeps the spectrum exactly.
-    null_samples : int
-        Null samples per matrix (S).
-    null_chunks : int
-        Chunks (the first ones) that get nulls and null depth products.
-    extras_chunks : int
-        Chunks (the first ones) that get ε-pseudospectral radii and the numerical range.
-    certify : {"median", "all", "none"}
-        Which matrices get a certified Kreiss bracket.
-    rtol : float
-        Relative width of the certified bracket.
-    certify_evals : int
-        Budget of σ_min evaluations per certified bracket; a bracket that needs more is
-        reported wider and flagged uncertified (``kreiss_B_certified = 0``).
-    probe_seqs, probe_len : int
-        Repeated-random-token probe size (METHODS A5: 128 sequences of length 64).
-    ratio_seqs : int
-        Probe sequences used for the induction-engagement ratio.
-    thresholds : RoleThresholds
-        Role rules.
-    seed : int
-        Seed of nulls and probe.
-    """
-
-    null_mode: str = "spec"
-    null_samples: int = 16
-    null_chunks: int = 8
-    extras_chunks: int = 4
-    certify: str = "median"
-    rtol: float = 1e-3
-    certify_evals: int = 10000
-    probe_seqs: int = 128
-    probe_len: int = 64
-    ratio_seqs: int = 4
-    thresholds: RoleThresholds = field(default_factory=RoleThresholds)
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.null_mode not in NULL_MODES:
-            raise InputError(f"--null-mode {self.null_mode!r} is unknown; use one of {', '.join(NULL_MODES)}.")
-        if self.certify not in CERTIFY:
-            raise InputError(f"--certify {self.certify!r} is unknown; use one of {', '.join(CERTIFY)}.")
-        for name, low in (("null_samples", 1), ("probe_seqs", 1), ("probe_len", 1), ("ratio_seqs", 1),
-                          ("null_chunks", 0), ("extras_chunks", 0)):
-            if getattr(self, name) < low:  # ratio_seqs has no flag: named as the option of this class
-                what = f"{name} (AttentionOptions)" if name == "ratio_seqs" else "--" + name.replace("_", "-")
-                raise InputError(f"{what} {getattr(self, name)} must be at least {low}.")
 
 
 # ----------------------------------------------------------------------------- workers

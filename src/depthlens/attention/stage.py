@@ -21,8 +21,11 @@ from ..linalg.causal import deflate
 from ..linalg.pseudospectra import pseudospectrum
 from ..parallel import executor, ordered_map
 from ..errors import RunError, require_at_least
-from ..runs import RunDirectory, with_ident
+from ..config import RunConfig
+from ..context import StageContext
+from ..runs import RunDirectory
 from . import analysis as an
+from .options import AttentionOptions
 from .roles import assign_roles, probe_scores, role_overlap
 
 PROBE_BATCH = 16
@@ -37,7 +40,7 @@ MIN_SEQ_LEN = 2
 MIN_PROBE_LEN = 1
 
 
-def check_sizes(chunks: int, seq_len: int, opts: an.AttentionOptions) -> None:
+def check(config: RunConfig) -> None:
     """Refuse sizes the stage cannot work with (checked before the model loads).
 
     ``null_chunks`` and ``extras_chunks`` above ``chunks`` simply mean every chunk.
@@ -47,16 +50,25 @@ def check_sizes(chunks: int, seq_len: int, opts: an.AttentionOptions) -> None:
     InputError
         Naming the flag (``--seq-len``, ``--probe-len``) and its minimum.
     """
-    require_at_least("--seq-len", seq_len, MIN_SEQ_LEN, an.STAGE)
-    require_at_least("--probe-len", opts.probe_len, MIN_PROBE_LEN, an.STAGE)
+    require_at_least("--seq-len", config.seq_len, MIN_SEQ_LEN, an.STAGE)
+    require_at_least("--probe-len", config.options(an.STAGE).probe_len, MIN_PROBE_LEN, an.STAGE)
 
 
-def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: an.AttentionOptions,
-        *, batch_size: int, jobs: int, quiet: bool) -> dict:
-    """Run every phase (skipping finished units) and write the stage's tables.
+def run(context: StageContext) -> None:
+    """Run every phase (skipping finished units) and write the stage's tables and
+    ``attention.json`` (:func:`analyse`)."""
+    tables, summary = analyse(context.run_dir, context.loaded, context.token_ids, context.options,
+                              batch_size=context.config.batch_size, jobs=context.execution.jobs,
+                              quiet=context.execution.quiet)
+    for name, table in tables.items():
+        context.write_table(name, table)
+    context.run_dir.write_json("attention", summary)
 
-    Returns the JSON summary that is also written to ``attention.json``.
-    """
+
+def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: AttentionOptions,
+            *, batch_size: int, jobs: int, quiet: bool) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Run every phase (skipping finished units, writing the pseudospectra arrays) and return
+    the tables ``heads``, ``head_chunks``, ``head_probe``, ``depth`` and the JSON summary."""
     adapter = loaded.adapter
     with executor(jobs) as pool, torch.inference_mode():
         probe = _probe_phase(run_dir, adapter, loaded.tokenizer, opts, pool, quiet)
@@ -70,14 +82,10 @@ def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: an.Attenti
                             on=["layer", "head"], how="left")
         depth = _depth_phase(run_dir, adapter, token_ids, an.chain_heads(heads), opts, pool, batch_size, quiet)
         _pseudospectra_phase(run_dir, adapter, token_ids, heads, chunks)
-    ident = {"model": loaded.name, "revision": loaded.provenance.get("revision") or ""}
-    for name, table in (("heads", heads), ("head_chunks", chunks), ("head_probe", probe), ("depth", depth)):
-        run_dir.write_table(name, with_ident(table, ident))
     summary = an.summarise(heads, depth)
     summary["role_overlap"] = role_overlap(heads["role"].to_numpy(), heads["delta_TR1"].to_numpy()).to_dict()
     summary["options"] = an.options_record(opts)
-    run_dir.write_json("attention", summary)
-    return summary
+    return {"heads": heads, "head_chunks": chunks, "head_probe": probe, "depth": depth}, summary
 
 
 

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from ..errors import DecompositionError, InputError
 from ..linalg import guarded
 from ..linalg._checks import as_square
-from ..linalg.ranks import erank, erank_sigma, participation
+from ..linalg.ranks import erank, erank_sigma, participation_ratio
 from ..linalg.schur import SchurForm, schur_form
 from ..parallel import InlineExecutor
 
@@ -49,7 +49,7 @@ DIRECTIONS: tuple[str, ...] = ("forward", "backward")
 ALPHAS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 """Scales of the non-normal part in METHODS B4."""
 
-_RANKS = ("erank", "erank_sigma", "participation")
+_RANKS = ("erank", "erank_sigma", "participation_ratio")
 _COLUMNS = ("depth", "steps", *_RANKS, "log_norm")
 _OVERFLOW = "a cumulative product step overflowed; divide the operators by a common scale first."
 
@@ -63,7 +63,7 @@ class _Accumulator:
         self.log_norm = 0.0
 
     def push(self, J: np.ndarray) -> tuple[float, float, float, float]:
-        """Multiply J in on the left; return erank, erank_sigma, participation and ln‖C‖₂."""
+        """Multiply J in on the left; return erank, erank_sigma, participation_ratio and ln‖C‖₂."""
         with np.errstate(over="ignore", invalid="ignore"):
             prod = J if self.factor is None else J @ self.factor
         if not np.all(np.isfinite(prod)):
@@ -80,7 +80,7 @@ class _Accumulator:
             raise InputError("a cumulative product is exactly zero, so no effective rank is defined; check the operators.")
         self.factor = prod / sv[0]
         self.log_norm += float(np.log(sv[0]))
-        return float(erank(sv)), float(erank_sigma(sv)), float(participation(sv)), self.log_norm
+        return float(erank(sv)), float(erank_sigma(sv)), float(participation_ratio(sv)), self.log_norm
 
 
 def _cap(rank: int | None, d: int) -> int:
@@ -143,7 +143,7 @@ def cumulative_ranks(operators: Sequence[ArrayLike], direction: str = "forward",
     -------
     DataFrame
         One row per depth b = 0..L−1, sorted by depth: ``depth``, ``steps`` (number of
-        factors in ``C_b``), ``erank``, ``erank_sigma``, ``participation`` of ``C_b`` and
+        factors in ``C_b``), ``erank``, ``erank_sigma``, ``participation_ratio`` of ``C_b`` and
         ``log_norm`` = ``ln ‖C_b‖₂`` (of the truncated product when ``rank`` is set). Exact mode is backward stable per step (each step is
         a matrix product and an SVD of a product normalised to norm 1): singular values
         below about ``ε σ_max`` are noise, which moves the ranks by O(dε).

@@ -29,7 +29,7 @@ from ..errors import DecompositionError, InputError
 from ..linalg import guarded
 from ..linalg._checks import as_square
 from ..linalg.normality import complex_fraction, expansion_fraction, henrici, rotation_angle_mean, symmetry_index
-from ..linalg.ranks import erank, erank_sigma, participation, self_alignment_svd, stable_rank
+from ..linalg.ranks import erank, erank_sigma, participation_ratio, self_alignment_svd, stable_rank
 from ..parallel import InlineExecutor
 
 __all__ = ["METRICS", "SELF_ALIGN_K", "OperatorSpectra", "metrics_and_eigenvalues", "metrics_table", "operator_metrics", "spectra"]
@@ -51,7 +51,7 @@ METRICS: tuple[str, ...] = (
     *(f"self_align_{k}" for k in SELF_ALIGN_K),
     "erank",
     "erank_sigma",
-    "participation",
+    "participation_ratio",
     "stable_rank",
 )
 """The metric columns of :func:`metrics_table`, in order (names as in METHODS B2)."""
@@ -164,7 +164,7 @@ def operator_metrics(J: ArrayLike) -> dict[str, float]:
         - ``complex_frac``, ``expand_eig``, ``spectral_radius`` on the eigenvalues of J;
           ``rot_angle_mean`` on those of U;
         - ``expand_sv``, ``self_align_k`` (k in :data:`SELF_ALIGN_K`, capped at d),
-          ``erank``, ``erank_sigma``, ``participation``, ``stable_rank`` on the SVD of J.
+          ``erank``, ``erank_sigma``, ``participation_ratio``, ``stable_rank`` on the SVD of J.
 
         Exactness: ``‖N‖_F`` is taken from the Schur factor, not from ``‖J‖_F² − Σ|λ|²``, so
         it is accurate to about ``n ε ‖U‖`` without cancellation; everything else is a
@@ -216,7 +216,7 @@ def _analyse(J: ArrayLike) -> tuple[dict[str, float], np.ndarray]:
     }
     for k in SELF_ALIGN_K:
         out[f"self_align_{k}"] = float(self_alignment_svd(left, right, min(k, d)))
-    for name, fn in (("erank", erank), ("erank_sigma", erank_sigma), ("participation", participation), ("stable_rank", stable_rank)):
+    for name, fn in (("erank", erank), ("erank_sigma", erank_sigma), ("participation_ratio", participation_ratio), ("stable_rank", stable_rank)):
         out[name] = float(fn(sv))
     return out, mu
 

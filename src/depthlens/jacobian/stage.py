@@ -13,7 +13,6 @@ truncation, on the ``isolated`` operators, or the first mode run).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,16 +20,17 @@ import pandas as pd
 import torch
 from safetensors.numpy import load_file
 
-from ..errors import InputError, require_at_least
+from ..config import RunConfig
+from ..context import StageContext
+from ..errors import require_at_least
 from ..parallel import executor
 from ..runs import RunDirectory, atomic
 from . import engines
-from .cumulative import ALPHAS, DIRECTIONS, schur_funnel
+from .cumulative import DIRECTIONS, schur_funnel
 from .metrics import metrics_and_eigenvalues
+from .options import JacobianOptions
 
 STAGE = "jacobian"
-MODES = ("isolated", "in_context")
-SAVE_ARRAYS = ("float64", "float32", "none")
 #: Suffix of the unit-private float64 copy of a unit's mean operators (``units/jacobian/
 #: ops_<checkpoint>_<mode>.operators.safetensors``), kept while the run needs them when
 #: ``save_arrays`` is not float64, and deleted at the end of a run without failures.
@@ -39,7 +39,7 @@ PRIVATE = ".operators.safetensors"
 MIN_SEQ_LEN = 2
 
 
-def check_sizes(chunks: int, seq_len: int, opts: JacobianOptions) -> None:
+def check(config: RunConfig) -> None:
     """Refuse sizes the stage cannot work with (checked before the model loads). Any
     ``--funnel-rank`` works (it is capped at the model width).
 
@@ -48,66 +48,7 @@ def check_sizes(chunks: int, seq_len: int, opts: JacobianOptions) -> None:
     InputError
         ``seq_len`` below :data:`MIN_SEQ_LEN`, naming ``--seq-len``.
     """
-    require_at_least("--seq-len", seq_len, MIN_SEQ_LEN, STAGE)
-
-
-@dataclass(frozen=True)
-class JacobianOptions:
-    """Parameters of the jacobian stage.
-
-    Parameters
-    ----------
-    modes : tuple of {"isolated", "in_context"}
-        Jacobian modes (METHODS B1).
-    positions : {"last", "all"}
-        Token positions averaged per chunk.
-    funnel_rank : int
-        Truncation rank of the truncated cumulative products (capped at d); the exact
-        products are always computed too, and only they when it is 0 or at least d.
-    null : {"init", "none"}
-        Also analyse the step-0 null of the model.
-    revisions : tuple of str
-        Extra hub revisions of the same model to analyse.
-    seed : int
-        The run seed; the step-0 initialisation uses :attr:`init_seed`, spawned from it.
-    alphas : tuple of float
-        Scales α of the non-normal part in the Schur split of the funnel (METHODS B4), in [0, 1].
-    save_arrays : {"float64", "float32", "none"}
-        What ``arrays/jacobians_<checkpoint>_<mode>.safetensors`` holds: the mean operators
-        in float64 or float32, or no file. The metrics, the funnel and the topology stage
-        always use float64 operators (:func:`operators`), so the tables do not depend on it.
-    """
-
-    modes: tuple[str, ...] = MODES
-    positions: str = "last"
-    funnel_rank: int = 512
-    null: str = "init"
-    revisions: tuple[str, ...] = ()
-    seed: int = 0
-    save_arrays: str = "float64"
-    alphas: tuple[float, ...] = ALPHAS
-
-    @property
-    def init_seed(self) -> int:
-        """Seed of the step-0 null, spawned from the run seed (so a ``random:`` model and its
-        null never share weights)."""
-        return int(np.random.SeedSequence([self.seed, 0x1A17]).generate_state(1)[0])
-
-    def __post_init__(self) -> None:
-        bad = [m for m in self.modes if m not in MODES]
-        if bad or not self.modes:
-            raise InputError(f"--jacobian-mode {bad[0] if bad else '(none)'!r} is unknown; use isolated, in_context or both.")
-        if self.positions not in ("last", "all"):
-            raise InputError(f"--positions {self.positions!r} is unknown; use last or all.")
-        if self.null not in ("init", "none"):
-            raise InputError(f"--null {self.null!r} is unknown; use init or none.")
-        if self.funnel_rank < 0:
-            raise InputError(f"--funnel-rank {self.funnel_rank} must be at least 0 (0: exact products only).")
-        if self.save_arrays not in SAVE_ARRAYS:
-            raise InputError(f"--save-arrays {self.save_arrays!r} is unknown; use one of {', '.join(SAVE_ARRAYS)}.")
-        if not self.alphas or not all(0.0 <= a <= 1.0 for a in self.alphas):
-            shown = ",".join(f"{a:g}" for a in self.alphas) or "(none)"
-            raise InputError(f"--funnel-alphas {shown} is invalid; pass numbers in [0, 1], e.g. 0,0.5,1.")
+    require_at_least("--seq-len", config.seq_len, MIN_SEQ_LEN, STAGE)
 
 
 def checkpoints(loaded, opts: JacobianOptions, load: Callable) -> list[tuple[str, Callable]]:
@@ -146,7 +87,7 @@ def _save(run_dir: RunDirectory, name: str, mode: str, ops: dict[tuple[int, str]
     """Write the mean operators as ``opts.save_arrays`` asks, and a unit-private float64 copy
     when the saved array is not float64 (so nothing downstream reads reduced precision)."""
     arrays = {f"{l}.{k}": J for (l, k), J in ops.items()}
-    meta = {"checkpoint": name, "mode": mode, "positions": opts.positions, "n_chunks": str(n_chunks)}
+    meta = {"checkpoint": name, "jacobian_mode": mode, "positions": opts.positions, "n_chunks": str(n_chunks)}
     public, private = _paths(run_dir, name, mode)
     if opts.save_arrays != "float64":
         atomic.write_safetensors(private, arrays, {"config_hash": str(run_dir.manifest["config_hash"]), **meta})
@@ -174,12 +115,12 @@ def operators(run_dir: RunDirectory, name: str, mode: str, get: Callable, token_
     which gives the same numbers. Never a reduced-precision copy."""
     found = saved_operators(run_dir, name, mode)
     if found is None:
-        found = engines.mean_operators(get().adapter, token_ids, mode=mode, positions=opts.positions,
+        found = engines.mean_operators(get().adapter, token_ids, jacobian_mode=mode, positions=opts.positions,
                                        batch_size=batch_size, progress=not quiet, label=f"{label(name)}, recomputed")
     return found
 
 
-def discard_private(run_dir: RunDirectory) -> None:
+def finish(run_dir: RunDirectory) -> None:
     """Delete the unit-private float64 operator copies (end of a run without failures); a
     later session that needs them computes them again (:func:`operators`)."""
     folder = run_dir.root / "units" / STAGE
@@ -187,20 +128,29 @@ def discard_private(run_dir: RunDirectory) -> None:
         path.unlink(missing_ok=True)
 
 
-def run(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: JacobianOptions, *,
-        batch_size: int, quiet: bool, load_revision: Callable, jobs: int = 1) -> None:
+def revision_of(context: StageContext, checkpoint: str) -> str:
+    """The hub revision of a checkpoint's weights: the run's for ``trained``, none for the
+    step-0 null ``init``, the checkpoint's own name for an extra revision."""
+    return {"trained": context.ident()["revision"], "init": ""}.get(checkpoint, checkpoint)
+
+
+def run(context: StageContext) -> None:
     """Run the stage (skipping finished units) and write ``operators``, ``eigenvalues`` and
     ``cumulative`` tables. The decompositions and funnel curves run on ``jobs`` worker
     processes; the Jacobians themselves in this process (torch). A unit that raises is
     recorded in ``run_dir.failures`` and the others go on; the tables hold the finished units
     (a funnel needs its checkpoint's operators)."""
-    with executor(jobs) as pool:
-        _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, pool)
+    with executor(context.execution.jobs) as pool:
+        tables = _run(context.run_dir, context.loaded, context.token_ids, context.options, context.config.batch_size,
+                      context.execution.quiet, context.load_revision, pool)
+    for name, table in tables.items():
+        table.insert(0, "revision", table["checkpoint"].map(lambda c: revision_of(context, c)))
+        context.write_table(name, table)
 
 
-def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, pool) -> None:
+def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, pool) -> dict[str, pd.DataFrame]:
     metrics, eigen, funnels = [], [], []
-    funnel_mode = "isolated" if "isolated" in opts.modes else opts.modes[0]
+    funnel_mode = opts.funnel_mode
     for name, get in checkpoints(loaded, opts, load_revision):
         model = None
         ops_by_mode = {}
@@ -209,7 +159,7 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
             if not run_dir.has_unit(STAGE, key):
                 with run_dir.failures.unit(STAGE, key):
                     model = model or get()
-                    ops = engines.mean_operators(model.adapter, token_ids, mode=mode, positions=opts.positions,
+                    ops = engines.mean_operators(model.adapter, token_ids, jacobian_mode=mode, positions=opts.positions,
                                                  batch_size=batch_size, progress=not quiet, label=label(name))
                     _save(run_dir, name, mode, ops, opts, token_ids.shape[0])
                     op_table, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool,
@@ -222,7 +172,7 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
             for table, sink in (("metrics", metrics), ("eigen", eigen)):
                 t = run_dir.read_units(STAGE, [key], table)
                 t.insert(0, "checkpoint", name)
-                t.insert(1, "mode", mode)
+                t.insert(1, "jacobian_mode", mode)
                 sink.append(t)
         key = f"funnel_{name}"
         if funnel_mode not in ops_by_mode:
@@ -236,16 +186,13 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
                 ops = operator_list(found)
                 d = ops[0].shape[0]
                 ranks = (None,) if opts.funnel_rank == 0 or opts.funnel_rank >= d else (None, opts.funnel_rank)
-                table = schur_funnel(ops, alphas=opts.alphas, directions=DIRECTIONS, ranks=ranks, progress=not quiet, pool=pool,
+                table = schur_funnel(ops, alphas=opts.funnel_alphas, directions=DIRECTIONS, ranks=ranks, progress=not quiet, pool=pool,
                                      label=label(name))
                 run_dir.write_unit(STAGE, key, {"funnel": table})
         if run_dir.has_unit(STAGE, key):
             t = run_dir.read_units(STAGE, [key], "funnel")
             t.insert(0, "checkpoint", name)
-            t.insert(1, "mode", funnel_mode)
+            t.insert(1, "jacobian_mode", funnel_mode)
             funnels.append(t)
-    for name, parts in (("operators", metrics), ("eigenvalues", eigen), ("cumulative", funnels)):
-        if parts:
-            table = pd.concat(parts, ignore_index=True)
-            table.insert(0, "model", loaded.name)
-            run_dir.write_table(name, table)
+    return {name: pd.concat(parts, ignore_index=True)
+            for name, parts in (("operators", metrics), ("eigenvalues", eigen), ("cumulative", funnels)) if parts}

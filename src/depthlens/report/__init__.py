@@ -10,7 +10,6 @@ PosixPath('runs/gpt2/report.html')
 """
 
 from .claims import (
-    STATISTICS,
     VERDICTS,
     Claim,
     claims_hash,
@@ -21,6 +20,7 @@ from .claims import (
 )
 from .figures import CAPTIONS, FIGURES, make_figures
 from .html import render_report
+from .statistics import STATISTICS
 from .tables import RunTables
 
 __all__ = [

@@ -310,8 +310,8 @@ def _ranges(values: list[int]) -> str:
 # ---------------------------------------------------------------------------------------
 # part B
 def draw_eigenvalue_clouds(t: RunTables) -> Figure:
-    df = _need(t.table("eigenvalues"), "eigenvalues.parquet", "checkpoint", "mode", "layer", "sublayer", "re", "im")
-    df, mode = _prefer(df, "mode", "isolated")
+    df = _need(t.table("eigenvalues"), "eigenvalues.parquet", "checkpoint", "jacobian_mode", "layer", "sublayer", "re", "im")
+    df, mode = _prefer(df, "jacobian_mode", "isolated")
     trained, checkpoint = _prefer(df, "checkpoint", "trained")
     init = df[df["checkpoint"] == "init"] if checkpoint != "init" else df.iloc[:0]
     layers = sorted(pd.unique(trained["layer"]))
@@ -346,11 +346,11 @@ _PROFILE = (("complex_frac", "complex eigenvalue fraction"), ("henrici_update_re
 
 
 def draw_operator_profile(t: RunTables) -> Figure:
-    df = _need(t.table("operators"), "operators.parquet", "checkpoint", "mode", "layer", "sublayer")
+    df = _need(t.table("operators"), "operators.parquet", "checkpoint", "jacobian_mode", "layer", "sublayer")
     cols = [(c, label) for c, label in _PROFILE if c in df.columns]
     if not cols:
         raise Skip("operators.parquet has none of complex_frac, henrici_update_rel, symmetry")
-    df, mode = _prefer(df, "mode", "isolated")
+    df, mode = _prefer(df, "jacobian_mode", "isolated")
     fig = _figure(4.0 * len(cols), 3.5)
     axes = fig.subplots(1, len(cols), squeeze=False)[0]
     for ax, (col, label) in zip(axes, cols):
@@ -368,12 +368,12 @@ def draw_operator_profile(t: RunTables) -> Figure:
 
 
 def draw_cumulative_erank(t: RunTables) -> Figure:
-    df = _need(t.table("cumulative"), "cumulative.parquet", "checkpoint", "mode", "alpha", "direction",
+    df = _need(t.table("cumulative"), "cumulative.parquet", "checkpoint", "jacobian_mode", "alpha", "direction",
                "truncation", "depth", "erank")
     df = df[df["direction"] == "forward"]
     if df.empty:
         raise Skip("cumulative.parquet has no forward curves")
-    df, mode = _prefer(df, "mode", "isolated")
+    df, mode = _prefer(df, "jacobian_mode", "isolated")
     alphas = sorted(pd.unique(df["alpha"].astype(float)))
     cmap = matplotlib.colormaps["viridis"]
     fig = _figure(6.0, 4.2)

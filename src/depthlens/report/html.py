@@ -22,11 +22,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..columns import COLUMNS, TABLES, write_docs
+from ..schema import COLUMNS, TABLES, write_docs
 from ..errors import RunError
 from ..runs.atomic import write_bytes
 from .claims import (
-    SAMPLE_UNITS,
     VERDICTS,
     claims_hash,
     evaluate,
@@ -36,6 +35,7 @@ from .claims import (
     write_claims_json,
 )
 from .figures import FIGURES, build_figures
+from .statistics import SAMPLE_UNITS
 from .tables import STATUS_TEXT, RunTables
 
 REPORT = "report.html"
@@ -333,11 +333,11 @@ def _residual_summary(tables: RunTables) -> str:
         why = esc(tables.why_missing("topology.json"))
         out.append(f'<p class="unavailable">Topology summary not available ({why}).</p>')
     ops = tables.table("operators")
-    if ops is not None and {"checkpoint", "mode"} <= set(ops.columns):
+    if ops is not None and {"checkpoint", "jacobian_mode"} <= set(ops.columns):
         cols = [c for c in ("complex_frac", "henrici_update_rel", "symmetry", "erank", "spectral_radius", "cond")
                 if c in ops.columns]
         if cols:
-            mean = ops.groupby(["checkpoint", "mode"])[cols].median().reset_index()
+            mean = ops.groupby(["checkpoint", "jacobian_mode"])[cols].median().reset_index()
             out.append("<h3>Operator metrics (median over sub-layers)</h3>" + _df_table(mean))
     return "\n".join(out)
 

@@ -16,28 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-#: Which stage writes which output (``NAME`` for ``tables/NAME.parquet``, ``NAME.json`` for a
-#: summary, ``arrays/NAME`` for an array file).
-PRODUCER: dict[str, str] = {
-    "attention_patterns": "capture",
-    "attention_summary": "capture",
-    "residual_summary": "capture",
-    "heads": "attention",
-    "head_chunks": "attention",
-    "head_probe": "attention",
-    "depth": "attention",
-    "attention.json": "attention",
-    "arrays/pseudospectra": "attention",
-    "operators": "jacobian",
-    "eigenvalues": "jacobian",
-    "cumulative": "jacobian",
-    "communities": "topology",
-    "units": "topology",
-    "topology_profile": "topology",
-    "coupling": "topology",
-    "topology.json": "topology",
-    "interventions.json": "interventions",
-}
+from ..runs.atomic import read_safetensors
+from ..schema import producer
 
 #: How a stage status from the manifest reads in the report.
 STATUS_TEXT = {"done": "done", "running": "incomplete (interrupted)", "failed": "failed"}
@@ -85,7 +65,7 @@ class RunTables:
         key = f"arrays:{name}"
         if key not in self._cache:
             path = self.root / "arrays" / f"{name}.safetensors"
-            self._cache[key] = self._read(key, path, _read_safetensors)
+            self._cache[key] = self._read(key, path, read_safetensors)
         return self._cache[key]
 
     def _read(self, key: str, path: Path, reader) -> Any:
@@ -106,12 +86,13 @@ class RunTables:
         return "not run"
 
     def why_missing(self, output: str) -> str:
-        """One line saying why ``output`` (a key of :data:`PRODUCER`) is not available."""
+        """One line saying why ``output`` (a table ``NAME``, ``NAME.json`` or ``arrays/NAME`` of
+        :mod:`depthlens.schema`) is not available."""
         kind, name = _split(output)
         key = f"{kind}:{name}"
         if key in self._errors:
             return self._errors[key]
-        stage = PRODUCER.get(output)
+        stage = producer(output)
         label = {"table": f"tables/{name}.parquet", "json": f"{name}.json",
                  "arrays": f"arrays/{name}.safetensors"}[kind]
         if stage is None:
@@ -133,12 +114,3 @@ def _split(output: str) -> tuple[str, str]:
     if output.endswith(".json"):
         return "json", output[: -len(".json")]
     return "table", output
-
-
-def _read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="numpy") as f:
-        arrays = {k: f.get_tensor(k) for k in f.keys()}
-        meta = dict(f.metadata() or {})
-    return arrays, meta

@@ -3,14 +3,13 @@
 from .directory import (
     FORMAT,
     FORMAT_VERSION,
-    Mode,
+    RunMode,
     RunDirectory,
     check_target,
     not_a_run,
     read_manifest,
     remove_run_files,
-    with_ident,
 )
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Mode", "RunDirectory", "check_target", "not_a_run", "read_manifest",
-           "remove_run_files", "with_ident"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "RunMode", "RunDirectory", "check_target", "not_a_run", "read_manifest",
+           "remove_run_files"]

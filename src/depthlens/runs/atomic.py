@@ -167,6 +167,15 @@ def write_safetensors(
         save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp), metadata=metadata)
 
 
+def read_safetensors(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The arrays (in their stored dtypes) and the string metadata of a safetensors file, as
+    :func:`write_safetensors` wrote them."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+
+
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, np.generic):
         return obj.item()

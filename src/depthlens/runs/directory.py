@@ -2,7 +2,7 @@
 
 Layout (DESIGN.md)::
 
-    RUN/manifest.json           "format": "depthlens-run", "format_version": 1, config, its hash,
+    RUN/manifest.json           "format": "depthlens-run", "format_version": 2, config, its hash,
                                 package versions, model and data hashes, seed
     RUN/depthlens-index.txt     every file the run wrote, one relative path a line
     RUN/tables/NAME.parquet     tidy tables
@@ -13,7 +13,10 @@ Every write is atomic, so a run killed at any instant (SIGKILL included) can be 
 and ends with the same tables as an uninterrupted run.
 
 A folder is a depthlens run only when its manifest carries the format marker
-(``FORMAT``, ``FORMAT_VERSION``) and the run index exists. ``--overwrite`` of a run deletes
+(``FORMAT``, ``FORMAT_VERSION``) and the run index exists. Version 2 tables follow
+:mod:`depthlens.schema` (identity columns ``model``, ``revision``, ``text`` first in every
+table) and its manifest's ``config`` has one section per stage; version 1 runs (the layout
+before) are still recognised, so ``--overwrite`` can replace them. ``--overwrite`` of a run deletes
 exactly the files its index lists (and the temporary files of interrupted writes of those
 names), then the folders that this leaves empty; files the run did not write stay where
 they are. Anything that is not a run is never touched.
@@ -34,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import STORAGE_ERRNOS, RunError, StorageError
+from ..errors import STORAGE_ERRNOS, RunError, StorageError, one_line
 from . import atomic
 from .. import drivers
 from .failures import FailureLog
@@ -42,11 +45,11 @@ from .failures import FailureLog
 MANIFEST = "manifest.json"
 INDEX = atomic.INDEX
 FORMAT = "depthlens-run"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # tempfile.mkstemp(prefix=".NAME.", suffix=".tmp")
 
 
-class Mode(str, Enum):
+class RunMode(str, Enum):
     """How to treat an existing output directory."""
 
     NEW = "new"
@@ -77,11 +80,11 @@ def not_a_run(path: str | Path) -> str | None:
     return None
 
 
-def check_target(path: str | Path, mode: Mode, config_hash: str) -> None:
-    """Refuse an output directory that the requested mode cannot use; touches nothing.
+def check_target(path: str | Path, run_mode: RunMode, config_hash: str) -> None:
+    """Refuse an output directory that the requested run mode cannot use; touches nothing.
 
     Call it before any expensive work, so bad input fails fast and leaves no directory.
-    A missing or empty directory suits every mode.
+    A missing or empty directory suits every run mode.
 
     Raises
     ------
@@ -99,7 +102,7 @@ def check_target(path: str | Path, mode: Mode, config_hash: str) -> None:
     if not (root.is_dir() and any(root.iterdir())):
         return
     why = not_a_run(root)
-    if mode is Mode.NEW:
+    if run_mode is RunMode.NEW:
         if why is None:
             raise RunError(
                 f"output directory {root} holds a depthlens run; pass --resume to continue that run or "
@@ -107,10 +110,10 @@ def check_target(path: str | Path, mode: Mode, config_hash: str) -> None:
             )
         raise RunError(f"output directory {root} is not empty and not a depthlens run ({why}); choose another --out.")
     if why is not None:
-        verb = "overwrite" if mode is Mode.OVERWRITE else "resume"
+        verb = "overwrite" if run_mode is RunMode.OVERWRITE else "resume"
         raise RunError(f"refusing to {verb} {root}: it is not a depthlens run ({why}); nothing was changed, "
                        "choose another --out.")
-    if mode is Mode.RESUME:
+    if run_mode is RunMode.RESUME:
         old = read_manifest(root).get("config_hash")
         if old != config_hash:
             raise RunError(
@@ -253,14 +256,6 @@ def disk_line(path: str | Path) -> str:
     return f"disk: {disk_usage(path) / 1e6:.1f} MB in {path}"
 
 
-def with_ident(table: pd.DataFrame, ident: dict[str, str]) -> pd.DataFrame:
-    """A copy of ``table`` with identifying columns (e.g. ``model``, ``revision``) put first."""
-    table = table.copy()
-    for i, (name, value) in enumerate(ident.items()):
-        table.insert(i, name, value)
-    return table
-
-
 class RunDirectory:
     """An open run directory. Create it with :meth:`open` after validating all inputs.
 
@@ -284,7 +279,7 @@ class RunDirectory:
         self._drivers_seen = drivers.driver_counts()
 
     @classmethod
-    def open(cls, path: str | Path, mode: Mode, manifest: dict[str, Any]) -> "RunDirectory":
+    def open(cls, path: str | Path, run_mode: RunMode, manifest: dict[str, Any]) -> "RunDirectory":
         """Create, resume or replace the run directory at ``path``.
 
         ``manifest`` must hold ``config_hash``. On resume the stored manifest is kept, its
@@ -298,12 +293,12 @@ class RunDirectory:
             See :func:`check_target`.
         """
         root = Path(path)
-        check_target(root, mode, manifest["config_hash"])
+        check_target(root, run_mode, manifest["config_hash"])
         is_run = root.is_dir() and not_a_run(root) is None
-        if mode is Mode.OVERWRITE and is_run:
+        if run_mode is RunMode.OVERWRITE and is_run:
             remove_run_files(root)
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        if mode is Mode.RESUME and is_run:
+        if run_mode is RunMode.RESUME and is_run:
             remove_temporaries(root)
             stored = read_manifest(root)
             stored.setdefault("resumed", []).append(now)
@@ -428,6 +423,23 @@ class RunDirectory:
         meta["dtypes"] = json.dumps({k: str(np.asarray(v).dtype) for k, v in arrays.items()}, sort_keys=True)
         atomic.write_safetensors(path, arrays, meta)
         return path
+
+    def read_arrays(self, name: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """Read ``arrays/NAME.safetensors`` as written by :meth:`write_arrays`: its arrays (in
+        their stored dtype) and its metadata.
+
+        Raises
+        ------
+        RunError
+            When the file is absent or unreadable, naming it.
+        """
+        from safetensors import SafetensorError
+
+        path = self.root / "arrays" / f"{name}.safetensors"
+        try:
+            return atomic.read_safetensors(path)
+        except (OSError, SafetensorError) as exc:
+            raise RunError(f"arrays/{name}.safetensors of {self.root} cannot be read ({one_line(exc)}).") from None
 
     def write_json(self, name: str, obj: Any) -> Path:
         """Atomically write ``NAME.json`` at the top of the run directory."""

@@ -18,7 +18,30 @@ from .coupling import (
     amplification,
     boundary_nodes,
     coupling_table,
-    participation,
+    participation_coefficient,
     permutation_pvalue,
     rank_biserial,
 )
+from .options import TopologyOptions
+
+__all__ = [
+    "GAMMA_RANGE",
+    "CouplingRecord",
+    "Edges",
+    "LeidenRecord",
+    "Plateau",
+    "ResolutionProfile",
+    "RunningMoments",
+    "TopologyOptions",
+    "amplification",
+    "boundary_nodes",
+    "choose_plateau",
+    "coupling_table",
+    "participation_coefficient",
+    "permutation_pvalue",
+    "rank_biserial",
+    "resolution_profile",
+    "signed_leiden",
+    "signed_quality",
+    "topk_graph",
+]

@@ -28,13 +28,13 @@ __all__ = [
     "amplification",
     "boundary_nodes",
     "coupling_table",
-    "participation",
+    "participation_coefficient",
     "permutation_pvalue",
     "rank_biserial",
 ]
 
 
-def participation(edges: Edges, n: int, membership: ArrayLike) -> np.ndarray:
+def participation_coefficient(edges: Edges, n: int, membership: ArrayLike) -> np.ndarray:
     """Participation coefficient of every node over the positive edges.
 
     ``P_i = 1 − Σ_c (k_ic / k_i)²`` with ``k_i`` the positive strength of node ``i`` (sum of
@@ -89,7 +89,7 @@ def boundary_nodes(pc: ArrayLike, quantile: float = 0.75) -> np.ndarray:
     Parameters
     ----------
     pc : array_like, shape (n,)
-        Participation coefficients (see :func:`participation`).
+        Participation coefficients (see :func:`participation_coefficient`).
     quantile : float
         In ``[0, 1)``; 0.75 (default) keeps the top quartile.
 
@@ -304,7 +304,7 @@ def coupling_table(
         One row per layer, by increasing layer: ``layer``, ``effect`` (rank-biserial, see
         :func:`rank_biserial`), ``p`` (see :func:`permutation_pvalue`), ``q``
         (Benjamini–Hochberg over the layers of this table), ``sign`` (−1, 0 or +1 of the
-        effect), ``n_boundary``, ``n_interior``.
+        effect), ``n_boundary_nodes``, ``n_interior_nodes``.
     record : CouplingRecord
 
     Raises
@@ -331,6 +331,6 @@ def coupling_table(
         effect, p = _permutation_test(vals, lab, int(n_perm), np.random.default_rng(child))
         n1 = int(lab.sum())
         rows.append((int(layer), effect, p, int(np.sign(effect)), n1, lab.size - n1))
-    table = pd.DataFrame(rows, columns=["layer", "effect", "p", "sign", "n_boundary", "n_interior"])
+    table = pd.DataFrame(rows, columns=["layer", "effect", "p", "sign", "n_boundary_nodes", "n_interior_nodes"])
     table.insert(3, "q", bh_qvalues(table["p"].to_numpy()))
     return table, CouplingRecord(seed=int(seed), n_perm=int(n_perm), spawn_keys=keys)

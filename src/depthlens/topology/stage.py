@@ -14,13 +14,14 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from ..config import RunConfig
+from ..context import StageContext
 from ..errors import InputError, RunError
 from ..residual import massive_mask
 from ..runs import RunDirectory
@@ -30,62 +31,14 @@ from . import (
     boundary_nodes,
     choose_plateau,
     coupling_table,
-    participation,
+    participation_coefficient,
     resolution_profile,
     signed_leiden,
     topk_graph,
 )
+from .options import TopologyOptions
 
 STAGE = "topology"
-AMPLIFICATION = ("column", "row", "diagonal")
-
-
-@dataclass(frozen=True)
-class TopologyOptions:
-    """Parameters of the topology stage.
-
-    Parameters
-    ----------
-    topk : int
-        Strongest |r| neighbours kept per node before symmetrising.
-    skip_positions : int
-        Leading positions of every chunk left out of the correlations.
-    exclude_massive : bool
-        Drop massive-activation dimensions (METHODS A7 rule) from the graph.
-    boundary_quantile : float
-        Participation quantile above which a node is a boundary node.
-    amplification : {"column", "row", "diagonal"}
-        Jacobian amplification per unit.
-    n_perm : int
-        Label permutations per boundary.
-    q_level : float
-        FDR level of the headline count.
-    mode : str
-        Which mean operators (Jacobian mode) give the amplification.
-    seed : int
-        Seed of Leiden and of the permutations.
-    """
-
-    topk: int = 20
-    skip_positions: int = 4
-    exclude_massive: bool = False
-    boundary_quantile: float = 0.75
-    amplification: str = "column"
-    n_perm: int = 1000
-    q_level: float = 0.05
-    mode: str = "isolated"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.amplification not in AMPLIFICATION:
-            raise InputError(f"--amplification {self.amplification!r} is unknown; use one of {', '.join(AMPLIFICATION)}.")
-        for flag, value in (("--topk", self.topk), ("--n-perm", self.n_perm)):
-            if value < 1:
-                raise InputError(f"{flag} {value} must be at least 1.")
-        if self.skip_positions < 0:
-            raise InputError(f"skip_positions {self.skip_positions} must be at least 0 (TopologyOptions).")
-        if not 0.0 < self.boundary_quantile < 1.0:
-            raise InputError(f"boundary_quantile {self.boundary_quantile} must lie in (0, 1) (TopologyOptions).")
 
 
 #: Fewest observations (token positions over all chunks, after ``skip_positions``) the
@@ -94,7 +47,7 @@ class TopologyOptions:
 MIN_OBSERVATIONS = 3
 
 
-def check_sizes(chunks: int, seq_len: int, opts: TopologyOptions) -> None:
+def check(config: RunConfig) -> None:
     """Refuse sizes the stage cannot work with (checked before the model loads): each chunk
     needs a position after the first ``skip_positions``, and all chunks together
     :data:`MIN_OBSERVATIONS` positions for the correlations.
@@ -104,7 +57,7 @@ def check_sizes(chunks: int, seq_len: int, opts: TopologyOptions) -> None:
     InputError
         Naming ``--seq-len`` or ``--chunks`` and the smallest value that works.
     """
-    skip = opts.skip_positions
+    skip, chunks, seq_len = config.options(STAGE).skip_positions, config.chunks, config.seq_len
     if seq_len <= skip:
         raise InputError(f"--seq-len {seq_len} leaves no positions for the topology stage, which skips the first "
                          f"{skip} of each chunk; pass --seq-len {skip + 1} or more.")
@@ -143,15 +96,15 @@ def boundary_moments(adapter, token_ids: torch.Tensor, opts: TopologyOptions, ba
 
 def boundary_rows(R: np.ndarray, J: np.ndarray, keep: np.ndarray, gamma: float, opts: TopologyOptions,
                   boundary: int) -> tuple[dict, pd.DataFrame]:
-    """Communities, participation, boundary flags and amplification at one boundary."""
+    """Communities, participation coefficients, boundary-node flags and amplification at one boundary."""
     nodes = np.flatnonzero(keep)
     edges = topk_graph(R[np.ix_(nodes, nodes)], k=min(opts.topk, len(nodes) - 1))
     membership, record = signed_leiden(edges, len(nodes), gamma, seed=opts.seed)
-    pc = participation(edges, len(nodes), membership)
+    pc = participation_coefficient(edges, len(nodes), membership)
     is_boundary = boundary_nodes(pc, opts.boundary_quantile)
     amp = amplification(J, opts.amplification)[nodes]
     units = pd.DataFrame({"boundary": boundary, "unit": nodes, "community": membership,
-                          "participation": pc, "is_boundary": is_boundary, "amplification": amp})
+                          "participation_coefficient": pc, "is_boundary_node": is_boundary, "amplification": amp})
     summary = {"boundary": boundary, "gamma": gamma, "n_communities": record.n_communities,
                "sizes": json.dumps(list(record.sizes)), "quality": record.quality, "seed": record.seed,
                "iterations": record.iterations, "n_nodes": len(nodes), "n_edges": len(edges.weight)}
@@ -172,11 +125,36 @@ def _saved_arrays(run_dir: RunDirectory, mode: str) -> Callable[[str, Callable],
     return read
 
 
-def run(run_dir: RunDirectory, checkpoints: list[tuple[str, Callable]], token_ids: torch.Tensor,
-        opts: TopologyOptions, *, batch_size: int, quiet: bool,
-        operators: Callable[[str, Callable], dict] | None = None) -> None:
-    """Run the stage for each ``(checkpoint, loader)`` and write ``communities``, ``units``,
-    ``coupling`` and ``topology_profile`` tables. Needs the jacobian stage's mean operators:
+def run(context: StageContext) -> None:
+    """Run the stage on every checkpoint of the jacobian stage (:func:`analyse_checkpoints`)
+    and write its tables and ``topology.json``. The mean operators are the jacobian stage's,
+    in float64 whatever ``--save-arrays`` (recomputed when only a reduced copy was saved)."""
+    from ..jacobian import stage as jacobian_stage
+
+    opts, jopts = context.options, context.config.options("jacobian")
+    batch_size, quiet = context.config.batch_size, context.execution.quiet
+
+    def operators(name: str, get: Callable) -> dict:
+        return jacobian_stage.operators(context.run_dir, name, opts.jacobian_mode, get, context.token_ids, jopts,
+                                        batch_size=batch_size, quiet=quiet)
+
+    ckpts = jacobian_stage.checkpoints(context.loaded, jopts, context.load_revision)
+    tables = analyse_checkpoints(context.run_dir, ckpts, context.token_ids, opts, batch_size=batch_size, quiet=quiet,
+                                 operators=operators)
+    for name, table in tables.items():
+        table.insert(0, "revision", table["checkpoint"].map(lambda c: jacobian_stage.revision_of(context, c)))
+        context.write_table(name, table)
+    coupling = tables["coupling"].groupby("checkpoint", sort=False)
+    context.run_dir.write_json("topology", {
+        "significant_layers": {name: int(t["significant"].sum()) for name, t in coupling},
+        "q_level": opts.q_level, "n_boundaries": {name: len(t) for name, t in coupling}})
+
+
+def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Callable]], token_ids: torch.Tensor,
+                        opts: TopologyOptions, *, batch_size: int, quiet: bool,
+                        operators: Callable[[str, Callable], dict] | None = None) -> dict[str, pd.DataFrame]:
+    """Run the stage for each ``(checkpoint, loader)`` and return the ``communities``,
+    ``units``, ``coupling`` and ``topology_profile`` tables. Needs the jacobian stage's mean operators:
     ``operators(name, loader)`` gives them as ``{(layer, sublayer): J}`` in float64
     (:func:`depthlens.jacobian.stage.operators`; default: read the saved arrays), and is
     called only when a boundary unit of that checkpoint is still to do.
@@ -185,15 +163,15 @@ def run(run_dir: RunDirectory, checkpoints: list[tuple[str, Callable]], token_id
     from ..jacobian.stage import label
 
     communities, units, coupling, profiles = [], [], [], []
-    operators = operators or _saved_arrays(run_dir, opts.mode)
+    operators = operators or _saved_arrays(run_dir, opts.jacobian_mode)
     op_table = run_dir.read_table("operators")
     for name, get in checkpoints:
         get = functools.cache(get)  # the operators may need the model too (recomputed)
         with run_dir.failures.unit(STAGE, f"checkpoint_{name}"):
-            ops = op_table[(op_table["checkpoint"] == name) & (op_table["mode"] == opts.mode)]
+            ops = op_table[(op_table["checkpoint"] == name) & (op_table["jacobian_mode"] == opts.jacobian_mode)]
             if ops.empty:
-                raise RunError(f"the jacobian stage has no {opts.mode} operators of checkpoint {name}; "
-                               f"run it with --jacobian-mode {opts.mode} or both first.")
+                raise RunError(f"the jacobian stage has no {opts.jacobian_mode} operators of checkpoint {name}; "
+                               f"run it with --jacobian-mode {opts.jacobian_mode} or both first.")
             keys = [f"{STAGE}_{name}_{b:03d}" for b in range(len(ops))]
             profile_key = f"profile_{name}"
             if not all(run_dir.has_unit(STAGE, k) for k in [profile_key, *keys]):
@@ -223,7 +201,7 @@ def run(run_dir: RunDirectory, checkpoints: list[tuple[str, Callable]], token_id
             prof_table = run_dir.read_units(STAGE, [profile_key], "profile")
             comm = run_dir.read_units(STAGE, keys, "communities")
             unit_table = run_dir.read_units(STAGE, keys, "units")
-            inputs = {int(b): (g["amplification"].to_numpy(), g["is_boundary"].to_numpy())
+            inputs = {int(b): (g["amplification"].to_numpy(), g["is_boundary_node"].to_numpy())
                       for b, g in unit_table.groupby("boundary")}
             table, _ = coupling_table(inputs, n_perm=opts.n_perm, seed=opts.seed)
             table = table.rename(columns={"layer": "boundary"})
@@ -236,9 +214,5 @@ def run(run_dir: RunDirectory, checkpoints: list[tuple[str, Callable]], token_id
                 sink.append(part)
     if not coupling:
         raise RunError("the topology stage failed at every checkpoint; see its log.")
-    for name, parts in (("communities", communities), ("units", units), ("coupling", coupling),
-                        ("topology_profile", profiles)):
-        run_dir.write_table(name, pd.concat(parts, ignore_index=True))
-    headline = {t["checkpoint"].iloc[0]: int(t["significant"].sum()) for t in coupling}
-    run_dir.write_json("topology", {"significant_layers": headline, "q_level": opts.q_level,
-                                    "n_boundaries": {t["checkpoint"].iloc[0]: len(t) for t in coupling}})
+    return {name: pd.concat(parts, ignore_index=True) for name, parts in (
+        ("communities", communities), ("units", units), ("coupling", coupling), ("topology_profile", profiles))}

@@ -1,0 +1,61 @@
+"""Options of the ``attention`` stage (METHODS A2–A6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..options import check_fields
+from .roles import RoleThresholds
+
+__all__ = ["AttentionOptions"]
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """Parameters of the attention stage (recorded in the manifest through the config).
+
+    Parameters
+    ----------
+    null_mode : {"spec", "sink", "full"}
+        shuffle null (METHODS A4); spec keeps the spectrum exactly
+    null_samples : int
+        null samples per matrix (S; METHODS A4 uses 16)
+    null_chunks : int
+        chunks (the first ones) that get nulls and null depth products
+    extras_chunks : int
+        chunks (the first ones) that get pseudospectral radii and the numerical range
+    certify : {"median", "all", "none"}
+        which matrices get a certified Kreiss bracket: each head's median chunk, all, or none
+    rtol : float
+        relative width of the certified Kreiss brackets
+    certify_evals : int
+        budget of σ_min evaluations per certified bracket; a bracket that needs more is
+        reported wider and flagged uncertified (kreiss_B_certified = 0)
+    probe_seqs : int
+        repeated-random-token probe sequences (METHODS A5: 128)
+    probe_len : int
+        length of the repeated random block of the probe (METHODS A5: 64)
+    ratio_seqs : int
+        probe sequences used for the induction-engagement ratio
+    thresholds : RoleThresholds
+        role rules (a ``[attention.thresholds]`` table in a config file)
+    seed : int
+        seed of nulls and probe: the run's seed
+    """
+
+    null_mode: Literal["spec", "sink", "full"] = "spec"
+    null_samples: int = field(default=8, metadata={"min": 1})
+    null_chunks: int = field(default=8, metadata={"min": 0})
+    extras_chunks: int = field(default=1, metadata={"min": 0})
+    certify: Literal["median", "all", "none"] = "median"
+    rtol: float = field(default=1e-3, metadata={"min": 0.0})
+    certify_evals: int = field(default=10000, metadata={"min": 1})
+    probe_seqs: int = field(default=128, metadata={"min": 1})
+    probe_len: int = field(default=64, metadata={"min": 1})
+    ratio_seqs: int = field(default=4, metadata={"min": 1, "flag": False})
+    thresholds: RoleThresholds = field(default_factory=RoleThresholds)
+    seed: int = field(default=0, metadata={"derived": "seed"})
+
+    def __post_init__(self) -> None:
+        check_fields(self)

@@ -1,0 +1,91 @@
+"""What a stage gets to run: the run directory, the model, the chunks, its options.
+
+:class:`StageContext` is the one argument of every stage's ``run`` (:mod:`depthlens.stages`).
+Tables go out through :meth:`StageContext.write_table`, which puts the identity columns of
+:data:`depthlens.schema.IDENTITY` first and checks the table against its declaration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+
+from .config import RunConfig
+from .models import LoadedModel
+from .runs import RunDirectory
+from .schema import IDENTITY, conform_table
+
+__all__ = ["Execution", "StageContext"]
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How to run, without changing any number: progress bars and worker processes."""
+
+    quiet: bool = False
+    jobs: int = 2
+
+
+@dataclass
+class StageContext:
+    """Everything one stage of a run works with.
+
+    Parameters
+    ----------
+    stage : str
+        The stage's name.
+    run_dir : RunDirectory
+        Where units, tables, summaries and arrays go.
+    config : RunConfig
+        The run's configuration.
+    loaded : LoadedModel
+        The model as loaded (the ``trained`` checkpoint).
+    token_ids : LongTensor, shape (chunks, seq_len)
+        The run's text chunks.
+    execution : Execution
+        Progress bars and worker processes.
+    load_revision : callable
+        ``revision -> LoadedModel``: another hub revision of the same model, checked like the
+        first.
+    """
+
+    stage: str
+    run_dir: RunDirectory
+    config: RunConfig
+    loaded: LoadedModel
+    token_ids: torch.Tensor
+    execution: Execution
+    load_revision: Callable[[str], LoadedModel]
+
+    @property
+    def options(self) -> Any:
+        """This stage's options (derived fields filled)."""
+        return self.config.options(self.stage)
+
+    def ident(self, revision: str | None = None) -> dict[str, str]:
+        """The identity columns of a row: the model, the revision of its weights (the run's
+        ``--revision`` unless ``revision`` is given; ``""`` for none) and the text source."""
+        if revision is None:
+            revision = self.loaded.provenance.get("revision") or self.config.revision or ""
+        return {"model": self.loaded.name, "revision": revision, "text": self.config.text}
+
+    def write_table(self, name: str, table: pd.DataFrame, revision: str | None = None) -> None:
+        """Write ``tables/NAME.parquet``: the identity columns first (:meth:`ident`; a table
+        that has a ``revision`` column per row keeps it), then ``table``, checked against
+        :data:`depthlens.schema.SCHEMA` and with its columns in declaration order.
+
+        Raises
+        ------
+        depthlens.schema.SchemaError
+            When the table differs from its declaration (a bug of the stage).
+        """
+        table = table.copy()
+        ident = self.ident(revision)
+        for key in reversed(list(IDENTITY)):
+            column = table.pop(key) if key in table.columns else ident[key]
+            table.insert(0, key, column)
+        self.run_dir.write_table(name, conform_table(name, table))

@@ -1,0 +1,80 @@
+"""Options of the ``jacobian`` stage (METHODS B1–B4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from ..errors import InputError
+from ..options import check_fields
+
+__all__ = ["ALPHAS", "JACOBIAN_MODES", "JacobianMode", "JacobianOptions"]
+
+JacobianMode = Literal["isolated", "in_context"]
+#: The Jacobian modes of METHODS B1, in the order a run computes them.
+JACOBIAN_MODES: tuple[JacobianMode, ...] = ("isolated", "in_context")
+#: Scales α of the non-normal part in the Schur split of the funnel (METHODS B4).
+ALPHAS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+@dataclass(frozen=True)
+class JacobianOptions:
+    """Parameters of the jacobian stage.
+
+    Parameters
+    ----------
+    jacobian_mode : {"isolated", "in_context", "both"}
+        Jacobian mode of the mean operators (METHODS B1)
+    positions : {"last", "all"}
+        token positions averaged per chunk
+    funnel_rank : int
+        truncation rank of the cumulative products (capped at d), 0 for the exact products only
+    funnel_alphas : tuple of float
+        comma-separated α in [0, 1] of the funnel's Schur split (METHODS B4); 1 alone: no split
+    null : {"init", "none"}
+        also analyse the step-0 null (the same architecture at initialisation)
+    revisions : tuple of str
+        comma-separated extra hub revisions of --model to analyse
+    save_arrays : {"float64", "float32", "none"}
+        dtype of the saved mean Jacobians in arrays/, or none; the tables are the same
+        whichever, since the metrics, the funnel and the topology stage always use float64
+        operators
+    seed : int
+        the run's seed; the step-0 initialisation uses init_seed, spawned from it
+    """
+
+    jacobian_mode: Literal["isolated", "in_context", "both"] = "both"
+    positions: Literal["last", "all"] = "last"
+    funnel_rank: int = field(default=512, metadata={"min": 0})
+    funnel_alphas: tuple[float, ...] = ALPHAS
+    null: Literal["init", "none"] = "init"
+    revisions: tuple[str, ...] = ()
+    save_arrays: Literal["float64", "float32", "none"] = "float64"
+    seed: int = field(default=0, metadata={"derived": "seed"})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        object.__setattr__(self, "funnel_alphas", tuple(float(a) for a in self.funnel_alphas))
+        object.__setattr__(self, "revisions", tuple(self.revisions))
+        if not self.funnel_alphas or not all(0.0 <= a <= 1.0 for a in self.funnel_alphas):
+            shown = ",".join(f"{a:g}" for a in self.funnel_alphas) or "(none)"
+            raise InputError(f"--funnel-alphas {shown} is invalid; pass numbers in [0, 1], e.g. 0,0.5,1.")
+
+    @property
+    def modes(self) -> tuple[JacobianMode, ...]:
+        """The Jacobian modes this run computes, in :data:`JACOBIAN_MODES` order."""
+        return JACOBIAN_MODES if self.jacobian_mode == "both" else (self.jacobian_mode,)
+
+    @property
+    def funnel_mode(self) -> JacobianMode:
+        """The mode whose operators give the funnel and the topology amplification:
+        ``isolated`` when it runs, else the first mode."""
+        return "isolated" if "isolated" in self.modes else self.modes[0]
+
+    @property
+    def init_seed(self) -> int:
+        """Seed of the step-0 null, spawned from the run seed (so a ``random:`` model and its
+        null never share weights)."""
+        return int(np.random.SeedSequence([self.seed, 0x1A17]).generate_state(1)[0])

@@ -1,0 +1,287 @@
+"""Option dataclasses: type checks, limits, help texts and command-line flags, written once.
+
+Every stage declares its options as a frozen dataclass whose numpy-style docstring documents
+each field. This module turns such a class into what the rest of depthlens needs:
+
+- :func:`check_fields` refuses a value of the wrong type (:func:`check_type`) or below its
+  field's ``min``, naming the flag;
+- :func:`field_help` reads a field's help text from the class docstring;
+- :func:`add_flags` adds one command-line flag per field to an ``argparse`` group
+  (``--null-samples`` for ``null_samples``; choices from ``Literal`` types; comma-separated
+  lists for tuple fields), and :func:`flag_values` reads them back in the fields' types.
+
+Field metadata (``dataclasses.field(metadata=...)``):
+
+- ``min``: the smallest value a number may take;
+- ``derived``: a dotted path (``"seed"``, ``"jacobian.funnel_mode"``) the run configuration
+  fills the field from; such a field is neither a flag nor a config key;
+- ``flag``: ``False`` for a field that is a config key but no flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+from .errors import InputError
+
+__all__ = ["OptionField", "add_flags", "check_fields", "check_type", "field_help", "flag_name", "flag_values",
+           "option_fields", "parse_flag"]
+
+_TYPE_NAMES = {bool: "a boolean (true or false, unquoted)", int: "an integer", float: "a number",
+               str: "a string (quoted)", type(None): "absent"}
+_PLURALS = {bool: "booleans", int: "integers", float: "numbers", str: "strings (quoted)"}
+_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+          tuple: "a list", dict: "a table", type(None): "absent"}
+
+
+def flag_name(name: str) -> str:
+    """The command-line flag of option ``name``: ``--null-samples`` for ``null_samples``."""
+    return "--" + name.replace("_", "-")
+
+
+def _describe(annotation: Any) -> str:
+    """How a value of type ``annotation`` is written, for error messages."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(annotation) if a is not type(None)) + " (or absent)"
+    if origin in (tuple, list):
+        item = typing.get_args(annotation)[0]
+        return "a list of " + _PLURALS.get(item, f"{_describe(item)} items")
+    return _TYPE_NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _matches(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` is a value of ``annotation`` (``bool`` is no integer; an integer is a float)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return any(type(value) is type(a) and value == a for a in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(annotation))
+    if origin in (tuple, list):
+        item = typing.get_args(annotation)[0]
+        return isinstance(value, (tuple, list)) and all(_matches(v, item) for v in value)
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    if dataclasses.is_dataclass(annotation):
+        return isinstance(value, annotation)
+    raise TypeError(f"config type {annotation!r} has no check")  # a new field type needs a rule here
+
+
+def check_type(name: str, value: Any, annotation: Any) -> None:
+    """Refuse a configuration value that is not of its declared type.
+
+    Parameters
+    ----------
+    name : str
+        The configuration key (``trust_remote_code``); its flag is ``--trust-remote-code``.
+    value : Any
+        The value, as given by a TOML file, a flag or the Python API.
+    annotation : type
+        The declared type: ``bool``, ``int`` (a bool is refused), ``float`` (an int is
+        accepted), ``str``, ``X | None``, ``tuple[str, ...]``/``list[str]`` (a TOML array),
+        ``Literal[...]`` (a choice) or a dataclass.
+
+    Raises
+    ------
+    InputError
+        Naming the key, the value, the expected type and the flag (a choice of the right
+        kind that is not listed: the flag, the value and the choices). The string ``"false"``
+        for a boolean is refused, never read as true.
+
+    Examples
+    --------
+    >>> check_type("exclude_massive", False, bool)
+    >>> check_type("exclude_massive", "false", bool)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    depthlens.errors.InputError: config key exclude_massive = 'false' is a string, expected a boolean ...
+    """
+    if not _matches(value, annotation):
+        choices = typing.get_args(_base(annotation)) if typing.get_origin(_base(annotation)) is typing.Literal else ()
+        if any(type(value) is type(c) for c in choices):  # the right kind, not one of the choices
+            raise InputError(f"{flag_name(name)} {value!r} is unknown; use one of {', '.join(map(str, choices))}.")
+        kind = _KINDS.get(type(value), f"a {type(value).__name__}")
+        raise InputError(f"config key {name} = {value!r} is {kind}, expected {_describe(annotation)}; "
+                         f"fix it in --config or pass {flag_name(name)}.")
+
+
+class OptionField(typing.NamedTuple):
+    """One field of an options dataclass, with its resolved type."""
+
+    name: str
+    annotation: Any
+    default: Any
+    metadata: typing.Mapping[str, Any]
+
+    @property
+    def derived(self) -> str | None:
+        """The dotted path the run configuration fills this field from, or None."""
+        return self.metadata.get("derived")
+
+    @property
+    def is_flag(self) -> bool:
+        """Whether the field has a command-line flag."""
+        return self.derived is None and self.metadata.get("flag", True) and not dataclasses.is_dataclass(self.annotation)
+
+
+def option_fields(cls: type) -> Iterator[OptionField]:
+    """The fields of the options dataclass ``cls`` in declaration order, types resolved."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        yield OptionField(f.name, hints[f.name], default, f.metadata)
+
+
+def check_fields(obj: Any) -> None:
+    """Check every field of the options dataclass instance ``obj``: its type
+    (:func:`check_type`) and its ``min`` metadata.
+
+    Raises
+    ------
+    InputError
+        One line naming the flag (or the key) and what works.
+    """
+    for f in option_fields(type(obj)):
+        value = getattr(obj, f.name)
+        check_type(f.name, value, f.annotation)
+        low = f.metadata.get("min")
+        if low is not None and value is not None and value < low:
+            what = flag_name(f.name) if f.is_flag else f"{f.name} ({type(obj).__name__})"
+            raise InputError(f"{what} {value!r} must be at least {low}.")
+
+
+def _docstring_params(doc: str) -> dict[str, str]:
+    """Parameter name → description from a numpy-style ``Parameters`` section."""
+    out: dict[str, str] = {}
+    lines = (doc or "").expandtabs().splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == "Parameters") + 2
+    except StopIteration:
+        return out
+    names: list[str] = []
+    for line in lines[start:]:
+        stripped = line.strip()
+        if stripped and set(stripped) == {"-"}:  # the next section's underline
+            break
+        match = re.match(r"^ {4}(\w[\w, ]*?)\s*(?::.*)?$", line)
+        if match and not line.startswith(" " * 8):
+            names = [n.strip() for n in match.group(1).split(",")]
+            for name in names:
+                out[name] = ""
+        elif stripped and names:
+            for name in names:
+                out[name] = (out[name] + " " + stripped).strip()
+    return {k: v for k, v in out.items() if k}
+
+
+def field_help(cls: type, name: str) -> str:
+    """The help text of field ``name`` of ``cls``: its description in the class docstring.
+
+    Raises
+    ------
+    KeyError
+        When the docstring does not describe the field (every option must be documented).
+    """
+    return _docstring_params(cls.__doc__ or "")[name]
+
+
+def _base(annotation: Any) -> Any:
+    """``X`` of ``X | None``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(annotation) if a is not type(None))
+    return annotation
+
+
+def parse_flag(text: str, annotation: Any) -> tuple[Any, ...]:
+    """The value of a list flag's ``text`` (``0,0.5,1``) for a tuple field of type
+    ``annotation``: its comma-separated items in the item type (numbers) or as strings.
+
+    Raises
+    ------
+    InputError
+        For an item that is not a number when the items are numbers.
+
+    Examples
+    --------
+    >>> parse_flag("0,0.5,1", tuple[float, ...])
+    (0.0, 0.5, 1.0)
+    >>> parse_flag("step1, step2", tuple[str, ...])
+    ('step1', 'step2')
+    """
+    item = _base(typing.get_args(_base(annotation))[0])
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    try:
+        return tuple(item(p) for p in parts) if item in (int, float) else parts
+    except ValueError:
+        raise InputError(f"{text!r} is not a comma-separated list of {_PLURALS.get(item, 'values')}; "
+                         "pass e.g. 0,0.5,1.") from None
+
+
+def add_flags(group: Any, cls: type, help_suffix: typing.Callable[[str], str] | None = None) -> None:
+    """Add a flag for every flag field of options class ``cls`` to ``group`` (an ``argparse``
+    parser or group). Flags default to ``None`` (unset: the config file, the preset or the
+    field's default gives the value); their help is the docstring's description of the
+    field, with ``help_suffix(name)`` appended in parentheses when it is not empty (e.g. the
+    preset values).
+    """
+    for f in option_fields(cls):
+        if not f.is_flag:
+            continue
+        text = field_help(cls, f.name)
+        suffix = help_suffix(f.name) if help_suffix is not None else ""
+        if suffix:
+            text = f"{text} ({suffix})"
+        text = text.replace("%", "%%")
+        base = _base(f.annotation)
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": text}
+        if base is bool:
+            kwargs["action"] = "store_true"
+        elif typing.get_origin(base) is typing.Literal:
+            kwargs["choices"] = typing.get_args(base)
+        elif typing.get_origin(base) in (tuple, list):
+            kwargs["metavar"] = "LIST"  # parsed by flag_values, so a bad list gets a one-line error
+        else:
+            kwargs["type"] = base
+            kwargs["metavar"] = f.name.upper()
+        group.add_argument(flag_name(f.name), **kwargs)
+
+
+def flag_values(args: argparse.Namespace, classes: typing.Iterable[type]) -> dict[str, Any]:
+    """The values of every flag of the options ``classes`` in parsed ``args``, in their
+    fields' types (``None`` for an unset flag); list flags are parsed by :func:`parse_flag`.
+
+    Raises
+    ------
+    InputError
+        For a list flag whose items are not of the field's item type, naming the flag.
+    """
+    out: dict[str, Any] = {}
+    for cls in classes:
+        for f in option_fields(cls):
+            if not f.is_flag:
+                continue
+            value = getattr(args, f.name, None)
+            if isinstance(value, str) and typing.get_origin(_base(f.annotation)) in (tuple, list):
+                try:
+                    value = parse_flag(value, f.annotation)
+                except InputError as exc:
+                    raise InputError(f"{flag_name(f.name)} {exc}") from None
+            out[f.name] = value
+    return out

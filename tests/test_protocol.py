@@ -1,0 +1,58 @@
+"""The stage protocol: every stage is a module with ``check(config)`` and ``run(context)``, and
+an options dataclass whose documented fields become config keys and flags, defaults written once."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from depthlens.cli import build_parser
+from depthlens.config import PRESET_VALUES, RunConfig, RunOptions, option_owner
+from depthlens.options import field_help, flag_name, option_fields
+from depthlens.schema import SCHEMA
+from depthlens.stages import STAGES, with_requirements
+
+
+@pytest.mark.parametrize("name", list(STAGES))
+def test_stage_module_has_the_protocol(name: str) -> None:
+    module = STAGES[name].load()
+    assert list(inspect.signature(module.run).parameters) == ["context"]
+    assert list(inspect.signature(module.check).parameters) == ["config"]
+    module.check(RunConfig(model="random:llama"))  # the default sizes pass every stage's check
+    assert any(t.stage == name for t in SCHEMA.values()), f"stage {name} declares no table in depthlens.schema"
+
+
+@pytest.mark.parametrize("cls", [RunOptions, *(s.options for s in STAGES.values())], ids=lambda c: c.__name__)
+def test_every_option_is_documented_and_has_one_flag(cls: type) -> None:
+    parser = build_parser()
+    run_help = parser._subparsers._group_actions[0].choices["run"].format_help()
+    for f in option_fields(cls):
+        assert field_help(cls, f.name), f"{cls.__name__}.{f.name} is not described in its docstring"
+        if f.is_flag:
+            assert flag_name(f.name) in run_help, f"{flag_name(f.name)} is missing from depthlens run --help"
+            assert f.name in dict(RunConfig().items())
+            assert option_owner(f.name) == (None if cls is RunOptions else next(
+                s.name for s in STAGES.values() if s.options is cls))
+
+
+def test_defaults_are_written_once() -> None:
+    """The default preset is every option's own default: no second copy of the numbers."""
+    assert PRESET_VALUES["default"] == {}
+    config = RunConfig()
+    for cls in (RunOptions, *(s.options for s in STAGES.values())):
+        for f in option_fields(cls):
+            if f.derived is None:
+                assert getattr(config, f.name) == f.default, f.name
+    for preset, values in PRESET_VALUES.items():
+        assert all(option_owner(k) is not None or k in ("chunks", "seq_len") for k in values), preset
+
+
+def test_stage_help_lists_its_own_options_and_those_it_needs() -> None:
+    parser = build_parser()
+    choices = parser._subparsers._group_actions[0].choices
+    topology = choices["topology"].format_help()
+    assert "jacobian stage:" in topology and "topology stage:" in topology and "attention stage:" not in topology
+    assert "--null-samples" not in topology  # accepted (one command line for every stage) but not listed
+    assert choices["topology"].parse_args(["--null-samples", "3"]).null_samples == 3
+    assert with_requirements(["topology", "capture"]) == ["jacobian", "topology", "capture"]
