@@ -1,0 +1,230 @@
+"""The Python API: :func:`analyse` a model, get a :class:`Run` whose tables are DataFrames.
+
+Example (a random-weight model of a family written in code, a tiny text)::
+
+    import depthlens
+    run = depthlens.analyse("random:llama", text="notes.txt", stages=["attention"], preset="quick")
+    run.heads                     # the heads table, a pandas DataFrame
+    run.arrays("pseudospectra")   # loaded on first use
+    run.verdicts                  # the pre-registered claims and their verdicts
+    run.report()                  # report.html, as `depthlens report` renders it
+
+An already-loaded ``transformers`` model works the same way (``depthlens.analyse(model,
+tokenizer)``); it is analysed in place (eval mode, no gradients, eager attention).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .config import RunConfig
+from .context import Execution
+from .errors import InputError, RunError
+from .report.tables import RunTables
+from .runs import RunMode, read_manifest
+from .schema import SCHEMA, SUMMARIES
+from .stages import STAGES
+
+__all__ = ["Run", "analyse", "open_run"]
+
+_IF_EXISTS = {"resume": RunMode.RESUME, "overwrite": RunMode.OVERWRITE, "error": RunMode.NEW}
+
+
+def analyse(
+    model: Any = "smollm2-135m",
+    tokenizer: Any = None,
+    *,
+    text: str = "python-docs",
+    stages: Sequence[str] = tuple(STAGES),
+    out: str | Path | None = None,
+    if_exists: str = "resume",
+    preset: str = "default",
+    claims: str | Path | None = None,
+    jobs: int = 2,
+    quiet: bool = True,
+    **options: Any,
+) -> "Run":
+    """Run ``stages`` on ``model`` and return the :class:`Run`.
+
+    Parameters
+    ----------
+    model : str or transformers model
+        A model spec as ``depthlens --model`` takes it (``smollm2-135m``, a hub id, a folder,
+        a ``.gguf`` file, ``random:<family>``), or a loaded ``*ForCausalLM`` of a supported
+        family (:func:`depthlens.models.wrap_model`).
+    tokenizer : transformers tokenizer, optional
+        The tokenizer of an in-memory ``model``; without one a byte-level tokenizer serves
+        (as for random models). Ignored for a spec.
+    text : str
+        ``python-docs``, ``wikitext-2`` or a text file path.
+    stages : sequence of str
+        Stages to run (those they need run first); default every stage.
+    out : str or Path, optional
+        The run directory. Without one a new temporary folder is used (``run.path``; it is
+        not removed).
+    if_exists : {"resume", "overwrite", "error"}
+        What to do when ``out`` holds a run: continue it from its last finished unit (its
+        configuration must be the same), replace it, or refuse.
+    preset : {"quick", "default", "paper"}
+        Sizes of the run, as ``--preset``.
+    claims : str or Path, optional
+        A claims TOML file (default: the packaged one).
+    jobs : int
+        Worker processes for the numerics.
+    quiet : bool
+        No progress bars.
+    **options
+        Any option by name, as the flags name them (``chunks=8``, ``null_samples=4``,
+        ``seq_len=64``, ...), see :class:`depthlens.config.RunConfig`.
+
+    Returns
+    -------
+    Run
+
+    Raises
+    ------
+    DepthlensError
+        Bad input, one line (nothing is written); a run whose units failed raises
+        :class:`~depthlens.errors.RunIncomplete` after the others finished.
+    """
+    from .workflow import run as run_workflow
+
+    if if_exists not in _IF_EXISTS:
+        raise InputError(f"if_exists={if_exists!r} is unknown; use one of {', '.join(_IF_EXISTS)}.")
+    if jobs < 1:
+        raise InputError(f"jobs={jobs} is invalid; pass a positive number of worker processes.")
+    loaded = None
+    if not isinstance(model, (str, Path)):
+        from .models.loading import wrap_model
+
+        loaded = wrap_model(model, tokenizer)
+        model = loaded.name
+    config = RunConfig(preset=preset, model=str(model), text=str(text), **options)
+    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="depthlens-"))
+    path = run_workflow(config, root, run_mode=_IF_EXISTS[if_exists], stages=tuple(stages),
+                        execution=Execution(quiet=quiet, jobs=jobs), claims=claims, loaded=loaded)
+    return Run(path)
+
+
+def open_run(path: str | Path) -> "Run":
+    """The :class:`Run` in the run directory ``path`` (written by the CLI or :func:`analyse`).
+
+    Raises
+    ------
+    RunError
+        When ``path`` is not a run directory.
+    """
+    read_manifest(path)  # one line when it is not a run
+    return Run(Path(path))
+
+
+class Run:
+    """A finished (or partly finished) run, read lazily: each table is read on first use.
+
+    Every table of :data:`depthlens.schema.SCHEMA` is an attribute (``run.heads``,
+    ``run.operators``, ...); the JSON summaries come from :meth:`summary` and the array files
+    from :meth:`arrays`. A table the run does not have raises :class:`AttributeError` with the
+    reason (its stage did not run, failed, ...).
+
+    Parameters
+    ----------
+    path : Path
+        The run directory.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._tables = RunTables(self.path)
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r}, tables={self.tables})"
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self.tables})
+
+    def __getattr__(self, name: str) -> pd.DataFrame:
+        if name.startswith("_") or name not in SCHEMA:
+            raise AttributeError(name)
+        return self.table(name)
+
+    @property
+    def tables(self) -> list[str]:
+        """The tables this run holds, in schema order."""
+        return [name for name in SCHEMA if (self.path / SCHEMA[name].file).is_file()]
+
+    def table(self, name: str) -> pd.DataFrame:
+        """``tables/NAME.parquet`` as a DataFrame (a copy; the run caches the file's contents).
+
+        Raises
+        ------
+        AttributeError
+            For a table the run does not hold, with the reason.
+        """
+        if name not in SCHEMA:
+            raise AttributeError(f"{name!r} is no table of depthlens; tables: {', '.join(SCHEMA)}")
+        df = self._tables.table(name)
+        if df is None:
+            raise AttributeError(f"the run in {self.path} has no {name} table: {self._tables.why_missing(name)}")
+        return df
+
+    def summary(self, name: str) -> dict[str, Any]:
+        """The JSON summary ``NAME.json`` (``attention``, ``topology``, ...).
+
+        Raises
+        ------
+        RunError
+            For a summary the run does not hold, with the reason.
+        """
+        found = self._tables.json(name) if name in SUMMARIES else None
+        if found is None:
+            why = self._tables.why_missing(f"{name}.json") if name in SUMMARIES else "no such summary"
+            raise RunError(f"the run in {self.path} has no {name}.json: {why}")
+        return found
+
+    def arrays(self, name: str) -> dict[str, np.ndarray]:
+        """The arrays of ``arrays/NAME.safetensors`` (``pseudospectra``,
+        ``jacobians_trained_isolated``, ...), read on first use."""
+        found = self._tables.arrays(name)
+        if found is None:
+            raise RunError(f"the run in {self.path} has no arrays/{name}.safetensors: "
+                           f"{self._tables.why_missing(f'arrays/{name}')}")
+        return found[0]
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The run's manifest: configuration, model and data provenance, stage status."""
+        return self._tables.manifest
+
+    @property
+    def config(self) -> RunConfig:
+        """The run's configuration."""
+        return RunConfig(**_config_values(self.manifest.get("config") or {}))
+
+    @property
+    def verdicts(self) -> pd.DataFrame:
+        """Every claim of the run's registered claims file with its statistic, value, sample
+        sizes and verdict (scored now from the tables; nothing is recomputed)."""
+        from .report.claims import evaluate, load_claims, run_claims_path
+
+        results = evaluate(load_claims(run_claims_path(self.path)), self._tables)
+        return pd.DataFrame(results)
+
+    def report(self, claims: str | Path | None = None) -> Path:
+        """Render ``report.html`` from the tables (as ``depthlens report``) and return its path."""
+        from .report import render_report
+
+        return render_report(self.path, claims_path=claims)
+
+
+def _config_values(record: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of :class:`RunConfig` from a manifest's ``config`` record."""
+    values = {k: v for k, v in record.items() if k not in STAGES}
+    for stage in STAGES:
+        values.update(record.get(stage, {}))
+    return values
