@@ -1,0 +1,48 @@
+"""Layering of the package: what importing each layer loads, and what each package exports.
+
+The numerical core (``depthlens.linalg``) has its own test (``tests/linalg/test_layering.py``),
+as has ``depthlens.models`` (``tests/models/test_registry.py``) and the report
+(``tests/report/test_html.py``)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+PACKAGES = ["depthlens", "depthlens.attention", "depthlens.jacobian", "depthlens.linalg", "depthlens.models",
+            "depthlens.report", "depthlens.runs", "depthlens.topology"]
+
+
+def _loaded(code: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", f"{code}; import sys; print(sorted(sys.modules))"],
+                         capture_output=True, text=True, check=True).stdout
+    return ast.literal_eval(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_package_declares_what_it_exports(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = getattr(module, "__all__", None)
+    assert isinstance(exported, list) and exported, f"{name} has no __all__"
+    assert len(set(exported)) == len(exported), f"{name}.__all__ repeats a name"
+    assert all(getattr(module, n, None) is not None for n in exported), name
+
+
+def test_import_depthlens_is_light() -> None:
+    """``import depthlens`` loads neither torch nor any stage: the API loads on first use."""
+    loaded = _loaded("import depthlens")
+    heavy = [m for m in loaded if m == "torch" or m.startswith(("depthlens.api", "depthlens.workflow",
+                                                               "depthlens.attention", "depthlens.jacobian"))]
+    assert heavy == []
+
+
+def test_schema_and_options_stand_alone() -> None:
+    """The output schema and the option machinery import no model, stage or torch code, so
+    the report and the tests' synthetic runs read them without the analysis."""
+    loaded = _loaded("import depthlens.schema, depthlens.options")
+    assert [m for m in loaded if m == "torch" or m.startswith(("depthlens.models", "depthlens.attention",
+                                                               "depthlens.jacobian", "depthlens.topology"))] == []
