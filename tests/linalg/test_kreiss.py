@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -157,3 +158,107 @@ def test_certification_budget_exhausted_warns(rng: np.random.Generator) -> None:
         full = kreiss(B, certify=True)
         kreiss(B)  # no certification asked: never warns
     assert full.certified and full.branch_bound.stopped == "rtol"
+
+
+def _exact_powers(M: np.ndarray, kmax: int) -> list[list[list[Fraction]]]:
+    """``M^1 … M^kmax`` in exact rational arithmetic (the float entries are dyadic rationals)."""
+    F = [[Fraction(float(x)) for x in row] for row in M]
+    n = len(F)
+    out = [F]
+    for _ in range(kmax - 1):
+        P = out[-1]
+        out.append([[sum(F[i][l] * P[l][j] for l in range(n)) for j in range(n)] for i in range(n)])
+    return out
+
+
+def test_power_allowance_covers_rounding_of_nonnormal_powers() -> None:
+    """M = [[λ, 0], [c, −λ]] has M² = λ²I exactly, but every even power is formed by cancelling
+    products of size c·λ^k: the computed powers are off by about u·c·λ^k, billions of times the
+    old relative allowance 4(k0+1)·n·u·‖X_k‖. The allowance γ·‖|M|^k‖ covers the true error
+    (against exact rational powers) and the bound stays above the closed-form K."""
+    lam, c = 0.9, 1.8 * 2.0**40
+    M = np.array([[lam, 0.0], [c, -lam]])
+    pb = power_upper_bound(M)
+    k0 = pb.k_exact
+    exact = _exact_powers(M, k0)
+    u = np.finfo(np.float64).eps
+    X = M.copy()
+    ratio_to_old = []
+    for k in range(1, k0 + 1):
+        E = exact[k - 1]
+        err = np.array([[float(Fraction(float(X[i, j])) - E[i][j]) for j in range(2)] for i in range(2)])
+        true_norm = np.linalg.norm(np.array([[float(x) for x in row] for row in E]), 2)
+        err_norm = np.linalg.norm(err, 2)
+        assert err_norm <= pb.allowance[k], k
+        assert true_norm <= pb.norms[k] + pb.allowance[k], k
+        ratio_to_old.append(err_norm / (4.0 * (k0 + 1) * 2 * u * pb.norms[k]))
+        X = M @ X
+    assert max(ratio_to_old) > 1e6  # the old allowance was far too small
+    # closed form: (zI − M)⁻¹ = (zI + M)/(z² − λ²); a dense grid of it is a lower bound on K
+    r = 1.0 + np.geomspace(1e-3, 10.0, 400)[:, None]
+    z = r * np.exp(1j * np.linspace(0.0, np.pi, 91))[None]
+    Z = z[..., None, None] * np.eye(2) + M
+    ref = float(((np.abs(z) - 1.0) * np.linalg.norm(Z, 2, axis=(-2, -1)) / np.abs(z**2 - lam**2)).max())
+    assert ref <= pb.value <= 1.01 * ref
+
+
+def test_infinite_verdicts_certified_only_when_exact() -> None:
+    """A defective unit-circle eigenvalue (a numerical rank decision) and an outside eigenvalue of
+    a computed Schur form are not certified; an outside diagonal entry of a triangular M is."""
+    jordan = kreiss(np.array([[1.0, 0.0], [1.0, 1.0]]), certify=True)
+    assert math.isinf(jordan.value) and not jordan.certified
+    assert jordan.lo == 1.0 and math.isinf(jordan.hi) and "rank" in jordan.uncertified_reason
+    tri = kreiss(np.array([[1.2, 0.0], [0.3, 0.1]]), certify=True)
+    assert tri.certified and tri.lo == tri.hi == math.inf and tri.uncertified_reason is None
+    schur = kreiss(np.array([[1.2, 0.3], [0.2, 0.1]]), certify=True)
+    assert not schur.certified and "Schur" in schur.uncertified_reason and schur.lo == 1.0
+    assert kreiss(np.array([[1.0, 0.0], [1.0, 1.0]])).uncertified_reason is None  # not asked
+
+
+@pytest.mark.parametrize("kind", [{"sink": 2.0}, {"prev": 3.0}, {"sink": 1.0, "prev": 1.0}, {"scale": 2.0}])
+def test_bracket_contains_bruteforce_for_causal_stochastic(kind: dict, rng: np.random.Generator) -> None:
+    """lo ≤ K ≤ hi for deflated causal stochastic matrices against dense SVDs on a fine grid."""
+    B = deflate(causal_softmax(12, rng, **kind))
+    r = kreiss(B, certify=True)
+    ref, _ = kreiss_bruteforce(B, n_t=40, n_theta=48)
+    assert r.certified and r.uncertified_reason is None
+    assert r.lo <= ref * (1 + 1e-9) and ref <= r.hi
+    assert r.lo >= r.value * (1 - 1e-9)  # the certified lower end costs only its rounding margin
+
+
+def test_certified_ratio_is_a_lower_bound_for_any_vectors(rng: np.random.Generator) -> None:
+    """The certified ratio rests only on an explicit residual: for arbitrary unit vectors and a
+    wrong σ it still lies below (|z|−1)/σ_min by dense SVD, and at the computed singular
+    triple it is within its rounding margin of the plain ratio."""
+    from depthlens.linalg.kreiss_bound import spectrum_status
+    from depthlens.linalg.kreiss_search import BranchBound, search
+    from depthlens.linalg.sigma import triangular_form
+
+    B = deflate(causal_softmax(16, rng, sink=1.0))
+    tf = triangular_form(B)
+    _, _, circle = spectrum_status(B, tf)
+    bb = BranchBound(tf, search(tf, "numba", (5, 5), 1, circle), circle, "numba")
+    z = np.array([1.3 + 0.2j, 1.5, -1.1 + 0.4j])
+    dense = np.array([np.linalg.svd(zk * np.eye(16) - B, compute_uv=False)[-1] for zk in z])
+    truth = (np.abs(z) - 1.0) / dense
+    ev = tf.evaluate(z)
+    cert = bb.certified_ratio(z, ev.sigma, ev.res_right)
+    assert np.all(cert <= truth) and np.all(cert >= truth * (1 - 1e-10))
+    for k, zk in enumerate(z):
+        u = rng.standard_normal(16) + 1j * rng.standard_normal(16)
+        v = rng.standard_normal(16) + 1j * rng.standard_normal(16)
+        u, v = u / np.linalg.norm(u), v / np.linalg.norm(v)
+        s = 0.5 * dense[k]
+        res = np.linalg.norm((zk * np.eye(16) - B) @ v - s * u)
+        assert bb.certified_ratio(np.array([zk]), np.array([s]), np.array([res]))[0] <= truth[k]
+
+
+@pytest.mark.parametrize("complex_input", [False, True])
+def test_bracket_of_dense_matrix_against_bruteforce(complex_input: bool, rng: np.random.Generator) -> None:
+    """A non-triangular M (Schur form, numerical-range sectors over the whole circle when
+    complex): lo ≤ K ≤ hi against dense SVDs on a fine grid."""
+    M = rng.standard_normal((6, 6)) + (1j * rng.standard_normal((6, 6)) if complex_input else 0.0)
+    M *= 0.8 / np.max(np.abs(np.linalg.eigvals(M)))
+    r = kreiss(M, certify=True)
+    ref, _ = kreiss_bruteforce(M, n_t=40, n_theta=48)
+    assert r.certified and r.lo <= ref * (1 + 1e-9) and ref <= r.hi

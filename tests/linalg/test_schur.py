@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from depthlens.errors import InputError
 from depthlens.linalg.normality import henrici
-from depthlens.linalg.schur import schur_form, schur_split
+from depthlens.linalg.schur import SCHUR_ORDERS, schur_form, schur_split
 
 
 def _same_spectrum(X: np.ndarray, Y: np.ndarray, atol: float) -> None:
@@ -101,3 +101,54 @@ def test_schur_form_record(rng: np.random.Generator) -> None:
 def test_bad_alpha(alpha: object) -> None:
     with pytest.raises(InputError, match="alpha"):
         schur_split(np.eye(2), alpha)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("complex_input", [False, True])
+def test_lapack_and_partitioned_orders_are_scipys(complex_input: bool, rng: np.random.Generator) -> None:
+    """``lapack`` is scipy.linalg.schur(M, output="complex") as it comes; ``outside_first`` and
+    ``inside_first`` are its ``sort="ouc"`` and ``sort="iuc"`` forms, bit for bit."""
+    n = 12
+    M = np.eye(n) + rng.standard_normal((n, n)) / 3 + (1j * rng.standard_normal((n, n)) / 3 if complex_input else 0)
+    for order, sort in (("lapack", None), ("outside_first", "ouc"), ("inside_first", "iuc")):
+        ref = scipy.linalg.schur(M, output="complex", sort=sort)
+        form = schur_form(M, order)
+        assert form.order == order and form.t.dtype == form.q.dtype == np.complex128
+        np.testing.assert_array_equal(form.t, ref[0])
+        np.testing.assert_array_equal(form.q, ref[1])
+        if sort is not None:
+            outside = np.abs(form.eigenvalues) > 1
+            k = int(ref[2])  # how many eigenvalues satisfy the sort
+            assert np.all(outside[:k] == (order == "outside_first")) and np.all(outside[k:] == (order != "outside_first"))
+
+
+@pytest.mark.parametrize("order", SCHUR_ORDERS)
+def test_every_order_is_a_schur_form_with_the_spectrum(order: str, rng: np.random.Generator) -> None:
+    M = rng.standard_normal((9, 9))
+    form = schur_form(M, order)
+    np.testing.assert_allclose(form.q @ form.t @ form.q.conj().T, M, atol=1e-13)
+    np.testing.assert_allclose(form.q.conj().T @ form.q, np.eye(9), atol=1e-14)
+    np.testing.assert_array_equal(np.tril(form.t, -1), 0)
+    _same_spectrum(np.diag(form.eigenvalues), M, atol=1e-12)
+    for a in (0.0, 0.5):
+        J = schur_split(M, a, order)
+        _same_spectrum(J, M, atol=1e-9)
+        assert henrici(J) == pytest.approx(a * henrici(M), abs=1e-11)
+    np.testing.assert_array_equal(schur_split(M, 1.0, order), M)
+    np.testing.assert_array_equal(schur_split(form, 0.3), schur_split(M, 0.3, order))
+
+
+def test_orders_change_the_normal_part() -> None:
+    """The split is order-dependent: ``T = [[2, 1], [0, 0.5]]`` is its own ``lapack``,
+    ``canonical`` and ``outside_first`` form (normal part diag(2, 0.5)); ``inside_first`` puts
+    0.5 first and the normal part becomes non-diagonal."""
+    T = np.array([[2.0, 1.0], [0.0, 0.5]])
+    for order in ("lapack", "canonical", "outside_first"):
+        np.testing.assert_allclose(schur_split(T, 0.0, order), np.diag([2.0, 0.5]), atol=1e-15)
+    inside = schur_split(T, 0.0, "inside_first")
+    assert abs(inside[0, 1]) > 0.1
+    _same_spectrum(inside, T, atol=1e-14)
+
+
+def test_bad_order() -> None:
+    with pytest.raises(InputError, match="Schur order"):
+        schur_form(np.eye(2), "sorted")  # type: ignore[arg-type]

@@ -42,6 +42,14 @@ point after the first starts from the previous point's right singular vector plu
 be a non-dominant singular vector of the new point cannot stall the iteration); after a point
 that did not converge the next one starts from ``v0``. A shift equal to a diagonal entry of
 ``L`` (an eigenvalue) is not iterated and is reported as not converged.
+
+Floating point: the triangular solves run with ``fastmath`` flags ``reassoc``, ``contract`` and
+``nsz`` only (sums may be reordered and fused into FMAs; no approximate division, no
+assumptions about NaN or infinities), which changes only the rounding of the iterates. The
+certified Kreiss bounds (:mod:`depthlens.linalg.kreiss_search`) use ``σ``, ``u`` and ``v``
+only through the explicitly computed residuals, so they hold for whatever iterates come out;
+the residual kernel itself runs without ``fastmath``, so the standard mat-vec error bound
+``γ_{n+2}(|z| + ‖|L|‖)`` that their margins cover applies to it literally.
 """
 
 from __future__ import annotations
@@ -102,9 +110,10 @@ def _solve_h(Lr, Li, cplx, zr, zi, br, bi, xr, xi):  # pragma: no cover - compil
                 xi[i] += Lr[j, i] * b
 
 
-@njit(cache=True, fastmath=_FM)
+@njit(cache=True)
 def _residuals(Lr, Li, cplx, zr, zi, sig, ur, ui, vr, vi, wr, wi):  # pragma: no cover - compiled
-    """Return ``(‖(zI−L)v − σu‖, ‖(zI−L)ᴴu − σv‖)`` by explicit triangular mat-vecs."""
+    """Return ``(‖(zI−L)v − σu‖, ‖(zI−L)ᴴu − σv‖)`` by explicit triangular mat-vecs, in strict
+    IEEE order (no ``fastmath``): the certified bounds rest on these residuals."""
     n = Lr.shape[0]
     r1 = 0.0
     for i in range(n):

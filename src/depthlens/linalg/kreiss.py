@@ -6,23 +6,32 @@ Three numbers, three guarantees:
 * ``value``: the largest ``(|z|−1)/σ_min(zI−M)`` at a point actually evaluated (a coarse grid
   in ``(log(|z|−1), arg z)``, then L-BFGS-B from the best grid points with the analytic
   gradient from the singular vectors). A lower bound on ``K`` up to the rounding of one
-  ``σ_min`` (about ``1e-13`` relative).
+  ``σ_min`` (about ``1e-13`` relative; not certified: no residual is formed).
 * ``upper``: ``sup_{r>1} (r−1) Σ_k ‖M^k‖ r^{−(k+1)}`` (the Neumann series of the resolvent and
-  the triangle inequality), with exactly computed ``‖M^k‖`` for ``k ≤ k0`` and a geometric
-  tail from submultiplicativity; the sup over ``r`` is bounded on a grid using monotonicity.
-  Rigorous up to floating point (see :func:`power_upper_bound`).
+  the triangle inequality), with norms of computed powers for ``k ≤ k0`` plus a rigorous
+  allowance ``γ·‖|M|^k‖`` for the rounding of the products, and a geometric tail from
+  submultiplicativity; the sup over ``r`` is bounded on a grid using monotonicity (see
+  :func:`power_upper_bound` for exactly what is trusted).
 * ``lo``/``hi`` (``certify=True``): branch and bound over ``|z| > 1`` with a second-order lower
   bound on ``σ_min`` per cell (see :class:`~depthlens.linalg.kreiss_search.BranchBound`) until
-  ``hi/lo − 1 ≤ rtol``.
+  ``hi/lo − 1 ≤ rtol``; ``lo`` is the best certified ratio at an evaluated point (its ``σ_min``
+  bounded above through an explicit residual, see
+  :meth:`~depthlens.linalg.kreiss_search.BranchBound.certified_ratio`), never less than 1.
 
 What "rigorous" covers here: the bounds hold in exact arithmetic for the matrix whose
 triangular form is used; floating point is covered by explicit margins (``16·n·u·(|z|+‖M‖)``
-added to every residual, the Schur backward error where ``M`` was not triangular, and a
-relative ``4·(k0+1)·n·u`` on power norms). Nothing is interval-verified.
+on every residual and singular value, which the residual kernel's strict-IEEE mat-vec error
+``γ_{n+2}(|z| + ‖|L|‖)`` stays below; the Schur backward error where ``M`` was not
+triangular; on the power bound, the forward error ``γ·‖|M|^k‖`` of every computed power and a
+relative ``4·n·u`` on its norm). LAPACK's results (Cholesky success, eigensolves) are trusted
+to their documented backward stability. Nothing is interval-verified.
 
 Matrices with ``ρ(M) ≥ 1``: an eigenvalue outside the closed unit disk makes ``K = ∞``
 (``(|z|−1)/σ_min → ∞`` as ``z`` approaches it); so does a defective (non-trivial Jordan
-block) eigenvalue on the unit circle. A semisimple eigenvalue ``λ`` on the circle with
+block) eigenvalue on the unit circle. Only the first verdict for a triangular ``M`` (exact
+eigenvalues on the diagonal) is certified; a defective verdict (a numerical rank decision)
+and an outside eigenvalue of a computed Schur form are not (``certified`` False, the reason in
+``uncertified_reason``, bracket ``[1, ∞]``). A semisimple eigenvalue ``λ`` on the circle with
 spectral projector ``P_λ`` contributes the limit ``‖P_λ‖``, approached as ``z → λ`` radially
 and not attained: for a causal row-stochastic ``A`` (simple Perron root 1, ``P = 1e₁ᵀ``) this
 gives ``K(A) = √n``, and ``K(I) = 1``. "On the circle" means ``||λ| − 1| ≤ δ`` with ``δ = 8u``
@@ -43,7 +52,7 @@ import numpy as np
 
 from ..errors import InputError
 from ._checks import as_square
-from .kreiss_bound import PowerBound, power_upper_bound, power_upper_from_status, spectrum_status
+from .kreiss_bound import NORM_ROUNDING, PowerBound, power_upper_bound, power_upper_from_status, spectrum_status
 from .kreiss_search import BranchBound, search
 from .sigma import TriangularForm, check_engine, sigma_min, triangular_form
 from .transients import spectral_norm
@@ -113,13 +122,18 @@ class KreissResult:
         ``max ‖P_λ‖`` over semisimple eigenvalues on the unit circle (0 if none): the limit
         of ``(|z|−1)/σ_min`` as ``z → λ`` radially, a lower bound on ``K`` not attained.
     lo, hi : float or None
-        Certified bracket (``certify=True``): ``lo ≤ K ≤ hi``.
+        Bracket (``certify=True``): ``lo ≤ K ≤ hi`` up to the margins of the module docstring,
+        whether or not ``certified``.
     certified : bool
-        ``hi/lo − 1 ≤ rtol`` was reached (always True for ``K = ∞``).
+        ``hi/lo − 1 ≤ rtol`` was reached, or ``K = ∞`` is certain (an eigenvalue of a
+        triangular ``M`` outside the disk). False when certification was not asked.
     method : str
         How ``value`` was obtained.
     power_bound : PowerBound or None
     branch_bound : BranchBoundRecord or None
+    uncertified_reason : str or None
+        With ``certify=True`` and ``certified`` False: why (the evaluation budget, or a verdict
+        ``K = ∞`` that rests on a numerical decision). None otherwise.
     """
 
     value: float
@@ -133,6 +147,7 @@ class KreissResult:
     method: str
     power_bound: PowerBound | None
     branch_bound: BranchBoundRecord | None
+    uncertified_reason: str | None = None
 
 
 # ----------------------------------------------------------------------------- public entry
@@ -141,11 +156,32 @@ def _contraction(tf: TriangularForm, norm: float, certify: bool, engine: str) ->
     ``|z| > 1``, and the ratio tends to 1 as ``|z| → ∞`` (a supremum approached, not attained)."""
     far = 1e6 * (1.0 + norm)
     value = float((far - 1.0) / sigma_min(tf, far, engine=engine).sigma)
-    pb = PowerBound(1.0, math.inf, 1, "contraction", 1, np.array([1.0, norm]), np.array([True, True]))
+    pb = PowerBound(1.0, math.inf, 1, "contraction", 1, np.array([1.0, norm]), np.array([True, True]),
+                    np.array([0.0, NORM_ROUNDING * tf.n * _EPS * norm]))
     return KreissResult(value=min(value, 1.0), upper=1.0, argmax=complex(far), n_evals=1, circle_limit=0.0,
                         lo=1.0 if certify else None, hi=1.0 if certify else None, certified=certify,
                         method="closed form: ||M|| < 1 gives K = 1 (limit at infinity)", power_bound=pb,
                         branch_bound=None)
+
+
+def _infinite(tf: TriangularForm, status: str, lam: complex, certify: bool) -> KreissResult:
+    """The verdict ``K = ∞`` for an eigenvalue outside the disk or a defective unit-circle one;
+    certified only for an eigenvalue of a triangular ``M`` (exact on its diagonal) outside it."""
+    if status == "outside":
+        why = "eigenvalue outside the unit disk"
+        sure = tf.kind != "schur"
+        doubt = (f"the eigenvalue {lam:.6g} is one of the computed Schur form, exact only for M perturbed by "
+                 f"up to {tf.backward_error:.2g} in norm")
+    else:
+        why = "defective eigenvalue on the unit circle"
+        sure = False
+        doubt = (f"the eigenvalue {lam:.6g} was judged defective by a numerical rank test (singular values of "
+                 "λI − M below 1e3·n·u·max(1, ‖M‖) counted as zero), not proven")
+    certified = certify and sure
+    lo = (math.inf if sure else 1.0) if certify else None
+    return KreissResult(math.inf, math.inf, lam, 0, math.inf, lo, math.inf if certify else None, certified,
+                        f"infinite: {why}" + ("" if sure else " (numerical decision, not certified)"), None, None,
+                        doubt if certify and not sure else None)
 
 
 def kreiss(
@@ -169,24 +205,34 @@ def kreiss(
     ``upper`` comes from :func:`power_upper_bound`. With ``certify=True`` a branch and bound
     over annular sectors of ``1 < |z| < R`` returns ``lo ≤ K ≤ hi`` with ``hi/lo − 1 ≤ rtol``
     (``certified``), where ``R`` is chosen so that the far-field bound
-    ``(|z|−1)/σ_min ≤ (|z|−1)/(|z|−‖M‖)`` is below ``lo(1+rtol)`` (with the numerical radius in
-    place of ``‖M‖`` when that makes ``R`` much smaller; cost is high when ``K`` is within a
-    few ``rtol`` of 1 and ``w(M) > 1``: the far field then needs fine cells); each cell is bounded with the
-    second-order bound of :meth:`~depthlens.linalg.kreiss_search.BranchBound._direct`,
-    Cholesky-certified anchors supply the lower bound on ``σ₂``, and cells next to unit-circle
-    eigenvalues use the deflated resolvent.
+    ``(|z|−1)/σ_min ≤ (|z|−1)/(|z|−w)`` is below ``lo(1+rtol)``, ``w`` the smaller of a bound on
+    ``‖M‖`` and one on the numerical radius (cost is high when ``K`` is within a few ``rtol``
+    of 1 and ``w > 1``: the far field then needs fine cells); each cell is bounded first by the
+    numerical range (:meth:`~depthlens.linalg.kreiss_search.BranchBound._sector`, no
+    evaluation), else with the second-order bound of
+    :meth:`~depthlens.linalg.kreiss_search.BranchBound._direct`, Cholesky-certified anchors
+    supplying the lower bound on ``σ₂``, and cells next to unit-circle eigenvalues use the
+    deflated resolvent.
 
     Rigour: all bounds hold in exact arithmetic for the triangular form used; rounding is
     covered by explicit margins (``16·n·u·(|z|+‖M‖)`` on residuals and singular values, the
-    measured Schur backward error, ``4(k0+1)·n·u`` on power norms). Not interval-verified.
+    measured Schur backward error; on the power bound ``γ·‖|M|^k‖`` for each computed power,
+    ``4n·u`` on its norm and ``4(k0+1)·n·u`` on the series). ``lo`` is certified at evaluated
+    points through explicit residuals (``lo ≥ 1`` always, the limit at infinity); ``hi`` is the
+    smaller of the branch-and-bound bound and ``upper``. Not interval-verified.
 
     Special cases: ``‖M‖ < 1`` gives ``K = 1`` exactly (``(|z|−1)/(|z|−‖M‖) ≤ 1``, with the
-    supremum approached as ``|z| → ∞``): bracket ``[1, 1]``, no search. ``K = ∞`` (``value = upper = lo = hi = inf``, ``argmax`` the eigenvalue)
-    when an eigenvalue lies outside the closed unit disk or a unit-circle eigenvalue is
-    defective. Semisimple unit-circle eigenvalues give ``circle_limit = max ‖P_λ‖``, a
+    supremum approached as ``|z| → ∞``): bracket ``[1, 1]``, no search. ``K = ∞`` (``value =
+    upper = inf``, ``argmax`` the eigenvalue) when an eigenvalue lies outside the closed unit
+    disk or a unit-circle eigenvalue is defective; with ``certify=True`` the bracket is
+    ``[∞, ∞]`` and ``certified`` True only for an eigenvalue of a triangular ``M`` outside the
+    disk; otherwise (a numerical rank decision, or an eigenvalue of a computed Schur form,
+    exact only for a perturbed ``M``) ``certified`` is False, ``uncertified_reason`` says why and
+    the bracket is ``[1, ∞]``. Semisimple unit-circle eigenvalues give ``circle_limit = max ‖P_λ‖``, a
     supremum approached as ``z → λ`` radially: for a causal row-stochastic ``A`` with a simple
     Perron root, ``value`` approaches ``√n`` from below (to about ``1e-9``), ``upper ≥ √n`` and
-    the bracket contains ``√n``; ``K(I) = 1``.
+    the bracket contains ``√n`` (its lower end certified at ``z = λ(1 + h)``, within about
+    ``1e-5`` relative of the limit); ``K(I) = 1``.
 
     Cost: value, about 250–300 ``σ_min`` evaluations (``O(n²)`` each) for ``O(n³)`` once for a
     non-triangular ``M``; upper, ``O(k0·n³)``; certify, a few thousand evaluations plus tens
@@ -243,9 +289,7 @@ def kreiss(
     tf = triangular_form(A)
     status, lam, circle = spectrum_status(A, tf)
     if status in ("outside", "defective"):
-        why = "eigenvalue outside the unit disk" if status == "outside" else "defective eigenvalue on the unit circle"
-        return KreissResult(math.inf, math.inf, lam, 0, math.inf, math.inf if certify else None,
-                            math.inf if certify else None, True, f"infinite: {why}", None, None)
+        return _infinite(tf, status, lam, certify)
     norm = spectral_norm(A)
     if status == "inside" and norm <= 1.0 - 8.0 * tf.n * _EPS:
         return _contraction(tf, norm, certify, engine)
@@ -255,6 +299,7 @@ def kreiss(
     lo = hi = None
     bb = None
     certified = False
+    reason = None
     if certify:
         run = BranchBound(tf, obj, circle, engine)
         lo, hi, R, stopped = run.run(rtol, max_evals, 64)
@@ -262,6 +307,9 @@ def kreiss(
             hi = min(hi, float(pb.value))
         certified = hi <= lo * (1.0 + rtol)
         bb = BranchBoundRecord(run.n_cells, run.n_evals, run.za.size + run.zb.size, run.n_cholesky, run.n_deflated, R, stopped)
+        if not certified:
+            reason = (f"evaluation budget max_evals={max_evals} exhausted with " if stopped == "max_evals" else ""
+                      ) + f"hi/lo − 1 = {hi / lo - 1:.2g} > rtol = {rtol:g}"
         if not certified and stopped == "max_evals":
             warnings.warn(f"kreiss: certification stopped at its evaluation budget (max_evals={max_evals}; "
                           f"{run.n_evals} σ_min evaluations used) with the bracket [{lo:.6g}, {hi:.6g}] (hi/lo − 1 = {hi / lo - 1:.2g} > rtol = {rtol:g}); "
@@ -279,4 +327,5 @@ def kreiss(
         method="grid+L-BFGS-B" + ("+branch-and-bound" if certify else ""),
         power_bound=pb,
         branch_bound=bb,
+        uncertified_reason=reason,
     )

@@ -14,6 +14,7 @@ deflated matrix for cells next to unit-circle eigenvalues.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +26,8 @@ from ._kernels import horner
 from .sigma import TriangularForm, triangular_form
 from .transients import iter_power_norms, spectral_norm
 
-__all__ = ["EXACT_POWERS", "PowerBound", "UnitCircle", "power_upper_bound", "power_upper_from_status", "spectrum_status"]
+__all__ = ["EXACT_POWERS", "NORM_ROUNDING", "PowerBound", "UnitCircle", "power_allowances", "power_upper_bound",
+           "power_upper_from_status", "spectrum_status"]
 
 _EPS = np.finfo(np.float64).eps
 
@@ -49,10 +51,16 @@ class PowerBound:
     m : int
         The power used for the geometric tail (0 if none).
     norms : ndarray
-        ``a_k`` for ``k = 0 … k_exact``: ``‖M^k‖`` where ``exact``, else a rigorous upper bound
-        that was at most the largest exact norm before it.
+        ``a_k`` for ``k = 0 … k_exact``: the norm of the computed power ``X_k = fl(M·X_{k−1})``
+        where ``exact``, else the cheap upper bound on it (at most the largest exact norm
+        before it). Values of the computed powers, not yet bounds on ``‖M^k‖``: see
+        ``allowance``.
     exact : ndarray of bool
-        Which ``norms`` are exact.
+        Which ``norms`` are exact norms of the computed powers.
+    allowance : ndarray
+        ``d_k`` with ``‖M^k‖₂ ≤ norms[k] + allowance[k]`` (see :func:`power_allowances`): the
+        rounding of the computed power, ``γ·‖|M|^k‖₂``, plus ``4n·u·norms[k]`` for the rounding
+        of its norm.
     """
 
     value: float
@@ -62,6 +70,7 @@ class PowerBound:
     m: int
     norms: np.ndarray = field(default_factory=lambda: np.ones(1))
     exact: np.ndarray = field(default_factory=lambda: np.ones(1, dtype=bool))
+    allowance: np.ndarray = field(default_factory=lambda: np.zeros(1))
 
 
 # ----------------------------------------------------------------------------- spectrum
@@ -136,17 +145,59 @@ def spectrum_status(A: np.ndarray, tf: TriangularForm) -> tuple[str, complex, Un
 # ----------------------------------------------------------------------------- upper bound
 #: Powers whose norm the upper bound always computes exactly.
 EXACT_POWERS = 12
+#: Relative rounding allowed for the 2-norm of a computed power, in units of ``n·u``: the Gram
+#: product (``γ_n``) and LAPACK's symmetric eigensolve (backward stable, a small multiple of
+#: ``n·u`` in practice; not a proven constant). Cheap bounds carry their own ``4n·u``.
+NORM_ROUNDING = 4.0
+
+
+def power_allowances(A: np.ndarray) -> Iterator[float]:
+    """Yield ``e_k·ν_k ≥ ‖X_k − A^k‖₂`` for ``k = 1, 2, …``, where ``X_k = fl(A·X_{k−1})``
+    (``X_1 = A``) are the powers :func:`~depthlens.linalg.transients.iter_power_norms` forms.
+
+    Forward error of a conventional matrix product, in any summation order, with or without
+    FMA: ``|fl(AX) − AX| ≤ ε|A||X|`` entrywise, ``ε = γ_n = nu/(1 − nu)`` for real ``A`` and
+    ``√2·γ_{2n}`` for complex ``A``. By induction ``|X_k − A^k| ≤ ((1+ε)^{k−1} − 1)|A|^k ≤ e_k|A|^k``
+    with ``e_k = (k−1)ε/(1 − (k−1)ε)``, and the 2-norm is monotone on nonnegative matrices, so
+    ``‖X_k − A^k‖₂ ≤ e_k‖|A|^k‖₂``: for non-normal ``A`` (cancellation in ``A^k``) this can be
+    far above any multiple of ``‖X_k‖``. For nonnegative ``|A|^k`` the 1- and ∞-norms are the
+    largest entries of ``1ᵀ|A|^k`` and ``|A|^k 1``, iterated as vectors (``O(n²)`` per power),
+    so ``‖|A|^k‖₂ ≤ ν_k = 2√(max(1ᵀ|A|^k)·max(|A|^k 1))`` with both vectors computed in floating
+    point: with nonnegative factors every rounding is relative, the computed vectors are at
+    least ``((1−γ_n)/(1+2u))^k`` times the exact ones (``2u`` for the moduli of complex
+    entries), which the factor 2 covers while ``k(n+2)u ≤ 1/2`` (beyond that, and on overflow,
+    ``inf`` is yielded). Once ``|A|^k 1`` is exactly zero, ``A^k = 0`` (barring underflow) and
+    so are ``X_k`` and every later allowance: zeros are yielded from then on.
+    """
+    n = A.shape[0]
+    eps = (math.sqrt(2.0) * 2 * n * _EPS / (1.0 - 2 * n * _EPS) if np.iscomplexobj(A)
+           else n * _EPS / (1.0 - n * _EPS))
+    mag = np.abs(A)
+    rows, cols = mag.sum(axis=1), mag.sum(axis=0)  # |A|^k 1 and 1ᵀ|A|^k for k = 1
+    k = 1
+    while True:
+        if not rows.any():
+            while True:
+                yield 0.0
+        nu = 2.0 * math.sqrt(float(rows.max()) * float(cols.max()))
+        finite = math.isfinite(nu) and k * (n + 2) * _EPS <= 0.5  # nu is NaN after inf·0
+        yield (k - 1) * eps / (1.0 - (k - 1) * eps) * nu if finite else math.inf
+        with np.errstate(over="ignore", invalid="ignore"):
+            rows, cols = mag @ rows, cols @ mag
+        k += 1
 
 
 def _norm_sequences(
     A: np.ndarray, deflated: np.ndarray | None, pi_sum: float, share: float, cap: int
 ) -> _BoundFunction:
-    """``a_k ≥ ‖A^k‖`` (and ``b_k ≥ ‖M'^k‖`` when ``deflated`` is given, else ``b = a``), exact
-    for ``k ≤ EXACT_POWERS`` and wherever a cheap bound exceeds the largest exact norm, for
-    ``k = 1 … k0``, stopping when ``b`` vanishes (tail ``"nilpotent"``) or, once some
-    ``b_m < 1``, when the geometric tail contributes at most ``share`` of ``max_r g(r)`` on a
-    check grid. Tail ``"none"`` when that has not happened within ``cap`` powers (no finite
-    bound; the norms are kept for the transient peak).
+    """``a_k ≥ ‖A^k‖`` (and ``b_k ≥ ‖M'^k‖`` when ``deflated`` is given, else ``b = a``): the
+    norm of the computed power (exact for ``k ≤ EXACT_POWERS`` and wherever a cheap bound
+    exceeds the largest exact norm, else the cheap bound) inflated by ``NORM_ROUNDING·n·u``
+    plus :func:`power_allowances`, for ``k = 1 … k0``, stopping when ``b`` vanishes (tail
+    ``"nilpotent"``) or, once some ``b_m < 1``, when the geometric tail contributes at most
+    ``share`` of ``max_r g(r)`` on a check grid. Tail ``"none"`` when that has not happened
+    within ``cap`` powers or an allowance is infinite (no finite bound; the norms are kept for
+    the transient peak).
     """
     # Exact norms for the first EXACT_POWERS powers (where the bound's mass lies) and for any
     # power whose cheap bound exceeds every exact norm so far; rigorous cheap upper bounds
@@ -158,9 +209,11 @@ def _norm_sequences(
         chose[0] = k <= EXACT_POWERS or bound > top[0]
         return chose[0]
 
-    a_it = iter_power_norms(A, need_exact)
-    b_it = iter_power_norms(deflated, need_exact) if deflated is not None else None
-    a, b, exact = [1.0], [1.0], [True]
+    rel = 1.0 + NORM_ROUNDING * A.shape[0] * _EPS
+    a_it, da_it = iter_power_norms(A, need_exact), power_allowances(A)
+    if deflated is not None:
+        b_it, db_it = iter_power_norms(deflated, need_exact), power_allowances(deflated)
+    a, da, b, exact = [1.0], [0.0], [1.0], [True]  # computed norms, their allowances, bounds on ‖M'^k‖
     best_m, best_rate = 0, 0.0  # the m with b_m < 1 minimising log(b_m)/m
     # The stopping test runs on a fixed grid of r with running sums, O(grid) per power:
     # pw = r^{-(k+1)}, h = Σ_{j≤k} a_j r^{-j-1}, cum[k] = Σ_{j≤k} b_j r^{-j-1}. It only decides
@@ -172,15 +225,19 @@ def _norm_sequences(
     cum = [pw.copy()]
     while len(a) - 1 < cap:
         a.append(next(a_it))
+        da.append((rel - 1.0) * a[-1] + next(da_it))
         exact.append(a[-1] == 0.0 or chose[0])
         top[0] = max(top[0], a[-1])
-        b.append(next(b_it) if b_it is not None else a[-1])
+        b.append(next(b_it) * rel + next(db_it) if deflated is not None else a[-1] + da[-1])
         k = len(a) - 1
+        if not math.isfinite(da[-1] + b[-1]):  # the rounding of the powers cannot be bounded
+            break
         if b[-1] == 0.0:
-            return _BoundFunction(np.asarray(a), np.asarray(b), "nilpotent", 0, pi_sum, np.asarray(exact))
+            return _BoundFunction(np.asarray(a), np.asarray(da), np.asarray(b), "nilpotent", 0, pi_sum,
+                                  np.asarray(exact))
         with np.errstate(under="ignore"):
             pw = pw / r
-            h = h + a[-1] * pw
+            h = h + (a[-1] + da[-1]) * pw
             cum.append(cum[-1] + b[-1] * pw)
         if b[-1] < 1.0 and math.log(b[-1]) / k < best_rate:
             best_m, best_rate = k, math.log(b[-1]) / k
@@ -191,8 +248,9 @@ def _norm_sequences(
             tail = (cum[k] - cum[k - best_m]) * q / (1.0 - q)
             g = (r - 1.0) * (h + tail) + pi_sum * pw
         if ((r - 1.0) * tail).max() <= share * g.max():
-            return _BoundFunction(np.asarray(a), np.asarray(b), "geometric", best_m, pi_sum, np.asarray(exact))
-    return _BoundFunction(np.asarray(a), np.asarray(b), "none", 0, pi_sum, np.asarray(exact))
+            return _BoundFunction(np.asarray(a), np.asarray(da), np.asarray(b), "geometric", best_m, pi_sum,
+                                  np.asarray(exact))
+    return _BoundFunction(np.asarray(a), np.asarray(da), np.asarray(b), "none", 0, pi_sum, np.asarray(exact))
 
 
 def _series(r: np.ndarray, coef: np.ndarray, first: int) -> np.ndarray:
@@ -202,11 +260,14 @@ def _series(r: np.ndarray, coef: np.ndarray, first: int) -> np.ndarray:
 
 
 class _BoundFunction:
-    """``g(r) = (r−1)·H(r) + Π·r^{−k0−1}`` with ``H`` decreasing in ``r`` (see ``power_upper_bound``)."""
+    """``g(r) = (r−1)·H(r) + Π·r^{−k0−1}`` with ``H`` decreasing in ``r`` (see ``power_upper_bound``);
+    ``a = norms + allowance`` bounds ``‖M^k‖``, ``b`` bounds ``‖M'^k‖``."""
 
-    def __init__(self, a: np.ndarray, b: np.ndarray, tail: str, m: int, pi_sum: float, exact: np.ndarray) -> None:
-        self.a, self.b, self.tail, self.m, self.pi, self.exact = a, b, tail, m, pi_sum, exact
-        self.k0 = a.size - 1
+    def __init__(self, norms: np.ndarray, allowance: np.ndarray, b: np.ndarray, tail: str, m: int, pi_sum: float,
+                 exact: np.ndarray) -> None:
+        self.norms, self.allowance, self.exact = norms, allowance, exact
+        self.a, self.b, self.tail, self.m, self.pi = norms + allowance, b, tail, m, pi_sum
+        self.k0 = norms.size - 1
 
     def tail_part(self, r: np.ndarray) -> np.ndarray:
         """Geometric bound on ``Σ_{k>k0} b_k r^{−k−1}`` (0 for a nilpotent tail)."""
@@ -244,14 +305,26 @@ def power_upper_bound(M: object, *, share: float = 1e-3, cap: int | None = None,
     the first ``EXACT_POWERS`` powers and wherever the ``O(n²)`` bound ``min(‖·‖_F,
     √(‖·‖₁‖·‖_∞))`` exceeds every exact norm so far, that bound elsewhere), computed for ``k ≤ k0`` (until a power vanishes, or, once some ``a_m < 1``, until the
     tail below contributes at most ``share`` of the bound); for ``k > k0``, ``k = s + q·m`` with ``k0 − m < s ≤ k0``, ``q ≥ 1`` and
-    ``a_k ≤ a_s a_m^q``: a geometric tail. With semisimple unit-circle eigenvalues,
+    ``a_k ≤ a_s a_m^q``: a geometric tail. Each ``a_k`` is the norm of the computed power
+    plus the rounding allowance of :func:`power_allowances` (``γ·‖|M|^k‖₂``, which for a
+    non-normal ``M`` can far exceed any multiple of ``‖M^k‖``) and a relative
+    ``NORM_ROUNDING·n·u`` for the norm itself. With semisimple unit-circle eigenvalues,
     ``M^k = Σ λ^k P_λ + M'^k`` (``k ≥ 1``, ``M' = M(I − P_Γ)``) so ``a_k ≤ Π + ‖M'^k‖`` with
     ``Π = Σ‖P_λ‖`` beyond ``k0`` and the tail of ``M'`` is geometric. Writing
     ``g(r) = (r−1)H(r) + Π r^{−k0−1}`` with ``H`` decreasing, ``sup_r g`` is bounded by
     ``(r_{i+1}−1)H(r_i) + Π r_i^{−k0−1}`` on intervals of a grid in ``log(r−1)`` over
     ``[1e-10, 1e8]`` that is bisected until every interval bound is within ``rtol_r`` of the
     largest grid value (or 20,000 intervals); the ends use ``(r_0−1)H(1) + Π`` and
-    ``r_last·H(r_last)``. The result is inflated by ``4(k0+1)·n·u`` for rounding in the norms.
+    ``r_last·H(r_last)``. The result is inflated by a relative ``4(k0+1)·n·u`` for the
+    rounding of the series (positive terms summed by Horner, powers of ``r`` by ``exp``/``log``:
+    a few ``(k0+1)·u`` relative).
+
+    Guarantee: ``K(M) ≤ value`` holds in exact arithmetic for ``a_k`` as stated; the rounding of
+    the products is bounded rigorously (standard forward-error bounds, any summation order and
+    FMA); the norms of the computed powers are trusted to ``NORM_ROUNDING·n·u`` relative (LAPACK's
+    eigensolver, not proven) and the series evaluation to the ``4(k0+1)·n·u`` above. With
+    unit-circle eigenvalues the projectors ``P_λ`` and ``M'`` are themselves computed (from a
+    dense SVD) and taken as exact. Not interval-verified.
 
     Cost: ``k0`` products and partial eigensolves, ``O(k0·n³)``, plus ``O(k0)`` vector work
     per refinement pass.
@@ -299,7 +372,7 @@ def power_upper_from_status(
     else:
         fn = _norm_sequences(A, None, 0.0, share, cap)
     if fn.tail == "none":
-        return PowerBound(math.inf, math.nan, fn.k0, "none", 0, fn.a, fn.exact)
+        return PowerBound(math.inf, math.nan, fn.k0, "none", 0, fn.norms, fn.exact, fn.allowance)
     label = "unit-circle" if status == "circle" else fn.tail
     edges = 1.0 + np.logspace(-10, 8, 361)
     while True:
@@ -312,4 +385,4 @@ def power_upper_from_status(
         edges = np.sort(np.concatenate([edges, 1.0 + np.sqrt(lo * hi)]))
     best = max(float(U.max()), fn.ends(float(edges[0]), float(edges[-1])))
     value = float(best * (1.0 + 4.0 * (fn.k0 + 1) * n * _EPS))
-    return PowerBound(value, float(edges[int(np.argmax(g))]), fn.k0, label, fn.m, fn.a, fn.exact)
+    return PowerBound(value, float(edges[int(np.argmax(g))]), fn.k0, label, fn.m, fn.norms, fn.exact, fn.allowance)

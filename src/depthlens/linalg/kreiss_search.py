@@ -5,9 +5,12 @@ certified branch and bound.
   maxima with the analytic gradient from the singular vectors; its best point is the lower
   ``value`` of :func:`~depthlens.linalg.kreiss.kreiss`.
 * :class:`BranchBound`: annular sectors of ``1 < |z| < R`` (``R`` from the far-field bound
-  ``(|z|−1)/(|z|−‖M‖)``, or the numerical radius), each bounded by the second-order bound of
-  :meth:`BranchBound._direct` with Cholesky-certified anchors for ``σ₂``, and by the deflated
-  resolvent next to semisimple unit-circle eigenvalues, until the bracket meets ``rtol``.
+  ``(|z|−1)/(|z|−w)``, ``w`` the smaller of bounds on ``‖M‖`` and on the numerical radius),
+  each bounded by the numerical range (:meth:`BranchBound._sector`), else by the
+  second-order bound of :meth:`BranchBound._direct` with Cholesky-certified anchors for
+  ``σ₂``, and by the deflated resolvent next to semisimple unit-circle eigenvalues, until the
+  bracket meets ``rtol``; its lower end is certified at evaluated points
+  (:meth:`BranchBound.certified_ratio`).
 
 The spectrum classification and the deflated matrix come from
 :mod:`depthlens.linalg.kreiss_bound`.
@@ -28,6 +31,11 @@ from .sigma import TriangularForm
 __all__ = ["BranchBound", "Objective", "search"]
 
 _EPS = np.finfo(np.float64).eps
+#: Directions per half-turn of the numerical-range bound (:meth:`BranchBound._sector`).
+SECTOR_DIRECTIONS = 16
+#: Multiples of the computed ``σ_min`` tried, largest first, as certified lower bounds on ``σ₂``
+#: (:meth:`BranchBound.add_certificates`).
+GAP_FACTORS = (6.0, 3.0, 1.6, 1.15, 1.05)
 
 
 # ----------------------------------------------------------------------------- value search
@@ -89,6 +97,14 @@ def _local_maxima(F: np.ndarray, k: int) -> list[tuple[int, int]]:
     return picks if picks else [tuple(int(v) for v in np.unravel_index(np.argmax(F), F.shape))]
 
 
+def radial_points(circle: UnitCircle | None) -> np.ndarray:
+    """``λ(1 + h)`` for every unit-circle eigenvalue ``λ`` and ``h ∈ {1e-6, 1e-9}``: where the
+    ratio approaches its limit ``‖P_λ‖`` (empty without such eigenvalues)."""
+    if circle is None:
+        return np.empty(0, dtype=np.complex128)
+    return (circle.lam[:, None] * (1.0 + np.array([1e-6, 1e-9]))[None]).ravel()
+
+
 def search(
     tf: TriangularForm, engine: str, grid: tuple[int, int], starts: int, circle: UnitCircle | None
 ) -> Objective:
@@ -109,10 +125,7 @@ def search(
     F = obj.values(Z.reshape(-1), tol=1e-8).reshape(Z.shape)  # start points only; polished below
     F[1::2] = F[1::2, ::-1]
     # |z| → ∞ (K ≥ 1 always) and radial approach to semisimple unit-circle eigenvalues.
-    extra = [1e12 * (1.0 + N)]
-    if circle is not None:
-        extra += [lam * (1.0 + h) for lam in circle.lam for h in (1e-6, 1e-9)]
-    obj.values(np.asarray(extra, dtype=np.complex128))
+    obj.values(np.concatenate([[1e12 * (1.0 + N)], radial_points(circle)]).astype(np.complex128))
     bounds = [(math.log(1e-12), t_hi + 2.0), (0.0, math.pi) if tf.real_input else (None, None)]
     for i, j in _local_maxima(F, starts):
         x0 = np.array([ts[i], ths[j]])
@@ -172,7 +185,8 @@ class _Cells:
 
 class BranchBound:
     """Certified bracket for ``K(M)``; see :func:`~depthlens.linalg.kreiss.kreiss`, and
-    :meth:`bounds` and :meth:`_direct` for the cell bound."""
+    :meth:`bounds` and :meth:`_direct` for the cell bound, :meth:`certified_ratio` for the
+    lower end."""
 
     def __init__(self, tf: TriangularForm, obj: Objective, circle: UnitCircle | None, engine: str) -> None:
         self.tf, self.obj, self.circle, self.engine = tf, obj, circle, engine
@@ -183,28 +197,95 @@ class BranchBound:
         self.zb = np.empty(0, dtype=np.complex128)  # anchors with σ_min ≥ gb
         self.gb = np.empty(0)
         self.n_cells = self.n_evals = self.n_deflated = self.n_cholesky = 0
+        self.lo = 1.0  # certified lower bound on K: the limit at |z| → ∞, raised by certified_ratio
+        self._support: tuple[np.ndarray, np.ndarray] | None = None
         L = tf.L
         self._LH = np.ascontiguousarray(L.conj().T)
         self._gram = self._LH @ L  # LᴴL, once: SᴴS = |z|²I − z̄L − zLᴴ + LᴴL costs O(n²) per point
         self._fro_L = float(np.linalg.norm(L))
 
-    def numerical_radius_upper(self, m: int = 32) -> float:
-        """Upper bound on the numerical radius ``w(M) = max_θ λ_max(Re(e^{−iθ}M))``.
+    def support(self) -> tuple[np.ndarray, np.ndarray]:
+        """Directions ``φ_j`` and upper bounds ``h_j`` on the support function of the numerical
+        range, ``h(φ) = max_{‖x‖=1} Re(e^{−iφ} xᴴMx) = λ_max(½(e^{−iφ}M + e^{iφ}Mᴴ))``.
 
-        ``σ_min(zI−M) ≥ |z| − w(M)``, so ``w`` can replace ``‖M‖`` in the far-field bound.
-        ``λ_max`` on ``m`` angles plus ``‖M‖·π/m`` (the support function is ``‖M‖``-Lipschitz
-        in ``θ``), plus a rounding margin; ``O(m·n³)``.
+        ``SECTOR_DIRECTIONS`` directions over ``[0, π]`` for real ``M`` (``h(−φ) = h(φ)``), twice as
+        many over the circle otherwise; each ``λ_max`` by a dense eigensolve plus the rounding
+        margin at 0 (``O(n³)`` each, computed once).
         """
-        A = self.tf.L
-        h = [
-            float(guarded.eigvalsh(0.5 * (np.exp(-1j * t) * A + np.exp(1j * t) * A.conj().T))[-1])
-            for t in np.linspace(0.0, 2.0 * math.pi, m, endpoint=False)
-        ]
-        return max(h) + self.N * math.pi / m + self.margin(np.zeros(1))[0]
+        if self._support is None:
+            m = SECTOR_DIRECTIONS
+            phi = (np.linspace(0.0, math.pi, m + 1) if self.tf.real_input
+                   else np.linspace(-math.pi, math.pi, 2 * m, endpoint=False))
+            A = self.tf.L
+            h = np.array([float(guarded.eigvalsh(0.5 * (np.exp(-1j * t) * A + np.exp(1j * t) * A.conj().T))[-1])
+                          for t in phi])
+            self._support = (phi, h + self.margin(np.zeros(1))[0])
+        return self._support
+
+    def numerical_radius_upper(self) -> float:
+        """Upper bound on the numerical radius ``w(M) = max_{‖x‖=1} |xᴴMx|`` from :meth:`support`.
+
+        The numerical range lies in the polygon ``∩_j {Re(e^{−iφ_j}w) ≤ h_j}``; within the wedge
+        between consecutive directions ``φ_j``, ``φ_{j+1}`` its points have modulus at most
+        ``max(h_j, h_{j+1}, |v_j|)``, ``v_j`` the corner of the two lines when it lies in the
+        wedge (``|w|`` is convex, so its maximum is at an extreme point). Inflated by ``1 + 16u``
+        for the 2×2 solves. ``σ_min(zI−M) ≥ |z| − w(M)``, so ``w`` can replace ``‖M‖`` in the
+        far-field bound.
+        """
+        phi, h = self.support()
+        if not self.tf.real_input:  # close the circle of directions
+            phi, h = np.append(phi, phi[0] + 2.0 * math.pi), np.append(h, h[0])
+        p0, p1, h0, h1 = phi[:-1], phi[1:], h[:-1], h[1:]
+        det = np.sin(p1 - p0)
+        x = (h0 * np.sin(p1) - h1 * np.sin(p0)) / det
+        y = (h1 * np.cos(p0) - h0 * np.cos(p1)) / det
+        ang = np.arctan2(y, x)
+        inside = np.cos(ang - 0.5 * (p0 + p1)) >= np.cos(0.5 * (p1 - p0))
+        corner = np.where(inside, np.hypot(x, y), 0.0)
+        return float(np.maximum(np.maximum(h0, h1), corner).max()) * (1.0 + 16.0 * _EPS)
+
+    def _sector(self, cells: _Cells) -> np.ndarray:
+        """Numerical-range bound of ``(|z|−1)/σ_min(zI−M)`` on each cell, no ``σ_min`` needed.
+
+        For unit ``x``, ``‖(zI−M)x‖ ≥ |z − xᴴMx| ≥ Re(e^{−iφ}z) − h(φ)`` for every direction
+        ``φ``; on a cell ``r ∈ [r0, r1]``, ``arg z ∈ [t0, t1]`` with ``|t − φ| ≤ π/2`` throughout,
+        ``Re(e^{−iφ}z) ≥ r0·min(cos(t0−φ), cos(t1−φ))``. The best of the :meth:`support`
+        directions, less the margin at the cell, gives ``σ_min ≥ g`` and the bound
+        ``(r1−1)/g`` (``inf`` where ``g ≤ 0``).
+        """
+        phi, h = self.support()
+        c0 = np.cos(cells.t0[:, None] - phi[None])
+        c1 = np.cos(cells.t1[:, None] - phi[None])
+        ok = (c0 >= 0.0) & (c1 >= 0.0) & ((cells.t1 - cells.t0) <= math.pi)[:, None]
+        g = np.where(ok, cells.r0[:, None] * np.minimum(c0, c1) - h[None], -np.inf).max(1)
+        g = g - self.margin(cells.r1)
+        with np.errstate(divide="ignore"):
+            return np.where(g > 0.0, (cells.r1 - 1.0) / np.where(g > 0.0, g, 1.0), np.inf)
 
     def margin(self, z: np.ndarray) -> np.ndarray:
         """Floating-point margin on every ``σ`` and residual near ``z``."""
         return 16.0 * self.n * _EPS * (np.abs(z) + self.N) + self.tf.backward_error
+
+    def certified_ratio(self, z: np.ndarray, s: np.ndarray, res: np.ndarray) -> np.ndarray:
+        """Certified lower bounds on ``K`` from evaluated points ``z`` with value ``s`` and
+        explicitly computed residual ``res = ‖(zI−L)v − s·u‖`` of unit vectors ``u``, ``v``.
+
+        ``σ_min(zI−M) ≤ ‖(zI−L)v‖/‖v‖ + ‖M − QTQᴴ‖ ≤ s + res + μ(z)`` with ``μ`` = :meth:`margin`
+        (the rounding of the residual's mat-vec, ``γ_{n+2}(|z| + ‖|L|‖)``, within ``16n·u(|z| +
+        ‖M‖)``, plus the Schur backward error), inflated by ``1 + 8n·u`` for the normalisation
+        of ``u``, ``v`` and the final division; the numerator ``|z| − 1`` is lowered by ``4u|z|``
+        for the rounding of ``|z|``. So each value is ``≤ (|z|−1)/σ_min(zI−M) ≤ K`` whatever the
+        iteration that produced ``s``, ``u``, ``v`` (it enters only through the residual).
+        """
+        num = np.maximum(np.abs(z) - 1.0 - 4.0 * _EPS * np.abs(z), 0.0)
+        return num / ((s + res + self.margin(z)) * (1.0 + 8.0 * self.n * _EPS))
+
+    def certify_points(self, z: np.ndarray) -> None:
+        """Raise :attr:`lo` by :meth:`certified_ratio` at ``z`` (one evaluation with residuals)."""
+        if z.size:
+            ev = self.tf.evaluate(z, engine=self.engine)
+            self.n_evals += z.size
+            self.lo = max(self.lo, float(self.certified_ratio(z, ev.sigma, ev.res_right).max()))
 
     def add_certificates(self, z: np.ndarray, s: np.ndarray, r: np.ndarray, V: np.ndarray, floor: np.ndarray) -> None:
         """Certify lower bounds on ``σ₂`` (else on ``σ_min``) at cell centres by Cholesky (no SVD).
@@ -212,7 +293,7 @@ class BranchBound:
         With ``S = zI − M``, ``G = SᴴS`` and ``v`` the computed right singular vector: if
         ``G − γ²I + 2γ²vvᴴ`` is positive definite then ``G − γ²I`` has at most one negative
         eigenvalue (a rank-one update moves at most one eigenvalue across 0), so
-        ``σ₂(S) ≥ γ``; tried for ``γ = s·(6, 3, 1.6, 1.15)`` above ``floor``. If none succeeds,
+        ``σ₂(S) ≥ γ``; tried for ``γ = s·GAP_FACTORS`` above ``floor``. If none succeeds,
         ``G − γ²I ≻ 0`` with ``γ = (s − r)(1 − 10⁻⁶)`` certifies ``σ_min(S) ≥ γ``.
 
         ``G = |z|²I − z̄L − zLᴴ + LᴴL`` is formed in ``O(n²)`` from ``LᴴL`` computed once; its
@@ -222,21 +303,22 @@ class BranchBound:
         stored as an anchor; both ``σ₂`` and ``σ_min`` are 1-Lipschitz in ``z``.
         """
         n = self.n
-        eye = np.eye(n)
         idx = np.arange(n)
         for k in range(z.size):
             zk = complex(z[k])
-            G = self._gram - zk.conjugate() * self.tf.L - zk * self._LH
+            G = self._gram - zk.conjugate() * self.tf.L
+            G -= zk * self._LH
             G[idx, idx] += abs(zk) ** 2
             vv = np.outer(V[k], V[k].conj())
             fro2 = (self._fro_L + math.sqrt(n) * abs(zk)) ** 2
-            gaps = [s[k] * f for f in (6.0, 3.0, 1.6, 1.15) if s[k] * f > floor[k]]
+            gaps = [s[k] * f for f in GAP_FACTORS if s[k] * f > floor[k]]
             tries = [(g, True) for g in gaps] + [((s[k] - r[k]) * (1.0 - 1e-6), False)]
             for gam, second in tries:
                 if gam <= 0.0:
                     break
-                H = G - gam * gam * eye + (2.0 * gam * gam) * vv if second else G - gam * gam * eye
-                _, info = _potrf(H, lower=True, clean=False)
+                H = G + (2.0 * gam * gam) * vv if second else G.copy()
+                H[idx, idx] -= gam * gam
+                _, info = _potrf(H, lower=True, clean=False, overwrite_a=True)
                 self.n_cholesky += 1
                 if info == 0:
                     cert = math.sqrt(max(gam * gam - 4.0 * (n + 2) * _EPS * (fro2 + 3.0 * gam * gam), 0.0))
@@ -253,12 +335,24 @@ class BranchBound:
         return (ga[None] - np.abs(z[:, None] - za[None, :])).max(1)
 
     def bounds(self, cells: _Cells, target: float) -> np.ndarray:
-        """Upper bound of ``(|z|−1)/σ_min(zI−M)`` on each cell (``inf`` if none found)."""
+        """Upper bound of ``(|z|−1)/σ_min(zI−M)`` on each cell (``inf`` if none found): the
+        :meth:`_sector` bound, and where that exceeds ``target`` the :meth:`_evaluated` one."""
+        U = self._sector(cells)
+        todo = np.flatnonzero(U > target)
+        if todo.size:
+            U[todo] = np.minimum(U[todo], self._evaluated(cells.take(todo), target))
+        self.n_cells += cells.r0.size
+        return U
+
+    def _evaluated(self, cells: _Cells, target: float) -> np.ndarray:
+        """Bounds from ``σ_min`` and its singular vectors at the cell centres: :meth:`_direct`,
+        with Cholesky certificates added where they may bring a cell below ``target``, and
+        :meth:`_deflated` next to unit-circle eigenvalues."""
         zc, rho = cells.zc, cells.rho
         ev = self.tf.evaluate(zc, vectors=True, engine=self.engine)
         self.n_evals += zc.size
-        self.n_cells += zc.size
         self.obj.record(zc, _ratio(np.abs(zc) - 1.0, ev.sigma))
+        self.lo = max(self.lo, float(self.certified_ratio(zc, ev.sigma, ev.res_right).max()))
         assert ev.c is not None and ev.VL is not None
         res = np.maximum(ev.res_right, ev.res_left)
         U = self._direct(cells, ev.sigma, ev.c, res)
@@ -269,7 +363,9 @@ class BranchBound:
             if near.any():
                 U[near] = np.minimum(U[near], self._deflated(cells.take(np.flatnonzero(near))))
         slope = rho * (1.0 + np.abs(ev.c))
-        need = np.flatnonzero((U > target) & (rho < 0.5 * ev.sigma))
+        # certificates only where the largest gap tried would bring the cell below target
+        hope = self._direct(cells, ev.sigma, ev.c, res, gap=GAP_FACTORS[0] * ev.sigma) <= target
+        need = np.flatnonzero((U > target) & (rho < 0.5 * ev.sigma) & hope)
         if need.size:
             r_eff = res[need] + self.margin(zc[need])
             floor = ev.sigma[need] + 1.5 * slope[need] + 3.0 * r_eff
@@ -277,8 +373,11 @@ class BranchBound:
             U = np.minimum(U, self._direct(cells, ev.sigma, ev.c, res))
         return U
 
-    def _direct(self, cells: _Cells, s: np.ndarray, c: np.ndarray, res: np.ndarray) -> np.ndarray:
-        """Second-order (Li–Li) bound where a certified gap exists, else first-order bounds.
+    def _direct(
+        self, cells: _Cells, s: np.ndarray, c: np.ndarray, res: np.ndarray, gap: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Second-order (Li–Li) bound where a certified gap exists, else first-order bounds
+        (with ``gap``, the bound that lower bound on ``σ₂(z_c)`` would give: a forecast, not a bound).
 
         In bases ``[u, U₂]``, ``[v, V₂]`` the matrix ``(z_c + w)I − M`` has the corner
         ``α = s + δ + c w`` (``|δ| ≤ r``), off-diagonal blocks of norm ``≤ b = r + |w|√(1−|c|²)``
@@ -294,7 +393,7 @@ class BranchBound:
         zc, rho, r1 = cells.zc, cells.rho, cells.r1
         mu = self.margin(zc)
         r = res + mu
-        g = self._lipschitz(zc, self.za, self.ga) - mu
+        g = (self._lipschitz(zc, self.za, self.ga) if gap is None else gap) - mu
         ca = np.abs(c)
         valid = s + r < g - r
         b = r + rho * np.sqrt(np.maximum(1.0 - ca * ca, 0.0))
@@ -329,15 +428,14 @@ class BranchBound:
         return (near * circ.proj_norms[None]).sum(1) + rest
 
     def run(self, rtol: float, max_evals: int, batch: int) -> tuple[float, float, float, str]:
-        """Return ``(lo, hi, far_radius, stopped)``."""
-        lo = self.obj.best
+        """Return ``(lo, hi, far_radius, stopped)``; ``lo`` is :attr:`lo` after certifying the
+        search's best point and the radial points next to unit-circle eigenvalues."""
+        self.certify_points(np.concatenate([[self.obj.best_z], radial_points(self.circle)]).astype(np.complex128))
         # Cells are retired below target/shrink, so the final hi (inflated by shrink for
         # rounding) still meets hi ≤ lo(1 + rtol) exactly instead of missing it by 1e-13.
         shrink = 1.0 + 16.0 * self.n * _EPS
-        tau = max(lo * (1.0 + rtol), 1.0 + 0.5 * rtol) / shrink
-        N = self.N
-        if (tau * N - 1.0) / (tau - 1.0) > 10.0 * (N + 1.0):
-            N = min(N, self.numerical_radius_upper())
+        tau = max(self.lo * (1.0 + rtol), 1.0 + 0.5 * rtol) / shrink
+        N = min(self.N, self.numerical_radius_upper())
         if N <= 1.0:
             R, far = 2.0, 1.0
         else:
@@ -354,7 +452,7 @@ class BranchBound:
         hi_retired = far
         stopped = "rtol"
         while True:
-            target = max(self.obj.best * (1.0 + rtol), 1.0 + 0.5 * rtol) / shrink
+            target = max(self.lo * (1.0 + rtol), 1.0 + 0.5 * rtol) / shrink
             done = U <= target
             if done.any():
                 hi_retired = max(hi_retired, float(U[done].max()))
@@ -372,7 +470,4 @@ class BranchBound:
             cells = _Cells.concat(cells.take(rest), children)
             U = np.concatenate([U[rest], Uc])
         hi = max(hi_retired, float(U.max()) if U.size else -math.inf) * shrink
-        lo = self.obj.best
-        if self.circle is not None:
-            lo = max(lo, float(self.circle.proj_norms.max()) * (1.0 - 1e3 * self.n * _EPS))
-        return lo, hi, R, stopped
+        return self.lo, hi, R, stopped

@@ -5,25 +5,42 @@ With ``M = Q (Λ + N) Q*`` (Q unitary, Λ diagonal, N strictly upper triangular)
 every α keeps the eigenvalues and the Schur basis, α = 0 gives a normal matrix, α = 1 gives
 ``M`` back bit-exactly (the linear form is used for that reason).
 
-The split depends on the order of the eigenvalues along the diagonal of the Schur form
-(for ``T = [[λ₁, ν], [0, λ₂]]`` the normal part is ``diag(λ₁, λ₂)``, but after swapping the
-two eigenvalues it is not), and LAPACK's order depends on the algorithm's path. depthlens
-therefore reorders every Schur form into one canonical order: descending modulus (moduli
-equal to 10 significant digits relative to the spectral radius count as ties), then
-descending imaginary part, then descending real part. With that, ``J(α)`` is a function of
-``M`` alone and transforms covariantly, ``J(α)[U M U*] = U J(α)[M] U*`` for unitary U.
+Orders
+    The split depends on the order of the eigenvalues along the diagonal of the Schur form
+    (for ``T = [[λ₁, ν], [0, λ₂]]`` the normal part is ``diag(λ₁, λ₂)``, but after swapping
+    the two eigenvalues it is not). :data:`SCHUR_ORDERS` names the orders depthlens offers:
 
-Real input: if every eigenvalue of a real ``M`` is real, its real Schur form is already
-triangular with an orthogonal Q, and every ``J(α)`` is real (returned as float64). If ``M``
-has a complex-conjugate pair, ``M₀`` is in general complex — a real matrix and its normal
-part share a real form only when each complex eigenvector ``x + iy`` has ``|x| = |y|`` and
-``x ⟂ y`` — so ``J(α)`` is returned as complex128 for α < 1.
+    - ``lapack``: LAPACK's own order, exactly as ``scipy.linalg.schur(M, output="complex")``
+      returns it (``zgees`` on M as a complex matrix); it depends on the algorithm's path, so
+      it is not covariant, but it is what a plain SciPy script computes (the default protocol
+      of the claims);
+    - ``canonical``: descending modulus (moduli equal to 10 significant digits relative to
+      the spectral radius count as ties), then descending imaginary part, then descending
+      real part. With it, ``J(α)`` is a function of ``M`` alone and transforms covariantly,
+      ``J(α)[U M U*] = U J(α)[M] U*`` for unitary U;
+    - ``outside_first``: the ``lapack`` form with the eigenvalues ``|λ| > 1`` moved to the
+      leading block, each group keeping LAPACK's relative order (``trsen``; what
+      ``scipy.linalg.schur(M, output="complex", sort="ouc")`` returns);
+    - ``inside_first``: the same with ``|λ| ≤ 1`` leading (``sort="iuc"``).
+
+    The group of an eigenvalue within rounding of the unit circle (the structurally-1
+    eigenvalues of a sub-layer Jacobian) follows the sign of its computed ``|λ| − 1``.
+
+Real input
+    ``canonical``: if every eigenvalue of a real ``M`` is real, its real Schur form is
+    already triangular with an orthogonal Q, and every ``J(α)`` is real (returned as
+    float64). If ``M`` has a complex-conjugate pair, ``M₀`` is in general complex — a real
+    matrix and its normal part share a real form only when each complex eigenvector
+    ``x + iy`` has ``|x| = |y|`` and ``x ⟂ y`` — so ``J(α)`` is returned as complex128 for
+    α < 1. The other orders decompose M as a complex matrix, as SciPy does: their ``q`` and
+    ``t`` are always complex128.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import scipy.linalg
@@ -34,20 +51,33 @@ from ..errors import InputError
 from ._checks import as_square
 from . import guarded
 
-__all__ = ["SchurForm", "schur_form", "schur_split"]
+__all__ = ["SCHUR_ORDERS", "SchurForm", "SchurOrder", "check_schur_order", "schur_form", "schur_split"]
+
+SchurOrder = Literal["lapack", "canonical", "outside_first", "inside_first"]
+#: The eigenvalue orders of a Schur form (module notes); ``lapack`` is the claims' protocol.
+SCHUR_ORDERS: tuple[SchurOrder, ...] = ("lapack", "canonical", "outside_first", "inside_first")
+
+
+def check_schur_order(order: str) -> SchurOrder:
+    """``order`` if it is one of :data:`SCHUR_ORDERS`; else :class:`InputError`."""
+    if order not in SCHUR_ORDERS:
+        raise InputError(f"Schur order {order!r} is not one of {', '.join(SCHUR_ORDERS)}.")
+    return order  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
 class SchurForm:
     """``matrix = q @ t @ q.conj().T`` with ``q`` unitary and ``t`` upper triangular.
 
-    The diagonal of ``t`` is in the canonical order of the module notes. ``q`` and ``t`` are
-    float64 when ``matrix`` is real with real eigenvalues, complex128 otherwise.
+    The diagonal of ``t`` is in the eigenvalue order ``order`` (module notes). ``q`` and ``t``
+    are float64 for the ``canonical`` form of a real ``matrix`` with real eigenvalues,
+    complex128 otherwise.
     """
 
     matrix: np.ndarray
     q: np.ndarray
     t: np.ndarray
+    order: SchurOrder = "canonical"
 
     @property
     def eigenvalues(self) -> np.ndarray:
@@ -87,32 +117,55 @@ def _canonical_order(t: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return t, q
 
 
-def schur_form(M: ArrayLike) -> SchurForm:
-    """Triangular Schur form of one square matrix in canonical eigenvalue order (real when it can be).
+def _leading(t: np.ndarray, q: np.ndarray, select: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The complex Schur form ``(t, q)`` reordered so that the ``select``-ed eigenvalues lead,
+    each group in its previous relative order (LAPACK ``ztrsen`` without condition numbers,
+    as ``gees`` applies its ``sort``)."""
+    t, q, _, _, _, _, info = scipy.linalg.lapack.ztrsen(select.astype(np.int32), t, q, job="N")
+    if info != 0:  # pragma: no cover - ztrsen fails only on invalid arguments
+        raise InputError(f"reordering the Schur form failed (LAPACK ztrsen info={info}).")
+    return t, q
+
+
+def schur_form(M: ArrayLike, order: SchurOrder = "canonical") -> SchurForm:
+    """Triangular Schur form of one square matrix with its eigenvalues in ``order``.
 
     Parameters
     ----------
     M : array_like, shape (n, n)
         A finite real or complex square matrix.
+    order : {"canonical", "lapack", "outside_first", "inside_first"}
+        Order of the eigenvalues along the diagonal (module notes).
 
     Returns
     -------
     SchurForm
-        Backward stable (LAPACK ``gees`` and ``trexc``): ``q t q*`` equals ``M`` to about
-        ``n ε ‖M‖``.
+        Backward stable (LAPACK ``gees``, ``trexc``, ``trsen``): ``q t q*`` equals ``M`` to
+        about ``n ε ‖M‖``. ``lapack`` is bit-for-bit ``scipy.linalg.schur(M,
+        output="complex")`` when its first driver converges (the fallbacks of
+        :func:`depthlens.linalg.guarded.schur` give another valid form).
 
     Raises
     ------
     InputError
-        If ``M`` is not a finite square matrix.
+        If ``M`` is not a finite square matrix or ``order`` is unknown.
 
     Notes
     -----
-    Cost O(n³): one real Schur decomposition for real input (plus a conversion to complex
-    form, O(n³), when it has 2×2 blocks), one complex Schur decomposition otherwise, then
-    at most n − 1 reordering moves of O(n²) each.
+    Cost O(n³). ``canonical``: one real Schur decomposition for real input (plus a
+    conversion to complex form, O(n³), when it has 2×2 blocks), one complex Schur
+    decomposition otherwise, then at most n − 1 reordering moves of O(n²) each. The other
+    orders: one complex Schur decomposition (about 3× a real one), plus one ``trsen``
+    (O(n³) at most) for ``outside_first`` and ``inside_first``.
     """
+    check_schur_order(order)
     arr = as_square(M, "M")
+    if order != "canonical":
+        t, q = guarded.schur(arr, output="complex")
+        if order != "lapack":
+            modulus = np.abs(np.diagonal(t))
+            t, q = _leading(t, q, modulus > 1 if order == "outside_first" else modulus <= 1)
+        return SchurForm(matrix=arr, q=q, t=np.triu(t), order=order)
     if arr.dtype.kind == "c":
         t, q = guarded.schur(arr, output="complex")
     else:
@@ -120,38 +173,41 @@ def schur_form(M: ArrayLike) -> SchurForm:
         if np.any(np.diagonal(t, offset=-1) != 0):
             t, q = scipy.linalg.rsf2csf(t, q)
     t, q = _canonical_order(np.asfortranarray(np.triu(t)), np.asfortranarray(q))
-    return SchurForm(matrix=arr, q=np.ascontiguousarray(q), t=np.triu(t))
+    return SchurForm(matrix=arr, q=np.ascontiguousarray(q), t=np.triu(t), order=order)
 
 
-def schur_split(M: ArrayLike | SchurForm, alpha: float | Sequence[float]) -> np.ndarray:
+def schur_split(M: ArrayLike | SchurForm, alpha: float | Sequence[float], order: SchurOrder = "canonical") -> np.ndarray:
     """``J(α) = Q (Λ + αN) Q*`` for one α or several, from one Schur decomposition.
 
     Parameters
     ----------
     M : array_like, shape (n, n), or SchurForm
-        The operator, or its :func:`schur_form` (reused, not recomputed).
+        The operator, or its :func:`schur_form` (reused, not recomputed, in its own order).
     alpha : float or sequence of float
         Scale(s) of the non-normal part; METHODS B4 uses 0, 0.25, 0.5, 0.75, 1. Any finite
         real value is accepted.
+    order : {"canonical", "lapack", "outside_first", "inside_first"}
+        Eigenvalue order of the Schur form of an array ``M`` (module notes).
 
     Returns
     -------
     numpy.ndarray, shape (n, n) for a scalar alpha, (len(alpha), n, n) for a sequence
-        float64 when ``M`` is real with only real eigenvalues; complex128 when ``M`` is
-        complex or has complex eigenvalues (see the module notes; then α = 1 gives ``M``
+        float64 when the Schur form is real (``canonical``, ``M`` real with only real
+        eigenvalues); complex128 otherwise (see the module notes; then α = 1 gives ``M``
         with zero imaginary part). Computed as ``(1 − α) M₀ + α M``: α = 1 reproduces ``M``
         and α = 0 the normal part exactly; other α are accurate to about ``n ε ‖M‖``.
 
     Raises
     ------
     InputError
-        If ``M`` is not a finite square matrix or alpha is empty or not finite.
+        If ``M`` is not a finite square matrix, alpha is empty or not finite, or ``order``
+        is unknown.
 
     Notes
     -----
     Cost O(n³) for the decomposition (skipped for a SchurForm) plus O(n²) per α.
     """
-    form = M if isinstance(M, SchurForm) else schur_form(M)
+    form = M if isinstance(M, SchurForm) else schur_form(M, order)
     alphas = np.asarray(alpha, dtype=np.float64)
     if alphas.ndim > 1 or alphas.size == 0 or not np.all(np.isfinite(alphas)):
         raise InputError(f"alpha is {alpha!r}; pass a finite number or a non-empty sequence of finite numbers.")
