@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.linalg
 
 from depthlens.errors import InputError
 from depthlens.jacobian.cumulative import cumulative_ranks, schur_funnel
 from depthlens.linalg.ranks import erank, erank_sigma, participation_ratio
-from depthlens.linalg.schur import schur_form, schur_split
+from depthlens.linalg.schur import SCHUR_ORDERS, schur_form, schur_split
 
 RANK_FNS = {"erank": erank, "erank_sigma": erank_sigma, "participation_ratio": participation_ratio}
 
@@ -158,9 +159,9 @@ def nonnormal_ops(rng: np.random.Generator, n: int, d: int) -> list[np.ndarray]:
 def test_funnel_alpha_one_is_plain_curve(rng: np.random.Generator) -> None:
     ops = nonnormal_ops(rng, 6, 10)
     funnel = schur_funnel(ops, alphas=(1.0,), ranks=(None, 4))
-    assert list(funnel.columns) == ["alpha", "direction", "truncation", "depth", "steps", "erank", "erank_sigma", "participation_ratio", "log_norm",
-                                    "failure"]
-    assert funnel["failure"].isna().all()
+    assert list(funnel.columns) == ["schur_order", "alpha", "direction", "truncation", "depth", "steps", "erank", "erank_sigma",
+                                    "participation_ratio", "log_norm", "failure"]
+    assert funnel["failure"].isna().all() and (funnel["schur_order"] == "lapack").all()
     for direction in ("forward", "backward"):
         for rank, cap in ((None, 10), (4, 4)):
             part = funnel[(funnel["direction"] == direction) & (funnel["truncation"] == cap)]
@@ -168,12 +169,14 @@ def test_funnel_alpha_one_is_plain_curve(rng: np.random.Generator) -> None:
             pd.testing.assert_frame_equal(part[plain.columns].reset_index(drop=True), plain)
 
 
-def test_funnel_matches_schur_split(rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("order", SCHUR_ORDERS)
+def test_funnel_matches_schur_split(rng: np.random.Generator, order: str) -> None:
     ops = nonnormal_ops(rng, 5, 9)
     alphas = (0.0, 0.5)
-    funnel = schur_funnel(ops, alphas=alphas, directions=("forward",))
+    funnel = schur_funnel(ops, alphas=alphas, directions=("forward",), schur_orders=(order,))
+    assert (funnel["schur_order"] == order).all()
     for a in alphas:
-        want = cumulative_ranks([schur_split(J, a) for J in ops])
+        want = cumulative_ranks([schur_split(J, a, order) for J in ops])
         got = funnel[funnel["alpha"] == a].reset_index(drop=True)
         assert_curve(got, want, rel=1e-10)
     # removing the non-normal part changes this funnel
@@ -185,18 +188,26 @@ def test_funnel_normal_input_unchanged(rng: np.random.Generator) -> None:
     sym = [np.eye(8) + (X + X.T) / 8 for X in rng.standard_normal((4, 8, 8))]
     orth = [np.linalg.qr(X)[0] for X in rng.standard_normal((3, 8, 8))]
     ops = sym + orth
-    funnel = schur_funnel(ops, alphas=(0.0, 0.5, 1.0))
+    funnel = schur_funnel(ops, alphas=(0.0, 0.5, 1.0), schur_orders=SCHUR_ORDERS)
+    assert len(funnel) == (3 + 3) * 2 * len(ops)  # lapack: every α; the other orders: α = 0
     for direction in ("forward", "backward"):
         plain = cumulative_ranks(ops, direction)
-        for a in (0.0, 0.5):
-            got = funnel[(funnel["alpha"] == a) & (funnel["direction"] == direction)].reset_index(drop=True)
-            assert_curve(got, plain, rel=1e-9)
+        for (order, a), got in funnel[funnel["direction"] == direction].groupby(["schur_order", "alpha"]):
+            assert_curve(got.reset_index(drop=True), plain, rel=1e-9)
 
 
-def test_funnel_reuses_schur_forms(rng: np.random.Generator) -> None:
+def test_funnel_reuses_schur_forms(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forms are reused for their own order; another order decomposes their matrices."""
+    from depthlens.jacobian import cumulative
+
     ops = nonnormal_ops(rng, 4, 7)
-    forms = [schur_form(J) for J in ops]
-    pd.testing.assert_frame_equal(schur_funnel(forms, alphas=(0.0, 0.75)), schur_funnel(ops, alphas=(0.0, 0.75)))
+    forms = [schur_form(J, "canonical") for J in ops]
+    want = schur_funnel(ops, alphas=(0.0, 0.75), schur_orders=("canonical", "lapack"))
+    assert sorted(want["schur_order"].unique()) == ["canonical", "lapack"]
+    made = []
+    monkeypatch.setattr(cumulative, "_normal_part", lambda J, order: made.append(order) or schur_form(J, order).normal_part)
+    pd.testing.assert_frame_equal(schur_funnel(forms, alphas=(0.0, 0.75), schur_orders=("canonical", "lapack")), want)
+    assert made == ["lapack"] * len(ops)
 
 
 def test_funnel_layout_and_errors(rng: np.random.Generator) -> None:
@@ -211,6 +222,9 @@ def test_funnel_layout_and_errors(rng: np.random.Generator) -> None:
         ({"directions": ()}, "non-empty"),
         ({"directions": ("sideways",)}, "direction"),
         ({"ranks": (-1,)}, "rank"),
+        ({"schur_orders": ()}, "schur_orders"),
+        ({"schur_orders": ("lapack", "lapack")}, "schur_orders"),
+        ({"schur_orders": ("sorted",)}, "Schur order"),
     ):
         with pytest.raises(InputError, match=match):
             schur_funnel(ops, **kwargs)
@@ -225,5 +239,56 @@ def test_funnel_in_worker_processes_equals_inline(rng: np.random.Generator) -> N
     sym = rng.standard_normal((8, 8))
     ops.insert(2, np.eye(8) + (sym + sym.T) / 10)
     with executor(2) as pool:
-        pooled = schur_funnel(ops, alphas=(0.0, 0.5, 1.0), ranks=(None, 3), pool=pool)
-    pd.testing.assert_frame_equal(pooled, schur_funnel(ops, alphas=(0.0, 0.5, 1.0), ranks=(None, 3)))
+        pooled = schur_funnel(ops, alphas=(0.0, 0.5, 1.0), ranks=(None, 3), schur_orders=SCHUR_ORDERS, pool=pool)
+    pd.testing.assert_frame_equal(pooled, schur_funnel(ops, alphas=(0.0, 0.5, 1.0), ranks=(None, 3), schur_orders=SCHUR_ORDERS))
+
+
+def test_funnel_order_layout(rng: np.random.Generator) -> None:
+    """The first order gets every α (α = 1 once, under its name), the others α = 0 only, in
+    that row order; without α = 0 the other orders are not computed."""
+    ops = nonnormal_ops(rng, 3, 6)
+    funnel = schur_funnel(ops, alphas=(0.5, 1.0, 0.0), directions=("backward",), schur_orders=("canonical", "inside_first"))
+    keys = funnel[["schur_order", "alpha"]].drop_duplicates().apply(tuple, axis=1).tolist()
+    assert keys == [("canonical", 0.5), ("canonical", 1.0), ("canonical", 0.0), ("inside_first", 0.0)]
+    plain = cumulative_ranks(ops, "backward")
+    assert_curve(funnel[funnel["alpha"] == 1.0].reset_index(drop=True), plain, rel=0)
+    only = schur_funnel(ops, alphas=(0.5, 1.0), directions=("backward",), schur_orders=("canonical", "inside_first"))
+    assert set(only["schur_order"]) == {"canonical"}
+
+
+def upper_triangular_ops(rng: np.random.Generator, n: int, d: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """Upper-triangular operators ``D_b + N_b``, diagonals by strictly descending modulus (so
+    they are already in ``canonical``, ``lapack`` and ``outside_first`` order) straddling 1."""
+    diags = np.sort(rng.uniform(0.3, 2.0, (n, d)), axis=1)[:, ::-1] * rng.choice([-1.0, 1.0], (n, d))
+    return [np.diag(v) + np.triu(rng.standard_normal((d, d)), 1) for v in diags], diags
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_funnel_of_triangular_products_in_closed_form(rng: np.random.Generator, direction: str) -> None:
+    """A triangular operator is its own Schur form in these orders (Q = I), so J(0) is its
+    diagonal: the α = 0 product is diag(Π λ) and its erank is that of |Π λ| in closed form; for
+    0 < α < 1 the product of D + αN, built and decomposed by brute force, is the reference."""
+    n, d = 5, 8
+    ops, diags = upper_triangular_ops(rng, n, d)
+    for J in ops:  # LAPACK leaves a triangular matrix as it is
+        t, q = scipy.linalg.schur(J, output="complex")
+        np.testing.assert_array_equal(t, J)
+        np.testing.assert_array_equal(q, np.eye(d))
+    funnel = schur_funnel(ops, alphas=(0.0, 0.5), directions=(direction,), schur_orders=("lapack", "canonical", "outside_first"))
+    assert set(funnel["schur_order"]) == {"lapack", "canonical", "outside_first"}
+    for b in range(n):
+        span = diags[: b + 1] if direction == "forward" else diags[b:]
+        sv = np.sort(np.abs(np.prod(span, axis=0)))[::-1]
+        for order, got in funnel[(funnel["alpha"] == 0.0) & (funnel["depth"] == b)].groupby("schur_order"):
+            assert got["erank"].item() == pytest.approx(float(erank(sv)), rel=1e-12), order
+            assert got["log_norm"].item() == pytest.approx(np.log(sv[0]), rel=1e-12, abs=1e-14), order
+        half = [np.diag(v) + 0.5 * (J - np.diag(v)) for v, J in zip(diags, ops)]
+        C = product(half, 0, b) if direction == "forward" else product(half, b, n - 1)
+        got = funnel[(funnel["alpha"] == 0.5) & (funnel["depth"] == b)]["erank"].item()
+        assert got == pytest.approx(float(erank(np.linalg.svd(C, compute_uv=False))), rel=1e-9)
+    # inside_first moves the eigenvalues inside the unit circle ahead: another Q, another J(0)
+    inside = schur_funnel(ops, alphas=(0.0,), directions=(direction,), schur_orders=("inside_first",))
+    lapack = funnel[(funnel["alpha"] == 0.0) & (funnel["schur_order"] == "lapack")]
+    assert not np.allclose(inside["erank"].to_numpy(), lapack["erank"].to_numpy(), rtol=1e-6)
+    ref = [(lambda t, q: (q * np.diagonal(t)) @ q.conj().T)(*scipy.linalg.schur(J, output="complex", sort="iuc")[:2]) for J in ops]
+    assert_curve(inside, cumulative_ranks(ref, direction), rel=1e-10)

@@ -24,6 +24,7 @@ from depthlens.jacobian.engines import (
 )
 from depthlens.models import FAMILIES, adapter_for, load_model
 from depthlens.models.float64 import Float64Mode, double_copy
+from depthlens.models.hooks import replace_first_arg
 
 B, T = 2, 6
 
@@ -37,10 +38,12 @@ def _map(ad64, layer: int, kind: str):
 
 
 def _token_fn(ad64, h: torch.Tensor, layer: int, kind: str, mode: str, t: int):
-    """``x -> output at t`` with ``x`` the residual at ``t``: one-token sequence (isolated, MLP) or
-    the chunk ``h (1, T, d)`` with position ``t`` replaced (in-context attention)."""
+    """``x -> output at t`` with ``x`` the residual at ``t``: one-token sequence (isolated
+    attention, the MLP at its observed state) or the chunk ``h (1, T, d)`` with position ``t``
+    replaced (in-context attention)."""
+    assert (kind, mode) != ("mlp", "isolated")  # block-internal: see test_isolated_composes_to_the_hf_decoder_layer
     f = _map(ad64, layer, kind)
-    if mode == "isolated" or kind == "mlp":
+    if mode != "in_context" or kind == "mlp":
         return lambda x: f(x.view(1, 1, -1))[0, 0]
 
     def g(x):
@@ -70,7 +73,7 @@ def reference_fd(ad64, r, layer, kind, mode, b: int, t: int, step: float = 1e-6,
     E[torch.arange(len(cols)), cols] = step
     X = h[0, t] + torch.cat([E, -E])  # (2c, d)
     with Float64Mode(), torch.no_grad():
-        if mode == "isolated" or kind == "mlp":
+        if mode != "in_context" or kind == "mlp":
             Y = f(X[:, None, :])[:, 0]
         else:
             seqs = h.expand(len(X), -1, -1).clone()
@@ -101,14 +104,14 @@ def family_case(request):
     return ad, ad64, ad.residual_states(ids)
 
 
-CASES = [("attn", "isolated"), ("attn", "in_context"), ("mlp", "isolated")]
+CASES = [("attn", "isolated"), ("attn", "in_context"), ("mlp", "isolated_observed")]
 
 
 @pytest.mark.parametrize("kind,mode", CASES)
 def test_matches_jacrev_every_family(family_case, kind, mode):
     ad, ad64, hs = family_case
     for layer in range(ad.n_layers):
-        r = hs[input_state(ad, layer, kind)]
+        r = hs[input_state(ad, layer, kind, mode)]
         pos = [0, 2, T - 1]
         J = sublayer_jacobians(ad, r, layer, kind, jacobian_mode=mode, positions=pos)
         assert J.shape == (B * len(pos), ad.d_model, ad.d_model) and J.dtype == torch.float64
@@ -120,24 +123,84 @@ def test_matches_jacrev_every_family(family_case, kind, mode):
 def test_matches_finite_differences_every_family(family_case, kind, mode):
     ad, ad64, hs = family_case
     layer = ad.n_layers - 1
-    r = hs[input_state(ad, layer, kind)]
+    r = hs[input_state(ad, layer, kind, mode)]
     J = sublayer_jacobians(ad, r, layer, kind, jacobian_mode=mode, positions=[T - 2])
     Jfd = reference_fd(ad64, r, layer, kind, mode, b=1, t=T - 2)
     assert rel_update_error(J[1], Jfd) < 1e-6
 
 
-def test_mlp_is_the_same_in_both_modes(family_case):
+def hf_layer_one_token_jacobian(ad64, layer: int, x: torch.Tensor) -> torch.Tensor:
+    """Jacobian of the Hugging Face decoder layer module itself on the one-token sequence ``x``
+    (d,), by jacrev in float64: the layer is called with the arguments the model gives it in a
+    one-token forward pass (position 0), its input replaced by ``x``."""
+    captured = {}
+
+    def grab(module, args, kwargs):
+        captured["args"], captured["kwargs"] = args, kwargs
+
+    module = ad64.layers[layer]
+    handle = module.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        with Float64Mode(), torch.no_grad():
+            ad64.model(input_ids=torch.zeros(1, 1, dtype=torch.long), use_cache=False)
+    finally:
+        handle.remove()
+
+    def run(v):
+        args, kwargs = replace_first_arg(captured["args"], captured["kwargs"], v.view(1, 1, -1))
+        out = module(*args, **kwargs)
+        return (out[0] if isinstance(out, tuple) else out)[0, 0]
+
+    with Float64Mode():
+        return torch.func.jacrev(run)(x.double())
+
+
+def test_isolated_composes_to_the_hf_decoder_layer(family_case):
+    """The paper's isolated protocol: ``J_mlp J_attn`` (parallel residual: ``J_attn + J_mlp − I``)
+    is the Jacobian of the real decoder layer run on the observed pre-attention residual as a
+    one-token sequence."""
+    ad, ad64, hs = family_case
+    eye = torch.eye(ad.d_model, dtype=torch.float64)
+    for layer in range(ad.n_layers):
+        r = hs[2 * layer]
+        assert input_state(ad, layer, "attn", "isolated") == input_state(ad, layer, "mlp", "isolated") == 2 * layer
+        Ja = sublayer_jacobians(ad, r, layer, "attn", jacobian_mode="isolated", positions=[1, T - 1])
+        Jm = sublayer_jacobians(ad, r, layer, "mlp", jacobian_mode="isolated", positions=[1, T - 1])
+        block = Ja + Jm - eye if ad.parallel_residual else Jm @ Ja
+        for n, (b, t) in enumerate([(0, 1), (0, T - 1), (1, 1), (1, T - 1)]):
+            ref = hf_layer_one_token_jacobian(ad64, layer, r[b, t])
+            assert rel_update_error(block[n], ref) < 1e-10, (ad.family, layer, b, t)
+
+
+def test_isolated_modes_share_attention_and_differ_in_the_mlp(family_case):
+    """Attention is the one-token operator in both isolated modes; the MLP differs (it reads the
+    block-internal state in ``isolated``) except on parallel-residual models."""
     ad, _, hs = family_case
-    r = hs[input_state(ad, 0, "mlp")]
-    a = sublayer_jacobians(ad, r, 0, "mlp", jacobian_mode="isolated", positions="all")
+    for layer in range(ad.n_layers):
+        a = sublayer_jacobians(ad, hs[2 * layer], layer, "attn", jacobian_mode="isolated", positions="all")
+        b = sublayer_jacobians(ad, hs[2 * layer], layer, "attn", jacobian_mode="isolated_observed", positions="all")
+        assert torch.equal(a, b)
+        m = sublayer_jacobians(ad, hs[input_state(ad, layer, "mlp", "isolated")], layer, "mlp", positions="all")
+        o = sublayer_jacobians(ad, hs[input_state(ad, layer, "mlp", "isolated_observed")], layer, "mlp",
+                               jacobian_mode="isolated_observed", positions="all")
+        if ad.parallel_residual:
+            assert torch.equal(m, o)
+        else:
+            assert rel_update_error(m, o) > 1e-6
+
+
+def test_observed_mlp_is_the_same_in_isolated_observed_and_in_context(family_case):
+    ad, _, hs = family_case
+    r = hs[input_state(ad, 0, "mlp", "in_context")]
+    a = sublayer_jacobians(ad, r, 0, "mlp", jacobian_mode="isolated_observed", positions="all")
     b = sublayer_jacobians(ad, r, 0, "mlp", jacobian_mode="in_context", positions="all")
     assert torch.equal(a, b)
 
 
 def test_sum_matches_stack(family_case):
     ad, _, hs = family_case
-    for kind, mode in CASES:
-        r = hs[input_state(ad, 0, kind)]
+    for kind, mode in [*CASES, ("mlp", "isolated")]:
+        r = hs[input_state(ad, 0, kind, mode)]
         J = sublayer_jacobians(ad, r, 0, kind, jacobian_mode=mode, positions="all")
         total, n = sublayer_jacobian_sum(ad, r, 0, kind, jacobian_mode=mode, positions="all")
         assert n == B * T
@@ -190,7 +253,7 @@ def test_isolated_attention_update_rank_is_bounded_by_kv_width():
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3", "gpt_neox", "olmo2"])
-@pytest.mark.parametrize("mode", ["isolated", "in_context"])
+@pytest.mark.parametrize("mode", ["isolated", "isolated_observed", "in_context"])
 def test_mean_operators_equal_mean_of_explicit_stack(family, mode):
     ad = load_model(f"random:{family}").adapter
     ids = torch.randint(0, 256, (5, T), generator=torch.Generator().manual_seed(11))
@@ -203,7 +266,7 @@ def test_mean_operators_equal_mean_of_explicit_stack(family, mode):
     # float64 sum under test.
     hs = same_batches_states(ad, ids, 2)
     for (layer, kind), M in means.items():
-        stack = sublayer_jacobians(ad, hs[input_state(ad, layer, kind)], layer, kind, jacobian_mode=mode)
+        stack = sublayer_jacobians(ad, hs[input_state(ad, layer, kind, mode)], layer, kind, jacobian_mode=mode)
         assert stack.shape[0] == 5
         expected = stack.mean(0).numpy()
         assert M.dtype == np.float64
@@ -300,7 +363,7 @@ def smollm2_case():
 @pytest.mark.parametrize("kind,mode", CASES)
 def test_smollm2_matches_jacrev_and_finite_differences(smollm2_case, layer, kind, mode):
     ad, ad64, hs = smollm2_case
-    r = hs[input_state(ad, layer, kind)]
+    r = hs[input_state(ad, layer, kind, mode)]
     J = sublayer_jacobians(ad, r, layer, kind, jacobian_mode=mode, positions=[-1])
     Jref = reference_jacrev(ad64, r, layer, kind, mode, [r.shape[1] - 1])
     assert rel_update_error(J, Jref) < 1e-9

@@ -28,7 +28,7 @@ def test_metric_names_and_types(rng: np.random.Generator) -> None:
 def test_rotation_blocks() -> None:
     angles = np.array([0.3, 1.1, 2.0, 2.9])
     m = operator_metrics(rotation_blocks(angles))
-    assert m["complex_frac"] == 1.0
+    assert m["complex_frac"] == m["complex_frac_nontrivial"] == 1.0
     # e^{iθ} − 1 = 2 sin(θ/2) e^{i(θ + π)/2}: every eigenvalue of U has |arg| = (θ + π)/2.
     assert m["rot_angle_mean"] == pytest.approx(np.mean((angles + np.pi) / 2), rel=1e-12)
     assert m["henrici_rel"] == pytest.approx(0.0, abs=1e-14)
@@ -56,7 +56,8 @@ def test_identity(d: int) -> None:
     for name in ("erank", "erank_sigma", "participation_ratio", "stable_rank"):
         assert m[name] == pytest.approx(d, rel=1e-13)
     assert m["cond"] == m["spectral_radius"] == 1.0
-    assert m["henrici_rel"] == m["henrici_update_rel"] == m["rot_angle_mean"] == 0.0
+    assert m["henrici_rel"] == m["henrici_update_rel"] == 0.0
+    assert np.isnan(m["rot_angle_mean"]) and np.isnan(m["complex_frac_nontrivial"])  # no non-trivial eigenvalue
     assert m["symmetry_update"] == 1.0  # U = 0 is symmetric (and normal)
     assert m["self_align_64"] == pytest.approx(1.0, rel=1e-13)  # k capped at d: ‖UᵀV‖_F² = d
 
@@ -70,8 +71,10 @@ def test_diagonal_closed_forms() -> None:
     assert m["expand_eig"] == pytest.approx(3 / 7)  # 1.002, 3, −2 exceed 1 + 1e-3
     assert m["expand_sv"] == pytest.approx(3 / 7)
     assert m["spectral_radius"] == pytest.approx(3.0, rel=1e-15)
-    # Real eigenvalues of U: arg is π for the negative ones (0.5 − 1, 0.999 − 1, −2 − 1).
-    assert m["rot_angle_mean"] == pytest.approx(3 * np.pi / 7, rel=1e-14)
+    # Real eigenvalues of U: arg is π for the negative ones (0.5 − 1, 0.999 − 1, −2 − 1); the
+    # exact 1 is trivial and left out.
+    assert m["rot_angle_mean"] == pytest.approx(3 * np.pi / 6, rel=1e-14)
+    assert m["complex_frac"] == m["complex_frac_nontrivial"] == 0.0
 
 
 def test_against_direct_computations(rng: np.random.Generator) -> None:
@@ -88,6 +91,8 @@ def test_against_direct_computations(rng: np.random.Generator) -> None:
     assert m["symmetry"] == pytest.approx(float(symmetry_index(J)), rel=1e-14)
     assert m["symmetry_update"] == pytest.approx(float(symmetry_index(U)), rel=1e-14)
     assert m["complex_frac"] == pytest.approx(np.mean(np.abs(lam.imag) > 1e-8 * np.abs(lam).max()))
+    assert np.all(np.abs(mu) > 1e-6)  # no trivial eigenvalue: every one counts
+    assert m["complex_frac_nontrivial"] == m["complex_frac"]
     assert m["rot_angle_mean"] == pytest.approx(np.mean(np.abs(np.angle(mu))), rel=1e-9)
     assert m["expand_eig"] == pytest.approx(np.mean(np.abs(lam) > 1.001))
     assert m["expand_sv"] == pytest.approx(np.mean(sv > 1.001))
@@ -101,14 +106,42 @@ def test_against_direct_computations(rng: np.random.Generator) -> None:
     assert m["henrici_rel"] == pytest.approx(direct, rel=1e-6)
 
 
-def test_update_eigenvalues_accurate_near_identity(rng: np.random.Generator) -> None:
-    """U is decomposed directly, so tiny updates keep their phases (λ − 1 would not)."""
-    J = np.eye(30) + 1e-13 * rng.standard_normal((30, 30))
-    mu = np.linalg.eigvals(J - np.eye(30))
+def test_update_eigenvalues_accurate_near_identity() -> None:
+    """U is decomposed directly, so small (non-trivial) updates keep their phases; λ − 1 loses
+    about ε / |μ| of them."""
+    angles = np.array([0.4, 1.3, 2.2, 3.0])
+    blocks = 3e-8 * np.array([[[np.cos(t), -np.sin(t)], [np.sin(t), np.cos(t)]] for t in angles])
+    Q = ortho_group.rvs(8, random_state=5)
+    J = np.eye(8) + Q @ scipy.linalg.block_diag(*blocks) @ Q.T  # eigenvalues of U: 3e-8 e^{±iθ}
+    mu = np.linalg.eigvals(J - np.eye(8))
     m = operator_metrics(J)
-    assert m["rot_angle_mean"] == pytest.approx(np.mean(np.abs(np.angle(mu))), rel=1e-9)
+    assert m["rot_angle_mean"] == pytest.approx(np.mean(np.abs(np.angle(mu))), rel=1e-12)
     from_lambda = np.mean(np.abs(np.angle(np.linalg.eigvals(J) - 1.0)))
-    assert abs(from_lambda - m["rot_angle_mean"]) > 1e-6  # the route this avoids
+    assert abs(from_lambda - m["rot_angle_mean"]) > 1e-10  # the route this avoids
+
+
+def test_trivial_eigenvalues_are_left_out(rng: np.random.Generator) -> None:
+    """J = I + A B with a rank-r update: d − r eigenvalues are exactly 1 (computed at rounding
+    level, with random phases). The non-trivial ones are the eigenvalues of B A (r × r)."""
+    d, r = 60, 7
+    A, B = rng.standard_normal((d, r)), rng.standard_normal((r, d)) / np.sqrt(d)
+    m = operator_metrics(np.eye(d) + A @ B)
+    nu = np.linalg.eigvals(B @ A)
+    lam = 1.0 + nu
+    assert m["complex_frac_nontrivial"] == pytest.approx(np.mean(np.abs(lam.imag) > 1e-8 * np.abs(lam).max()))
+    assert 0 < m["complex_frac_nontrivial"] < 1
+    assert m["complex_frac"] == pytest.approx(m["complex_frac_nontrivial"] * r / d)
+    assert m["rot_angle_mean"] == pytest.approx(np.mean(np.abs(np.angle(nu))), rel=1e-9)
+
+
+def test_triviality_tolerance_is_stated() -> None:
+    """``|λ − 1| > 1e-8 · max(1, max|λ|)``: just above counts, just below does not."""
+    base = [3.0, 0.5 + 0.2j, 0.5 - 0.2j]
+    above = operator_metrics(np.diag([*base, 1 + 3.5e-8j, 1 - 3.5e-8j]).astype(complex))
+    below = operator_metrics(np.diag([*base, 1 + 2.5e-8j, 1 - 2.5e-8j]).astype(complex))
+    assert above["complex_frac_nontrivial"] == pytest.approx(4 / 5)
+    assert below["complex_frac_nontrivial"] == pytest.approx(2 / 3)
+    assert below["rot_angle_mean"] == pytest.approx((0.0 + 2 * np.abs(np.angle(-0.5 + 0.2j))) / 3, rel=1e-12)
 
 
 def test_invariant_under_orthogonal_similarity(rng: np.random.Generator) -> None:

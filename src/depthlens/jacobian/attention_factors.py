@@ -1,7 +1,9 @@
 """Attention sub-layer factors: isolated (one-token) and in-context (METHODS B1).
 
-``isolated``: the token's residual as a one-token sequence; softmax weight 1, so attention
-is its value-output path ``Wo E Wv`` between the pre- and post-norm Jacobians.
+``isolated`` (both isolated modes): the token's residual as a one-token sequence; softmax
+weight 1, so attention is its value-output path ``Wo E Wv`` between the pre- and post-norm
+Jacobians (:func:`isolated_attn_factor`), and :func:`isolated_attn_update` is what it adds to
+the residual (the ``isolated`` mode's MLP reads ``x`` plus it).
 ``in_context``: the diagonal block ``d h_{l+1}[t] / d h_l[t]`` with every other position of
 the chunk held fixed; keys and values of the chunk are computed once (:class:`Chunk`), and
 only the token's query, own key and own value vary (derivation in :mod:`.engines`). Both
@@ -19,24 +21,36 @@ from ..models.adapter import Adapter
 from ..models.weights import LayerWeights, Norm
 from .factor import Factor
 
-__all__ = ["Chunk", "in_context_attn_factor", "isolated_attn_factor"]
+__all__ = ["Chunk", "in_context_attn_factor", "isolated_attn_factor", "isolated_attn_update"]
+
+
+def _value_output(adapter: Adapter, ops: LayerWeights, x: Tensor) -> Tensor:
+    """The output projection of one-token attention at residuals ``x (N, d)``, before any
+    post-norm: ``Wo E (Wv n + bv) + bo`` with ``n`` the pre-normed ``x`` (softmax weight 1)."""
+    H, KV, hd = adapter.n_heads, adapter.n_kv_heads, adapter.head_dim
+    n = ops.attn_in(x) if ops.attn_in is not None else x
+    a = n @ ops.value_output(H, KV, hd).T
+    if ops.bv is not None:
+        bv = torch.repeat_interleave(ops.bv.reshape(KV, hd), H // KV, dim=0).reshape(-1)
+        a = a + ops.Wo @ bv
+    if ops.bo is not None:
+        a = a + ops.bo
+    return a
+
+
+def isolated_attn_update(adapter: Adapter, ops: LayerWeights, x: Tensor) -> Tensor:
+    """What the attention sub-layer adds to one-token sequences ``x (N, d)``: ``post(Wo E (Wv
+    n + bv) + bo)`` (the value-output path, post-norm included), so ``x + update`` is the
+    block-internal pre-MLP state of the ``isolated`` mode. Exact in the weights' dtype."""
+    a = _value_output(adapter, ops, x)
+    return ops.attn_post(a) if ops.attn_post is not None else a
 
 
 def isolated_attn_factor(adapter: Adapter, ops: LayerWeights, x: Tensor) -> Factor:
     """Attention sub-layer on one-token sequences ``x (N, d)``: value-output path only."""
-    H, KV, hd = adapter.n_heads, adapter.n_kv_heads, adapter.head_dim
-    M = ops.value_output(H, KV, hd)
+    M = ops.value_output(adapter.n_heads, adapter.n_kv_heads, adapter.head_dim)
     R = ops.attn_in.jacobian(x) if ops.attn_in is not None else None
-    P = None
-    if ops.attn_post is not None:
-        n = ops.attn_in(x) if ops.attn_in is not None else x
-        a = n @ M.T
-        if ops.bv is not None:
-            bv = torch.repeat_interleave(ops.bv.reshape(KV, hd), H // KV, dim=0).reshape(-1)
-            a = a + ops.Wo @ bv
-        if ops.bo is not None:
-            a = a + ops.bo
-        P = ops.attn_post.jacobian(a)
+    P = ops.attn_post.jacobian(_value_output(adapter, ops, x)) if ops.attn_post is not None else None
     return Factor(M, x.shape[0], R=R, P=P)
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +38,7 @@ from ..errors import DecompositionError, InputError
 from ..linalg import guarded
 from ..linalg._checks import as_square
 from ..linalg.ranks import erank, erank_sigma, participation_ratio
-from ..linalg.schur import SchurForm, schur_form
+from ..linalg.schur import SCHUR_ORDERS, SchurForm, SchurOrder, check_schur_order, schur_form
 from ..parallel import InlineExecutor
 
 __all__ = ["ALPHAS", "DIRECTIONS", "cumulative_ranks", "schur_funnel"]
@@ -180,27 +180,37 @@ def schur_funnel(
     directions: Sequence[str] = DIRECTIONS,
     ranks: Sequence[int | None] = (None,),
     *,
+    schur_orders: Sequence[SchurOrder] = SCHUR_ORDERS[:1],
     progress: bool = False,
     pool: Executor | None = None,
     label: str = "",
 ) -> pd.DataFrame:
     """Cumulative effective ranks with the non-normal part of every operator scaled by α (METHODS B4).
 
-    Each operator is split as ``J(α) = Q(Λ + αN)Q* = (1 − α) M₀ + α J`` with its canonical
-    Schur form (:func:`depthlens.linalg.schur.schur_form`) and normal part ``M₀ = QΛQ*``, as
-    :func:`depthlens.linalg.schur.schur_split` defines it; then :func:`cumulative_ranks` is
-    evaluated on ``J_0(α), …, J_{L−1}(α)`` for every α, direction and truncation.
+    Each operator is split as ``J(α) = Q(Λ + αN)Q* = (1 − α) M₀ + α J`` with its Schur form in
+    a given eigenvalue order (:func:`depthlens.linalg.schur.schur_form`) and normal part
+    ``M₀ = QΛQ*``, as :func:`depthlens.linalg.schur.schur_split` defines it; then
+    :func:`cumulative_ranks` is evaluated on ``J_0(α), …, J_{L−1}(α)`` for every α, direction
+    and truncation.
 
     Parameters
     ----------
     operators : sequence of array_like (d, d) or SchurForm
-        Operators in depth order, or their Schur forms (reused, not recomputed).
+        Operators in depth order, or their Schur forms (reused, not recomputed, for their own
+        order; other orders decompose ``form.matrix``).
     alphas : sequence of float
         Scales of the non-normal part: α = 1 is the plain curve (bit-exactly), α = 0 the
         curve of the normal parts.
     directions : sequence of {"forward", "backward"}
     ranks : sequence of (int or None)
         Truncations, as ``rank`` of :func:`cumulative_ranks`.
+    schur_orders : sequence of {"lapack", "canonical", "outside_first", "inside_first"}
+        Eigenvalue orders of the Schur forms (:data:`~depthlens.linalg.schur.SCHUR_ORDERS`),
+        distinct, the protocol's order first (default: ``lapack`` alone). The first gets every
+        α of ``alphas``; every further order only α = 0 (when 0 is among ``alphas``), where
+        the order matters most (``J(0)`` is the normal part itself), to keep the cost down.
+        α = 1 does not depend on the order (``J(1) = J``): its curves are computed once and
+        labelled with the first order.
     progress : bool
         Show progress bars (tqdm); ``label`` (e.g. ``step-0 null``) follows their names.
     pool : Executor, optional
@@ -211,25 +221,27 @@ def schur_funnel(
     Returns
     -------
     DataFrame
-        Columns ``alpha``, ``direction``, ``truncation`` (the rank cap used: min(r, d), and
-        d for exact), then the columns of :func:`cumulative_ranks` and ``failure``; one row
-        per (alpha, direction, truncation, depth). ``failure`` is None, or the reason why no
-        SVD driver of :mod:`depthlens.linalg.guarded` converged on that curve, whose values
-        are then NaN. Where J has complex eigenvalues, ``J(α)`` for α < 1
-        is complex and so are its products; the ranks are real.
+        Columns ``schur_order``, ``alpha``, ``direction``, ``truncation`` (the rank cap used:
+        min(r, d), and d for exact), then the columns of :func:`cumulative_ranks` and
+        ``failure``; one row per (schur_order, alpha, direction, truncation, depth) computed,
+        the first order's rows first, by α in the order given. ``failure`` is None, or the
+        reason why no SVD driver of :mod:`depthlens.linalg.guarded` converged on that curve,
+        whose values are then NaN. Where a normal part is complex (always for the orders other
+        than ``canonical``, and for ``canonical`` when J has complex eigenvalues), ``J(α)``
+        for α < 1 is complex and so are its products; the ranks are real.
 
     Raises
     ------
     InputError
-        As :func:`cumulative_ranks`, or if alphas, directions or ranks is empty, or an
-        alpha is not finite.
+        As :func:`cumulative_ranks`, or if alphas, directions, ranks or schur_orders is
+        empty, an alpha is not finite, or an order is unknown or repeated.
 
     Notes
     -----
-    Cost: one Schur decomposition and one normal part per operator (O(d³) each, kept as one
-    d×d matrix per operator, so memory is about L d² complex numbers), then per (α,
-    direction, truncation) one curve, O(L d³) each (complex arithmetic, about 4× real,
-    for α < 1 when the operators have complex eigenvalues).
+    Cost: per order that is split, one Schur decomposition and one normal part per operator
+    (O(d³) each; only one order's normal parts are held at a time, L d² complex numbers),
+    then per (order, α, direction, truncation) one curve, O(L d³) each (complex arithmetic,
+    about 4× real, for α < 1).
     """
     alpha_values = np.asarray(alphas, dtype=np.float64)
     if alpha_values.ndim != 1 or alpha_values.size == 0 or not np.all(np.isfinite(alpha_values)):
@@ -238,33 +250,48 @@ def schur_funnel(
         raise InputError("directions and ranks must be non-empty; pass e.g. directions=('forward',), ranks=(None,).")
     for direction in directions:
         _check_direction(direction)
+    orders = [check_schur_order(o) for o in schur_orders]
+    if not orders or len(set(orders)) != len(orders):
+        raise InputError(f"schur_orders is {schur_orders!r}; pass distinct orders of {', '.join(SCHUR_ORDERS)}.")
     items = list(operators)
     forms = [J if isinstance(J, SchurForm) else None for J in items]
     ops = _operators([form.matrix if form is not None else J for form, J in zip(forms, items, strict=True)])
     d = ops[0].shape[0]
     caps = [_cap(r, d) for r in ranks]
-    jobs = [(float(a), direction, cap) for a in alpha_values for direction in directions for cap in caps]
+    # (order, α) in row order: every α for the first order (α = 1 unsplit), α = 0 for the others
+    plan = [(orders[0], float(a)) for a in alpha_values] + [(o, 0.0) for o in orders[1:] if np.any(alpha_values == 0)]
     pool = pool if pool is not None else InlineExecutor()
+    curves: dict[tuple[str, float], list[Future]] = {}
     with tempfile.TemporaryDirectory(prefix="depthlens-funnel-") as tmp:
         shared = not isinstance(pool, InlineExecutor)
         ops_ref: Sequence[object] = _share(ops, Path(tmp) / "ops") if shared else ops
-        split = bool(np.any(alpha_values != 1.0))  # α = 1 alone is the plain product: no Schur form needed
-        todo = [(i, J) for i, (form, J) in enumerate(zip(forms, ops, strict=True)) if form is None and split]
-        futures = [pool.submit(_normal_part, J) for _, J in todo]
-        normal = [form.normal_part if form is not None else None for form in forms]
-        for (i, _), future in tqdm(zip(todo, futures), total=len(todo), desc=f"schur forms {label}".strip(), unit="op", disable=not progress):
-            normal[i] = future.result()
-        normal_ref: Sequence[object] = _share(normal, Path(tmp) / "normal") if shared and split else normal
-        del normal
-        futures = [pool.submit(_split_curve, ops_ref, normal_ref, alpha, direction, cap) for alpha, direction, cap in jobs]
+        for order in orders:  # one order's normal parts at a time
+            split = list(dict.fromkeys(a for o, a in plan if o == order and a != 1.0))
+            if not split:
+                continue
+            todo = [i for i, form in enumerate(forms) if form is None or form.order != order]
+            parts = [pool.submit(_normal_part, ops[i], order) for i in todo]
+            normal = [form.normal_part if form is not None and form.order == order else None for form in forms]
+            desc = f"schur forms {order} {label}".strip()
+            for i, future in tqdm(zip(todo, parts), total=len(todo), desc=desc, unit="op", disable=not progress):
+                normal[i] = future.result()
+            normal_ref: Sequence[object] = _share(normal, Path(tmp) / f"normal_{order}") if shared else normal
+            del normal
+            for a in split:
+                curves[(order, a)] = [pool.submit(_split_curve, ops_ref, normal_ref, a, direction, cap, order)
+                                      for direction in directions for cap in caps]
+        if (orders[0], 1.0) in plan:
+            curves[(orders[0], 1.0)] = [pool.submit(_split_curve, ops_ref, None, 1.0, direction, cap, orders[0])
+                                        for direction in directions for cap in caps]
+        futures = [f for key in plan for f in curves[key]]
         tables = [f.result() for f in tqdm(futures, desc=f"schur funnel {label}".strip(), unit="curve", disable=not progress)]
     table = pd.concat(tables, ignore_index=True)
-    return table[["alpha", "direction", "truncation", *_COLUMNS, "failure"]]
+    return table[["schur_order", "alpha", "direction", "truncation", *_COLUMNS, "failure"]]
 
 
-def _normal_part(J: np.ndarray) -> np.ndarray:
-    """The normal part ``M₀ = QΛQ*`` of the canonical Schur form of ``J``."""
-    return schur_form(J).normal_part
+def _normal_part(J: np.ndarray, order: SchurOrder) -> np.ndarray:
+    """The normal part ``M₀ = QΛQ*`` of the Schur form of ``J`` in ``order``."""
+    return schur_form(J, order).normal_part
 
 
 def _share(arrays: Sequence[np.ndarray], folder: Path) -> list[Path]:
@@ -281,19 +308,22 @@ def _load(ref: Sequence[object]) -> list[np.ndarray]:
 
 
 def _split_curve(
-    ops_ref: Sequence[object], normal_ref: Sequence[object], alpha: float, direction: str, cap: int
+    ops_ref: Sequence[object], normal_ref: Sequence[object] | None, alpha: float, direction: str, cap: int,
+    order: str,
 ) -> pd.DataFrame:
     """One curve of the funnel: the cumulative ranks of ``J_b(α) = (1 − α) M₀_b + α J_b``.
 
-    ``ops_ref`` and ``normal_ref`` hold the arrays, or paths of ``.npy`` files to memory-map.
+    ``ops_ref`` and ``normal_ref`` (the normal parts in Schur order ``order``; None for α = 1,
+    which needs none) hold the arrays, or paths of ``.npy`` files to memory-map.
     """
-    ops, normal = _load(ops_ref), _load(normal_ref)
-    order = _order(len(ops), direction)
+    ops = _load(ops_ref)
+    normal = _load(normal_ref) if normal_ref is not None else None
+    order_b = _order(len(ops), direction)
     # J(1) = J bit-exactly; taking it as is keeps real operators in real arithmetic.
-    split = (np.asarray(ops[b]) if alpha == 1.0 else (1.0 - alpha) * normal[b] + alpha * ops[b] for b in order)
+    split = (np.asarray(ops[b]) if normal is None else (1.0 - alpha) * normal[b] + alpha * ops[b] for b in order_b)
     try:
-        curve = _curve((_oriented(J, direction) for J in split), order, cap).assign(failure=None)
+        curve = _curve((_oriented(J, direction) for J in split), order_b, cap).assign(failure=None)
     except DecompositionError as exc:  # every SVD driver failed: this curve is NaN, with the reason
         curve = pd.DataFrame({"depth": np.arange(len(ops)), "steps": np.nan, **{c: np.nan for c in (*_RANKS, "log_norm")},
                               "failure": str(exc)})
-    return curve.assign(alpha=alpha, direction=direction, truncation=cap)
+    return curve.assign(schur_order=order, alpha=alpha, direction=direction, truncation=cap)

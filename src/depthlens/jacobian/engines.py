@@ -4,15 +4,24 @@ Operators
     For every layer ``l`` two maps, skip connection included, ``J = I + U``:
     ``attn`` (pre-attention residual -> pre-MLP residual) and ``mlp`` (pre-MLP residual ->
     next pre-attention residual). Each is evaluated at an observed residual (from
-    :meth:`Adapter.residual_states`) and returned as a dense ``(d, d)`` matrix per token.
+    :meth:`Adapter.residual_states`), or for the ``isolated`` MLP at a state computed from one,
+    and returned as a dense ``(d, d)`` matrix per token.
 
 Modes
-    ``isolated`` (default): the token's residual fed through the sub-layer as a one-token
-    sequence. One key means softmax weight 1, so attention is its value-output path and
+    ``isolated`` (default, the source paper's protocol): the token's observed pre-attention
+    residual ``x`` fed through the whole decoder block as a one-token sequence. One key means
+    softmax weight 1, so attention is its value-output path and
     ``U_attn = P(a) Wo E Wv N(x)`` where ``N`` is the pre-norm Jacobian, ``E`` repeats each
     key/value head for the query heads of its group, and ``P`` the post-norm Jacobian (Gemma 3,
     OLMo 2/3) at the attention output ``a``. RoPE and q/k norms act on queries and keys only,
-    so they drop out. ``Wo E Wv`` is formed once per layer, so a token costs O(d^2).
+    so they drop out. ``Wo E Wv`` is formed once per layer, so a token costs O(d^2). The MLP
+    operator is taken inside that standalone block, at ``x1 = x + post(Wo E (Wv N(x) + bv) +
+    bo)`` (the one-token attention output, computed in the weights' dtype), not at the
+    observed pre-MLP residual; so ``J_mlp(x1) J_attn(x)`` is exactly the Jacobian of the
+    decoder layer run on the one-token sequence ``x``.
+    ``isolated_observed``: each sub-layer one-token at its own observed residual: the same
+    attention operator, the MLP at the observed in-context pre-MLP residual (a sensitivity
+    variant).
     ``in_context``: the diagonal block ``d h_{l+1}[t] / d h_l[t]`` with every other position
     of the chunk held fixed. Keys and values of the other positions are computed once per
     chunk; only the token's query, own key and own value vary. Per query head ``h`` (key/value
@@ -26,7 +35,7 @@ Modes
     RoPE is the fixed rotation ``R_t`` (``q = R_t q~``, ``k_t = R_t k~_t``), q/k norms enter
     through their Jacobians, so ``do/dn = (do/dq) R_t Jq Wq + (do/dk_t) R_t Jk Wk + p_t Wv``
     (``n`` the normed residual) and ``U = P(a) Wo (do/dn) N(h_t)``.
-    The MLP is position-wise, so both modes give the same MLP operator at the same residual.
+    The MLP is position-wise, so ``isolated_observed`` and ``in_context`` give the same MLP operator.
     MLP: ``U_mlp = P(out) Wd [diag(act'(u) * w) Wg + diag(act(u)) Wu] N(x)`` (gated:
     Llama, Gemma 3, OLMo) or ``P(out) Wd diag(act'(u)) Wi N(x)`` (GPT-2, GPT-NeoX); ``act'``
     comes from forward-mode differentiation of the model's own activation module (exact for an
@@ -35,8 +44,9 @@ Modes
 Parallel residual (GPT-NeoX / Pythia with ``use_parallel_residual``)
     The layer is ``h' = h + A(h) + F(h)``: both branches read the pre-attention state ``h``.
     depthlens defines ``attn = I + dA/dh`` and ``mlp = I + dF/dh``, both evaluated at ``h``
-    (state ``2l``; :func:`input_state` says which state to pass). The block Jacobian is
-    ``I + dA/dh + dF/dh = attn + mlp - I``, which differs from the product ``mlp @ attn`` by
+    (state ``2l``, in every mode: the one-token block's MLP reads ``h`` too, so ``isolated``
+    and ``isolated_observed`` coincide; :func:`input_state` says which state to pass). The
+    block Jacobian is ``I + dA/dh + dF/dh = attn + mlp - I``, which differs from the product ``mlp @ attn`` by
     ``dF/dh dA/dh``: cumulative products over such operators are a convention, not the model's
     exact chain rule.
 
@@ -50,7 +60,8 @@ Precision
     they are. Residual inputs are cast to ``dtype``.
 
 Cost (d model width, F MLP width, H query heads of width hd, T context)
-    Per token and layer, materialised (``sublayer_jacobians``): isolated attention O(d^2);
+    Per token and layer, materialised (``sublayer_jacobians``): isolated attention O(d^2) (and
+    O(d H hd) for the one-token attention output the ``isolated`` MLP reads);
     in-context attention O(H T hd^2 + H hd^2 d) plus one ``d x (H hd) x d`` product; MLP one
     ``d x F x d`` product (the same FLOPs as one reverse-mode Jacobian, so the dense MLP path is
     no faster than autograd in the same dtype). Summed (``sublayer_jacobian_sum``,

@@ -140,7 +140,8 @@ def mean_operators(
             for layer in wanted:
                 for kind in KINDS:
                     total, count = sublayer_jacobian_sum(
-                        adapter, states[input_state(adapter, layer, kind)], layer, kind, jacobian_mode, positions, dtype
+                        adapter, states[input_state(adapter, layer, kind, jacobian_mode)], layer, kind, jacobian_mode,
+                        positions, dtype
                     )
                     acc.add_sum(layer, kind, total, count)
                 bar.update(1)

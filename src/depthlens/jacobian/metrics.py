@@ -32,7 +32,7 @@ from ..linalg.normality import complex_fraction, expansion_fraction, henrici, ro
 from ..linalg.ranks import erank, erank_sigma, participation_ratio, self_alignment_svd, stable_rank
 from ..parallel import InlineExecutor
 
-__all__ = ["METRICS", "SELF_ALIGN_K", "OperatorSpectra", "metrics_and_eigenvalues", "metrics_table", "operator_metrics", "spectra"]
+__all__ = ["METRICS", "SELF_ALIGN_K", "TRIVIAL_TOL", "OperatorSpectra", "metrics_and_eigenvalues", "metrics_table", "operator_metrics", "spectra"]
 
 SELF_ALIGN_K: tuple[int, ...] = (1, 8, 64)
 """Subspace sizes of the ``self_align_k`` columns (capped at d)."""
@@ -44,6 +44,7 @@ METRICS: tuple[str, ...] = (
     "symmetry",
     "symmetry_update",
     "complex_frac",
+    "complex_frac_nontrivial",
     "rot_angle_mean",
     "expand_eig",
     "expand_sv",
@@ -55,6 +56,13 @@ METRICS: tuple[str, ...] = (
     "stable_rank",
 )
 """The metric columns of :func:`metrics_table`, in order (names as in METHODS B2)."""
+
+TRIVIAL_TOL = 1e-8
+"""An eigenvalue λ = 1 + μ of J is structurally 1 (trivial) when ``|μ| ≤ TRIVIAL_TOL ·
+max(1, max|λ|)``: the exact eigenvalue 1 of a rank-deficient update (the isolated attention
+update has rank ≤ n_kv·head_dim) is computed at ``|μ|`` of about ``n ε ‖U‖`` (1e-14 to
+1e-12 for float64 mean Jacobians), far below; an operator carrying larger errors (e.g. a mean
+of float32 Jacobians, about 1e-7) keeps such noise eigenvalues above it."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +170,13 @@ def operator_metrics(J: ArrayLike) -> dict[str, float]:
           (0 for U = 0), with N the strictly upper part of the complex Schur factor;
         - ``symmetry``, ``symmetry_update`` = ``‖(M + Mᵀ)/2‖_F² / ‖M‖_F²`` for J and U;
         - ``complex_frac``, ``expand_eig``, ``spectral_radius`` on the eigenvalues of J;
-          ``rot_angle_mean`` on those of U;
+        - ``complex_frac_nontrivial``: ``complex_frac`` among the non-trivial eigenvalues,
+          those with ``|μ| = |λ − 1| > tol``, ``tol = TRIVIAL_TOL · max(1, max|λ|)``
+          (:data:`TRIVIAL_TOL`; the complex threshold ``1e-8 · max|λ|`` taken over those);
+          NaN when there are none (J = I to that tolerance);
+        - ``rot_angle_mean``: mean ``|arg μ|`` over the same non-trivial eigenvalues μ of U
+          (the trivial ones have rounding-level moduli and random phases); NaN when there
+          are none;
         - ``expand_sv``, ``self_align_k`` (k in :data:`SELF_ALIGN_K`, capped at d),
           ``erank``, ``erank_sigma``, ``participation_ratio``, ``stable_rank`` on the SVD of J.
 
@@ -200,6 +214,7 @@ def _analyse(J: ArrayLike) -> tuple[dict[str, float], np.ndarray]:
     t = _schur_triangle(U)
     mu = np.diagonal(t).copy()
     lam = 1.0 + mu
+    nontrivial = np.abs(mu) > TRIVIAL_TOL * max(1.0, float(np.abs(lam).max()))
     departure = float(henrici(t))  # t is triangular: ‖off-diagonal‖_F, the same N for J and U
     left, sv, right = guarded.svd(arr)
     out = {
@@ -209,7 +224,9 @@ def _analyse(J: ArrayLike) -> tuple[dict[str, float], np.ndarray]:
         "symmetry": float(symmetry_index(arr)),
         "symmetry_update": float(symmetry_index(U)),
         "complex_frac": float(complex_fraction(lam)),
-        "rot_angle_mean": float(rotation_angle_mean(mu)),
+        "complex_frac_nontrivial": float(complex_fraction(lam[nontrivial])) if nontrivial.any() else float("nan"),
+        # the one rule is ``nontrivial``: rel=0 keeps every one of those angles
+        "rot_angle_mean": float(rotation_angle_mean(mu[nontrivial], rel=0.0)) if nontrivial.any() else float("nan"),
         "expand_eig": float(expansion_fraction(lam)),
         "expand_sv": float(expansion_fraction(sv)),
         "spectral_radius": float(np.abs(lam).max()),

@@ -8,15 +8,17 @@ from typing import Literal
 import numpy as np
 
 from ..errors import InputError
+from ..linalg.schur import SCHUR_ORDERS, SchurOrder
 from ..options import check_fields
+from .cumulative import ALPHAS
 
 __all__ = ["ALPHAS", "JACOBIAN_MODES", "JacobianMode", "JacobianOptions"]
 
-JacobianMode = Literal["isolated", "in_context"]
+JacobianMode = Literal["isolated", "isolated_observed", "in_context"]
 #: The Jacobian modes of METHODS B1, in the order a run computes them.
-JACOBIAN_MODES: tuple[JacobianMode, ...] = ("isolated", "in_context")
-#: Scales α of the non-normal part in the Schur split of the funnel (METHODS B4).
-ALPHAS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+JACOBIAN_MODES: tuple[JacobianMode, ...] = ("isolated", "isolated_observed", "in_context")
+#: What ``--jacobian-mode both`` runs (the default).
+_BOTH: tuple[JacobianMode, ...] = ("isolated", "in_context")
 
 
 @dataclass(frozen=True)
@@ -25,14 +27,23 @@ class JacobianOptions:
 
     Parameters
     ----------
-    jacobian_mode : {"isolated", "in_context", "both"}
-        Jacobian mode of the mean operators (METHODS B1)
+    jacobian_mode : {"isolated", "isolated_observed", "in_context", "both", "all"}
+        Jacobian mode of the mean operators (METHODS B1): isolated (the paper's: the observed
+        pre-attention residual through the whole block as a one-token sequence, the MLP at
+        the block-internal state x + Attn(x)), isolated_observed (each sub-layer one-token at
+        its own observed residual), in_context; both = isolated and in_context; all = the three
     positions : {"last", "all"}
         token positions averaged per chunk
     funnel_rank : int
         truncation rank of the cumulative products (capped at d), 0 for the exact products only
     funnel_alphas : tuple of float
         comma-separated α in [0, 1] of the funnel's Schur split (METHODS B4); 1 alone: no split
+    schur_orders : tuple of str
+        comma-separated eigenvalue orders of the Schur split (METHODS B4), distinct, of lapack
+        (LAPACK's own, as scipy.linalg.schur(J, output="complex") returns it: the claims'
+        protocol), canonical (descending modulus), outside_first (|λ| > 1 first),
+        inside_first (|λ| ≤ 1 first); the first gets every α, the others α = 0 only, and
+        α = 1 (order-free) is computed once, labelled with the first
     null : {"init", "none"}
         also analyse the step-0 null (the same architecture at initialisation)
     revisions : tuple of str
@@ -45,10 +56,11 @@ class JacobianOptions:
         the run's seed; the step-0 initialisation uses init_seed, spawned from it
     """
 
-    jacobian_mode: Literal["isolated", "in_context", "both"] = "both"
+    jacobian_mode: Literal["isolated", "isolated_observed", "in_context", "both", "all"] = "both"
     positions: Literal["last", "all"] = "last"
     funnel_rank: int = field(default=512, metadata={"min": 0})
     funnel_alphas: tuple[float, ...] = ALPHAS
+    schur_orders: tuple[SchurOrder, ...] = SCHUR_ORDERS
     null: Literal["init", "none"] = "init"
     revisions: tuple[str, ...] = ()
     save_arrays: Literal["float64", "float32", "none"] = "float64"
@@ -56,16 +68,20 @@ class JacobianOptions:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        object.__setattr__(self, "schur_orders", tuple(self.schur_orders))
         object.__setattr__(self, "funnel_alphas", tuple(float(a) for a in self.funnel_alphas))
         object.__setattr__(self, "revisions", tuple(self.revisions))
         if not self.funnel_alphas or not all(0.0 <= a <= 1.0 for a in self.funnel_alphas):
             shown = ",".join(f"{a:g}" for a in self.funnel_alphas) or "(none)"
             raise InputError(f"--funnel-alphas {shown} is invalid; pass numbers in [0, 1], e.g. 0,0.5,1.")
+        if not self.schur_orders or len(set(self.schur_orders)) != len(self.schur_orders):
+            shown = ",".join(self.schur_orders) or "(none)"
+            raise InputError(f"--schur-orders {shown} is invalid; pass distinct orders of {','.join(SCHUR_ORDERS)}.")
 
     @property
     def modes(self) -> tuple[JacobianMode, ...]:
         """The Jacobian modes this run computes, in :data:`JACOBIAN_MODES` order."""
-        return JACOBIAN_MODES if self.jacobian_mode == "both" else (self.jacobian_mode,)
+        return {"both": _BOTH, "all": JACOBIAN_MODES}.get(self.jacobian_mode, (self.jacobian_mode,))  # type: ignore[arg-type]
 
     @property
     def funnel_mode(self) -> JacobianMode:

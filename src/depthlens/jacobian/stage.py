@@ -1,13 +1,15 @@
 """The ``jacobian`` stage over models (METHODS B1–B4, B6): mean sub-layer operators per
-checkpoint and mode, their spectral metrics and eigenvalues, and the cumulative funnel with
-the Schur split.
+checkpoint and mode, the layer operators they compose to, their spectral metrics and
+eigenvalues, and the cumulative funnel with the Schur split in every Schur order asked for.
 
 Checkpoints: the loaded model (``trained``), its step-0 null (``init``: same architecture and
 config, fresh initial weights under the run seed) and any extra hub revisions. Units:
-``ops_<checkpoint>_<mode>`` (mean operators saved to ``arrays/`` in the dtype of
-``save_arrays``, or not at all, plus their metrics and eigenvalues; with float32 or none a
-unit-private float64 copy serves the funnel and the topology stage until the run ends) and ``funnel_<checkpoint>`` (cumulative eranks for every α, direction and
-truncation, on the ``isolated`` operators, or the first mode run).
+``ops_<checkpoint>_<mode>`` (mean operators and the layer operators, keys ``(layer, "attn" |
+"mlp" | "layer")``, saved to ``arrays/`` in the dtype of ``save_arrays``, or not at all, plus
+their metrics and eigenvalues; with float32 or none a unit-private float64 copy serves the
+funnel and the topology stage until the run ends) and ``funnel_<checkpoint>`` (cumulative
+eranks of the sub-layer operators for every Schur order, α, direction and truncation, on the
+``isolated`` operators, or the first mode run).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from safetensors.numpy import load_file
 from ..config import RunConfig
 from ..context import StageContext
 from ..errors import require_at_least
+from ..models.adapter import SUBLAYERS
 from ..parallel import executor
 from ..runs import RunDirectory, atomic
 from . import engines
@@ -31,6 +34,8 @@ from .metrics import metrics_and_eigenvalues
 from .options import JacobianOptions
 
 STAGE = "jacobian"
+#: The ``sublayer`` key of the layer operators (:func:`with_layer_operators`).
+LAYER = "layer"
 #: Suffix of the unit-private float64 copy of a unit's mean operators (``units/jacobian/
 #: ops_<checkpoint>_<mode>.operators.safetensors``), kept while the run needs them when
 #: ``save_arrays`` is not float64, and deleted at the end of a run without failures.
@@ -67,8 +72,22 @@ def checkpoints(loaded, opts: JacobianOptions, load: Callable) -> list[tuple[str
 
 
 def operator_list(ops: dict[tuple[int, str], np.ndarray]) -> list[np.ndarray]:
-    """The operators in depth order: (0, attn), (0, mlp), (1, attn), ..."""
-    return [ops[k] for k in sorted(ops, key=lambda k: (k[0], k[1] != "attn"))]
+    """The sub-layer operators in depth order: (0, attn), (0, mlp), (1, attn), ...; layer
+    operators (``(l, "layer")``) are left out."""
+    return [ops[k] for k in sorted((k for k in ops if k[1] in SUBLAYERS), key=lambda k: (k[0], SUBLAYERS.index(k[1])))]
+
+
+def with_layer_operators(ops: dict[tuple[int, str], np.ndarray], parallel_residual: bool) -> dict[tuple[int, str], np.ndarray]:
+    """``ops`` with the layer operator ``(l, "layer")`` after each layer's two sub-layers:
+    ``J̄_mlp @ J̄_attn`` (the product of the two mean operators, the two steps the funnel
+    multiplies), or ``J̄_attn + J̄_mlp − I`` on parallel-residual models, the layer's own
+    Jacobian there (:mod:`depthlens.jacobian.engines`); float64, exact to rounding."""
+    out: dict[tuple[int, str], np.ndarray] = {}
+    for layer in sorted({k[0] for k in ops}):
+        attn, mlp = ops[(layer, "attn")], ops[(layer, "mlp")]
+        out[(layer, "attn")], out[(layer, "mlp")] = attn, mlp
+        out[(layer, LAYER)] = attn + mlp - np.eye(attn.shape[0]) if parallel_residual else mlp @ attn
+    return out
 
 
 def label(name: str) -> str:
@@ -110,13 +129,15 @@ def saved_operators(run_dir: RunDirectory, name: str, mode: str) -> dict[tuple[i
 
 def operators(run_dir: RunDirectory, name: str, mode: str, get: Callable, token_ids: torch.Tensor,
               opts: JacobianOptions, *, batch_size: int, quiet: bool) -> dict[tuple[int, str], np.ndarray]:
-    """The float64 mean operators of a finished ``ops_<name>_<mode>`` unit: as saved
-    (:func:`saved_operators`), or computed again from the checkpoint (``get()``) the same way,
-    which gives the same numbers. Never a reduced-precision copy."""
+    """The float64 mean operators (with the layer operators) of a finished ``ops_<name>_<mode>``
+    unit: as saved (:func:`saved_operators`), or computed again from the checkpoint (``get()``)
+    the same way, which gives the same numbers. Never a reduced-precision copy."""
     found = saved_operators(run_dir, name, mode)
     if found is None:
-        found = engines.mean_operators(get().adapter, token_ids, jacobian_mode=mode, positions=opts.positions,
-                                       batch_size=batch_size, progress=not quiet, label=f"{label(name)}, recomputed")
+        adapter = get().adapter
+        found = with_layer_operators(
+            engines.mean_operators(adapter, token_ids, jacobian_mode=mode, positions=opts.positions, batch_size=batch_size,
+                                   progress=not quiet, label=f"{label(name)}, recomputed"), adapter.parallel_residual)
     return found
 
 
@@ -161,6 +182,7 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
                     model = model or get()
                     ops = engines.mean_operators(model.adapter, token_ids, jacobian_mode=mode, positions=opts.positions,
                                                  batch_size=batch_size, progress=not quiet, label=label(name))
+                    ops = with_layer_operators(ops, model.adapter.parallel_residual)
                     _save(run_dir, name, mode, ops, opts, token_ids.shape[0])
                     op_table, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool,
                                                                    label=f"{label(name)} ({mode})")
@@ -186,8 +208,8 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
                 ops = operator_list(found)
                 d = ops[0].shape[0]
                 ranks = (None,) if opts.funnel_rank == 0 or opts.funnel_rank >= d else (None, opts.funnel_rank)
-                table = schur_funnel(ops, alphas=opts.funnel_alphas, directions=DIRECTIONS, ranks=ranks, progress=not quiet, pool=pool,
-                                     label=label(name))
+                table = schur_funnel(ops, alphas=opts.funnel_alphas, directions=DIRECTIONS, ranks=ranks,
+                                     schur_orders=opts.schur_orders, progress=not quiet, pool=pool, label=label(name))
                 run_dir.write_unit(STAGE, key, {"funnel": table})
         if run_dir.has_unit(STAGE, key):
             t = run_dir.read_units(STAGE, [key], "funnel")

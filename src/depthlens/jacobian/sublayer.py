@@ -18,7 +18,7 @@ from torch import Tensor
 from ..errors import InputError
 from ..models.adapter import SUBLAYERS, Adapter, Sublayer, check_sublayer
 from ._layers import layer_ops
-from .attention_factors import Chunk, in_context_attn_factor, isolated_attn_factor
+from .attention_factors import Chunk, in_context_attn_factor, isolated_attn_factor, isolated_attn_update
 from .factor import Factor, mlp_factor
 from .options import JACOBIAN_MODES, JacobianMode
 
@@ -46,15 +46,20 @@ _TOKEN_CHUNK = 32
 # ---------------------------------------------------------------------------------------
 
 
-def input_state(adapter: Adapter, layer: int, kind: Sublayer) -> int:
-    """Index into :meth:`Adapter.residual_states` of the residual that sub-layer ``kind`` of ``layer`` reads.
+def input_state(adapter: Adapter, layer: int, kind: Sublayer, jacobian_mode: JacobianMode = "isolated") -> int:
+    """Index into :meth:`Adapter.residual_states` of the observed residual the engines read for
+    sub-layer ``kind`` of ``layer`` in ``jacobian_mode``.
 
-    ``2 * layer`` for ``attn``; ``2 * layer + 1`` for ``mlp``, except on parallel-residual
-    models, whose MLP reads the pre-attention state ``2 * layer``.
+    ``2 * layer`` (the pre-attention residual) for ``attn``, and for ``mlp`` in the
+    ``isolated`` mode, whose MLP input is computed inside the one-token block from it;
+    ``2 * layer + 1`` (the observed pre-MLP residual) for ``mlp`` in ``isolated_observed`` and
+    ``in_context``, except on parallel-residual models, whose MLP reads the pre-attention
+    state ``2 * layer`` in every mode.
     """
     adapter.check_layer(layer)
     check_sublayer(kind)
-    if kind == "mlp" and not adapter.parallel_residual:
+    check_jacobian_mode(jacobian_mode)
+    if kind == "mlp" and jacobian_mode != "isolated" and not adapter.parallel_residual:
         return 2 * layer + 1
     return 2 * layer
 
@@ -141,6 +146,7 @@ def _factors(
     b_idx = torch.arange(B, device=dev).repeat_interleave(len(pos))
     t_idx = torch.tensor(pos, device=dev).repeat(B)
     in_context = jacobian_mode == "in_context" and kind == "attn"
+    block_internal = jacobian_mode == "isolated" and kind == "mlp" and not adapter.parallel_residual
     with torch.no_grad():
         if in_context:
             h = _check_finite(r[:, : max(pos) + 1].to(device=dev, dtype=dtype))
@@ -155,6 +161,8 @@ def _factors(
             x = h.reshape(-1, h.shape[-1])[s : s + _TOKEN_CHUNK]
             if kind == "attn":
                 yield isolated_attn_factor(adapter, ops, x)
+            elif block_internal:
+                yield mlp_factor(ops, x + isolated_attn_update(adapter, ops, x))
             else:
                 yield mlp_factor(ops, x)
 
@@ -178,13 +186,17 @@ def sublayer_jacobians(
     ----------
     adapter : Adapter
     residuals : Tensor (B, T, d)
-        The states the sub-layer reads, ``adapter.residual_states(ids)[input_state(adapter,
-        layer, kind)]`` (for ``in_context`` attention, every position up to the selected ones
-        is used as context).
+        The observed states the engine reads, ``adapter.residual_states(ids)[input_state(adapter,
+        layer, kind, jacobian_mode)]``: the pre-attention residual for attention and for the
+        ``isolated`` MLP, the pre-MLP residual for the other MLP modes (for ``in_context``
+        attention, every position up to the selected ones is used as context).
     layer : int
     kind : {"attn", "mlp"}
-    jacobian_mode : {"isolated", "in_context"}
-        See the module docstring. The MLP operator is the same in both modes.
+    jacobian_mode : {"isolated", "isolated_observed", "in_context"}
+        See :mod:`depthlens.jacobian.engines`. Attention is the same one-token operator in
+        both isolated modes; the ``isolated`` MLP is taken at ``x + Attn(x)`` inside the
+        one-token block (so ``mlp @ attn`` is that block's Jacobian), the MLP of the other
+        two modes at the observed pre-MLP residual (the same operator in both).
     positions : "last" (default), "all", an int or a sequence of ints
         Token positions (negative counts from the end). Output order is batch-major:
         ``(b0 p0, b0 p1, ..., b1 p0, ...)``.

@@ -45,7 +45,7 @@ class TopologyOptions:
     amplification: Literal["column", "row", "diagonal"] = "column"
     n_perm: int = field(default=1000, metadata={"min": 1})
     q_level: float = 0.05
-    jacobian_mode: Literal["isolated", "in_context"] = field(default="isolated",
+    jacobian_mode: Literal["isolated", "isolated_observed", "in_context"] = field(default="isolated",
                                                              metadata={"derived": "jacobian.funnel_mode"})
     seed: int = field(default=0, metadata={"derived": "seed"})
 

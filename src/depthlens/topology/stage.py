@@ -168,7 +168,8 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
     for name, get in checkpoints:
         get = functools.cache(get)  # the operators may need the model too (recomputed)
         with run_dir.failures.unit(STAGE, f"checkpoint_{name}"):
-            ops = op_table[(op_table["checkpoint"] == name) & (op_table["jacobian_mode"] == opts.jacobian_mode)]
+            ops = op_table[(op_table["checkpoint"] == name) & (op_table["jacobian_mode"] == opts.jacobian_mode)
+                           & (op_table["sublayer"] != "layer")]  # the sub-layer operators only
             if ops.empty:
                 raise RunError(f"the jacobian stage has no {opts.jacobian_mode} operators of checkpoint {name}; "
                                f"run it with --jacobian-mode {opts.jacobian_mode} or both first.")
