@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 from transformers import PreTrainedTokenizerFast
 
-from depthlens.data import TextSource, chunks, load_text, repeated_random_tokens
+from depthlens.data import TextSource, chunks, control_random_tokens, load_text, repeated_random_tokens
 from depthlens.errors import DataError, InputError
 
 TEXT = "".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog.\n\n" for i in range(40))
@@ -202,3 +202,22 @@ def test_probe_without_bos_starts_with_eos() -> None:
 def test_probe_validates(byte_tok: PreTrainedTokenizerFast) -> None:
     with pytest.raises(InputError, match="length"):
         repeated_random_tokens(byte_tok, length=0)
+    with pytest.raises(InputError, match="seed"):
+        control_random_tokens(byte_tok, seed=-1)
+
+
+def test_control_keeps_the_probe_block_and_draws_the_next_one(byte_tok: PreTrainedTokenizerFast) -> None:
+    """``[BOS, r, r′]``: ``r`` is the probe's block, ``r′`` the second draw of the probe's
+    seeded stream (by hand: two draws of ordinary-token indices from ``default_rng(seed)``)."""
+    probe = repeated_random_tokens(byte_tok, n_seqs=6, length=20, seed=4)
+    control = control_random_tokens(byte_tok, n_seqs=6, length=20, seed=4)
+    assert control.shape == probe.shape == (6, 41) and control.dtype == torch.int64
+    assert torch.equal(control[:, :21], probe[:, :21])
+    rng = np.random.default_rng(4)
+    ordinary = np.setdiff1d(np.arange(len(byte_tok)), byte_tok.all_special_ids)
+    first, second = (ordinary[rng.integers(0, ordinary.size, size=(6, 20))] for _ in range(2))
+    np.testing.assert_array_equal(probe[:, 1:21].numpy(), first)
+    np.testing.assert_array_equal(control[:, 21:].numpy(), second)
+    assert (control[:, 21:] != control[:, 1:21]).float().mean() > 0.9  # no repeat to copy
+    assert not np.isin(control[:, 1:].numpy(), byte_tok.all_special_ids).any()
+    assert torch.equal(control, control_random_tokens(byte_tok, n_seqs=6, length=20, seed=4))

@@ -1,4 +1,4 @@
-"""Text sources, token chunks and the repeated-random-token probe (METHODS A5).
+"""Text sources, token chunks, the repeated-random-token probe and its control (METHODS A5).
 
 Sources are named (``"python-docs"``, the offline default; ``"wikitext-2"``, through the
 ``datasets`` library) or a path to a UTF-8 text file. A loaded source carries the SHA-256 of
@@ -18,7 +18,8 @@ import torch
 
 from .errors import DataError, InputError, one_line
 
-__all__ = ["DEFAULT_SOURCE", "SOURCES", "TextSource", "chunks", "load_text", "repeated_random_tokens"]
+__all__ = ["DEFAULT_SOURCE", "SOURCES", "TextSource", "chunks", "control_random_tokens", "load_text",
+           "repeated_random_tokens"]
 
 DEFAULT_SOURCE = "python-docs"
 SOURCES = ("python-docs", "wikitext-2")
@@ -219,6 +220,28 @@ def chunks(
     return torch.from_numpy(np.ascontiguousarray(out))
 
 
+def _random_blocks(tokenizer: Any, n_seqs: int, length: int, seed: int, blocks: int) -> tuple[int, list[np.ndarray]]:
+    """The start token and ``blocks`` consecutive draws, each ``(n_seqs, length)``, of ordinary
+    tokens from ``numpy.random.default_rng(seed)`` (the probe's stream: its first draw is the
+    probe's block ``r``, whatever ``blocks`` is)."""
+    n = _positive_int(n_seqs, "n_seqs", 1)
+    m = _positive_int(length, "length", 1)
+    rng = np.random.default_rng(_positive_int(seed, "seed", 0))
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    if start is None:
+        raise InputError("tokenizer has neither a BOS nor an EOS token to start the probe; set tokenizer.bos_token.")
+    ordinary = np.setdiff1d(np.arange(len(tokenizer)), np.asarray(tokenizer.all_special_ids, dtype=np.int64))
+    if ordinary.size == 0:
+        raise InputError("tokenizer has no ordinary (non-special) tokens to draw the probe from.")
+    return int(start), [ordinary[rng.integers(0, ordinary.size, size=(n, m))] for _ in range(blocks)]
+
+
+def _sequences(start: int, blocks: list[np.ndarray]) -> torch.Tensor:
+    """``[start, blocks[0], blocks[1], …]`` row by row, as an int64 tensor."""
+    column = np.full((blocks[0].shape[0], 1), start, dtype=np.int64)
+    return torch.from_numpy(np.concatenate([column, *blocks], axis=1))
+
+
 def repeated_random_tokens(tokenizer: Any, n_seqs: int = 128, length: int = 64, seed: int = 0) -> torch.Tensor:
     """The induction probe ``[BOS, r, r]`` with ``r`` uniform random tokens (METHODS A5).
 
@@ -248,15 +271,37 @@ def repeated_random_tokens(tokenizer: Any, n_seqs: int = 128, length: int = 64, 
         If a size or the seed is not a valid integer, or the tokenizer has neither BOS nor
         EOS, or no ordinary token.
     """
-    n = _positive_int(n_seqs, "n_seqs", 1)
-    m = _positive_int(length, "length", 1)
-    rng = np.random.default_rng(_positive_int(seed, "seed", 0))
-    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    if start is None:
-        raise InputError("tokenizer has neither a BOS nor an EOS token to start the probe; set tokenizer.bos_token.")
-    ordinary = np.setdiff1d(np.arange(len(tokenizer)), np.asarray(tokenizer.all_special_ids, dtype=np.int64))
-    if ordinary.size == 0:
-        raise InputError("tokenizer has no ordinary (non-special) tokens to draw the probe from.")
-    r = ordinary[rng.integers(0, ordinary.size, size=(n, m))]
-    out = np.concatenate([np.full((n, 1), start, dtype=np.int64), r, r], axis=1)
-    return torch.from_numpy(out)
+    start, (r,) = _random_blocks(tokenizer, n_seqs, length, seed, 1)
+    return _sequences(start, [r, r])
+
+
+def control_random_tokens(tokenizer: Any, n_seqs: int = 128, length: int = 64, seed: int = 0) -> torch.Tensor:
+    """The length-matched control of the induction probe: ``[BOS, r, r′]``, where ``r`` is the
+    probe's block (:func:`repeated_random_tokens` with the same arguments) and ``r′`` a fresh
+    block of uniform random tokens, the next draw of the same seeded stream. Same length as
+    the probe, no repeat: induction cannot engage.
+
+    Parameters
+    ----------
+    tokenizer : transformers.PreTrainedTokenizerBase
+        As :func:`repeated_random_tokens`.
+    n_seqs : int
+        Number of sequences, ≥ 1.
+    length : int
+        Length of ``r`` and of ``r′``, ≥ 1.
+    seed : int
+        Seed of ``numpy.random.default_rng``, the probe's seed.
+
+    Returns
+    -------
+    torch.Tensor, shape (n_seqs, 1 + 2·length), dtype int64
+        ``out[:, :1+length]`` equals the probe's; ``out[:, 1+length:]`` is ``r′``; no random
+        token is a special token.
+
+    Raises
+    ------
+    InputError
+        As :func:`repeated_random_tokens`.
+    """
+    start, (r, fresh) = _random_blocks(tokenizer, n_seqs, length, seed, 2)
+    return _sequences(start, [r, fresh])

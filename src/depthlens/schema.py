@@ -66,9 +66,14 @@ _ID = {
                    "its own matrix).", "integer"),
     "chunk": Column("Text chunk, 0-based, in the order of the run's token ids.", "integer"),
     "sublayer": Column("Sub-layer: `attn` (attention with its skip connection) or `mlp` (MLP with its "
-                       "skip connection).", "text"),
-    "jacobian_mode": Column("Jacobian mode of the operator (METHODS B1): `isolated` (one-token pass through the "
-                            "block) or `in_context` (diagonal block with the rest of the chunk fixed).", "text"),
+                       "skip connection); in the jacobian stage's operators and eigenvalues also `layer`, the "
+                       "full-layer operator of the two mean operators, J̄_mlp · J̄_attn (parallel-residual "
+                       "models: J̄_attn + J̄_mlp − I, the layer's own Jacobian).", "text"),
+    "jacobian_mode": Column("Jacobian mode of the operator (METHODS B1): `isolated` (the paper's: the observed "
+                            "pre-attention residual x through the whole block as a one-token sequence, the MLP at "
+                            "the block-internal state x + Attn(x)), `isolated_observed` (each sub-layer one-token at "
+                            "its own observed residual) or `in_context` (diagonal block with the rest of the chunk "
+                            "fixed).", "text"),
 }
 
 
@@ -148,7 +153,8 @@ _MATRIX = {
                        "exact to 1e-10 relative"),
     "kreiss_B_upper": Column("Rigorous upper bound on K(B) from the power norms ‖B^k‖ (Neumann series of the "
                              "resolvent with a geometric tail); +inf when the powers do not fall below 1 "
-                             "within 20n + 100 steps.", "dimensionless; rigorous up to floating point"),
+                             "within 20n + 100 steps.", "dimensionless; an upper bound with rounding allowances "
+                             "from |B|^k (forward-error bound of the computed powers; see linalg.kreiss_bound)"),
     "TR1": Column("Transient reserve TR1 = log K(B) (natural log of `kreiss_B`), the default reserve.",
                   "nats; as `kreiss_B`"),
     "peak_B": Column("Transient peak G(B) = max_{k≥1} ‖B^k‖₂.",
@@ -182,15 +188,25 @@ _MATRIX = {
     "delta_TR1": Column("Excess reserve Δ_TR = TR1 − `null_TR1_mean`: positive when the head has more transient "
                         "reserve than row-weight-matched shuffles of itself.", "nats"),
     "z_TR1": Column("`delta_TR1` / `null_TR1_sd` (NaN when the spread is 0).", "standard deviations"),
+    "delta_TR1_half": Column("Excess reserve against half the nulls: TR1 − the mean TR1 of the first ⌈S/2⌉ of the "
+                             "same matched null samples (exactly the nulls a run with `null_samples` = ⌈S/2⌉ "
+                             "draws), for the sensitivity of the Δ_TR verdict to S.", "nats"),
 }
 _CERTIFIED = {
-    "kreiss_B_lo": Column("Lower end of the certified bracket of K(B) from branch and bound over |z| > 1.",
-                          "dimensionless; certified lower bound"),
-    "kreiss_B_hi": Column("Upper end of the certified bracket of K(B) (the smaller of the branch-and-bound "
-                          "bound and `kreiss_B_upper`).", "dimensionless; certified upper bound"),
+    "kreiss_B_lo": Column("Lower end of the bracket of K(B): the largest (|z|−1)/σ̄ over the points evaluated by "
+                          "the search and the branch and bound over |z| > 1, with σ̄ = σ + residual + rounding "
+                          "margin an upper bound on σ_min(zI − B) from an explicitly computed residual; at least 1 "
+                          "(the limit at |z| → ∞).", "dimensionless; lower bound on K(B), rigorous up to the stated "
+                          "floating-point margins (not interval-verified)"),
+    "kreiss_B_hi": Column("Upper end of the bracket of K(B): the smaller of the branch-and-bound bound (second-order "
+                          "bounds on σ_min per cell, Cholesky-certified gaps, numerical-range bounds) and "
+                          "`kreiss_B_upper`.", "dimensionless; upper bound on K(B), rigorous up to the stated "
+                          "floating-point margins (not interval-verified)"),
     "kreiss_B_certified": Column("1 when the bracket met the relative tolerance (hi/lo − 1 ≤ rtol, default "
                                  "1e-3); 0 when the branch and bound stopped at its evaluation budget "
-                                 "(`certify_evals`) with a valid but wider bracket.", "0/1 flag"),
+                                 "(`certify_evals`) with a valid but wider bracket, or when the verdict K(B) = ∞ "
+                                 "rests on a numerical rank decision (a defective unit-circle eigenvalue; bracket "
+                                 "[1, ∞]).", "0/1 flag"),
 }
 _LOG_MEDIAN = {"norm_B", "kreiss_B", "kreiss_B_upper", "peak_B", "num_radius_B", "henrici_A", "henrici_B",
                *(f"psr_B@{e:g}" for e in _EPS)}
@@ -202,7 +218,8 @@ def _per_head(name: str, col: Column) -> Column:
     if name in _MIN_FLAG:
         how = "Minimum over the head's chunks (1 only if every chunk has it)"
     elif name in _LOG_MEDIAN:
-        how = "Median of logs over the head's chunks (exp of the median log; the plain median if a value is ≤ 0)"
+        how = ("Median of logs over the head's chunks (exp of the median log; the plain median if a value is ≤ 0, "
+               "then listed in `plain_median`)")
     else:
         how = "Median over the head's chunks"
     return Column(f"{how} of `{name}` in head_chunks: {col.definition}", col.unit)
@@ -223,6 +240,9 @@ _ATTENTION = {
         **_keys("layer", "head"),
         **{k: _per_head(k, c) for k, c in {**_PATTERN, **_MATRIX}.items()},
         "n_chunks": Column("Chunks the head's medians are taken over.", "count"),
+        "plain_median": Column("The head's scale quantities (those aggregated by the median of logs) that fell back "
+                               "to the plain median because some chunk's value is ≤ 0, comma-separated in column "
+                               "order; empty when none did.", "text"),
         "n_extras_chunks": Column("Chunks with the ε-pseudospectral radii and numerical range (`extras`).",
                                   "count"),
         "kreiss_A_flagged": Column("Chunks whose K(A) = √n check failed (`kreiss_A_ok` = 0).", "count"),
@@ -242,6 +262,13 @@ _ATTENTION = {
         **_CERTIFIED,
         "certify_failure": Column("Empty (null) when the certified bracket was computed; otherwise the reason it "
                                   "could not be: no LAPACK driver converged.", "text or null"),
+        "kreiss_B_in_bracket": Column("Check of the search value against the bracket: 1 when `kreiss_B` of the "
+                                      "certified chunk (its search value in head_chunks, the number the claims use) "
+                                      "lies in [`kreiss_B_lo`·(1 − rtol), `kreiss_B_hi`·(1 + 1e-9)], 0 when not "
+                                      "(counted in `attention.json` as `numerical_health.bracket_violations`), "
+                                      "null without a bracket (`--certify none`, or a failed certification). Other "
+                                      "chunks' search values have no bracket and are not checked.",
+                                      "0/1 flag or null"),
         "delta_TR1_first_copy": Column("Routing heads only: median over probe sequences of the excess reserve of "
                                        "the leading [BOS, r] block (before induction can engage), each matrix "
                                        "against its own matched null.", "nats; null for other heads"),
@@ -249,8 +276,16 @@ _ATTENTION = {
                                         "the whole [BOS, r, r] probe matrix (induction engaged).",
                                         "nats; null for other heads"),
         "induction_ratio": Column("`delta_TR1_second_copy` / `delta_TR1_first_copy` where the first-copy excess "
-                                  "is positive (\"reserve doubles when induction engages\" predicts ≈ 2).",
+                                  "is positive, above 1e-8 nats (zero to the accuracy of the Kreiss search) "
+                                  "(\"reserve doubles when induction engages\" predicts ≈ 2).",
                                   "ratio; null when undefined"),
+        "delta_TR1_control": Column("Routing heads only: median over probe sequences of the excess reserve of the "
+                                    "length-matched control [BOS, r, r′] (r the probe's block, r′ a fresh random "
+                                    "block: the probe's length, no repeat, so induction cannot engage), each "
+                                    "matrix against its own matched null.", "nats; null for other heads"),
+        "induction_ratio_control": Column("`delta_TR1_second_copy` / `delta_TR1_control` where the control excess "
+                                          "is positive (above 1e-8 nats): the induction ratio at matched length (K(B) grows with "
+                                          "n, which confounds `induction_ratio`).", "ratio; null when undefined"),
     },
     "head_chunks": {
         **_keys("layer", "head", "chunk"),
@@ -301,8 +336,15 @@ _OPERATOR = {
                               "fraction in [0, 1]; exact closed form"),
     "complex_frac": Column("Fraction of eigenvalues λ of J with |Im λ| > 1e-8 · max|λ| (rotation).",
                            "fraction in [0, 1]; Schur eigenvalues"),
-    "rot_angle_mean": Column("Mean rotation angle: mean |arg μ| over the eigenvalues μ of U; eigenvalues with "
-                             "|μ| ≤ 1e-5·max|μ| are zero to working precision and count with angle 0.",
+    "complex_frac_nontrivial": Column("complex_frac among the eigenvalues λ of J that are not structurally 1: "
+                                      "those with |λ − 1| > tol, tol = 1e-8 · max(1, max|λ|) (|λ − 1| = |μ| from "
+                                      "the Schur form of U); complex when |Im λ| > 1e-8 · max|λ| over those. "
+                                      "NaN when there are none.",
+                                      "fraction in [0, 1]; Schur eigenvalues (trivial ones sit at |μ| ≈ n ε ‖U‖)"),
+    "rot_angle_mean": Column("Mean rotation angle: mean |arg μ| over the eigenvalues μ of U with |μ| > tol, "
+                             "tol = 1e-8 · max(1, max|λ|) (the complex_frac_nontrivial rule); the others are "
+                             "structurally 0, with rounding-level moduli and random phases, and are left out. "
+                             "NaN when none is left.",
                              "radians in [0, π]"),
     "expand_eig": Column("Fraction of eigenvalues of J with |λ| > 1 + 1e-3.", "fraction in [0, 1]"),
     "expand_sv": Column("Fraction of singular values of J with σ > 1 + 1e-3.", "fraction in [0, 1]"),
@@ -319,13 +361,15 @@ _OPERATOR = {
 _JACOBIAN = {
     "operators": {
         **_keys("checkpoint", "jacobian_mode", "layer", "sublayer"),
-        **{k: Column(f"Of the mean sub-layer Jacobian J̄ = I + U (METHODS B2): {c.definition}", c.unit)
+        **{k: Column(f"Of the mean sub-layer Jacobian J̄ = I + U, or of the layer operator (sublayer `layer`) "
+                     f"(METHODS B2): {c.definition}", c.unit)
            for k, c in _OPERATOR.items()},
         "failure": _FAILURE,
     },
     "eigenvalues": {
         **_keys("checkpoint", "jacobian_mode", "layer", "sublayer"),
-        "re": Column("Real part of one eigenvalue λ = 1 + μ of the mean Jacobian J̄ (μ from the Schur form of U); "
+        "re": Column("Real part of one eigenvalue λ = 1 + μ of the mean Jacobian J̄ or layer operator (μ from the "
+                     "Schur form of U); "
                      "one row per eigenvalue.", "dimensionless; backward stable"),
         "im": Column("Imaginary part of that eigenvalue (conjugate pairs give two rows).",
                      "dimensionless; backward stable"),
@@ -334,6 +378,13 @@ _JACOBIAN = {
         **_keys("checkpoint"),
         "jacobian_mode": Column("Jacobian mode of the operators in the products (`isolated` when it was computed).",
                                 "text"),
+        "schur_order": Column("Eigenvalue order of the Schur forms of the split (METHODS B4): `lapack` (LAPACK's "
+                              "own, as scipy.linalg.schur(J, output=\"complex\") returns it; the claims' "
+                              "protocol), `canonical` (descending modulus, then imaginary, then real part), "
+                              "`outside_first` (|λ| > 1 first) or `inside_first` (|λ| ≤ 1 first), the last two "
+                              "keeping LAPACK's order within each group. The first of --schur-orders has every α; "
+                              "the others α = 0 only; α = 1 does not depend on the order (J(1) = J) and is "
+                              "computed once, labelled with the first.", "text"),
         "alpha": Column("Schur-split scale α of the non-normal part: every operator replaced by "
                         "J(α) = Q(Λ + αN)Q* (METHODS B4); α = 1 the real operators, α = 0 their normal parts.",
                         "in [0, 1]"),
@@ -500,12 +551,13 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
               "One row per (operator, chunk, source, sample, depth): the surviving deviation of a depth product "
               "against its eigenvalue predictions."),
     "operators": (("checkpoint", "jacobian_mode", "layer", "sublayer"),
-                  "One row per (checkpoint, Jacobian mode, layer, sub-layer): spectral metrics of the mean Jacobian."),
+                  "One row per (checkpoint, Jacobian mode, layer, sub-layer): spectral metrics of the mean Jacobian "
+                  "(sub-layer `layer`: of the layer operator)."),
     "eigenvalues": (("checkpoint", "jacobian_mode", "layer", "sublayer"),
                     "One row per eigenvalue of each mean Jacobian (checkpoint, Jacobian mode, layer, sub-layer)."),
-    "cumulative": (("checkpoint", "jacobian_mode", "alpha", "direction", "truncation", "depth"),
-                   "One row per (checkpoint, alpha, direction, truncation, depth): ranks of the cumulative "
-                   "Jacobian product."),
+    "cumulative": (("checkpoint", "jacobian_mode", "schur_order", "alpha", "direction", "truncation", "depth"),
+                   "One row per (checkpoint, Schur order, alpha, direction, truncation, depth): ranks of the "
+                   "cumulative Jacobian product."),
     "communities": (("checkpoint", "boundary"),
                     "One row per (checkpoint, boundary): the community partition of the correlation graph."),
     "units": (("checkpoint", "boundary", "unit"),
@@ -524,8 +576,9 @@ SCHEMA: dict[str, Table] = {
 
 #: Every JSON summary, by name.
 SUMMARIES: dict[str, Summary] = {s.name: s for s in (
-    Summary("attention", "attention", "Role counts, Δ_TR statistics by role, the depth-product headline and the "
-            "stage's options."),
+    Summary("attention", "attention", "Role counts, Δ_TR statistics by role, the depth-product headline, "
+            "`numerical_health` (`brackets`, `bracket_violations`, `uncertified`, `kreiss_A_flagged`: see "
+            "`kreiss_B_in_bracket`) and the stage's options."),
     Summary("topology", "topology", "Significant layers per checkpoint at the FDR level `q_level`, and the "
             "boundaries tested per checkpoint."),
     Summary("interventions", "clamp", "The massive-activation clamp chain (METHODS A7); written by the clamp stage, "

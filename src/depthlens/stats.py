@@ -1,11 +1,12 @@
 """Small statistical tools shared by the analyses: BH-FDR, sign test, robust aggregation.
 
-Array functions only; exact (no resampling) unless the docstring says otherwise.
+Functions of arrays and tidy tables; exact (no resampling) unless the docstring says otherwise.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 from scipy import stats as _st
 
 from .errors import InputError
@@ -68,3 +69,29 @@ def log_median(x: np.ndarray) -> float:
     if arr.size == 0 or np.any(~(arr > 0)):
         raise InputError("log_median needs positive values; aggregate this quantity with a plain median.")
     return float(np.exp(np.median(np.log(arr))))
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Spearman rank correlation of ``x`` and ``y`` (mid-ranks for ties) and its two-sided
+    p-value (SciPy's t approximation; exact enough from about 10 pairs on, a description
+    below that)."""
+    result = _st.spearmanr(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+    return float(result.statistic), float(result.pvalue)
+
+
+def head_sign_tests(chunks: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per head, the median over chunks of ``column`` and the two-sided exact sign test of a
+    zero median (:func:`sign_test`) over the chunks where it is finite, with BH q-values over
+    every head (:func:`bh_qvalues`): columns ``layer``, ``head``, ``median``, ``n``, ``p``,
+    ``q``. A head without a finite value has NaN median and p = 1 (no evidence either way)."""
+    import pandas as pd
+
+    rows = []
+    for (layer, head), group in chunks.groupby(["layer", "head"], sort=True):
+        values = pd.to_numeric(group[column], errors="coerce").to_numpy(dtype=np.float64)
+        values = values[~np.isnan(values)]
+        rows.append({"layer": layer, "head": head, "median": float(np.median(values)) if values.size else np.nan,
+                     "n": int(values.size), "p": sign_test(values)})
+    out = pd.DataFrame(rows, columns=["layer", "head", "median", "n", "p"])
+    out["q"] = bh_qvalues(out["p"].to_numpy())
+    return out

@@ -17,3 +17,22 @@ def test_certified_reserve_flags_budget_without_warning() -> None:
         warnings.simplefilter("error")  # any warning (CertificationBudgetWarning included) fails
         row = certified_reserve(A, 1e-3, 1)
     assert row["kreiss_B_certified"] == 0.0 and row["kreiss_B_lo"] <= row["kreiss_B_hi"]
+
+
+def test_matrix_features_certify_shares_the_search() -> None:
+    """Certifying inside matrix_features gives the bracket of certified_reserve around the very
+    search value and power bound the row reports, and it contains a dense brute-force K(B)."""
+    from depthlens.attention.features import matrix_features
+    from depthlens.linalg.causal import deflate
+    from depthlens.linalg.reference import kreiss_bruteforce
+
+    A = random_causal_attention(14, np.random.default_rng(3), sink=1.0, prev=2.0)
+    plain = matrix_features(A, extras=False)
+    row = matrix_features(A, extras=False, certify=(1e-3, 10_000))
+    assert {k: row[k] for k in plain} == plain  # same search, same power bound
+    bracket = certified_reserve(A, 1e-3, 10_000)
+    assert {k: row[k] for k in bracket} == bracket
+    assert row["kreiss_B_certified"] == 1.0 and row["kreiss_B_hi"] <= row["kreiss_B_upper"]
+    assert row["kreiss_B_lo"] * (1 - 1e-3) <= row["kreiss_B"] <= row["kreiss_B_hi"]
+    ref, _ = kreiss_bruteforce(deflate(A), n_t=30, n_theta=36)
+    assert row["kreiss_B_lo"] <= ref * (1 + 1e-9) and ref <= row["kreiss_B_hi"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -13,8 +14,13 @@ import torch
 
 from depthlens import data
 from depthlens.attention import stage
+from depthlens.attention.analysis import EXCESS_ZERO
 from depthlens.attention.options import AttentionOptions
-from depthlens.attention.features import matrix_features
+from depthlens.attention.features import kreiss_b, matrix_features, null_reserves
+from depthlens.linalg.causal import deflate
+from depthlens.linalg.nulls import shuffle_null
+from depthlens.schema import SCHEMA
+from depthlens.stats import log_median
 from depthlens.models import load_model
 from depthlens.runs import RunMode, RunDirectory
 
@@ -59,16 +65,26 @@ class PlantedAdapter:
 
 
 @pytest.fixture(scope="module")
-def planted_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+def planted_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, torch.Tensor, AttentionOptions]:
+    """The planted model, its natural-text chunks and the run's options."""
     loaded = load_model("random:llama", seed=0)
     loaded.adapter = PlantedAdapter(loaded.adapter)
     text = tmp_path_factory.mktemp("t") / "text.txt"
     text.write_text(TEXT)
     ids = data.chunks(str(text), loaded.tokenizer, 4, 24, seed=None)
     opts = AttentionOptions(null_samples=4, null_chunks=2, extras_chunks=1, probe_seqs=8, probe_len=12, ratio_seqs=2)
+    return loaded, ids, opts
+
+
+@pytest.fixture(scope="module")
+def planted_run(tmp_path_factory: pytest.TempPathFactory,
+                planted_inputs: tuple[Any, torch.Tensor, AttentionOptions]) -> tuple[Path, dict]:
+    loaded, ids, opts = planted_inputs
     root = tmp_path_factory.mktemp("run")
     run_dir = RunDirectory.open(root / "r", RunMode.NEW, {"config_hash": "x"})
-    tables, summary = stage.analyse(run_dir, loaded, ids, opts, batch_size=2, jobs=1, quiet=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stage, "PROBE_BATCH", 2)  # probe and induction phases over several batches
+        tables, summary = stage.analyse(run_dir, loaded, ids, opts, batch_size=2, jobs=1, quiet=True)
     for name, table in tables.items():
         run_dir.write_table(name, table)
     return root / "r", summary
@@ -130,6 +146,11 @@ def test_depth_table(planted_run: tuple[Path, dict]) -> None:
     assert len(model) == 4 * 4 * 2  # operators x chunks x layers
     assert len(depth[depth["source"] == "null"]) == 4 * 2 * 4 * 2  # operators x null chunks x samples x layers
     assert "mean" in summary["eig_gap_final_depth"]
+    # a paired per-chunk contrast is possible: every null chunk has, per operator at the final
+    # depth, the model's row and the S null samples' rows of the same chunk
+    final = depth[(depth["depth"] == 2) & (depth["chunk"] < 2)]
+    for _, g in final.groupby(["operator", "chunk"]):
+        assert sorted(g["sample"]) == [-1, 0, 1, 2, 3] and g[["gap_e1", "gap_e2"]].notna().all().all()
 
 
 def test_matrix_features_flags_nonsimple_perron() -> None:
@@ -189,3 +210,141 @@ def test_transient_peak_of_a_slowly_decaying_head_is_flagged_uncertified(rng: np
     assert not certified and not fresh.certified
     assert (peak, k) == (pytest.approx(fresh.peak, rel=1e-12), fresh.argmax)
     assert matrix_features(A, extras=False)["peak_certified"] == 0.0
+
+
+def _reserve(A: np.ndarray) -> float:
+    """TR1 = log K(B) of one attention matrix, by the global search."""
+    return math.log(kreiss_b(deflate(A), upper=False).value)
+
+
+def test_delta_tr1_half_by_hand(planted_run: tuple[Path, dict],
+                                planted_inputs: tuple[Any, torch.Tensor, AttentionOptions]) -> None:
+    """``delta_TR1_half`` of the planted previous-token head and of a random head is TR1 minus
+    the mean reserve of the first ⌈S/2⌉ nulls of the chunk's stream, which are the nulls an
+    S/2 run draws; per head it is the median over chunks."""
+    root, _ = planted_run
+    loaded, ids, opts = planted_inputs
+    chunks = pd.read_parquet(root / "tables" / "head_chunks.parquet").set_index(["layer", "head", "chunk"])
+    half = math.ceil(opts.null_samples / 2)
+    layer0 = next(loaded.adapter.attention_probs(ids[:2], layers=[0]))[1].numpy()  # the run's first batch
+    for chunk in (0, 1):
+        matrices = {(0, 1): planted_matrix("prev", ids[chunk]), (0, 0): layer0[chunk, 0]}
+        for (layer, head), A in matrices.items():
+            stream = [opts.seed, 1, layer, head, chunk]  # the head phase's null stream
+            rng = np.random.default_rng(np.random.SeedSequence(stream))
+            nulls = shuffle_null(A, opts.null_mode, opts.null_samples, rng=rng)
+            first_half = np.mean([_reserve(N) for N in nulls[:half]])
+            row = chunks.loc[(layer, head, chunk)]
+            assert row["delta_TR1_half"] == pytest.approx(_reserve(A) - first_half, rel=1e-12, abs=1e-12)
+            assert row["delta_TR1"] == pytest.approx(_reserve(A) - np.mean([_reserve(N) for N in nulls]),
+                                                     rel=1e-12, abs=1e-12)
+            small = null_reserves(A, opts.null_mode, half, np.random.default_rng(np.random.SeedSequence(stream)))
+            assert row["delta_TR1_half"] == pytest.approx(_reserve(A) - small.mean(), rel=1e-12, abs=1e-12)
+    assert chunks.loc[chunks.index.get_level_values("chunk") >= 2, "delta_TR1_half"].isna().all()
+    heads = pd.read_parquet(root / "tables" / "heads.parquet").set_index(["layer", "head"])
+    expected = chunks["delta_TR1_half"].groupby(level=["layer", "head"]).median()
+    np.testing.assert_allclose(heads.loc[expected.index, "delta_TR1_half"], expected, rtol=1e-14)
+
+
+def test_plain_median_lists_the_scale_quantities_with_nonpositive_values(planted_run: tuple[Path, dict]) -> None:
+    """Per head, ``plain_median`` lists exactly the log-median columns (as the schema declares
+    them) with a chunk value ≤ 0; those hold the plain median, the others the median of logs."""
+    root, _ = planted_run
+    chunks = pd.read_parquet(root / "tables" / "head_chunks.parquet")
+    heads = pd.read_parquet(root / "tables" / "heads.parquet").set_index(["layer", "head"])
+    scale = [c for c, col in SCHEMA["heads"].columns.items() if col.definition.startswith("Median of logs")]
+    assert {"norm_B", "kreiss_B", "peak_B", "henrici_B", "psr_B@0.01"} <= set(scale)
+    for (layer, head), g in chunks.groupby(["layer", "head"]):
+        listed = [c for c in heads.loc[(layer, head), "plain_median"].split(",") if c]
+        assert set(listed) == {c for c in scale if (g[c].dropna() <= 0).any()}
+        for c in scale:
+            v = g[c].dropna().to_numpy()
+            want = np.median(v) if c in listed else log_median(v)
+            assert heads.loc[(layer, head), c] == pytest.approx(want, rel=1e-14)
+    # the planted sink head A = P has B = 0: its norm, Henrici departure and peak are 0
+    assert {"norm_B", "henrici_B", "peak_B"} <= set(heads.loc[(1, 0), "plain_median"].split(","))
+    assert heads.loc[(0, 1), "plain_median"] == ""
+
+
+def test_induction_control_by_hand(planted_run: tuple[Path, dict],
+                                   planted_inputs: tuple[Any, torch.Tensor, AttentionOptions]) -> None:
+    """The three excess reserves of each planted routing head, recomputed from the probe and
+    its length-matched control [BOS, r, r′] with the documented null streams; the ratios and
+    the exclusion counts of the summary follow from them."""
+    root, summary = planted_run
+    loaded, _, opts = planted_inputs
+    heads = pd.read_parquet(root / "tables" / "heads.parquet").set_index(["layer", "head"])
+    args = (loaded.tokenizer, opts.probe_seqs, opts.probe_len)
+    probe = data.repeated_random_tokens(*args, seed=opts.seed)[: opts.ratio_seqs]
+    control = data.control_random_tokens(*args, seed=opts.seed)[: opts.ratio_seqs]
+    m = opts.probe_len
+
+    def excess(A: np.ndarray, rng: np.random.Generator) -> float:
+        return _reserve(A) - null_reserves(A, opts.null_mode, opts.null_samples, rng).mean()
+
+    expected = {}
+    for (layer, head), kind in PLANTED.items():
+        if kind == "sink":
+            continue
+        per_seq = []
+        for s in range(opts.ratio_seqs):
+            A, C = planted_matrix(kind, probe[s]), planted_matrix(kind, control[s])
+            rng = np.random.default_rng(np.random.SeedSequence([opts.seed, 3, layer, head, s]))
+            second = excess(A, rng)
+            first = excess(A[: m + 1, : m + 1], rng)
+            ctrl = excess(C, np.random.default_rng(np.random.SeedSequence([opts.seed, 4, layer, head, s])))
+            per_seq.append((first, second, ctrl))
+        first, second, ctrl = np.median(per_seq, axis=0)
+        expected[(layer, head)] = first, second, ctrl
+        row = heads.loc[(layer, head)]
+        np.testing.assert_allclose(row[["delta_TR1_first_copy", "delta_TR1_second_copy", "delta_TR1_control"]]
+                                   .to_numpy(dtype=float), [first, second, ctrl], rtol=1e-12, atol=1e-12)
+        for name, base in (("induction_ratio", first), ("induction_ratio_control", ctrl)):
+            if base > EXCESS_ZERO:
+                assert row[name] == pytest.approx(second / base, rel=1e-12)
+            else:
+                assert math.isnan(row[name])
+    others = heads.drop(index=list(expected))
+    assert others[["delta_TR1_control", "induction_ratio_control"]].isna().all().all()
+    assert summary["induction_routing_heads"] == len(expected) == 2
+    assert summary["induction_excluded_first"] == sum(v[0] <= EXCESS_ZERO for v in expected.values())
+    assert summary["induction_excluded_control"] == sum(v[2] <= EXCESS_ZERO for v in expected.values())
+    # the planted induction head has nothing to copy in the control: its excess is zero to
+    # rounding, so it is excluded rather than giving a ratio over a denominator of 1e-15
+    assert abs(expected[(1, 2)][2]) < EXCESS_ZERO and math.isnan(heads.loc[(1, 2), "induction_ratio_control"])
+
+
+def test_bracket_check_and_numerical_health(planted_run: tuple[Path, dict]) -> None:
+    """Every head's certified chunk has its search value inside its own bracket; the summary
+    counts brackets, violations, uncertified brackets and flagged K(A) checks."""
+    root, summary = planted_run
+    heads = pd.read_parquet(root / "tables" / "heads.parquet")
+    chunks = pd.read_parquet(root / "tables" / "head_chunks.parquet").set_index(["layer", "head", "chunk"])
+    rtol = AttentionOptions().rtol
+    for row in heads.itertuples():
+        value = chunks.loc[(row.layer, row.head, int(row.certified_chunk)), "kreiss_B"]
+        inside = row.kreiss_B_lo * (1 - rtol) <= value <= row.kreiss_B_hi * (1 + 1e-9)
+        assert row.kreiss_B_in_bracket == float(inside) == 1.0
+    assert summary["numerical_health"] == {
+        "brackets": len(heads), "bracket_violations": 0,
+        "uncertified": int((heads["kreiss_B_certified"] == 0).sum()),
+        "kreiss_A_flagged": summary["kreiss_A_flagged_matrices"],
+    }
+
+
+def test_bracket_check_flags_values_outside() -> None:
+    """A search value below lo·(1 − rtol) or above hi·(1 + 1e-9) is a violation (0); a missing
+    bracket gives NaN; without certification (no certified chunk) every head is NaN."""
+    from depthlens.attention.analysis import bracket_check, numerical_health
+
+    chunks = pd.DataFrame({"layer": 0, "head": [0, 1, 2, 3, 4], "chunk": [1, 0, 2, 0, 0],
+                           "kreiss_B": [2.0, 2.0, 2.0, 2.0, 2.0]})
+    heads = pd.DataFrame({"layer": 0, "head": [0, 1, 2, 3, 4], "certified_chunk": [1, 0, 2, 0, np.nan],
+                          "kreiss_B_lo": [1.9995, 2.01, 1.9, 2.0 * (1 + 1e-4), np.nan],
+                          "kreiss_B_hi": [2.0, 2.02, 2.0 * (1 - 1e-8), 2.001, np.nan],
+                          "kreiss_B_certified": [1.0, 1.0, 0.0, 1.0, np.nan], "kreiss_A_flagged": [0, 2, 0, 0, 1]})
+    check = bracket_check(heads, chunks, 1e-3)
+    np.testing.assert_array_equal(check, [1.0, 0.0, 0.0, 1.0, np.nan])
+    heads["kreiss_B_in_bracket"] = check
+    assert numerical_health(heads) == {"brackets": 4, "bracket_violations": 2, "uncertified": 1, "kreiss_A_flagged": 3}
+    assert np.isnan(bracket_check(heads.drop(columns="certified_chunk"), chunks, 1e-3)).all()

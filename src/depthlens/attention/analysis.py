@@ -2,13 +2,15 @@
 rows and tables out. :mod:`depthlens.attention.stage` runs them over a model in phases:
 
 1. ``probe``: the ``[BOS, r, r]`` probe gives previous-token, duplicate and induction scores
-   per head, and, for routing heads, the induction-engagement ratio of the excess reserve.
+   per head.
 2. ``heads``: natural-text chunks in batches; for every matrix all A3 features, on the first
    ``null_chunks`` chunks ``null_samples`` matched nulls, on the first ``extras_chunks``
    chunks the ε-pseudospectral radii and numerical range.
 3. ``certify``: the certified ``K(B)`` bracket of each head's median chunk (or of every
    matrix with ``certify="all"``).
-4. ``depth``: depth products of ``mean``, ``rollout`` and the routing / sink chains, on the
+4. ``induction``: for routing heads, the excess reserve of the probe with induction engaged,
+   of its first copy and of the length-matched control ``[BOS, r, r′]``, and their ratios.
+5. ``depth``: depth products of ``mean``, ``rollout`` and the routing / sink chains, on the
    model and on layer-wise shuffled nulls (first ``null_chunks`` chunks).
 
 The worker functions take arrays and seeds only, so results do not depend on ``jobs``.
@@ -24,7 +26,7 @@ import pandas as pd
 
 from ..errors import DecompositionError
 from ..linalg.nulls import shuffle_null
-from ..stats import bh_qvalues, log_median, sign_test
+from ..stats import head_sign_tests, log_median
 from . import features
 from .depth import depth_table, layer_operators
 from .options import AttentionOptions
@@ -34,6 +36,13 @@ STAGE = "attention"
 SCALE = ("norm_B", "kreiss_B", "kreiss_B_upper", "peak_B", "num_radius_B")
 #: Per-chunk 0/1 flags aggregated per head by the minimum (1 only if every chunk has it).
 FLAGS = ("peak_certified",)
+#: Per-sequence excess reserves of the induction phase (:func:`induction_row`), aggregated per
+#: routing head by the median over probe sequences.
+INDUCTION = ("delta_TR1_first_copy", "delta_TR1_second_copy", "delta_TR1_control")
+#: Excess reserves at or below this (nats) are zero to the accuracy of the Kreiss search (about
+#: 1e-10 relative per value): no induction ratio is taken over them. A head that attends only
+#: to BOS, or one pattern whatever the shuffle, has an excess of about ±1e-15 in float64.
+EXCESS_ZERO = 1e-8
 
 
 # ----------------------------------------------------------------------------- workers
@@ -47,20 +56,23 @@ def head_chunk_row(
 ) -> dict:
     """Every per-matrix quantity of one (layer, head, chunk) attention matrix ``A`` (n, n):
     the A3 features, the matched-null excess on null chunks, and optionally the certified
-    Kreiss bracket. The null stream is seeded by ``(seed, layer, head, chunk)``. ``failure``
+    Kreiss bracket. The null stream is seeded by ``(seed, 1, layer, head, chunk)``; besides
+    the excess against all ``S`` samples, ``delta_TR1_half`` is the excess against the first
+    ``⌈S/2⌉`` of them, which are exactly the samples a run with ``⌈S/2⌉`` nulls draws
+    (:func:`~depthlens.linalg.nulls.shuffle_null` draws samples in order). ``failure``
     is None, or the reason why no driver of :mod:`depthlens.linalg.guarded` converged (the
     quantities of that row are then missing)."""
     keys = {"layer": layer, "head": head, "chunk": chunk, "extras": extras}
     try:
-        row = {**keys, **features.matrix_features(A, extras=extras)}
+        bracket = (opts.rtol, opts.certify_evals) if certify else None
+        row = {**keys, **features.matrix_features(A, extras=extras, certify=bracket)}
         if nulls:
             tr = features.null_reserves(A, opts.null_mode, opts.null_samples, null_rng(opts.seed, 1, layer, head, chunk))
             sd = float(tr.std(ddof=1)) if tr.size > 1 else math.nan
             row.update(null_TR1_mean=float(tr.mean()), null_TR1_sd=sd)
             row["delta_TR1"] = row["TR1"] - row["null_TR1_mean"]
             row["z_TR1"] = row["delta_TR1"] / sd if sd > 0 else math.nan
-        if certify:
-            row.update(features.certified_reserve(A, opts.rtol, opts.certify_evals))
+            row["delta_TR1_half"] = row["TR1"] - float(tr[: math.ceil(tr.size / 2)].mean())
     except DecompositionError as exc:
         return failed_row(keys, exc)
     return {**row, "failure": None}
@@ -87,17 +99,24 @@ def certify_row(A: np.ndarray, layer: int, head: int, chunk: int, opts: Attentio
         return failed_row(keys, exc)
 
 
-def induction_row(A: np.ndarray, layer: int, head: int, seq: int, length: int, opts: AttentionOptions) -> dict:
-    """Excess reserve of a probe matrix with induction engaged (the whole ``[BOS, r, r]``
-    matrix) and before it can engage (the leading ``[BOS, r]`` block, itself causal
-    row-stochastic), each against its own matched null."""
+def induction_row(
+    A: np.ndarray, control: np.ndarray, layer: int, head: int, seq: int, length: int, opts: AttentionOptions
+) -> dict:
+    """Excess reserves of one head on one probe sequence, each matrix against its own matched
+    null: the whole ``[BOS, r, r]`` probe matrix ``A`` (induction engaged, n = 2m + 1), its
+    leading ``[BOS, r]`` block (before induction can engage, n = m + 1; itself causal
+    row-stochastic) and the length-matched control matrix ``control`` of ``[BOS, r, r′]``
+    (n = 2m + 1, no repeat). The nulls of ``A`` and of its block are drawn in turn from the
+    stream ``(seed, 3, layer, head, seq)``, those of the control from ``(seed, 4, layer, head, seq)``."""
     rng = null_rng(opts.seed, 3, layer, head, seq)
     keys = {"layer": layer, "head": head, "seq": seq}
     try:
-        return {**keys, "delta_second": excess_reserve(A, opts, rng),
-                "delta_first": excess_reserve(A[: length + 1, : length + 1], opts, rng)}
+        return {**keys, "delta_TR1_second_copy": excess_reserve(A, opts, rng),
+                "delta_TR1_first_copy": excess_reserve(A[: length + 1, : length + 1], opts, rng),
+                "delta_TR1_control": excess_reserve(control, opts, null_rng(opts.seed, 4, layer, head, seq)),
+                "failure": None}
     except DecompositionError as exc:
-        return {**keys, "delta_second": math.nan, "delta_first": math.nan, "failure": str(exc)}
+        return {**keys, **dict.fromkeys(INDUCTION, math.nan), "failure": str(exc)}
 
 
 def depth_chunk_rows(
@@ -134,34 +153,47 @@ def _depth_rows(stacks: dict[str, np.ndarray], chunk: int) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------- aggregation
+def _is_scale(col: str) -> bool:
+    """Whether per-chunk column ``col`` is a scale quantity, aggregated by the median of logs."""
+    return col in SCALE or col.startswith("psr_B") or col.startswith("henrici_") and not col.endswith("_rel")
+
+
+def aggregate_chunks(col: str, values: np.ndarray) -> tuple[float, bool]:
+    """The per-head aggregate of column ``col`` over the head's chunks ``values`` (NaNs dropped):
+    the minimum for 0/1 flags, the median of logs for scale quantities, else the median (NaN
+    when no value is left). The flag is True when a scale quantity had a value ≤ 0 and fell
+    back to the plain median."""
+    v = values[~np.isnan(values)]
+    if v.size == 0:
+        return math.nan, False
+    if col in FLAGS:
+        return float(v.min()), False
+    if _is_scale(col):
+        return (log_median(v), False) if np.all(v > 0) else (float(np.median(v)), True)
+    return float(np.median(v)), False
+
+
 def aggregate_heads(chunks: pd.DataFrame) -> pd.DataFrame:
-    """One row per (layer, head): medians over chunks (median of logs for scale quantities,
-    the minimum for 0/1 flags),
-    null excess statistics with a sign test over chunks and BH q-values over all heads."""
+    """One row per (layer, head): :func:`aggregate_chunks` of every per-chunk quantity,
+    ``plain_median`` (the comma-separated scale quantities, in column order, that fell back to
+    the plain median; empty when none), null excess statistics with a sign test over chunks
+    and BH q-values over all heads."""
     keys = ["layer", "head"]
     groups = chunks.groupby(keys, sort=True)
     value_cols = [c for c in chunks.columns if c not in (*keys, "chunk", "extras") and chunks[c].dtype.kind == "f"]
-
-    def agg(col: str, g: pd.Series) -> float:
-        v = g.dropna().to_numpy()
-        if v.size == 0:
-            return math.nan
-        if col in FLAGS:
-            return float(v.min())
-        if col in SCALE or col.startswith("psr_B") or col.startswith("henrici_") and not col.endswith("_rel"):
-            return log_median(v) if np.all(v > 0) else float(np.median(v))
-        return float(np.median(v))
-
-    out = pd.DataFrame({col: groups[col].apply(lambda g, c=col: agg(c, g)) for col in value_cols}).reset_index()
+    cells = {col: groups[col].apply(lambda g, c=col: aggregate_chunks(c, g.to_numpy(dtype=np.float64)))
+             for col in value_cols}
+    out = pd.DataFrame({col: cell.map(lambda t: t[0]) for col, cell in cells.items()}).reset_index()
+    out["plain_median"] = [",".join(col for col in value_cols if cells[col].iloc[i][1]) for i in range(len(out))]
     out["n_chunks"] = groups.size().to_numpy()
     out["n_extras_chunks"] = groups["extras"].sum().to_numpy().astype(int)
     out["kreiss_A_flagged"] = groups["kreiss_A_ok"].apply(lambda g: int((g < 1).sum())).to_numpy()
     if "failure" in chunks:
         out["n_failed_chunks"] = groups["failure"].apply(lambda g: int(g.notna().sum())).to_numpy()
     if "delta_TR1" in chunks:
-        out["null_p"] = groups["delta_TR1"].apply(lambda g: sign_test(g.dropna().to_numpy())).to_numpy()
-        out["n_null_chunks"] = groups["delta_TR1"].count().to_numpy()
-        out["null_q"] = bh_qvalues(out["null_p"].to_numpy())
+        tests = head_sign_tests(chunks, "delta_TR1")  # the same (layer, head) order as the groups
+        out["null_p"], out["n_null_chunks"] = tests["p"].to_numpy(), tests["n"].to_numpy()
+        out["null_q"] = tests["q"].to_numpy()
     return out
 
 
@@ -171,6 +203,49 @@ def median_chunks(chunks: pd.DataFrame) -> pd.DataFrame:
     counts = ordered.groupby(["layer", "head"]).cumcount()
     sizes = ordered.groupby(["layer", "head"])["chunk"].transform("size")
     return ordered[counts == (sizes - 1) // 2][["layer", "head", "chunk"]].reset_index(drop=True)
+
+
+#: Relative slack above a bracket's upper end for a search value ``kreiss_B``: a lower bound on
+#: ``K(B)`` up to the rounding of one ``σ_min`` (about 1e-12 relative at n = 128).
+SEARCH_ROUNDING = 1e-9
+
+
+def bracket_check(heads: pd.DataFrame, chunks: pd.DataFrame, rtol: float) -> np.ndarray:
+    """Per row of ``heads``: whether the search value ``kreiss_B`` of the head's certified chunk
+    (``certified_chunk``, read from ``chunks``) lies in that chunk's bracket
+    ``[kreiss_B_lo, kreiss_B_hi]`` up to the stated tolerances: 1.0 when
+    ``lo·(1 − rtol) ≤ kreiss_B ≤ hi·(1 + SEARCH_ROUNDING)``, 0.0 when not, NaN without a bracket.
+
+    The search value is the number every claim uses; it is a lower bound on ``K(B)`` up to
+    rounding (hence the small slack above ``hi``) and should equal ``K(B)`` to the bracket's
+    relative width ``rtol`` (a search that missed the maximiser by more fails below ``lo``).
+    """
+    if "certified_chunk" not in heads:
+        return np.full(len(heads), np.nan)
+    keys = ["layer", "head", "certified_chunk"]
+    values = chunks[["layer", "head", "chunk", "kreiss_B"]].rename(columns={"chunk": "certified_chunk"})
+    values["certified_chunk"] = values["certified_chunk"].astype(np.float64)
+    found = heads[keys].astype({"certified_chunk": np.float64}).merge(values, on=keys, how="left")
+    v = found["kreiss_B"].to_numpy(dtype=np.float64)
+    lo = heads["kreiss_B_lo"].to_numpy(dtype=np.float64)
+    hi = heads["kreiss_B_hi"].to_numpy(dtype=np.float64)
+    inside = (v >= lo * (1.0 - rtol)) & (v <= hi * (1.0 + SEARCH_ROUNDING))
+    return np.where(np.isnan(v) | np.isnan(lo) | np.isnan(hi), np.nan, inside.astype(np.float64))
+
+
+def numerical_health(heads: pd.DataFrame) -> dict[str, int]:
+    """The ``numerical_health`` block of the summary: ``brackets`` (heads with a Kreiss bracket),
+    ``bracket_violations`` (of them, those whose certified chunk's search value lies outside
+    it, ``kreiss_B_in_bracket`` = 0), ``uncertified`` (brackets with ``kreiss_B_certified`` = 0:
+    the evaluation budget ran out, or ``K = ∞`` rests on a numerical rank decision) and
+    ``kreiss_A_flagged`` (matrices whose ``K(A) = √n`` check failed, summed over heads)."""
+    check = heads["kreiss_B_in_bracket"]
+    return {
+        "brackets": int(check.notna().sum()),
+        "bracket_violations": int((check == 0).sum()),
+        "uncertified": int((heads["kreiss_B_certified"] == 0).sum()),
+        "kreiss_A_flagged": int(heads["kreiss_A_flagged"].sum()),
+    }
 
 
 def chain_heads(heads: pd.DataFrame) -> dict[str, list[int]]:
@@ -185,8 +260,32 @@ def chain_heads(heads: pd.DataFrame) -> dict[str, list[int]]:
     return out
 
 
+def aggregate_induction(table: pd.DataFrame) -> pd.DataFrame:
+    """Per routing head, from the :func:`induction_row` rows of its probe sequences: the median
+    over sequences of each excess reserve (:data:`INDUCTION`), ``induction_ratio`` = second
+    copy / first copy where the first-copy excess is positive (above :data:`EXCESS_ZERO`), and
+    ``induction_ratio_control`` = second copy / length-matched control where the control
+    excess is positive (NaN otherwise)."""
+    out = table.groupby(["layer", "head"])[list(INDUCTION)].median().reset_index()
+    second = out["delta_TR1_second_copy"]
+    for name, base in (("induction_ratio", "delta_TR1_first_copy"), ("induction_ratio_control", "delta_TR1_control")):
+        out[name] = (second / out[base]).where(out[base] > EXCESS_ZERO)
+    return out
+
+
 def summarise(heads: pd.DataFrame, depth: pd.DataFrame, q_level: float = 0.05) -> dict:
-    """The JSON summary: signed organisation, K(A) check counts and eig_gap model vs null."""
+    """The JSON summary: signed organisation, K(A) check counts, eig_gap model vs null and
+    the induction-engagement ratios.
+
+    ``routing_positive_significant`` / ``sink_negative_significant``: the fraction of routing
+    (sink) heads with ``delta_TR1`` > 0 (< 0) and ``null_q`` ≤ ``q_level`` (None without such
+    heads). ``induction_routing_heads``: the routing heads considered for the ratios;
+    ``induction_excluded_first`` / ``induction_excluded_control``: those of them without
+    ``induction_ratio`` (``induction_ratio_control``) because ``delta_TR1_first_copy``
+    (``delta_TR1_control``) is not positive (≤ :data:`EXCESS_ZERO`, or missing when every
+    probe sequence failed); ``induction_ratio_median`` /
+    ``induction_ratio_control_median``: the median over routing heads of the defined ratios
+    (None when none is)."""
     routing = heads[heads["role"] == "routing"]
     sink = heads[heads["role"] == "sink"]
     sig = heads["null_q"] <= q_level
@@ -210,9 +309,18 @@ def summarise(heads: pd.DataFrame, depth: pd.DataFrame, q_level: float = 0.05) -
         "q_level": q_level,
         "kreiss_A_flagged_matrices": int(heads["kreiss_A_flagged"].sum()),
         "eig_gap_final_depth": gaps,
-        "induction_ratio_median": (float(np.nanmedian(routing["induction_ratio"]))
-                                   if len(routing) and routing["induction_ratio"].notna().any() else None),
+        "induction_routing_heads": int(len(routing)),
+        "induction_excluded_first": int(routing["induction_ratio"].isna().sum()),
+        "induction_excluded_control": int(routing["induction_ratio_control"].isna().sum()),
+        "induction_ratio_median": _median_or_none(routing["induction_ratio"]),
+        "induction_ratio_control_median": _median_or_none(routing["induction_ratio_control"]),
     }
+
+
+def _median_or_none(values: pd.Series) -> float | None:
+    """The median of the non-missing ``values``, None when there is none."""
+    v = values.dropna()
+    return float(np.median(v)) if len(v) else None
 
 
 def options_record(opts: AttentionOptions) -> dict:

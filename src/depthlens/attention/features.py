@@ -69,7 +69,9 @@ def transient_peak(B: np.ndarray, kb: KreissResult) -> tuple[float, int, bool]:
     return result.peak, result.argmax, result.certified
 
 
-def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSILONS) -> dict[str, float]:
+def matrix_features(
+    A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSILONS, certify: tuple[float, int] | None = None
+) -> dict[str, float]:
     """All METHODS A3 quantities of one causal attention matrix.
 
     Parameters
@@ -78,6 +80,9 @@ def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSIL
         Causal row-stochastic attention matrix (float64).
     extras : bool
         Also compute the costlier ε-pseudospectral radii and numerical range of ``B``.
+    certify : (rtol, max_evals), optional
+        Also certify ``K(B)`` (the columns of :func:`certified_reserve`), from the same search
+        that gives ``kreiss_B`` and the same power bound that gives ``kreiss_B_upper``.
 
     Returns
     -------
@@ -86,7 +91,8 @@ def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSIL
         henrici_B, henrici_B_rel, kreiss_A, kreiss_A_ok, perron_simple, kreiss_B,
         kreiss_B_upper, TR1, peak_B, peak_k, peak_certified, TR2``, and with ``extras``: ``psr_B@ε`` and
         ``TR4@ε`` for each ε, ``num_abscissa_B``, ``num_radius_B`` (NaN columns otherwise,
-        marked as not computed by the caller's ``extras`` flag).
+        marked as not computed by the caller's ``extras`` flag); with ``certify`` also
+        ``kreiss_B_lo``, ``kreiss_B_hi``, ``kreiss_B_certified``.
 
     Notes
     -----
@@ -115,7 +121,7 @@ def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSIL
     out["perron_simple"] = float(simple)
     out["kreiss_A"] = k_a
     out["kreiss_A_ok"] = float(simple and k_a >= math.sqrt(n) * (1.0 - KREISS_A_RTOL))
-    kb = kreiss_b(B)
+    kb = kreiss_b(B) if certify is None else _certified_kreiss_b(B, *certify)
     out["kreiss_B"] = kb.value
     out["kreiss_B_upper"] = kb.upper
     out["TR1"] = math.log(kb.value)
@@ -133,6 +139,8 @@ def matrix_features(A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSIL
             out[f"psr_B@{e:g}"] = out[f"TR4@{e:g}"] = math.nan
     out["num_abscissa_B"] = float(numerical_abscissa(B)) if extras else math.nan
     out["num_radius_B"] = float(numerical_radius(B)) if extras else math.nan
+    if certify is not None:
+        out.update(bracket_columns(kb))
     return out
 
 
@@ -142,13 +150,26 @@ def null_reserves(A: np.ndarray, null_mode: str, n_samples: int, rng: np.random.
     return np.array([math.log(kreiss_b(deflate(N), upper=False).value) for N in nulls])
 
 
-def certified_reserve(A: np.ndarray, rtol: float, max_evals: int) -> dict[str, float]:
-    """Bracket ``[lo, hi]`` of ``K(B)`` by branch and bound, within ``rtol`` when
-    ``kreiss_B_certified`` is 1; a matrix that exhausts ``max_evals`` σ_min evaluations keeps
-    the (valid, wider) bracket reached so far with ``kreiss_B_certified`` 0. The
-    :class:`~depthlens.linalg.kreiss.CertificationBudgetWarning` of such a matrix is silenced
-    here (the table's flag records it), so the stage's workers do not repeat it per head."""
+def _certified_kreiss_b(B: np.ndarray, rtol: float, max_evals: int) -> KreissResult:
+    """:func:`kreiss_b` with ``certify=True``; the
+    :class:`~depthlens.linalg.kreiss.CertificationBudgetWarning` of a matrix that exhausts
+    ``max_evals`` is silenced (the table's flag records it), so the stage's workers do not
+    repeat it per head."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CertificationBudgetWarning)
-        res = kreiss_b(deflate(A), certify=True, rtol=rtol, max_evals=max_evals)
-    return {"kreiss_B_lo": res.lo, "kreiss_B_hi": res.hi, "kreiss_B_certified": float(res.certified)}
+        return kreiss_b(B, certify=True, rtol=rtol, max_evals=max_evals)
+
+
+def bracket_columns(kb: KreissResult) -> dict[str, float]:
+    """``kreiss_B_lo``, ``kreiss_B_hi`` and ``kreiss_B_certified`` of a certified result: the
+    bracket (``lo ≤ K(B) ≤ hi`` up to the margins stated in :mod:`depthlens.linalg.kreiss`,
+    whether or not certified) and 1 when it met ``rtol`` (or ``K = ∞`` is certain), 0 when the
+    budget ran out or the verdict ``K = ∞`` rests on a numerical rank decision."""
+    return {"kreiss_B_lo": kb.lo, "kreiss_B_hi": kb.hi, "kreiss_B_certified": float(kb.certified)}
+
+
+def certified_reserve(A: np.ndarray, rtol: float, max_evals: int) -> dict[str, float]:
+    """:func:`bracket_columns` of ``K(B)`` by branch and bound, within ``rtol`` when
+    ``kreiss_B_certified`` is 1; a matrix that exhausts ``max_evals`` σ_min evaluations keeps
+    the (valid, wider) bracket reached so far with ``kreiss_B_certified`` 0, without a warning."""
+    return bracket_columns(_certified_kreiss_b(deflate(A), rtol, max_evals))

@@ -37,7 +37,10 @@ class AttentionOptions:
     probe_len : int
         length of the repeated random block of the probe (METHODS A5: 64)
     ratio_seqs : int
-        probe sequences used for the induction-engagement ratio
+        probe sequences (the first ones) on which the excess reserve of each routing head is
+        measured for the induction-engagement ratios (METHODS A5): the probe, its first copy
+        and the length-matched control [BOS, r, r'], each against its own matched null
+        (3 (1 + null_samples) Kreiss searches per head and sequence)
     thresholds : RoleThresholds
         role rules (a ``[attention.thresholds]`` table in a config file)
     seed : int
@@ -53,7 +56,7 @@ class AttentionOptions:
     certify_evals: int = field(default=10000, metadata={"min": 1})
     probe_seqs: int = field(default=128, metadata={"min": 1})
     probe_len: int = field(default=64, metadata={"min": 1})
-    ratio_seqs: int = field(default=4, metadata={"min": 1, "flag": False})
+    ratio_seqs: int = field(default=4, metadata={"min": 1})
     thresholds: RoleThresholds = field(default_factory=RoleThresholds)
     seed: int = field(default=0, metadata={"derived": "seed"})
 

@@ -78,12 +78,14 @@ def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: Attent
         heads["excess_sign"] = np.sign(heads["delta_TR1"]).map({1.0: "positive", -1.0: "negative", 0.0: "zero"})
         heads = heads.merge(_certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, batch_size, quiet),
                             on=["layer", "head"], how="left")
+        heads["kreiss_B_in_bracket"] = an.bracket_check(heads, chunks, opts.rtol)
         heads = heads.merge(_induction_phase(run_dir, adapter, loaded.tokenizer, heads, opts, pool, quiet),
                             on=["layer", "head"], how="left")
         depth = _depth_phase(run_dir, adapter, token_ids, an.chain_heads(heads), opts, pool, batch_size, quiet)
         _pseudospectra_phase(run_dir, adapter, token_ids, heads, chunks)
     summary = an.summarise(heads, depth)
     summary["role_overlap"] = role_overlap(heads["role"].to_numpy(), heads["delta_TR1"].to_numpy()).to_dict()
+    summary["numerical_health"] = an.numerical_health(heads)
     summary["options"] = an.options_record(opts)
     return {"heads": heads, "head_chunks": chunks, "head_probe": probe, "depth": depth}, summary
 
@@ -189,28 +191,33 @@ def _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, batch_size, 
 
 
 def _induction_phase(run_dir, adapter, tokenizer, heads, opts, pool, quiet) -> pd.DataFrame:
+    """Excess reserves of every routing head on the first ``ratio_seqs`` probe sequences and
+    on their length-matched controls ``[BOS, r, r′]`` (each batch of ``PROBE_BATCH`` holds
+    probe and control sequences alike), aggregated per head by
+    :func:`~depthlens.attention.analysis.aggregate_induction`."""
     key = "induction"
     routing = heads[heads["role"] == "routing"]
     if not run_dir.has_unit(an.STAGE, key):
         rows = []
         if len(routing):
-            ids = data.repeated_random_tokens(tokenizer, opts.probe_seqs, opts.probe_len, seed=opts.seed)[: opts.ratio_seqs]
+            args = (tokenizer, opts.probe_seqs, opts.probe_len)
+            probe = data.repeated_random_tokens(*args, seed=opts.seed)[: opts.ratio_seqs]
+            control = data.control_random_tokens(*args, seed=opts.seed)[: opts.ratio_seqs]
             layers = sorted(routing["layer"].unique())
-            bar = tqdm(total=len(layers), desc="attention induction", unit="layer", disable=quiet)
-            for layer, probs in adapter.attention_probs(ids, layers=layers):
-                A = probs.numpy()
-                tasks = [(A[s, h], layer, int(h), s, opts.probe_len, opts)
-                         for h in routing.loc[routing["layer"] == layer, "head"] for s in range(A.shape[0])]
-                rows.extend(ordered_map(pool, an.induction_row, tasks))
-                bar.update()
+            bar = tqdm(total=probe.shape[0], desc="attention induction", unit="seq", disable=quiet)
+            for start in range(0, probe.shape[0], PROBE_BATCH // 2):
+                seqs = range(start, min(start + PROBE_BATCH // 2, probe.shape[0]))
+                batch = torch.cat([probe[seqs.start : seqs.stop], control[seqs.start : seqs.stop]])
+                for layer, probs in adapter.attention_probs(batch, layers=layers):
+                    A = probs.numpy()
+                    tasks = [(A[i, h], A[len(seqs) + i, h], layer, int(h), s, opts.probe_len, opts)
+                             for h in routing.loc[routing["layer"] == layer, "head"] for i, s in enumerate(seqs)]
+                    rows.extend(ordered_map(pool, an.induction_row, tasks))
+                bar.update(len(seqs))
             bar.close()
-        table = pd.DataFrame(rows, columns=["layer", "head", "seq", "delta_second", "delta_first", "failure"])
+        table = pd.DataFrame(rows, columns=["layer", "head", "seq", *an.INDUCTION, "failure"])
         run_dir.write_unit(an.STAGE, key, {"rows": table})
-    table = run_dir.read_units(an.STAGE, [key], "rows")
-    per_head = table.groupby(["layer", "head"])[["delta_first", "delta_second"]].median().reset_index()
-    ratio = per_head["delta_second"] / per_head["delta_first"]
-    per_head["induction_ratio"] = ratio.where(per_head["delta_first"] > 0)
-    return per_head.rename(columns={"delta_first": "delta_TR1_first_copy", "delta_second": "delta_TR1_second_copy"})
+    return an.aggregate_induction(run_dir.read_units(an.STAGE, [key], "rows"))
 
 
 def _pseudospectra_phase(run_dir, adapter, token_ids, heads, chunks) -> None:
