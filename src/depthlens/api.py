@@ -215,6 +215,14 @@ class Run:
         results = evaluate(load_claims(run_claims_path(self.path)), self._tables)
         return pd.DataFrame(results)
 
+    @property
+    def health(self) -> pd.DataFrame:
+        """The numerical-health checks of the run (:mod:`depthlens.report.health`): name,
+        value, ok (True, False or None when it could not be made) and how to read it."""
+        from .report.health import health_table, numerical_health
+
+        return health_table(numerical_health(self._tables))
+
     def report(self, claims: str | Path | None = None) -> Path:
         """Render ``report.html`` from the tables (as ``depthlens report``) and return its path."""
         from .report import render_report

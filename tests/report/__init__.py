@@ -89,7 +89,7 @@ def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str
     stages = tuple(stages)
     write_json(root, "manifest", {
         "config": {"model": model, "seed": 0, "chunks": chunks, "attention": {"null_chunks": 8, "null_mode": "spec"},
-                   "topology": {"n_perm": 1000}},
+                   "jacobian": {"revisions": ["step1000"]}, "topology": {"n_perm": 1000}},
         "config_hash": "0123456789abcdef",
         "created": "2026-01-01T00:00:00+00:00",
         "model": {"name": model, "revision": None, "family": "llama", "sha256": "ab" * 32},
@@ -116,19 +116,23 @@ def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra:
     for i, role in enumerate(roles):
         layer, head = divmod(i, 4)
         null_mean = 0.8 + 0.05 * i
-        delta = {"routing": 0.3, "sink": -0.2, "other": 0.01}[role]
+        # routing heads: more reserve with a higher previous-token score (A5b)
+        delta = {"routing": 0.3 + 0.01 * i, "sink": -0.2, "other": 0.01}[role]
         rows.append({**ident, "layer": layer, "head": head, "sink_mass": 0.7 if role == "sink" else 0.1,
-                     "prev_token_score": 0.6 if role == "routing" else 0.05, "induction_score": 0.05,
+                     "prev_token_score": 0.5 + 0.02 * i if role == "routing" else 0.05, "induction_score": 0.05,
                      "TR1": null_mean + delta, "null_TR1_mean": null_mean, "delta_TR1": delta,
-                     "null_q": 0.01 if role != "other" else 0.6, "role": role,
+                     "delta_TR1_half": delta, "null_q": 0.01 if role != "other" else 0.6, "role": role,
                      "induction_ratio": (2.0 + 0.05 * i) if role == "routing" else None,
-                     "n_chunks": chunks, "n_null_chunks": null_chunks})
+                     "induction_ratio_control": (2.1 + 0.05 * i) if role == "routing" else None,
+                     "plain_median": "", "n_chunks": chunks, "n_null_chunks": null_chunks})
         for chunk in range(chunks):
+            nulls = chunk < null_chunks
             chunk_rows.append({**ident, "layer": layer, "head": head, "chunk": chunk, "perron_simple": 1.0,
                                "kreiss_A": 4.0, "kreiss_A_ok": 1.0, "TR1": null_mean + delta,
-                               "delta_TR1": delta if chunk < null_chunks else np.nan})
+                               "delta_TR1": delta if nulls else np.nan, "delta_TR1_half": delta if nulls else np.nan})
     heads = pd.DataFrame(rows)
-    heads["induction_ratio"] = heads["induction_ratio"].astype(object)
+    for column in ("induction_ratio", "induction_ratio_control"):
+        heads[column] = heads[column].astype(object)
     write_table(root, "heads", heads, ident)
     write_table(root, "head_chunks", pd.DataFrame(chunk_rows), ident)
     depth_rows = []
@@ -151,6 +155,8 @@ def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra:
         "n_heads": len(roles), "roles": {r: roles.count(r) for r in ("routing", "sink", "other")},
         "routing_positive_significant": 1.0, "sink_negative": 1.0, "sink_negative_significant": 1.0,
         "q_level": 0.05, "kreiss_A_flagged_matrices": 0, "induction_ratio_median": 2.2,
+        "induction_excluded_first": 0, "induction_excluded_control": 0,
+        "numerical_health": {"brackets": 16, "uncertified": 0, "bracket_violations": 0, "kreiss_A_flagged": 0},
         "eig_gap_final_depth": {"mean": {"model": {"median_gap_e1": 8.45, "median_gap_e2": 8.75},
                                          "null": {"median_gap_e1": 0.6, "median_gap_e2": 0.9}}},
     })
@@ -172,13 +178,17 @@ def _jacobian(root: Path, rng: np.random.Generator, ident: dict[str, str]) -> No
     op_rows, eig_rows, cum_rows = [], [], []
     for checkpoint in ("trained", "init"):
         for layer in range(layers):
-            for sub in ("attn", "mlp"):
-                early = layer < 2
+            early = layer < 2
+            for sub in ("attn", "mlp", "layer"):
                 complex_frac = (0.97 if early else 0.3) if checkpoint == "trained" else 0.2
+                # trained: the update's symmetric share rises with depth; init: near-symmetric throughout
+                sym_u = 0.2 + 0.1 * layer if checkpoint == "trained" else 0.8 + 0.001 * (layer % 2)
                 op_rows.append({"checkpoint": checkpoint, "jacobian_mode": "isolated", "layer": layer,
-                                "sublayer": sub, "complex_frac": complex_frac,
+                                "sublayer": sub, "complex_frac": complex_frac, "complex_frac_nontrivial": complex_frac,
                                 "henrici_update_rel": 0.9 - 0.1 * layer, "symmetry": 0.4 + 0.1 * layer,
-                                "erank": 20.0, "spectral_radius": 1.5, "cond": 10.0})
+                                "symmetry_update": sym_u, "erank": 20.0, "spectral_radius": 1.5, "cond": 10.0})
+                if sub == "layer":
+                    continue
                 pairs = rng.normal(size=(4, 2)) * [1.0, 0.8 if complex_frac > 0.5 else 0.05]
                 for re, im in pairs:
                     for sign in (1, -1):
@@ -186,14 +196,19 @@ def _jacobian(root: Path, rng: np.random.Generator, ident: dict[str, str]) -> No
                                          "layer": layer, "sublayer": sub, "re": 1 + re, "im": sign * im})
         steps = 2 * layers
         for alpha in (0.0, 0.25, 0.5, 0.75, 1.0):
-            final = {"trained": 100 * (0.05 + 0.75 * (1 - alpha)), "init": 70.0 - 10 * alpha}[checkpoint]
-            for direction in ("forward", "backward"):
-                for depth in range(steps):
-                    erank = 100.0 * (final / 100.0) ** (depth / (steps - 1))
-                    cum_rows.append({"checkpoint": checkpoint, "jacobian_mode": "isolated", "alpha": alpha,
-                                     "direction": direction, "truncation": 64, "depth": depth, "steps": depth + 1,
-                                     "erank": erank, "erank_sigma": erank, "participation_ratio": erank,
-                                     "log_norm": 0.1 * depth})
+            # the paper's funnel: trained 100 → 2 at α = 1, mostly undone at α = 0; init keeps 60
+            final = {"trained": 2.0 + 80.0 * (1 - alpha), "init": 70.0 - 10 * alpha}[checkpoint]
+            orders = ("lapack",) if alpha == 1.0 else ("lapack", "canonical", "outside_first", "inside_first")
+            for order in orders:
+                for direction in ("forward", "backward"):
+                    for truncation in (64, 128):  # rank-truncated and exact (d = 128)
+                        for depth in range(steps):
+                            erank = 100.0 * (final / 100.0) ** (depth / (steps - 1))
+                            cum_rows.append({"checkpoint": checkpoint, "jacobian_mode": "isolated", "alpha": alpha,
+                                             "schur_order": order, "direction": direction, "truncation": truncation,
+                                             "depth": depth, "steps": depth + 1, "erank": erank,
+                                             "erank_sigma": erank, "participation_ratio": erank,
+                                             "log_norm": 0.1 * depth})
     write_table(root, "operators", pd.DataFrame(op_rows), ident)
     write_table(root, "eigenvalues", pd.DataFrame(eig_rows), ident)
     write_table(root, "cumulative", pd.DataFrame(cum_rows), ident)
@@ -201,14 +216,16 @@ def _jacobian(root: Path, rng: np.random.Generator, ident: dict[str, str]) -> No
 
 def _topology(root: Path, boundaries: int, ident: dict[str, str]) -> None:
     rows = []
-    for checkpoint in ("trained", "init"):
+    for checkpoint, every in (("init", 0), ("step1000", 4), ("trained", 2)):  # 0 → 6 → 12 significant
         for boundary in range(boundaries):
-            sig = checkpoint == "trained" and boundary % 2 == 0
+            sig = every > 0 and boundary % every == 0
+            effect = (0.4 if sig else 0.05) * (-1) ** boundary
+            symmetry = 0.7 if effect > 0 else 0.3  # amplified in near-symmetric layers, damped in non-normal ones
             rows.append({"checkpoint": checkpoint, "boundary": boundary, "layer": boundary // 2,
-                         "sublayer": ("attn", "mlp")[boundary % 2],
-                         "effect": (0.4 if sig else 0.05) * (-1) ** boundary, "p": 0.001 if sig else 0.5,
-                         "q": 0.01 if sig else 0.7, "sign": (-1) ** boundary, "n_boundary_nodes": 16, "n_interior_nodes": 48,
-                         "henrici_update_rel": 0.8, "symmetry": 0.6, "significant": sig})
+                         "sublayer": ("attn", "mlp")[boundary % 2], "effect": effect, "p": 0.001 if sig else 0.5,
+                         "q": 0.01 if sig else 0.7, "sign": (-1) ** boundary, "n_boundary_nodes": 16,
+                         "n_interior_nodes": 48, "henrici_update_rel": 1.0 - symmetry, "symmetry": symmetry,
+                         "significant": sig})
     write_table(root, "coupling", pd.DataFrame(rows), ident)
     write_json(root, "topology", {"significant_layers": {"trained": (boundaries + 1) // 2, "init": 0},
                                   "n_boundaries": {"trained": boundaries, "init": boundaries}, "q_level": 0.05})

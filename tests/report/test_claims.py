@@ -26,9 +26,9 @@ from depthlens.report.tables import RunTables
 
 from . import build_run, drop_stage, read_json, read_table, set_stage, write_json, write_table
 
-DEFAULT_IDS = ["A1-kreiss-pinned", "A2-eig-gap-model", "A3-eig-gap-null", "A4-induction-doubling",
-               "A5-routing-positive", "A6-sink-negative", "A7-clamp-chain", "B1-complex-early", "B2-funnel-trained",
-               "B3-funnel-init", "B4-funnel-schur", "B5-coupling-rise", "B6-coupling-init"]
+DEFAULT_IDS = ["A2-eig-gap-contrast", "A4-induction-doubling", "A5-routing-positive", "A5b-routing-tracks-prev-token",
+               "A6-sink-negative", "A7-clamp-chain", "B1-complex-early", "B1b-symmetric-late", "B2-funnel-trained",
+               "B3-funnel-learned", "B4-funnel-schur", "B5-coupling-rise", "B5b-coupling-sign", "B6-coupling-init"]
 
 
 def verdicts(run: Path) -> dict[str, str]:
@@ -45,12 +45,16 @@ def test_default_claims_cover_every_reference_figure():
     claims = load_claims()
     assert [c.id for c in claims] == DEFAULT_IDS
     assert all(c.statistic in STATISTICS for c in claims)
-    assert all(c.prediction and c.falsifier and c.source for c in claims)
+    assert all(c.prediction and c.falsifier and c.protocol for c in claims)
+    assert all(c.source.startswith("Seed 1: '") or c.source.startswith("Seed 2: '") for c in claims)
+    assert all("METHODS" in c.protocol for c in claims)
     by_id = {c.id: c for c in claims}
-    assert by_id["A2-eig-gap-model"].test == ">=" and by_id["A2-eig-gap-model"].threshold == 7.0
+    assert by_id["A2-eig-gap-contrast"].test == ">=" and by_id["A2-eig-gap-contrast"].threshold == 5.0
     assert by_id["A4-induction-doubling"].threshold == (1.5, 3.0)
-    assert by_id["B1-complex-early"].threshold == 0.9
-    assert by_id["B2-funnel-trained"].threshold == 0.1
+    assert by_id["B1-complex-early"].statistic == "complex_frac_nontrivial_early_layer"
+    assert by_id["B2-funnel-trained"].threshold == 0.032  # twice the paper's 7/436
+    assert {v.name for v in by_id["B4-funnel-schur"].variants} >= {"canonical Schur order", "|λ| > 1 first"}
+    assert "kreiss_A_pinned_fraction" not in {c.statistic for c in claims}  # a theorem: numerical health
 
 
 def test_load_claims_default_equals_packaged_path():
@@ -101,45 +105,60 @@ def test_falsified(run):
     depth.loc[depth["source"] == "model", "gap_e1"] = 3.0
     depth.loc[depth["source"] == "null", "gap_e1"] = 6.0
     write_table(run, "depth", depth)
+    heads = read_table(run, "heads")
+    heads["induction_ratio_control"] = heads["induction_ratio_control"].where(heads["role"] != "routing", 1.0)
+    routing = heads["role"] == "routing"
+    heads.loc[routing, "prev_token_score"] = heads.loc[routing, "prev_token_score"].to_numpy()[::-1]
+    write_table(run, "heads", heads)
     ops = read_table(run, "operators")
-    ops["complex_frac"] = 0.5
+    ops["complex_frac_nontrivial"] = 0.5
+    ops["symmetry_update"] = 0.9 - 0.1 * ops["layer"]
     write_table(run, "operators", ops)
     cum = read_table(run, "cumulative")
-    cum["erank"] = 50.0  # flat curves: no funnel anywhere
+    trained = cum["checkpoint"] == "trained"
+    cum.loc[trained, "erank"] = 50.0 * np.exp(-cum.loc[trained, "depth"] / 11 * np.log(25.0))  # 50 → 2 whatever α
+    cum.loc[~trained, "erank"] = 3.0  # init collapses too
     write_table(run, "cumulative", cum)
     coupling = read_table(run, "coupling")
     coupling["significant"] = coupling["checkpoint"] == "init"
+    coupling["symmetry"] = 1.0 - coupling["symmetry"]
     write_table(run, "coupling", coupling)
     summary = read_json(run, "attention")
-    summary["sink_negative"] = 0.25
+    summary["sink_negative_significant"] = 0.25
     write_json(run, "attention", summary)
     got = verdicts(run)
-    for cid in ("A2-eig-gap-model", "A3-eig-gap-null", "A6-sink-negative", "B1-complex-early",
-                "B2-funnel-trained", "B5-coupling-rise", "B6-coupling-init"):
+    for cid in ("A2-eig-gap-contrast", "A4-induction-doubling", "A5b-routing-tracks-prev-token", "A6-sink-negative",
+                "B1-complex-early", "B1b-symmetric-late", "B3-funnel-learned", "B4-funnel-schur", "B5-coupling-rise",
+                "B5b-coupling-sign", "B6-coupling-init"):
         assert got[cid] == "falsified", cid
-    assert got["B3-funnel-init"] == "supported"
-    assert got["B4-funnel-schur"] == "inconclusive"  # no funnel at α = 1: nothing to remove
+    assert got["B2-funnel-trained"] == "inconclusive"  # 2/50 = 0.04 lies in the band [0.032, 0.1]
 
 
 def test_inconclusive(run):
     depth = read_table(run, "depth")
-    depth.loc[(depth["source"] == "model") & (depth["operator"] == "mean"), "gap_e1"] = 6.0
+    null = depth["source"] == "null"
+    depth.loc[null, "gap_e1"] = depth.loc[null, "gap_e1"] + 4.0  # contrast ≈ 3.8: in the band [3, 5]
     write_table(run, "depth", depth)
     heads = read_table(run, "heads")
-    heads["induction_ratio"] = None  # routing heads present, but no ratio measured
+    heads["induction_ratio_control"] = None  # routing heads present, but no ratio measured
     write_table(run, "heads", heads)
     summary = read_json(run, "attention")
     summary["routing_positive_significant"] = None  # as the stage writes it with no routing heads
     write_json(run, "attention", summary)
     ops = read_table(run, "operators")
-    ops.loc[ops["checkpoint"] == "trained", "complex_frac"] = 0.85
+    ops.loc[ops["checkpoint"] == "trained", "complex_frac_nontrivial"] = 0.85
     write_table(run, "operators", ops)
+    coupling = read_table(run, "coupling")
+    write_table(run, "coupling", coupling[coupling["checkpoint"] != "step1000"])  # only step 0 and trained
     results = {r["id"]: r for r in evaluate(load_claims(), run)}
-    for cid in ("A2-eig-gap-model", "A4-induction-doubling", "A5-routing-positive", "B1-complex-early"):
+    for cid in ("A2-eig-gap-contrast", "A4-induction-doubling", "A5-routing-positive", "B1-complex-early",
+                "B5-coupling-rise"):
         assert results[cid]["verdict"] == "inconclusive", cid
     assert "too little data" in results["A4-induction-doubling"]["reason"]
-    assert "band" in results["A2-eig-gap-model"]["reason"]
+    assert "band" in results["A2-eig-gap-contrast"]["reason"]
     assert results["A4-induction-doubling"]["value"] is None
+    assert "only 2 checkpoint(s) (init, trained); a monotone rise needs at least 3" in results["B5-coupling-rise"]["reason"]
+    assert results["B5-coupling-rise"]["descriptive"]["coupling_significant_rise"] == 12
 
 
 def test_inconclusive_without_routing_heads(run):
@@ -157,7 +176,7 @@ def test_not_tested_when_stages_did_not_run(run):
         if cid.startswith("A") or cid.startswith("B5") or cid.startswith("B6"):
             assert results[cid]["verdict"] == "not tested", cid
             assert results[cid]["value"] is None
-    assert "stage attention not run" in results["A2-eig-gap-model"]["reason"]
+    assert "stage attention not run" in results["A2-eig-gap-contrast"]["reason"]
     assert results["B1-complex-early"]["verdict"] == "supported"
 
 
@@ -166,18 +185,19 @@ def test_not_tested_failed_stage_and_missing_rows_or_columns(run):
     (run / "tables" / "operators.parquet").unlink()
     coupling = read_table(run, "coupling")
     write_table(run, "coupling", coupling[coupling["checkpoint"] == "trained"])  # no init checkpoint
-    heads = read_table(run, "heads").drop(columns=["induction_ratio"])
+    heads = read_table(run, "heads").drop(columns=["induction_ratio_control"])
     write_table(run, "heads", heads)
     depth = read_table(run, "depth")
     write_table(run, "depth", depth[depth["source"] == "model"])  # no null samples
     results = {r["id"]: r for r in evaluate(load_claims(), run)}
     assert results["B1-complex-early"]["verdict"] == "not tested"
     assert "failed" in results["B1-complex-early"]["reason"]
-    assert results["B5-coupling-rise"]["verdict"] == "not tested"
+    assert results["B5-coupling-rise"]["verdict"] == "inconclusive"
+    assert "only 1 checkpoint(s) (trained)" in results["B5-coupling-rise"]["reason"]
     assert results["B6-coupling-init"]["verdict"] == "not tested"
     assert results["A4-induction-doubling"]["verdict"] == "not tested"
-    assert results["A3-eig-gap-null"]["verdict"] == "not tested"
-    assert results["A2-eig-gap-model"]["verdict"] == "supported"
+    assert results["A2-eig-gap-contrast"]["verdict"] == "not tested"  # no null samples to contrast with
+    assert results["A2-eig-gap-contrast"]["descriptive"]["eig_gap_e1_model_final"] > 7
 
 
 def test_a_statistic_failing_on_an_odd_table_is_not_tested_with_a_warning(run):
@@ -208,7 +228,7 @@ def test_inf_statistic_is_json_safe(run, tmp_path):
     depth.loc[depth["source"] == "model", "gap_e1"] = np.inf
     write_table(run, "depth", depth)
     results = evaluate(load_claims(), run)
-    a2 = next(r for r in results if r["id"] == "A2-eig-gap-model")
+    a2 = next(r for r in results if r["id"] == "A2-eig-gap-contrast")
     assert a2["verdict"] == "supported" and a2["value"] == "inf"
     path = write_claims_json(run, results)
 
@@ -217,7 +237,7 @@ def test_inf_statistic_is_json_safe(run, tmp_path):
 
     doc = json.loads(path.read_text(), parse_constant=refuse)
     assert doc["claims_hash"] == claims_hash()
-    assert doc["counts"]["supported"] == 12 and doc["counts"]["not tested"] == 1
+    assert doc["counts"]["supported"] == len(DEFAULT_IDS) - 1 and doc["counts"]["not tested"] == 1
     assert [r["id"] for r in doc["results"]] == DEFAULT_IDS
 
 
@@ -227,6 +247,8 @@ def test_every_statistic_computes_on_the_synthetic_run(run):
         value, note = compute_statistic(name, tables)
         if name == "clamp_chain_n_dims":
             assert value is None and "interventions" in note
+        elif name.endswith(("_in_context", "_isolated_observed")):  # the synthetic run has isolated operators only
+            assert value is None and name.rsplit("_early_", 1)[1].split("_", 1)[1] in note, (name, note)
         else:
             assert value is not None and not math.isnan(value), (name, note)
 

@@ -24,7 +24,7 @@ from depthlens.report.claims import (
 from . import build_run, read_json, read_table, write_json, write_table
 from .test_claims import GOOD
 
-JACOBIAN_IDS = ("B1-complex-early", "B2-funnel-trained", "B3-funnel-init", "B4-funnel-schur")
+JACOBIAN_IDS = ("B1-complex-early", "B1b-symmetric-late", "B2-funnel-trained", "B3-funnel-learned", "B4-funnel-schur")
 
 
 def results(run: Path, claims_path: Path | None = None) -> dict[str, dict]:
@@ -47,7 +47,7 @@ def test_full_synthetic_run_meets_every_minimum(tmp_path):
     assert a5["sample"] == {"null_chunks": 8, "routing_heads": 6} and a5["min_sample"] == {
         "null_chunks": 6, "routing_heads": 4}
     assert got["B6-coupling-init"]["sample"] == {"boundaries": 24, "permutations": 1000}
-    assert got["A1-kreiss-pinned"]["sample"] == {"matrices": 16 * 8}
+    assert got["A2-eig-gap-contrast"]["sample"] == {"null_chunks": 8}
 
 
 def test_two_chunks_no_significant_routing_head_is_underpowered_not_falsified(tmp_path):
@@ -61,11 +61,11 @@ def test_two_chunks_no_significant_routing_head_is_underpowered_not_falsified(tm
     assert a5["verdict"] == "inconclusive" and a5["underpowered"] is True
     assert a5["reason"] == "underpowered (n = 2 chunks with null samples, needs 6)"
     assert a5["value"] == 0.0  # the statistic is still reported
-    for cid in ("A2-eig-gap-model", "A3-eig-gap-null", "A6-sink-negative", *JACOBIAN_IDS):
+    for cid in ("A2-eig-gap-contrast", "A6-sink-negative", *JACOBIAN_IDS):
         assert got[cid]["verdict"] == "inconclusive" and got[cid]["underpowered"], cid
         assert "n = 2 chunks" in got[cid]["reason"] and "needs 6" in got[cid]["reason"], cid
-    # 16 heads x 2 chunks = 32 matrices >= 25: A1 is powered and keeps its verdict
-    assert got["A1-kreiss-pinned"]["verdict"] == "supported" and not got["A1-kreiss-pinned"]["underpowered"]
+    # counted in routing heads only: powered, keeps its verdict
+    assert got["A5b-routing-tracks-prev-token"]["verdict"] == "supported"
     # topology is counted in boundaries and permutations, not chunks
     assert got["B6-coupling-init"]["verdict"] == "supported"
 
@@ -90,7 +90,7 @@ def test_minimum_is_inclusive(tmp_path):
     got = results(build_run(tmp_path / "run", chunks=6))
     assert all(not r["underpowered"] for r in got.values())
     got = results(build_run(tmp_path / "run5", chunks=5))
-    assert got["A2-eig-gap-model"]["reason"] == "underpowered (n = 5 chunks, needs 6)"
+    assert got["B1-complex-early"]["reason"] == "underpowered (n = 5 chunks, needs 6)"
 
 
 def test_few_heads_boundaries_and_permutations_are_underpowered(tmp_path):
@@ -182,7 +182,7 @@ def register(run: Path, data: bytes) -> str:
 
 def edited_default(tmp_path: Path) -> Path:
     text = default_claims_path().read_text()
-    old = 'statistic = "eig_gap_e1_model_final"\ntest = ">="\nthreshold = 7.0'
+    old = 'statistic = "eig_gap_e1_contrast"\ntest = ">="\nthreshold = 5.0'
     assert old in text
     path = tmp_path / "edited.toml"
     path.write_text(text.replace(old, old[:-3] + "9.0"))
@@ -192,11 +192,11 @@ def edited_default(tmp_path: Path) -> Path:
 def test_report_uses_the_runs_registered_copy_by_default(tmp_path):
     run = build_run(tmp_path / "run")
     sep = "\n[[claim]]\n"
-    only = sep.join(default_claims_path().read_text().split(sep)[:2])  # header + A1 only
+    only = sep.join(default_claims_path().read_text().split(sep)[:2])  # the header and the first claim only
     sha = register(run, only.encode())
     text = render_report(run).read_text()
     doc = json.loads((run / "claims.json").read_text())
-    assert [r["id"] for r in doc["results"]] == ["A1-kreiss-pinned"]
+    assert [r["id"] for r in doc["results"]] == ["A2-eig-gap-contrast"]
     assert doc["claims_file"] == CLAIMS_COPY
     assert doc["claims_hash"] == doc["registered_claims_hash"] == sha and doc["rescored"] is False
     assert 'id="rescored"' not in text and "the one registered with the run" in text
@@ -210,7 +210,7 @@ def test_rescoring_against_an_edited_file_is_flagged(tmp_path):
     doc = json.loads((run / "claims.json").read_text())
     assert doc["rescored"] is True
     assert doc["registered_claims_hash"] == registered and doc["claims_hash"] == claims_hash(edited) != registered
-    a2 = next(r for r in doc["results"] if r["id"] == "A2-eig-gap-model")
+    a2 = next(r for r in doc["results"] if r["id"] == "A2-eig-gap-contrast")
     assert a2["criterion"] == "≥ 9"
     banner = text[text.index('id="rescored"'): text.index('id="claims"')]
     assert "Re-scored" in banner and registered in banner and claims_hash(edited) in banner

@@ -12,6 +12,15 @@ A claims file is TOML with one ``[[claim]]`` table per claim::
     falsifier = "One sentence saying what would refute it."
     source = "Which paper figure it comes from."
     min_chunks = 6                                # optional: minimum sample, one min_UNIT per unit
+    protocol = "How it is measured (METHODS.md)." # optional: the operationalisation, traced to METHODS
+    descriptive = ["eig_gap_e1_model_final"]      # optional: statistics reported beside, no verdict
+    [[claim.variant]]                             # optional, repeated: a sensitivity variant
+    name = "second eigenvalue prediction"         #   what it changes
+    statistic = "eig_gap_e2_contrast"             #   a statistic under the claim's own test
+
+Sensitivity: every variant gets its own value and verdict under the claim's test, threshold
+and band (``sensitivity`` in the result); a decisive verdict (supported or falsified) that
+changes under a variant that could be computed is ``fragile``.
 
 Minimum samples: ``min_UNIT = N`` (an integer ≥ 1) for any unit in :data:`SAMPLE_UNITS` that
 the claim's statistic knows how to count (``Statistic.samples``: chunks, chunks with null
@@ -68,9 +77,19 @@ CLAIMS_JSON = "claims.json"
 #: report RUN`` scores against it by default).
 CLAIMS_COPY = "claims.toml"
 _FIELDS = {"id", "prediction", "statistic", "test", "threshold", "falsifier", "source", "inconclusive_band",
-           *(f"min_{unit}" for unit in SAMPLE_UNITS)}
+           "protocol", "descriptive", "variant", *(f"min_{unit}" for unit in SAMPLE_UNITS)}
+_VARIANT_FIELDS = {"name", "statistic", "note"}
 _REQUIRED = ("id", "prediction", "statistic", "test", "threshold", "falsifier", "source")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A sensitivity variant of a claim: ``statistic`` under the claim's own test."""
+
+    name: str
+    statistic: str
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,13 @@ class Claim:
     inconclusive_band: tuple[tuple[float, float], ...] = field(default=())
     #: ``(unit, minimum)`` pairs from the ``min_UNIT`` fields, units of :data:`SAMPLE_UNITS`.
     min_sample: tuple[tuple[str, int], ...] = field(default=())
+    #: How the statistic is measured, traced to the sentence of METHODS.md or the seed it tests.
+    protocol: str = ""
+    #: Statistics reported beside the verdict, without one of their own.
+    descriptive: tuple[str, ...] = field(default=())
+    #: Sensitivity variants: the same test on another operationalisation a careful reader would
+    #: try.
+    variants: tuple[Variant, ...] = field(default=())
 
     def criterion(self) -> str:
         """The test as text, e.g. ``≥ 7`` or ``in [1.5, 3]``."""
@@ -199,9 +225,26 @@ def _parse_claim(entry: Any, index: int, where: str) -> Claim:
             which = ", ".join(f"min_{u}" for u in counted) or "none"
             raise fail(f"min_{unit} does not apply to statistic {entry['statistic']!r}; it counts: {which}.")
         minimum.append((unit, n))
+    protocol = entry.get("protocol", "")
+    if not isinstance(protocol, str):
+        raise fail("field 'protocol' must be a string.")
+    descriptive = entry.get("descriptive", [])
+    if not isinstance(descriptive, list) or not all(isinstance(d, str) and d in STATISTICS for d in descriptive):
+        raise fail(f"descriptive must be a list of statistic names; known: {', '.join(sorted(STATISTICS))}.")
+    raw_variants = entry.get("variant", [])
+    if not isinstance(raw_variants, list) or not all(isinstance(v, dict) for v in raw_variants):
+        raise fail("variants go in [[claim.variant]] tables with name and statistic.")
+    variants = []
+    for v in raw_variants:
+        bad = sorted(set(v) - _VARIANT_FIELDS)
+        if bad or not isinstance(v.get("name"), str) or v.get("statistic") not in STATISTICS:
+            raise fail(f"variant {v.get('name')!r}: needs a name and a known statistic "
+                       f"(fields: {', '.join(sorted(_VARIANT_FIELDS))}).")
+        variants.append(Variant(v["name"], v["statistic"], " ".join(str(v.get("note", "")).split())))
     return Claim(id=entry["id"], prediction=" ".join(entry["prediction"].split()), statistic=entry["statistic"],
                  test=test, threshold=threshold, falsifier=" ".join(entry["falsifier"].split()),
-                 source=" ".join(entry["source"].split()), inconclusive_band=band, min_sample=tuple(minimum))
+                 source=" ".join(entry["source"].split()), inconclusive_band=band, min_sample=tuple(minimum),
+                 protocol=" ".join(protocol.split()), descriptive=tuple(descriptive), variants=tuple(variants))
 
 
 def _is_number(x: Any) -> bool:
@@ -274,9 +317,11 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables) -> list[d
     finite float, ``"inf"``/``"-inf"``, or None when not tested or NaN), ``value_text``,
     ``test``, ``threshold``, ``criterion``, ``inconclusive_band``, ``verdict``, ``reason``,
     ``falsifier``, ``source``, ``min_sample`` (unit → minimum), ``sample`` (unit → the run's
-    count, None when not tested or not recorded) and ``underpowered`` (True when a count is
-    below its minimum: the verdict is then ``inconclusive`` whatever the value). Reads tables
-    and summaries only.
+    count, None when not tested or not recorded), ``underpowered`` (True when a count is
+    below its minimum: the verdict is then ``inconclusive`` whatever the value), ``protocol``,
+    ``descriptive`` (statistic → value), ``sensitivity`` (one dict per variant: ``name``,
+    ``statistic``, ``note``, ``value``, ``value_text``, ``verdict``, ``reason``) and
+    ``fragile`` (:func:`fragile`). Reads tables and summaries only.
     """
     tables = run_dir if isinstance(run_dir, RunTables) else RunTables(run_dir)
     results = []
@@ -292,13 +337,20 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables) -> list[d
         if short:
             result, reason = "inconclusive", (f"{short}; {reason}" if value is not None and math.isnan(value)
                                               else short)
+        sensitivity = []
+        for variant in claim.variants:
+            v_value, v_note = compute_statistic(variant.statistic, tables)
+            v_verdict, v_reason = verdict(claim, v_value)
+            sensitivity.append({"name": variant.name, "statistic": variant.statistic, "note": variant.note,
+                                "value": _json_value(v_value), "value_text": _text(v_value), "verdict": v_verdict,
+                                "reason": v_note if v_verdict == "not tested" and v_note else v_reason})
         results.append({
             "id": claim.id,
             "prediction": claim.prediction,
             "statistic": claim.statistic,
             "statistic_description": STATISTICS[claim.statistic].description,
             "value": _json_value(value),
-            "value_text": "—" if value is None or math.isnan(value) else _fmt(value),
+            "value_text": _text(value),
             "test": claim.test,
             "threshold": list(claim.threshold) if isinstance(claim.threshold, tuple) else claim.threshold,
             "criterion": claim.criterion(),
@@ -310,8 +362,22 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables) -> list[d
             "min_sample": dict(claim.min_sample),
             "sample": sizes,
             "underpowered": bool(short),
+            "protocol": claim.protocol,
+            "descriptive": {name: _json_value(compute_statistic(name, tables)[0]) for name in claim.descriptive},
+            "sensitivity": sensitivity,
+            "fragile": fragile(result, [s["verdict"] for s in sensitivity]),
         })
     return results
+
+
+def fragile(main: str, variants: Sequence[str]) -> bool:
+    """Whether a decisive verdict (supported or falsified) changes under a sensitivity variant
+    that could be computed (a ``not tested`` variant does not count)."""
+    return main in ("supported", "falsified") and any(v != main for v in variants if v != "not tested")
+
+
+def _text(value: float | None) -> str:
+    return "—" if value is None or math.isnan(value) else _fmt(value)
 
 
 def registered_claims(run_dir: str | Path | RunTables) -> dict[str, Any]:

@@ -47,6 +47,14 @@ PSEUDO_EPS = (1e-3, 1e-2, 1e-1)
 
 #: What to look for in each figure (shown under it in the report).
 CAPTIONS: dict[str, str] = {
+    "schur_split": (
+        "Effective rank of the cumulative Jacobian at full depth (backward accumulation, truncated to rank "
+        "512 when the run computed it, as in the paper's figure) against α, the scale of the non-normal part "
+        "N in J(α) = Q(Λ + αN)Q*, for the trained model (solid) and its step-0 null (dashed), one colour per "
+        "Schur order. The split is basis-dependent: reordering the Schur form changes Q and with it J(0), so "
+        "the α = 0 end differs between orders while α = 1 is the real product. Look for the trained curve "
+        "rising towards α = 0 (removing N dissolves the funnel) and for how much that depends on the order."
+    ),
     "pseudospectra": (
         "ε-pseudospectra of the Perron-deflated operator B = A − P for the head with the largest "
         "previous-token or induction score and the head with the largest sink mass, each on its "
@@ -312,6 +320,7 @@ def _ranges(values: list[int]) -> str:
 def draw_eigenvalue_clouds(t: RunTables) -> Figure:
     df = _need(t.table("eigenvalues"), "eigenvalues.parquet", "checkpoint", "jacobian_mode", "layer", "sublayer", "re", "im")
     df, mode = _prefer(df, "jacobian_mode", "isolated")
+    df = df[df["sublayer"].isin(("attn", "mlp"))]  # the sub-layer operators (not the full-layer products)
     trained, checkpoint = _prefer(df, "checkpoint", "trained")
     init = df[df["checkpoint"] == "init"] if checkpoint != "init" else df.iloc[:0]
     layers = sorted(pd.unique(trained["layer"]))
@@ -351,6 +360,7 @@ def draw_operator_profile(t: RunTables) -> Figure:
     if not cols:
         raise Skip("operators.parquet has none of complex_frac, henrici_update_rel, symmetry")
     df, mode = _prefer(df, "jacobian_mode", "isolated")
+    df = df[df["sublayer"].isin(("attn", "mlp"))]  # the sub-layer operators (not the full-layer products)
     fig = _figure(4.0 * len(cols), 3.5)
     axes = fig.subplots(1, len(cols), squeeze=False)[0]
     for ax, (col, label) in zip(axes, cols):
@@ -367,13 +377,20 @@ def draw_operator_profile(t: RunTables) -> Figure:
     return fig
 
 
-def draw_cumulative_erank(t: RunTables) -> Figure:
+def _cumulative(t: RunTables, direction: str) -> tuple[pd.DataFrame, str]:
+    """The cumulative curves of ``direction`` in the funnel's Jacobian mode, and that mode."""
     df = _need(t.table("cumulative"), "cumulative.parquet", "checkpoint", "jacobian_mode", "alpha", "direction",
-               "truncation", "depth", "erank")
-    df = df[df["direction"] == "forward"]
+               "truncation", "depth", "steps", "erank")
+    df = df[df["direction"] == direction]
     if df.empty:
-        raise Skip("cumulative.parquet has no forward curves")
-    df, mode = _prefer(df, "jacobian_mode", "isolated")
+        raise Skip(f"cumulative.parquet has no {direction} curves")
+    return _prefer(df, "jacobian_mode", "isolated")
+
+
+def draw_cumulative_erank(t: RunTables) -> Figure:
+    df, mode = _cumulative(t, "forward")
+    if "schur_order" in df.columns:  # the claims' order (α = 1 does not depend on it)
+        df = df[(df["schur_order"] == "lapack") | np.isclose(df["alpha"].astype(float), 1.0)]
     alphas = sorted(pd.unique(df["alpha"].astype(float)))
     cmap = matplotlib.colormaps["viridis"]
     fig = _figure(6.0, 4.2)
@@ -402,6 +419,34 @@ def draw_cumulative_erank(t: RunTables) -> Figure:
 MAX_WIDTH = 11.0
 #: Smallest font of the coupling heatmap, in points.
 COUPLING_FONT = 8.0
+
+
+def draw_schur_split(t: RunTables) -> Figure:
+    """Full-depth erank against α, trained and init, one line per Schur order (B2 protocol)."""
+    df, mode = _cumulative(t, "backward")
+    truncated = df[df["truncation"] < df["truncation"].max()]
+    df, protocol = (truncated, "rank-truncated") if not truncated.empty else (df, "exact")
+    df = df[df["steps"] == df["steps"].max()]
+    has_order = "schur_order" in df.columns
+    fig = _figure(6.0, 4.0)
+    ax = fig.subplots()
+    for checkpoint in _checkpoints(df):
+        part = df[df["checkpoint"] == checkpoint]
+        at_one = np.isclose(part["alpha"].astype(float), 1.0)
+        orders = [o for o in pd.unique(part.loc[~at_one, "schur_order"])] if has_order else ["lapack"]
+        for j, order in enumerate(orders):
+            rows = part[(part["schur_order"].to_numpy() == order) | at_one] if has_order else part
+            curve = rows.assign(alpha=rows["alpha"].astype(float)).groupby("alpha")["erank"].first().sort_index()
+            if len(curve) < 2:
+                continue
+            ax.plot(curve.index, curve.to_numpy(), ls=_checkpoint_style(checkpoint), marker="o", ms=3,
+                    color=matplotlib.colormaps["tab10"](j), label=f"{checkpoint}, {order}")
+    ax.set_yscale("log")
+    ax.set_xlabel("α (scale of the non-normal part N)")
+    ax.set_ylabel("erank at full depth")
+    ax.set_title(f"Schur split at full depth (backward, {protocol}, {mode})", fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    return fig
 
 
 def draw_coupling(t: RunTables) -> Figure:
@@ -474,6 +519,8 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec("operator_profile", "B", "Operator type against depth", ("operators",), draw_operator_profile),
     FigureSpec("cumulative_erank", "B", "Cumulative effective rank and the Schur split", ("cumulative",),
                draw_cumulative_erank),
+    FigureSpec("schur_split", "B", "The Schur split at full depth, per Schur order", ("cumulative",),
+               draw_schur_split),
     FigureSpec("coupling", "B", "Topology–dynamics coupling", ("coupling",), draw_coupling),
 )
 SPECS = {spec.name: spec for spec in FIGURES}

@@ -35,6 +35,7 @@ from .claims import (
     write_claims_json,
 )
 from .figures import FIGURES, build_figures
+from .health import numerical_health
 from .statistics import SAMPLE_UNITS
 from .tables import STATUS_TEXT, RunTables
 
@@ -151,6 +152,7 @@ def _page(tables: RunTables, results: list[dict], figures: Mapping[str, tuple[Pa
         _meta_line(manifest, claims_file),
         _rescored_banner(claims_file, registered),
         _claims_section(results, claims_file, registered),
+        _health_section(tables),
         _stages_section(tables),
     ]
     for key, (title, stages, blurb) in PARTS.items():
@@ -198,11 +200,11 @@ def _claims_section(results: list[dict], claims_file: Path, registered: str | No
             "<tr>"
             f"<td><b>{esc(r['id'])}</b></td>"
             f"<td>{esc(r['prediction'])}<br><small>falsified if: {esc(r['falsifier'])}</small><br>"
-            f"<small>source: {esc(r['source'])}</small></td>"
+            f"<small>source: {esc(r['source'])}</small>{_protocol_text(r)}</td>"
             f"<td><code>{esc(r['statistic'])}</code><br><small>{esc(r['statistic_description'])}</small></td>"
             f"<td class=\"num\">{esc(r['value_text'])}</td>"
             f"<td class=\"num\">{esc(r['criterion'])}{_band_text(r)}{_sample_text(r)}</td>"
-            f"<td>{_verdict_badge(r)}<br><small>{esc(r['reason'])}</small></td>"
+            f"<td>{_verdict_badge(r)}<br><small>{esc(r['reason'])}</small>{_sensitivity_html(r)}</td>"
             "</tr>"
         )
     counts = ", ".join(f"{sum(r['verdict'] == v for r in results)} {esc(v)}" for v in VERDICTS)
@@ -227,8 +229,40 @@ def _claims_section(results: list[dict], claims_file: Path, registered: str | No
         "Verdicts: <i>not tested</i> = the statistic's inputs are missing (stage not run); "
         "<i>inconclusive</i> = too little data, or a near miss inside the pre-registered band; "
         "<i>inconclusive: underpowered</i> = the run's sample (chunks, heads, boundaries, ...) is "
-        "below the claim's pre-registered minimum, so no verdict is drawn from it.</p></section>"
+        "below the claim's pre-registered minimum, so no verdict is drawn from it; "
+        "<i>fragile</i> = a decisive verdict that changes under one of the claim's sensitivity variants "
+        "(the same test on another operationalisation), listed under it.</p></section>"
     )
+
+
+def _protocol_text(result: Mapping[str, Any]) -> str:
+    out = f"<br><small>protocol: {esc(result['protocol'])}</small>" if result.get("protocol") else ""
+    described = result.get("descriptive") or {}
+    if described:
+        out += "<br><small>beside it: " + esc("; ".join(
+            f"{name} = {'—' if v is None else _num(v)}" for name, v in described.items())) + "</small>"
+    return out
+
+
+def _sensitivity_html(result: Mapping[str, Any]) -> str:
+    """The claim's sensitivity variants under its verdict, with a fragile badge when one flips it."""
+    variants = result.get("sensitivity") or []
+    if not variants:
+        return ""
+    badge = '<br><span class="verdict fragile" style="background:#bc4c00">fragile</span>' if result.get("fragile") else ""
+    rows = "".join(f"<li>{esc(v['name'])}: {esc(v['value_text'])} → {esc(v['verdict'])}</li>" for v in variants)
+    return f'{badge}<details class="sensitivity"><summary>sensitivity</summary><ul>{rows}</ul></details>'
+
+
+def _health_section(tables: RunTables) -> str:
+    """Numerical health: structural facts and numerical checks (not claims)."""
+    marks = {True: "ok", False: "check", None: "—"}
+    rows = "".join(f"<tr><td>{esc(c.name)}</td><td class=\"num\">{esc(c.value)}</td><td>{marks[c.ok]}</td>"
+                   f"<td><small>{esc(c.detail)}</small></td></tr>" for c in numerical_health(tables))
+    return ('<section id="health"><h2>Numerical health</h2><p>Structural facts the analysis relies on and '
+            "numerical checks of this run. They are not claims: a failed check is a numerical problem to look "
+            "at before trusting the verdicts, not a finding.</p><table><thead><tr><th>check</th><th>value</th>"
+            "<th>status</th><th>how to read it</th></tr></thead><tbody>" + rows + "</tbody></table></section>")
 
 
 def _band_text(result: Mapping[str, Any]) -> str:
@@ -333,12 +367,13 @@ def _residual_summary(tables: RunTables) -> str:
         why = esc(tables.why_missing("topology.json"))
         out.append(f'<p class="unavailable">Topology summary not available ({why}).</p>')
     ops = tables.table("operators")
-    if ops is not None and {"checkpoint", "jacobian_mode"} <= set(ops.columns):
+    if ops is not None and {"checkpoint", "jacobian_mode", "sublayer"} <= set(ops.columns):
+        ops = ops[ops["sublayer"].isin(("attn", "mlp"))]
         cols = [c for c in ("complex_frac", "henrici_update_rel", "symmetry", "erank", "spectral_radius", "cond")
                 if c in ops.columns]
         if cols:
             mean = ops.groupby(["checkpoint", "jacobian_mode"])[cols].median().reset_index()
-            out.append("<h3>Operator metrics (median over sub-layers)</h3>" + _df_table(mean))
+            out.append("<h3>Operator metrics (median over the attention and MLP sub-layers)</h3>" + _df_table(mean))
     return "\n".join(out)
 
 

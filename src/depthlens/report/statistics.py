@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..stats import head_sign_tests, sign_test, spearman
 from .tables import RunTables
 
 #: Sample units a claim may set a minimum for (``min_UNIT``), with the words the report uses.
@@ -256,12 +257,20 @@ def _kreiss_pinned(t: RunTables) -> float:
     return float(np.mean(_numeric(simple["kreiss_A_ok"]) == 1.0))
 
 
+def _final_gaps(t: RunTables, which: str = "gap_e1") -> pd.DataFrame:
+    """Final-depth rows of the mean-head depth products (both sources)."""
+    df = _select(t.table("depth"), "depth.parquet", operator="mean")
+    _columns(df, "depth.parquet", "source", "chunk", "sample", "depth", which)
+    return df[df["depth"] == df["depth"].max()]
+
+
 def _gap(source: str, which: str) -> Callable[[RunTables], float]:
     def stat(t: RunTables) -> float:
-        df = _select(t.table("depth"), "depth.parquet", operator="mean", source=source)
-        _columns(df, "depth.parquet", "depth", which)
-        final = df[df["depth"] == df["depth"].max()]
-        return _median(_numeric(final[which]), f"{which} ({source}) at depth {int(df['depth'].max())}")
+        final = _final_gaps(t, which)
+        final = final[final["source"] == source]
+        if final.empty:
+            raise NotTested(f"depth.parquet has no {source} rows")
+        return _median(_numeric(final[which]), f"{which} ({source}) at the final depth")
 
     return stat
 
@@ -271,45 +280,173 @@ for _source in ("model", "null"):
         register(f"eig_{_which}_{_source}_final", ["depth"],
                  f"Median over chunks{' and null samples' if _source == 'null' else ''} of {_which} = "
                  f"log10(‖D‖/{_which[-2:].upper()}) of the mean-head operator at the final depth, "
-                 f"source = {_source}.",
+                 f"source = {_source} (descriptive: the absolute gap).",
                  samples={"null_chunks" if _source == "null" else "chunks": _distinct_depth_chunks(_source)},
                  )(_gap(_source, _which))
 
 
-@register("induction_ratio_median", ["heads"],
-          "Median over routing heads of induction_ratio (Δ_TR on second-copy over first-copy "
-          "probe positions).", samples={"routing_heads": _role_heads("routing", "induction_ratio")})
-def _induction_ratio(t: RunTables) -> float:
-    df = t.table("heads")
-    _columns(df, "heads.parquet", "role", "induction_ratio")
-    routing = df[df["role"] == "routing"]
-    if routing.empty:
-        raise TooLittleData("no routing heads")
-    return _median(_numeric(routing["induction_ratio"]), "induction_ratio over routing heads")
+def gap_contrasts(depth: pd.DataFrame, which: str = "gap_e1") -> np.ndarray:
+    """Per chunk with null samples: the model's final-depth gap minus the mean of its matched
+    nulls' gaps (mean-head operator), in orders of magnitude. ``+inf`` when the model's
+    prediction error is exactly zero (E = 0) and the nulls' are not."""
+    model = depth[depth["source"] == "model"].groupby("chunk")[which].first()
+    null = depth[depth["source"] == "null"].groupby("chunk")[which].mean()
+    both = model.index.intersection(null.index)
+    return (model.loc[both] - null.loc[both]).to_numpy(dtype=float)
 
 
-def _summary_fraction(key: str, role: str) -> Callable[[RunTables], float]:
+def _contrast(which: str) -> Callable[[RunTables], float]:
+    def stat(t: RunTables) -> float:
+        final = _final_gaps(t, which)
+        if not (final["source"] == "null").any():
+            raise NotTested("depth.parquet has no null samples to contrast with (--null-chunks 0?)")
+        return _median(gap_contrasts(final, which), f"{which} contrasts")
+
+    return stat
+
+
+for _which in ("gap_e1", "gap_e2"):
+    register(f"eig_{_which}_contrast", ["depth"],
+             f"Median over chunks with nulls of the paired contrast {_which}(model) − mean over the chunk's "
+             f"null samples of {_which}(null) at the final depth (mean-head operator): how many more "
+             "orders of magnitude the model's eigenvalue prediction errs than its matched nulls'.",
+             samples={"null_chunks": _distinct_depth_chunks("null")})(_contrast(_which))
+
+
+@register("eig_gap_contrast_sign_p", ["depth"],
+          "Two-sided exact sign-test p-value of the paired gap_e1 contrasts (model minus matched "
+          "nulls, per chunk) against zero.", samples={"null_chunks": _distinct_depth_chunks("null")})
+def _contrast_p(t: RunTables) -> float:
+    contrasts = gap_contrasts(_final_gaps(t))
+    if not np.isfinite(contrasts).any() and not np.isinf(contrasts).any():
+        raise TooLittleData("no chunk with both model and null gaps")
+    return sign_test(contrasts)
+
+
+def _routing_median(column: str) -> Callable[[RunTables], float]:
+    def stat(t: RunTables) -> float:
+        df = t.table("heads")
+        _columns(df, "heads.parquet", "role", column)
+        routing = df[df["role"] == "routing"]
+        if routing.empty:
+            raise TooLittleData("no routing heads")
+        return _median(_numeric(routing[column]), f"{column} over routing heads")
+
+    return stat
+
+
+register("induction_ratio_median", ["heads"],
+         "Median over routing heads of induction_ratio: Δ_TR of the whole [BOS, r, r] probe over Δ_TR "
+         "of its first-copy block (confounded by length: descriptive).",
+         samples={"routing_heads": _role_heads("routing", "induction_ratio")})(_routing_median("induction_ratio"))
+register("induction_ratio_control_median", ["heads"],
+         "Median over routing heads of induction_ratio_control: Δ_TR of the [BOS, r, r] probe over Δ_TR of "
+         "the length-matched control [BOS, r, r′] (a fresh random r′: no repeat, no induction).",
+         samples={"routing_heads": _role_heads("routing", "induction_ratio_control")})(
+    _routing_median("induction_ratio_control"))
+
+
+def _summary_value(key: str, what: str) -> Callable[[RunTables], float]:
     def stat(t: RunTables) -> float:
         summary = t.json("attention")
         if key not in summary:
             raise NotTested(f"attention.json lacks {key!r}")
         value = summary[key]
         if value is None:
-            raise TooLittleData(f"no {role} heads")
+            raise TooLittleData(f"no {what}")
         return float(value)
 
     return stat
 
 
+register("induction_excluded_control", ["attention.json"],
+         "Routing heads left out of induction_ratio_control because their control excess Δ_TR is not above "
+         "1e-8 nats (zero up to rounding) "
+         "(attention.json: induction_excluded_control).")(_summary_value("induction_excluded_control", "count"))
+register("induction_excluded_first", ["attention.json"],
+         "Routing heads left out of induction_ratio because their first-copy excess Δ_TR is not above 1e-8 nats "
+         "(attention.json: induction_excluded_first).")(_summary_value("induction_excluded_first", "count"))
 register("routing_positive_significant_fraction", ["attention.json"],
          "Fraction of routing heads with Δ_TR > 0 and BH q ≤ q_level "
          "(attention.json: routing_positive_significant).",
          samples={"routing_heads": _role_heads("routing"), "null_chunks": _NULL_HEADS["routing"]})(
-    _summary_fraction("routing_positive_significant", "routing"))
+    _summary_value("routing_positive_significant", "routing heads"))
 register("sink_negative_fraction", ["attention.json"],
-         "Fraction of sink heads with Δ_TR < 0 (attention.json: sink_negative).",
+         "Fraction of sink heads with Δ_TR < 0, sign alone (attention.json: sink_negative; descriptive).",
          samples={"sink_heads": _role_heads("sink"), "null_chunks": _NULL_HEADS["sink"]})(
-    _summary_fraction("sink_negative", "sink"))
+    _summary_value("sink_negative", "sink heads"))
+register("sink_negative_significant_fraction", ["attention.json"],
+         "Fraction of sink heads with Δ_TR < 0 and BH q ≤ q_level (attention.json: sink_negative_significant).",
+         samples={"sink_heads": _role_heads("sink"), "null_chunks": _NULL_HEADS["sink"]})(
+    _summary_value("sink_negative_significant", "sink heads"))
+
+
+def _signed_significant(role: str, sign: int, column: str = "delta_TR1", first_chunks: int | None = None
+                        ) -> Callable[[RunTables], float]:
+    """Fraction of ``role`` heads whose per-chunk ``column`` (head_chunks) has median of sign
+    ``sign`` and a BH-significant sign test over the chunks with nulls (all heads form the BH
+    family, as in the stage), optionally on the first ``first_chunks`` chunks only."""
+    def stat(t: RunTables) -> float:
+        chunks, heads = t.table("head_chunks"), t.table("heads")
+        _columns(chunks, "head_chunks.parquet", "layer", "head", "chunk", column)
+        _columns(heads, "heads.parquet", "layer", "head", "role")
+        if first_chunks is not None:
+            chunks = chunks[chunks["chunk"] < first_chunks]
+        tests = head_sign_tests(chunks, column)
+        tests = tests.merge(heads[["layer", "head", "role"]], on=["layer", "head"])
+        sel = tests[tests["role"] == role]
+        if sel.empty:
+            raise TooLittleData(f"no {role} heads")
+        q_level = float((t.json("attention") or {}).get("q_level", 0.05))
+        return float(((np.sign(sel["median"]) == sign) & (sel["q"] <= q_level)).mean())
+
+    return stat
+
+
+register("routing_positive_significant_fraction_half_nulls", ["head_chunks", "heads"],
+         "As routing_positive_significant_fraction, with Δ_TR against the first half of each matrix's null "
+         "samples (delta_TR1_half: S/2 instead of S).",
+         samples={"routing_heads": _role_heads("routing")})(_signed_significant("routing", 1, "delta_TR1_half"))
+register("routing_positive_significant_fraction_8_chunks", ["head_chunks", "heads"],
+         "As routing_positive_significant_fraction, with the sign tests on the first 8 chunks with nulls only.",
+         samples={"routing_heads": _role_heads("routing")})(_signed_significant("routing", 1, first_chunks=8))
+register("sink_negative_significant_fraction_half_nulls", ["head_chunks", "heads"],
+         "As sink_negative_significant_fraction, with Δ_TR against the first half of the null samples.",
+         samples={"sink_heads": _role_heads("sink")})(_signed_significant("sink", -1, "delta_TR1_half"))
+register("sink_negative_significant_fraction_8_chunks", ["head_chunks", "heads"],
+         "As sink_negative_significant_fraction, with the sign tests on the first 8 chunks with nulls only.",
+         samples={"sink_heads": _role_heads("sink")})(_signed_significant("sink", -1, first_chunks=8))
+
+
+@register("routing_reserve_tracks_prev_token", ["heads"],
+          "Spearman rank correlation between Δ_TR (delta_TR1) and prev_token_score over routing heads.",
+          samples={"routing_heads": _role_heads("routing", "delta_TR1")})
+def _tracks_prev(t: RunTables) -> float:
+    return _routing_spearman(t)[0]
+
+
+@register("routing_reserve_tracks_prev_token_p", ["heads"],
+          "Two-sided p-value of that Spearman correlation (descriptive).",
+          samples={"routing_heads": _role_heads("routing", "delta_TR1")})
+def _tracks_prev_p(t: RunTables) -> float:
+    return _routing_spearman(t)[1]
+
+
+def _routing_spearman(t: RunTables) -> tuple[float, float]:
+    df = t.table("heads")
+    _columns(df, "heads.parquet", "role", "delta_TR1", "prev_token_score")
+    routing = df[df["role"] == "routing"]
+    return _finite_spearman(_numeric(routing["delta_TR1"]), _numeric(routing["prev_token_score"]),
+                            "routing heads with varying Δ_TR and previous-token scores")
+
+
+def _finite_spearman(x: np.ndarray, y: np.ndarray, what: str) -> tuple[float, float]:
+    """Spearman ρ and its p-value over the pairs where both are finite; too little data below
+    3 pairs or when either side is constant."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+        raise TooLittleData(f"fewer than 3 {what}")
+    return spearman(x[ok], y[ok])
 
 
 @register("clamp_chain_n_dims", ["interventions.json"],
@@ -330,53 +467,146 @@ def _clamp_chain(t: RunTables) -> float:
 
 
 # -- Part B ------------------------------------------------------------------------------
-@register("complex_frac_early_median", ["operators"],
-          "Median complex_frac of the trained isolated mean Jacobians (both sub-layers) over "
-          "the first third of layers (layer < ceil(L/3)).", samples=_JACOBIAN_CHUNKS)
-def _complex_early(t: RunTables) -> float:
-    df = _select(t.table("operators"), "operators.parquet", checkpoint="trained", jacobian_mode="isolated")
-    _columns(df, "operators.parquet", "layer", "complex_frac")
+def _early_operators(t: RunTables, sublayers: tuple[str, ...], checkpoint: str = "trained",
+                     jacobian_mode: str = "isolated") -> pd.DataFrame:
+    """Operators rows of ``sublayers`` in the first third of layers (layer < ceil(L/3))."""
+    df = _select(t.table("operators"), "operators.parquet", checkpoint=checkpoint, jacobian_mode=jacobian_mode)
+    _columns(df, "operators.parquet", "layer", "sublayer")
     n_layers = int(df["layer"].max()) + 1
-    early = df[df["layer"] < math.ceil(n_layers / 3)]
-    return _median(_numeric(early["complex_frac"]), "complex_frac in early layers")
+    df = df[(df["layer"] < math.ceil(n_layers / 3)) & df["sublayer"].isin(sublayers)]
+    if df.empty:
+        raise NotTested(f"operators.parquet has no {'/'.join(sublayers)} rows of {checkpoint} ({jacobian_mode})")
+    return df
 
 
-def _funnel_curve(t: RunTables, checkpoint: str, alpha: float) -> pd.DataFrame:
-    df = _select(t.table("cumulative"), "cumulative.parquet", checkpoint=checkpoint, direction="forward")
-    _columns(df, "cumulative.parquet", "jacobian_mode", "alpha", "truncation", "depth", "erank")
+def _complex_early(column: str, sublayers: tuple[str, ...], jacobian_mode: str = "isolated"
+                   ) -> Callable[[RunTables], float]:
+    def stat(t: RunTables) -> float:
+        df = _early_operators(t, sublayers, jacobian_mode=jacobian_mode)
+        _columns(df, "operators.parquet", column)
+        return _median(_numeric(df[column]), f"{column} of early {'/'.join(sublayers)} operators")
+
+    return stat
+
+
+register("complex_frac_early_median", ["operators"],
+         "Median complex_frac of the trained isolated attention and MLP mean Jacobians over the first third of "
+         "layers (descriptive: the isolated attention update has rank ≤ n_kv·head_dim, so most of its "
+         "eigenvalues are structurally 1 and real, which caps this median near 2/3).",
+         samples=_JACOBIAN_CHUNKS)(_complex_early("complex_frac", ("attn", "mlp")))
+for _sub, _what in (("layer", "the full-layer operators J_mlp·J_attn"), ("mlp", "the MLP sub-layer operators")):
+    for _mode in ("isolated", "isolated_observed", "in_context"):
+        register(f"complex_frac_nontrivial_early_{_sub}" + ("" if _mode == "isolated" else f"_{_mode}"),
+                 ["operators"],
+                 f"Median over the first third of layers of complex_frac_nontrivial (the complex fraction among "
+                 f"eigenvalues that are not structurally 1) of {_what}, trained, {_mode}.",
+                 samples=_JACOBIAN_CHUNKS)(_complex_early("complex_frac_nontrivial", (_sub,), _mode))
+
+
+@register("attn_nontrivial_fraction_early", ["eigenvalues"],
+          "Median over the first third of layers of the fraction of the trained isolated attention operator's "
+          "eigenvalues with |λ − 1| > 1e-8·max(1, max|λ|): the structural cap on its complex fraction "
+          "(rank(U) ≤ n_kv·head_dim).", samples=_JACOBIAN_CHUNKS)
+def _attn_cap(t: RunTables) -> float:
+    df = _select(t.table("eigenvalues"), "eigenvalues.parquet", checkpoint="trained", jacobian_mode="isolated",
+                 sublayer="attn")
+    _columns(df, "eigenvalues.parquet", "layer", "re", "im")
+    n_layers = int(df["layer"].max()) + 1
+    fractions = []
+    for _, group in df[df["layer"] < math.ceil(n_layers / 3)].groupby("layer"):
+        lam = _numeric(group["re"]) + 1j * _numeric(group["im"])
+        tol = 1e-8 * max(1.0, float(np.max(np.abs(lam))))
+        fractions.append(float(np.mean(np.abs(lam - 1.0) > tol)))
+    return _median(np.array(fractions), "non-trivial eigenvalue fractions")
+
+
+def _funnel_curve(t: RunTables, checkpoint: str, alpha: float, direction: str, truncated: bool,
+                  schur_order: str = "lapack") -> pd.DataFrame:
+    """One cumulative erank curve of the funnel's Jacobian mode, by number of factors:
+    ``truncated`` picks the rank-capped curve (truncation < d), else the exact one; at α < 1
+    the Schur order ``schur_order`` (α = 1 does not depend on it)."""
+    df = _select(t.table("cumulative"), "cumulative.parquet", checkpoint=checkpoint, direction=direction)
+    _columns(df, "cumulative.parquet", "jacobian_mode", "alpha", "truncation", "steps", "erank")
     modes = list(pd.unique(df["jacobian_mode"]))
     df = df[df["jacobian_mode"] == ("isolated" if "isolated" in modes else modes[0])]
     df = df[np.isclose(_numeric(df["alpha"]), alpha)]
+    if alpha < 1 and "schur_order" in df.columns:
+        df = df[df["schur_order"] == schur_order]
     if df.empty:
-        raise NotTested(f"cumulative.parquet has no forward curve for {checkpoint} at α = {alpha:g}")
-    df = df[df["truncation"] == df["truncation"].max()]  # exact (truncation = d) where present
-    return df.sort_values("depth")
+        raise NotTested(f"cumulative.parquet has no {direction} curve for {checkpoint} at α = {alpha:g}"
+                        + (f" in Schur order {schur_order}" if alpha < 1 else ""))
+    exact = df["truncation"].max()
+    df = df[df["truncation"] < exact] if truncated else df[df["truncation"] == exact]
+    if df.empty:
+        raise NotTested(f"cumulative.parquet has no {'rank-truncated' if truncated else 'exact'} curve "
+                        f"(--funnel-rank 0 computes exact products only)")
+    return df.sort_values("steps")
 
 
-def _funnel_ratio(t: RunTables, checkpoint: str, alpha: float = 1.0) -> float:
-    curve = _funnel_curve(t, checkpoint, alpha)
-    first, last = float(curve["erank"].iloc[0]), float(curve["erank"].iloc[-1])
-    if len(curve) < 2 or not first > 0:
+def _funnel_ends(t: RunTables, checkpoint: str, alpha: float = 1.0, direction: str = "backward",
+                 truncated: bool = True, schur_order: str = "lapack") -> tuple[float, float]:
+    """``(erank after one step, erank at full depth)`` of a curve (:func:`_funnel_curve`)."""
+    curve = _funnel_curve(t, checkpoint, alpha, direction, truncated, schur_order)
+    if len(curve) < 2:
         raise TooLittleData(f"the {checkpoint} cumulative curve has fewer than two depths")
-    return last / first
+    first, last = float(curve["erank"].iloc[0]), float(curve["erank"].iloc[-1])
+    if not first > 0:
+        raise TooLittleData(f"the {checkpoint} one-step erank is not positive")
+    return first, last
 
 
-register("funnel_ratio_trained", ["cumulative"],
-         "erank of the trained forward cumulative Jacobian (α = 1, least truncation) at full "
-         "depth over its value after one step.", samples=_JACOBIAN_CHUNKS)(lambda t: _funnel_ratio(t, "trained"))
-register("funnel_ratio_init", ["cumulative"],
-         "The same ratio on the step-0 (init) checkpoint.", samples=_JACOBIAN_CHUNKS)(lambda t: _funnel_ratio(t, "init"))
+#: The funnel's protocols: the claims' own (the paper's figure: backward, rank 512) first.
+_PROTOCOLS = {"": ("backward", True), "_forward": ("forward", True), "_exact": ("backward", False),
+              "_forward_exact": ("forward", False)}
+_PROTOCOL_TEXT = {"": "backward, rank-truncated (512)", "_forward": "forward, rank-truncated",
+                  "_exact": "backward, exact", "_forward_exact": "forward, exact"}
+for _suffix, (_direction, _truncated) in _PROTOCOLS.items():
+    def _ratio(checkpoint: str, direction: str = _direction, truncated: bool = _truncated) -> Callable:
+        def stat(t: RunTables) -> float:
+            first, last = _funnel_ends(t, checkpoint, 1.0, direction, truncated)
+            return last / first
+
+        return stat
+
+    def _init_over_trained(direction: str = _direction, truncated: bool = _truncated) -> Callable:
+        def stat(t: RunTables) -> float:
+            return _funnel_ends(t, "init", 1.0, direction, truncated)[1] / _funnel_ends(
+                t, "trained", 1.0, direction, truncated)[1]
+
+        return stat
+
+    _text = _PROTOCOL_TEXT[_suffix]
+    register(f"funnel_ratio_trained{_suffix}", ["cumulative"],
+             f"erank of the trained cumulative Jacobian ({_text}, α = 1) at full depth over its value after one "
+             "step.", samples=_JACOBIAN_CHUNKS)(_ratio("trained"))
+    register(f"funnel_ratio_init{_suffix}", ["cumulative"],
+             f"The same ratio on the step-0 (init) checkpoint ({_text}; descriptive).",
+             samples=_JACOBIAN_CHUNKS)(_ratio("init"))
+    register(f"funnel_init_over_trained{_suffix}", ["cumulative"],
+             f"Full-depth erank of the step-0 (init) cumulative Jacobian over the trained one's ({_text}, α = 1): "
+             "how much more rank the architecture alone keeps.", samples=_JACOBIAN_CHUNKS)(_init_over_trained())
 
 
-@register("funnel_removed_by_schur", ["cumulative"],
-          "Fraction of the trained funnel (in log erank) removed by the Schur split α = 0: "
-          "1 − log(r₀)/log(r₁), r_α = erank(full depth)/erank(one step) at α.", samples=_JACOBIAN_CHUNKS)
-def _funnel_schur(t: RunTables) -> float:
-    fall1 = -math.log(_funnel_ratio(t, "trained", 1.0))
-    fall0 = -math.log(_funnel_ratio(t, "trained", 0.0))
-    if not fall1 > 0:
-        raise TooLittleData("no funnel at α = 1 to remove")
-    return 1.0 - fall0 / fall1
+def _schur_removed(schur_order: str, direction: str = "backward", truncated: bool = True) -> Callable:
+    def stat(t: RunTables) -> float:
+        first1, last1 = _funnel_ends(t, "trained", 1.0, direction, truncated)
+        first0, last0 = _funnel_ends(t, "trained", 0.0, direction, truncated, schur_order)
+        fall1, fall0 = -math.log(last1 / first1), -math.log(last0 / first0)
+        if not fall1 > 0:
+            raise TooLittleData("no funnel at α = 1 to remove")
+        return 1.0 - fall0 / fall1
+
+    return stat
+
+
+for _order in ("lapack", "canonical", "outside_first", "inside_first"):
+    register("funnel_removed_by_schur" + ("" if _order == "lapack" else f"_{_order}"), ["cumulative"],
+             "Fraction of the trained funnel (in log erank; backward, rank-truncated) removed by the Schur split "
+             f"α = 0 in Schur order {_order}: 1 − log(r₀)/log(r₁), r_α = erank(full depth)/erank(one step).",
+             samples=_JACOBIAN_CHUNKS)(_schur_removed(_order))
+register("funnel_removed_by_schur_forward_exact", ["cumulative"],
+         "As funnel_removed_by_schur on the forward exact products (the protocol before the paper's).",
+         samples=_JACOBIAN_CHUNKS)(_schur_removed("lapack", "forward", False))
 
 
 def _significant(t: RunTables, checkpoint: str) -> pd.Series:
@@ -385,9 +615,34 @@ def _significant(t: RunTables, checkpoint: str) -> pd.Series:
     return df["significant"].astype(bool)
 
 
+def checkpoint_order(t: RunTables) -> list[str]:
+    """The run's checkpoints in training order: ``init`` (step 0), the extra revisions as the
+    run listed them, then ``trained`` (the final weights)."""
+    config = t.manifest.get("config") or {}
+    revisions = (config.get("jacobian") or {}).get("revisions") or []
+    return ["init", *[str(r) for r in revisions], "trained"]
+
+
+@register("coupling_monotone_rise", ["coupling"],
+          "Spearman rank correlation between training order (init, the revisions, trained) and the number of "
+          "FDR-significant coupling boundaries per checkpoint; needs at least 3 checkpoints.",
+          samples={"boundaries": _boundaries("trained", "init"), "permutations": _permutations})
+def _monotone_rise(t: RunTables) -> float:
+    df = t.table("coupling")
+    _columns(df, "coupling.parquet", "checkpoint", "significant")
+    present = [c for c in checkpoint_order(t) if c in set(df["checkpoint"])]
+    if len(present) < 3:
+        raise TooLittleData(f"only {len(present)} checkpoint(s) ({', '.join(present)}); a monotone rise needs "
+                            "at least 3 (pass --revisions)")
+    counts = [float(_significant(t, c).sum()) for c in present]
+    if np.ptp(counts) == 0:
+        return 0.0
+    return spearman(np.arange(len(counts), dtype=float), np.array(counts))[0]
+
+
 register("coupling_significant_rise", ["coupling"],
-         "FDR-significant coupling boundaries of the trained checkpoint minus those of init.",
-         samples={"boundaries": _boundaries("trained", "init"), "permutations": _permutations})(
+         "FDR-significant coupling boundaries of the trained checkpoint minus those of init (effect size of the "
+         "rise).", samples={"boundaries": _boundaries("trained", "init"), "permutations": _permutations})(
     lambda t: float(_significant(t, "trained").sum() - _significant(t, "init").sum()))
 register("coupling_significant_fraction_init", ["coupling"],
          "Fraction of sub-layer boundaries with FDR-significant coupling at init.",
@@ -395,5 +650,50 @@ register("coupling_significant_fraction_init", ["coupling"],
     lambda t: float(_significant(t, "init").mean()))
 
 
-# ---------------------------------------------------------------------------------------
-# claims files
+def _coupling_vs(column: str, sign: float) -> Callable[[RunTables], float]:
+    def stat(t: RunTables) -> float:
+        df = _select(t.table("coupling"), "coupling.parquet", checkpoint="trained")
+        _columns(df, "coupling.parquet", "effect", column)
+        return _finite_spearman(_numeric(df[column]) * sign, _numeric(df["effect"]),
+                                "boundaries with varying effect and operator type")[0]
+
+    return stat
+
+
+register("coupling_sign_vs_symmetry", ["coupling"],
+         "Spearman rank correlation over the trained boundaries between the coupling effect and the symmetry of "
+         "the sub-layer's mean Jacobian (positive: boundary units are amplified in near-symmetric layers and "
+         "damped in non-normal ones).", samples={"boundaries": _boundaries("trained")})(
+    _coupling_vs("symmetry", 1.0))
+register("coupling_sign_vs_normality", ["coupling"],
+         "As coupling_sign_vs_symmetry with −henrici_update_rel (departure from normality) as the operator type.",
+         samples={"boundaries": _boundaries("trained")})(_coupling_vs("henrici_update_rel", -1.0))
+
+
+def _depth_trend(checkpoint: str) -> Callable[[RunTables], float]:
+    def stat(t: RunTables) -> float:
+        df = _select(t.table("operators"), "operators.parquet", checkpoint=checkpoint, jacobian_mode="isolated")
+        _columns(df, "operators.parquet", "layer", "sublayer", "symmetry_update")
+        df = df[df["sublayer"].isin(("attn", "mlp"))]
+        return _finite_spearman(_numeric(df["layer"]), _numeric(df["symmetry_update"]),
+                                "operators with varying symmetry")[0]
+
+    return stat
+
+
+register("symmetry_depth_trend_trained", ["operators"],
+         "Spearman rank correlation between layer and symmetry_update (the symmetric share of U = J − I) of the "
+         "trained isolated attention and MLP mean Jacobians (positive: late layers are nearer symmetric).",
+         samples=_JACOBIAN_CHUNKS)(_depth_trend("trained"))
+register("symmetry_depth_trend_init", ["operators"],
+         "The same trend at step 0 (descriptive).", samples=_JACOBIAN_CHUNKS)(_depth_trend("init"))
+
+
+@register("symmetry_init_minus_trained_early", ["operators"],
+          "Median symmetry_update of the step-0 isolated attention and MLP operators minus that of the trained ones in "
+          "the first third of layers (positive: training pulls early layers away from symmetry, towards "
+          "rotation).", samples=_JACOBIAN_CHUNKS)
+def _symmetry_gap(t: RunTables) -> float:
+    values = [_median(_numeric(_early_operators(t, ("attn", "mlp"), c)["symmetry_update"]), f"{c} symmetry")
+              for c in ("init", "trained")]
+    return values[0] - values[1]
