@@ -36,3 +36,26 @@ def test_matrix_features_certify_shares_the_search() -> None:
     assert row["kreiss_B_lo"] * (1 - 1e-3) <= row["kreiss_B"] <= row["kreiss_B_hi"]
     ref, _ = kreiss_bruteforce(deflate(A), n_t=30, n_theta=36)
     assert row["kreiss_B_lo"] <= ref * (1 + 1e-9) and ref <= row["kreiss_B_hi"]
+
+
+def test_certified_reserve_brackets_bruteforce_on_self_and_uniform_heads() -> None:
+    """The real-axis branch and bound behind certified_reserve (deflated causal stochastic
+    matrices are sign-similar to nonnegative ones) brackets the brute-force supremum over the
+    whole exterior |z| > 1, also for a self-attending head (ρ(B) near 1) and a uniform one (K
+    near 1, a far radius well beyond ‖B‖)."""
+    from depthlens.linalg.reference import kreiss_bruteforce
+
+    n = 12
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((n, n)) + 6.0 * np.eye(n)
+    A_self = np.tril(np.exp(logits))
+    A_self /= A_self.sum(1, keepdims=True)
+    A_unif = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    for A in (A_self, A_unif):
+        row = certified_reserve(A, 1e-3, 10_000)
+        B = A.copy()
+        B[:, 0] -= 1.0
+        ref, _ = kreiss_bruteforce(B, n_t=30, n_theta=36)
+        assert row["kreiss_B_certified"] == 1.0
+        assert row["kreiss_B_lo"] <= ref * (1 + 1e-9) and ref <= row["kreiss_B_hi"]
+        assert row["kreiss_B_hi"] <= row["kreiss_B_lo"] * (1 + 1e-3) * (1 + 1e-12)

@@ -224,6 +224,7 @@ def test_bracket_contains_bruteforce_for_causal_stochastic(kind: dict, rng: np.r
     assert r.certified and r.uncertified_reason is None
     assert r.lo <= ref * (1 + 1e-9) and ref <= r.hi
     assert r.lo >= r.value * (1 - 1e-9)  # the certified lower end costs only its rounding margin
+    assert r.branch_bound.domain == "real axis"  # the bracket above covered (1, R) only
 
 
 def test_certified_ratio_is_a_lower_bound_for_any_vectors(rng: np.random.Generator) -> None:
@@ -262,3 +263,72 @@ def test_bracket_of_dense_matrix_against_bruteforce(complex_input: bool, rng: np
     r = kreiss(M, certify=True)
     ref, _ = kreiss_bruteforce(M, n_t=40, n_theta=48)
     assert r.certified and r.lo <= ref * (1 + 1e-9) and ref <= r.hi
+
+
+def test_signature_nonnegative_and_axis_reduction(rng: np.random.Generator) -> None:
+    """The exact sign test behind the real-axis reduction: deflated causal stochastic matrices
+    pass (D = diag(−1, 1, …, 1)); a sign-inconsistent cycle, a negative diagonal, complex
+    entries, ρ(M) > 1 and non-triangular input do not."""
+    from depthlens.linalg.kreiss_search import axis_reduction, signature_nonnegative
+    from depthlens.linalg.sigma import triangular_form
+
+    B = deflate(causal_softmax(16, rng, sink=1.0, prev=1.0))
+    assert signature_nonnegative(B) and axis_reduction(B, triangular_form(B))
+    A = causal_softmax(16, rng)
+    assert axis_reduction(A, triangular_form(A))  # nonnegative, ρ = 1
+    cycle = np.array([[0.0, 0.0, 0.0], [0.5, 0.2, 0.0], [-0.5, 0.5, 0.1]])  # d1 = d0, d2 = d1, d2 = −d0
+    assert not signature_nonnegative(cycle) and not axis_reduction(cycle, triangular_form(cycle))
+    assert signature_nonnegative(np.array([[0.0, 0.0, 0.0], [0.5, 0.2, 0.0], [-0.5, -0.5, 0.1]]))
+    assert not signature_nonnegative(np.diag([0.5, -0.1]))
+    assert not signature_nonnegative(B.astype(np.complex128))
+    big = np.array([[1.0 + 1e-15, 0.0], [-0.5, 0.5]])
+    assert signature_nonnegative(big) and not axis_reduction(big, triangular_form(big))
+    dense = np.array([[0.5, 0.1], [0.2, 0.3]])
+    assert signature_nonnegative(dense) and not axis_reduction(dense, triangular_form(dense))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_real_axis_dominates_for_signature_nonnegative(seed: int) -> None:
+    """The reduction's inequality σ_min(zI−M) ≥ σ_min(|z|I−M) for |z| > 1, checked with dense
+    SVDs at random points, for deflated causal stochastic and random sign-patterned matrices."""
+    rng = np.random.default_rng(seed)
+    n = 10
+    B = deflate(causal_softmax(n, rng, sink=float(rng.uniform(0, 2)), prev=float(rng.uniform(0, 2))))
+    d = rng.choice([-1.0, 1.0], n)
+    T = np.tril(rng.uniform(0.0, 1.0, (n, n)), -1) + np.diag(rng.uniform(0.0, 1.0, n))
+    for M in (B, d[:, None] * T * d[None, :]):
+        z = (1.0 + rng.exponential(0.7, 200)) * np.exp(1j * rng.uniform(-math.pi, math.pi, 200))
+        for zk in z:
+            s = np.linalg.svd(zk * np.eye(n) - M, compute_uv=False)[-1]
+            sr = np.linalg.svd(abs(zk) * np.eye(n) - M, compute_uv=False)[-1]
+            assert s >= sr * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_real_axis_bracket_contains_bruteforce_and_matches_exterior(seed: int) -> None:
+    """On random deflated causal stochastic matrices the real-axis bracket contains the brute-force
+    supremum over the whole exterior |z| > 1 (not only the axis), and it overlaps the bracket of
+    the branch and bound over the exterior; a triangular matrix failing the sign test keeps the
+    exterior branch and bound."""
+    from depthlens.linalg.kreiss_bound import spectrum_status
+    from depthlens.linalg.kreiss_search import BranchBound, search
+    from depthlens.linalg.sigma import triangular_form
+
+    rng = np.random.default_rng(100 + seed)
+    B = deflate(causal_softmax(12, rng, sink=float(rng.uniform(0, 2)), prev=float(rng.uniform(0, 3)),
+                               scale=float(rng.uniform(0.5, 2))))
+    r = kreiss(B, certify=True)
+    assert r.certified and r.branch_bound.domain == "real axis"
+    ref, _ = kreiss_bruteforce(B, n_t=30, n_theta=36)
+    assert r.lo <= ref * (1 + 1e-9) and ref <= r.hi
+    tf = triangular_form(B)
+    _, _, circle = spectrum_status(B, tf)
+    ext = BranchBound(tf, search(tf, "numba", (11, 9), 3, circle), circle, "numba", axis=False)
+    lo, hi, _, stopped = ext.run(1e-3, 50_000, 64)
+    assert stopped == "rtol" and lo <= r.hi and r.lo <= hi
+    C = B.copy()
+    C[2, 1] = -C[2, 1] if C[2, 1] else -0.1  # B[2,0] < 0 and B[1,0] < 0: a negative (2,1) breaks the pattern
+    e = kreiss(C, certify=True)
+    assert e.branch_bound.domain == "exterior"
+    ref_c, _ = kreiss_bruteforce(C, n_t=30, n_theta=36)
+    assert e.certified and e.lo <= ref_c * (1 + 1e-9) and ref_c <= e.hi

@@ -17,6 +17,10 @@ Three numbers, three guarantees:
   ``hi/lo − 1 ≤ rtol``; ``lo`` is the best certified ratio at an evaluated point (its ``σ_min``
   bounded above through an explicit residual, see
   :meth:`~depthlens.linalg.kreiss_search.BranchBound.certified_ratio`), never less than 1.
+  For a real triangular ``M`` with ``ρ(M) ≤ 1`` that a signature ``D = diag(±1)`` makes
+  entrywise nonnegative (``DMD ≥ 0``; every deflated causal row-stochastic matrix), the
+  supremum lies on the positive real axis (:func:`~depthlens.linalg.kreiss_search.axis_reduction`,
+  a proof, with the condition checked exactly), and the branch and bound covers ``(1, R)`` only.
 
 What "rigorous" covers here: the bounds hold in exact arithmetic for the matrix whose
 triangular form is used; floating point is covered by explicit margins (``16·n·u·(|z|+‖M‖)``
@@ -53,7 +57,7 @@ import numpy as np
 from ..errors import InputError
 from ._checks import as_square
 from .kreiss_bound import NORM_ROUNDING, PowerBound, power_upper_bound, power_upper_from_status, spectrum_status
-from .kreiss_search import BranchBound, search
+from .kreiss_search import BranchBound, axis_reduction, search
 from .sigma import TriangularForm, check_engine, sigma_min, triangular_form
 from .transients import spectral_norm
 
@@ -91,6 +95,10 @@ class BranchBoundRecord:
         ``R``: for ``|z| ≥ R``, ``(|z|−1)/σ_min ≤ (R−1)/(R−‖M‖)`` (a bound on ``‖M‖``).
     stopped : str
         ``"rtol"`` (bracket met) or ``"max_evals"``.
+    domain : str
+        ``"exterior"`` (annular sectors of ``1 < |z| < R``) or ``"real axis"`` (segments of
+        ``(1, R)`` only, where :func:`~depthlens.linalg.kreiss_search.axis_reduction` proves the
+        supremum lies on the positive real axis).
     """
 
     cells: int
@@ -100,6 +108,7 @@ class BranchBoundRecord:
     deflated: int
     far_radius: float
     stopped: str
+    domain: str = "exterior"
 
 
 @dataclass(frozen=True)
@@ -212,7 +221,10 @@ def kreiss(
     evaluation), else with the second-order bound of
     :meth:`~depthlens.linalg.kreiss_search.BranchBound._direct`, Cholesky-certified anchors
     supplying the lower bound on ``σ₂``, and cells next to unit-circle eigenvalues use the
-    deflated resolvent.
+    deflated resolvent. Where :func:`~depthlens.linalg.kreiss_search.axis_reduction` holds
+    (real triangular ``M``, ``ρ(M) ≤ 1``, ``DMD ≥ 0`` for a signature ``D``: deflated causal
+    stochastic matrices) ``K(M) = sup_{r>1} (r−1)/σ_min(rI−M)`` exactly, and the cells are
+    segments of ``(1, R)`` (``branch_bound.domain == "real axis"``).
 
     Rigour: all bounds hold in exact arithmetic for the triangular form used; rounding is
     covered by explicit margins (``16·n·u·(|z|+‖M‖)`` on residuals and singular values, the
@@ -301,12 +313,14 @@ def kreiss(
     certified = False
     reason = None
     if certify:
-        run = BranchBound(tf, obj, circle, engine)
+        axis = axis_reduction(A, tf)
+        run = BranchBound(tf, obj, circle, engine, axis=axis)
         lo, hi, R, stopped = run.run(rtol, max_evals, 64)
         if pb is not None:
             hi = min(hi, float(pb.value))
         certified = hi <= lo * (1.0 + rtol)
-        bb = BranchBoundRecord(run.n_cells, run.n_evals, run.za.size + run.zb.size, run.n_cholesky, run.n_deflated, R, stopped)
+        bb = BranchBoundRecord(run.n_cells, run.n_evals, run.za.size + run.zb.size, run.n_cholesky, run.n_deflated, R, stopped,
+                               "real axis" if axis else "exterior")
         if not certified:
             reason = (f"evaluation budget max_evals={max_evals} exhausted with " if stopped == "max_evals" else ""
                       ) + f"hi/lo − 1 = {hi / lo - 1:.2g} > rtol = {rtol:g}"

@@ -11,6 +11,11 @@ certified branch and bound.
   ``σ₂``, and by the deflated resolvent next to semisimple unit-circle eigenvalues, until the
   bracket meets ``rtol``; its lower end is certified at evaluated points
   (:meth:`BranchBound.certified_ratio`).
+* :func:`axis_reduction`: an exactly checked condition (real triangular ``M``, ``ρ(M) ≤ 1``,
+  ``DMD ≥ 0`` for a signature ``D``, as for every deflated causal stochastic matrix) under
+  which ``K(M)`` is the supremum over the positive real axis, so the branch and bound covers
+  segments of ``(1, R)`` only (about 20× fewer cells and Cholesky certificates on attention
+  matrices, n = 128).
 
 The spectrum classification and the deflated matrix come from
 :mod:`depthlens.linalg.kreiss_bound`.
@@ -28,7 +33,7 @@ from . import guarded
 from .kreiss_bound import UnitCircle
 from .sigma import TriangularForm
 
-__all__ = ["BranchBound", "Objective", "search"]
+__all__ = ["BranchBound", "Objective", "axis_reduction", "search", "signature_nonnegative"]
 
 _EPS = np.finfo(np.float64).eps
 #: Directions per half-turn of the numerical-range bound (:meth:`BranchBound._sector`).
@@ -136,6 +141,55 @@ def search(
     return obj
 
 
+# ----------------------------------------------------------------------------- positive real axis
+def signature_nonnegative(M: np.ndarray) -> bool:
+    """Whether a real ``M`` has a signature matrix ``D = diag(±1)`` with ``DMD ≥ 0`` entrywise.
+
+    ``D`` is proposed by a breadth-first 2-colouring of the graph of nonzero entries
+    (``d_j = d_i·sign(M_ij)``) and then verified on every entry; the verification is exact
+    (products with ±1 are exact in floating point), so True is a fact about ``M`` as stored.
+    A deflated causal row-stochastic matrix ``B = A − 1e₁ᵀ`` qualifies with
+    ``D = diag(−1, 1, …, 1)``.
+    """
+    if np.iscomplexobj(M) or M.ndim != 2 or M.shape[0] != M.shape[1]:
+        return False
+    n = M.shape[0]
+    if np.any(np.diagonal(M) < 0.0):
+        return False
+    S = np.where(M != 0.0, np.sign(M), np.sign(M.T))  # relation d_i d_j = S_ij where either entry ≠ 0
+    d = np.zeros(n)
+    for root in range(n):
+        if d[root]:
+            continue
+        d[root] = 1.0
+        queue = [root]
+        while queue:
+            i = queue.pop()
+            nb = np.flatnonzero((S[i] != 0.0) & (d == 0.0))
+            d[nb] = d[i] * S[i, nb]
+            queue.extend(nb.tolist())
+    return bool(np.all((d[:, None] * M) * d[None, :] >= 0.0))
+
+
+def axis_reduction(M: np.ndarray, tf: TriangularForm) -> bool:
+    """Whether ``K(M) = sup_{r>1} (r−1)/σ_min(rI−M)``: the supremum over ``|z| > 1`` is attained
+    (or approached) on the positive real axis, so the branch and bound may cover ``(1, R)``
+    only.
+
+    Sufficient condition, checked exactly: ``M`` real, triangular (``ρ(M) = max|M_ii|``
+    exactly) with ``ρ(M) ≤ 1``, and :func:`signature_nonnegative`. Proof: with ``|M| = DMD``,
+    for ``|z| > 1 ≥ ρ(M)`` the Neumann series gives ``|(zI−|M|)⁻¹| ≤ Σ |M|^k |z|^{−k−1} =
+    (|z|I−|M|)⁻¹`` entrywise, and the 2-norm is monotone on nonnegative matrices, so
+    ``‖(zI−M)⁻¹‖ = ‖(zI−|M|)⁻¹‖ ≤ ‖(|z|I−|M|)⁻¹‖ = ‖(|z|I−M)⁻¹‖`` (``D`` is orthogonal).
+    Hence ``(|z|−1)/σ_min(zI−M) ≤ (|z|−1)/σ_min(|z|I−M)`` for every ``|z| > 1``.
+    """
+    if tf.kind == "schur" or not tf.real_input:
+        return False
+    if float(np.abs(tf.eigenvalues).max(initial=0.0)) > 1.0:
+        return False
+    return signature_nonnegative(np.asarray(M))
+
+
 # ----------------------------------------------------------------------------- branch and bound
 def _linfrac_max(N0: np.ndarray, a: np.ndarray, D0: np.ndarray, c: np.ndarray, rho: np.ndarray) -> np.ndarray:
     """``max_{|w|≤ρ} (N0 + Re(a w)) / (D0 + Re(c w))`` for ``|a| = 1`` and ``D0 > |c|ρ``.
@@ -188,8 +242,13 @@ class BranchBound:
     :meth:`bounds` and :meth:`_direct` for the cell bound, :meth:`certified_ratio` for the
     lower end."""
 
-    def __init__(self, tf: TriangularForm, obj: Objective, circle: UnitCircle | None, engine: str) -> None:
+    def __init__(
+        self, tf: TriangularForm, obj: Objective, circle: UnitCircle | None, engine: str, axis: bool = False
+    ) -> None:
         self.tf, self.obj, self.circle, self.engine = tf, obj, circle, engine
+        #: Cover only the positive real axis ``(1, R)``: valid only where :func:`axis_reduction`
+        #: holds (the caller's responsibility); cells are then segments ``θ = 0``.
+        self.axis = axis
         self.n = tf.n
         self.N = tf.norm_upper
         self.za = np.empty(0, dtype=np.complex128)  # anchors with σ₂ ≥ ga
@@ -209,12 +268,12 @@ class BranchBound:
         range, ``h(φ) = max_{‖x‖=1} Re(e^{−iφ} xᴴMx) = λ_max(½(e^{−iφ}M + e^{iφ}Mᴴ))``.
 
         ``SECTOR_DIRECTIONS`` directions over ``[0, π]`` for real ``M`` (``h(−φ) = h(φ)``), twice as
-        many over the circle otherwise; each ``λ_max`` by a dense eigensolve plus the rounding
-        margin at 0 (``O(n³)`` each, computed once).
+        many over the circle otherwise, only ``φ = 0`` in :attr:`axis` mode; each ``λ_max`` by a
+        dense eigensolve plus the rounding margin at 0 (``O(n³)`` each, computed once).
         """
         if self._support is None:
             m = SECTOR_DIRECTIONS
-            phi = (np.linspace(0.0, math.pi, m + 1) if self.tf.real_input
+            phi = (np.zeros(1) if self.axis else np.linspace(0.0, math.pi, m + 1) if self.tf.real_input
                    else np.linspace(-math.pi, math.pi, 2 * m, endpoint=False))
             A = self.tf.L
             h = np.array([float(guarded.eigvalsh(0.5 * (np.exp(-1j * t) * A + np.exp(1j * t) * A.conj().T))[-1])
@@ -429,13 +488,18 @@ class BranchBound:
 
     def run(self, rtol: float, max_evals: int, batch: int) -> tuple[float, float, float, str]:
         """Return ``(lo, hi, far_radius, stopped)``; ``lo`` is :attr:`lo` after certifying the
-        search's best point and the radial points next to unit-circle eigenvalues."""
+        search's best point and the radial points next to unit-circle eigenvalues.
+
+        In :attr:`axis` mode the cells are segments of ``(1, R)`` and the far field uses
+        ``σ_min(rI−M) ≥ r − h(0)`` (``h(0) = λ_max(½(M+Mᵀ))``, the numerical abscissa, one
+        eigensolve) in place of the numerical radius: for real ``r``,
+        ``‖(rI−M)x‖ ≥ xᵀ(rI−M)x ≥ r − h(0)``."""
         self.certify_points(np.concatenate([[self.obj.best_z], radial_points(self.circle)]).astype(np.complex128))
         # Cells are retired below target/shrink, so the final hi (inflated by shrink for
         # rounding) still meets hi ≤ lo(1 + rtol) exactly instead of missing it by 1e-13.
         shrink = 1.0 + 16.0 * self.n * _EPS
         tau = max(self.lo * (1.0 + rtol), 1.0 + 0.5 * rtol) / shrink
-        N = min(self.N, self.numerical_radius_upper())
+        N = min(self.N, float(self.support()[1][0]) if self.axis else self.numerical_radius_upper())
         if N <= 1.0:
             R, far = 2.0, 1.0
         else:
@@ -443,10 +507,14 @@ class BranchBound:
             far = (R - 1.0) / (R - N)
         nr = 12
         redges = 1.0 + np.concatenate([[0.0], np.geomspace(1e-2, R - 1.0, nr)])
-        nth = 12 if self.tf.real_input else 24
-        tedges = np.linspace(0.0 if self.tf.real_input else -math.pi, math.pi, nth + 1)
-        R0, T0 = np.meshgrid(redges[:-1], tedges[:-1], indexing="ij")
-        R1, T1 = np.meshgrid(redges[1:], tedges[1:], indexing="ij")
+        if self.axis:
+            R0, R1 = redges[:-1], redges[1:]
+            T0 = T1 = np.zeros(nr)
+        else:
+            nth = 12 if self.tf.real_input else 24
+            tedges = np.linspace(0.0 if self.tf.real_input else -math.pi, math.pi, nth + 1)
+            R0, T0 = np.meshgrid(redges[:-1], tedges[:-1], indexing="ij")
+            R1, T1 = np.meshgrid(redges[1:], tedges[1:], indexing="ij")
         cells = _Cells(R0.ravel(), R1.ravel(), T0.ravel(), T1.ravel())
         U = self.bounds(cells, tau)
         hi_retired = far
