@@ -52,9 +52,13 @@ def test_operator_metrics_match_saved_operators(run_root: Path) -> None:
 def test_cumulative_alpha_one_is_the_plain_product(run_root: Path) -> None:
     table = pd.read_parquet(run_root / "tables" / "cumulative.parquet")
     assert sorted(table["alpha"].unique()) == [0.0, 0.25, 0.5, 0.75, 1.0]
-    got = table[(table["checkpoint"] == "trained") & (table["alpha"] == 1.0) & (table["direction"] == "forward")]
-    expect = cumulative_ranks(operator_list(_ops(run_root, "trained", "isolated")), "forward")
-    np.testing.assert_allclose(got.sort_values("depth")["erank"].to_numpy(), expect["erank"].to_numpy(), rtol=1e-12)
+    for mode in ("isolated", "in_context"):  # the funnel mode at every α, the other mode at α = 1 (sensitivity)
+        rows = table[(table["checkpoint"] == "trained") & (table["jacobian_mode"] == mode)]
+        assert sorted(rows["alpha"].unique()) == ([0.0, 0.25, 0.5, 0.75, 1.0] if mode == "isolated" else [1.0])
+        got = rows[(rows["alpha"] == 1.0) & (rows["direction"] == "forward")]
+        expect = cumulative_ranks(operator_list(_ops(run_root, "trained", mode)), "forward")
+        np.testing.assert_allclose(got.sort_values("depth")["erank"].to_numpy(), expect["erank"].to_numpy(),
+                                   rtol=1e-12)
 
 
 def test_coupling_recomputed_from_units(run_root: Path) -> None:

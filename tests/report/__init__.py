@@ -209,9 +209,12 @@ def _jacobian(root: Path, rng: np.random.Generator, ident: dict[str, str]) -> No
                                              "depth": depth, "steps": depth + 1, "erank": erank,
                                              "erank_sigma": erank, "participation_ratio": erank,
                                              "log_norm": 0.1 * depth})
-    write_table(root, "operators", pd.DataFrame(op_rows), ident)
+    ops, cum = pd.DataFrame(op_rows), pd.DataFrame(cum_rows)
+    # the default run's second mode: in-context operators like the isolated ones, their funnel at α = 1 only
+    in_context = cum[(cum["alpha"] == 1.0)].assign(jacobian_mode="in_context")
+    write_table(root, "operators", pd.concat([ops, ops.assign(jacobian_mode="in_context")], ignore_index=True), ident)
     write_table(root, "eigenvalues", pd.DataFrame(eig_rows), ident)
-    write_table(root, "cumulative", pd.DataFrame(cum_rows), ident)
+    write_table(root, "cumulative", pd.concat([cum, in_context], ignore_index=True), ident)
 
 
 def _topology(root: Path, boundaries: int, ident: dict[str, str]) -> None:

@@ -35,7 +35,8 @@ def test_variants_agree_on_the_synthetic_run(run):
     b4 = got["B4-funnel-schur"]
     assert [v["name"] for v in b4["sensitivity"]][:3] == ["canonical Schur order", "|λ| > 1 first", "|λ| < 1 first"]
     assert {v["verdict"] for v in b4["sensitivity"]} == {"supported"} and not b4["fragile"]
-    assert got["B1-complex-early"]["sensitivity"][1]["verdict"] == "not tested"  # no in-context operators
+    assert got["B1-complex-early"]["sensitivity"][2]["verdict"] == "not tested"  # no isolated_observed operators
+    assert got["B2-funnel-trained"]["sensitivity"][-1]["name"] == "in-context operators"
 
 
 def test_a_verdict_that_flips_under_a_variant_is_fragile(run):

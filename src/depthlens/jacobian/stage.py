@@ -7,9 +7,10 @@ config, fresh initial weights under the run seed) and any extra hub revisions. U
 ``ops_<checkpoint>_<mode>`` (mean operators and the layer operators, keys ``(layer, "attn" |
 "mlp" | "layer")``, saved to ``arrays/`` in the dtype of ``save_arrays``, or not at all, plus
 their metrics and eigenvalues; with float32 or none a unit-private float64 copy serves the
-funnel and the topology stage until the run ends) and ``funnel_<checkpoint>`` (cumulative
+funnel and the topology stage until the run ends), ``funnel_<checkpoint>`` (cumulative
 eranks of the sub-layer operators for every Schur order, α, direction and truncation, on the
-``isolated`` operators, or the first mode run).
+``isolated`` operators, or the first mode run) and ``funnel_<checkpoint>_<mode>`` for every
+other mode run, at α = 1 only (the funnel claims' sensitivity to the Jacobian mode).
 """
 
 from __future__ import annotations
@@ -196,25 +197,30 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
                 t.insert(0, "checkpoint", name)
                 t.insert(1, "jacobian_mode", mode)
                 sink.append(t)
-        key = f"funnel_{name}"
-        if funnel_mode not in ops_by_mode:
-            continue  # its operators failed (recorded above); the funnel needs them
-        if not run_dir.has_unit(STAGE, key):
-            with run_dir.failures.unit(STAGE, key):
-                found = ops_by_mode[funnel_mode]
-                if found is None:
-                    found = operators(run_dir, name, funnel_mode, lambda: model or get(), token_ids, opts,
-                                      batch_size=batch_size, quiet=quiet)
-                ops = operator_list(found)
-                d = ops[0].shape[0]
-                ranks = (None,) if opts.funnel_rank == 0 or opts.funnel_rank >= d else (None, opts.funnel_rank)
-                table = schur_funnel(ops, alphas=opts.funnel_alphas, directions=DIRECTIONS, ranks=ranks,
-                                     schur_orders=opts.schur_orders, progress=not quiet, pool=pool, label=label(name))
-                run_dir.write_unit(STAGE, key, {"funnel": table})
-        if run_dir.has_unit(STAGE, key):
-            t = run_dir.read_units(STAGE, [key], "funnel")
-            t.insert(0, "checkpoint", name)
-            t.insert(1, "jacobian_mode", funnel_mode)
-            funnels.append(t)
+        for mode in [funnel_mode, *(m for m in opts.modes if m != funnel_mode)]:
+            if mode not in ops_by_mode:
+                continue  # its operators failed (recorded above); the funnel needs them
+            # the funnel mode gets every α and Schur order; the others α = 1 only (no Schur forms:
+            # the sensitivity of the funnel claims to the Jacobian mode)
+            key = f"funnel_{name}" if mode == funnel_mode else f"funnel_{name}_{mode}"
+            if not run_dir.has_unit(STAGE, key):
+                with run_dir.failures.unit(STAGE, key):
+                    found = ops_by_mode[mode]
+                    if found is None:
+                        found = operators(run_dir, name, mode, lambda: model or get(), token_ids, opts,
+                                          batch_size=batch_size, quiet=quiet)
+                    ops = operator_list(found)
+                    d = ops[0].shape[0]
+                    ranks = (None,) if opts.funnel_rank == 0 or opts.funnel_rank >= d else (None, opts.funnel_rank)
+                    alphas = opts.funnel_alphas if mode == funnel_mode else (1.0,)
+                    table = schur_funnel(ops, alphas=alphas, directions=DIRECTIONS, ranks=ranks,
+                                         schur_orders=opts.schur_orders, progress=not quiet, pool=pool,
+                                         label=f"{label(name)} ({mode})")
+                    run_dir.write_unit(STAGE, key, {"funnel": table})
+            if run_dir.has_unit(STAGE, key):
+                t = run_dir.read_units(STAGE, [key], "funnel")
+                t.insert(0, "checkpoint", name)
+                t.insert(1, "jacobian_mode", mode)
+                funnels.append(t)
     return {name: pd.concat(parts, ignore_index=True)
             for name, parts in (("operators", metrics), ("eigenvalues", eigen), ("cumulative", funnels)) if parts}

@@ -521,14 +521,18 @@ def _attn_cap(t: RunTables) -> float:
 
 
 def _funnel_curve(t: RunTables, checkpoint: str, alpha: float, direction: str, truncated: bool,
-                  schur_order: str = "lapack") -> pd.DataFrame:
-    """One cumulative erank curve of the funnel's Jacobian mode, by number of factors:
-    ``truncated`` picks the rank-capped curve (truncation < d), else the exact one; at α < 1
-    the Schur order ``schur_order`` (α = 1 does not depend on it)."""
+                  schur_order: str = "lapack", jacobian_mode: str | None = None) -> pd.DataFrame:
+    """One cumulative erank curve, by number of factors, of ``jacobian_mode`` (default the
+    funnel's: ``isolated`` when present): ``truncated`` picks the rank-capped curve
+    (truncation < d), else the exact one; at α < 1 the Schur order ``schur_order`` (α = 1
+    does not depend on it)."""
     df = _select(t.table("cumulative"), "cumulative.parquet", checkpoint=checkpoint, direction=direction)
     _columns(df, "cumulative.parquet", "jacobian_mode", "alpha", "truncation", "steps", "erank")
     modes = list(pd.unique(df["jacobian_mode"]))
-    df = df[df["jacobian_mode"] == ("isolated" if "isolated" in modes else modes[0])]
+    mode = jacobian_mode or ("isolated" if "isolated" in modes else modes[0])
+    if mode not in modes:
+        raise NotTested(f"cumulative.parquet has no {mode} curves (run --jacobian-mode both or all)")
+    df = df[df["jacobian_mode"] == mode]
     df = df[np.isclose(_numeric(df["alpha"]), alpha)]
     if alpha < 1 and "schur_order" in df.columns:
         df = df[df["schur_order"] == schur_order]
@@ -544,9 +548,10 @@ def _funnel_curve(t: RunTables, checkpoint: str, alpha: float, direction: str, t
 
 
 def _funnel_ends(t: RunTables, checkpoint: str, alpha: float = 1.0, direction: str = "backward",
-                 truncated: bool = True, schur_order: str = "lapack") -> tuple[float, float]:
+                 truncated: bool = True, schur_order: str = "lapack", jacobian_mode: str | None = None
+                 ) -> tuple[float, float]:
     """``(erank after one step, erank at full depth)`` of a curve (:func:`_funnel_curve`)."""
-    curve = _funnel_curve(t, checkpoint, alpha, direction, truncated, schur_order)
+    curve = _funnel_curve(t, checkpoint, alpha, direction, truncated, schur_order, jacobian_mode)
     if len(curve) < 2:
         raise TooLittleData(f"the {checkpoint} cumulative curve has fewer than two depths")
     first, last = float(curve["erank"].iloc[0]), float(curve["erank"].iloc[-1])
@@ -555,23 +560,27 @@ def _funnel_ends(t: RunTables, checkpoint: str, alpha: float = 1.0, direction: s
     return first, last
 
 
-#: The funnel's protocols: the claims' own (the paper's figure: backward, rank 512) first.
-_PROTOCOLS = {"": ("backward", True), "_forward": ("forward", True), "_exact": ("backward", False),
-              "_forward_exact": ("forward", False)}
+#: The funnel's protocols: the claims' own (the paper's figure: backward, rank 512, the
+#: funnel's Jacobian mode) first.
+_PROTOCOLS = {"": ("backward", True, None), "_forward": ("forward", True, None), "_exact": ("backward", False, None),
+              "_forward_exact": ("forward", False, None), "_in_context": ("backward", True, "in_context")}
 _PROTOCOL_TEXT = {"": "backward, rank-truncated (512)", "_forward": "forward, rank-truncated",
-                  "_exact": "backward, exact", "_forward_exact": "forward, exact"}
-for _suffix, (_direction, _truncated) in _PROTOCOLS.items():
-    def _ratio(checkpoint: str, direction: str = _direction, truncated: bool = _truncated) -> Callable:
+                  "_exact": "backward, exact", "_forward_exact": "forward, exact",
+                  "_in_context": "backward, rank-truncated, in-context operators"}
+for _suffix, (_direction, _truncated, _mode) in _PROTOCOLS.items():
+    def _ratio(checkpoint: str, direction: str = _direction, truncated: bool = _truncated,
+               mode: str | None = _mode) -> Callable:
         def stat(t: RunTables) -> float:
-            first, last = _funnel_ends(t, checkpoint, 1.0, direction, truncated)
+            first, last = _funnel_ends(t, checkpoint, 1.0, direction, truncated, jacobian_mode=mode)
             return last / first
 
         return stat
 
-    def _init_over_trained(direction: str = _direction, truncated: bool = _truncated) -> Callable:
+    def _init_over_trained(direction: str = _direction, truncated: bool = _truncated,
+                           mode: str | None = _mode) -> Callable:
         def stat(t: RunTables) -> float:
-            return _funnel_ends(t, "init", 1.0, direction, truncated)[1] / _funnel_ends(
-                t, "trained", 1.0, direction, truncated)[1]
+            return _funnel_ends(t, "init", 1.0, direction, truncated, jacobian_mode=mode)[1] / _funnel_ends(
+                t, "trained", 1.0, direction, truncated, jacobian_mode=mode)[1]
 
         return stat
 
