@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -348,3 +349,25 @@ def test_bracket_check_flags_values_outside() -> None:
     heads["kreiss_B_in_bracket"] = check
     assert numerical_health(heads) == {"brackets": 4, "bracket_violations": 2, "uncertified": 1, "kreiss_A_flagged": 3}
     assert np.isnan(bracket_check(heads.drop(columns="certified_chunk"), chunks, 1e-3)).all()
+
+
+def test_certify_all_gives_every_chunk_a_bracket_and_each_head_its_certified_chunks(tmp_path: Path) -> None:
+    """--certify all: every matrix gets a bracket in head_chunks; a head's bracket columns are
+    its certified chunk's (not medians over chunks), and its search value lies inside."""
+    from depthlens.cli import main
+
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    out = tmp_path / "run"
+    assert main(["attention", "--model", "random:llama", "--text", str(text), "--chunks", "3", "--seq-len", "12",
+                 "--null-samples", "2", "--null-chunks", "1", "--probe-seqs", "2", "--probe-len", "4",
+                 "--certify", "all", "--jobs", "1", "--quiet", "--out", str(out)]) == 0
+    chunks = pd.read_parquet(out / "tables" / "head_chunks.parquet")
+    heads = pd.read_parquet(out / "tables" / "heads.parquet")
+    assert chunks["kreiss_B_lo"].notna().all() and (chunks["kreiss_B_lo"] <= chunks["kreiss_B_hi"]).all()
+    merged = heads.merge(chunks, left_on=["layer", "head", "certified_chunk"], right_on=["layer", "head", "chunk"],
+                         suffixes=("", "_chunk"))
+    assert len(merged) == len(heads)
+    np.testing.assert_array_equal(merged["kreiss_B_lo"], merged["kreiss_B_lo_chunk"])
+    assert (heads["kreiss_B_in_bracket"] == 1.0).all()
+    assert json.loads((out / "attention.json").read_text())["numerical_health"]["bracket_violations"] == 0

@@ -76,8 +76,10 @@ def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: Attent
         heads = an.aggregate_heads(chunks).merge(probe, on=["layer", "head"], how="left")
         heads["role"] = assign_roles(heads["prev_token_score"], heads["induction_score"], heads["sink_mass"], opts.thresholds)
         heads["excess_sign"] = np.sign(heads["delta_TR1"]).map({1.0: "positive", -1.0: "negative", 0.0: "zero"})
-        heads = heads.merge(_certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, batch_size, quiet),
-                            on=["layer", "head"], how="left")
+        certified = _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, batch_size, quiet)
+        # a head's bracket is its certified chunk's (with --certify all, not a median over chunks)
+        heads = heads.drop(columns=[c for c in certified.columns if c not in ("layer", "head") and c in heads])
+        heads = heads.merge(certified, on=["layer", "head"], how="left")
         heads["kreiss_B_in_bracket"] = an.bracket_check(heads, chunks, opts.rtol)
         heads = heads.merge(_induction_phase(run_dir, adapter, loaded.tokenizer, heads, opts, pool, quiet),
                             on=["layer", "head"], how="left")
