@@ -54,7 +54,9 @@ def test_cumulative_alpha_one_is_the_plain_product(run_root: Path) -> None:
     assert sorted(table["alpha"].unique()) == [0.0, 0.25, 0.5, 0.75, 1.0]
     for mode in ("isolated", "in_context"):  # the funnel mode at every α, the other mode at α = 1 (sensitivity)
         rows = table[(table["checkpoint"] == "trained") & (table["jacobian_mode"] == mode)]
-        assert sorted(rows["alpha"].unique()) == ([0.0, 0.25, 0.5, 0.75, 1.0] if mode == "isolated" else [1.0])
+        assert sorted(rows["alpha"].unique()) == ([0.0, 0.25, 0.5, 0.75, 1.0] if mode == "isolated" else [0.0, 1.0])
+        assert set(rows["schur_order"]) == ({"lapack", "canonical", "outside_first", "inside_first"}
+                                            if mode == "isolated" else {"lapack"})
         got = rows[(rows["alpha"] == 1.0) & (rows["direction"] == "forward")]
         expect = cumulative_ranks(operator_list(_ops(run_root, "trained", mode)), "forward")
         np.testing.assert_allclose(got.sort_values("depth")["erank"].to_numpy(), expect["erank"].to_numpy(),

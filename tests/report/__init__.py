@@ -210,8 +210,9 @@ def _jacobian(root: Path, rng: np.random.Generator, ident: dict[str, str]) -> No
                                              "erank_sigma": erank, "participation_ratio": erank,
                                              "log_norm": 0.1 * depth})
     ops, cum = pd.DataFrame(op_rows), pd.DataFrame(cum_rows)
-    # the default run's second mode: in-context operators like the isolated ones, their funnel at α = 1 only
-    in_context = cum[(cum["alpha"] == 1.0)].assign(jacobian_mode="in_context")
+    # the default run's second mode: in-context operators like the isolated ones, their funnel at α = 0 and 1
+    in_context = cum[cum["alpha"].isin((0.0, 1.0)) & (cum["schur_order"] == "lapack")].assign(
+        jacobian_mode="in_context")
     write_table(root, "operators", pd.concat([ops, ops.assign(jacobian_mode="in_context")], ignore_index=True), ident)
     write_table(root, "eigenvalues", pd.DataFrame(eig_rows), ident)
     write_table(root, "cumulative", pd.concat([cum, in_context], ignore_index=True), ident)

@@ -10,7 +10,8 @@ their metrics and eigenvalues; with float32 or none a unit-private float64 copy 
 funnel and the topology stage until the run ends), ``funnel_<checkpoint>`` (cumulative
 eranks of the sub-layer operators for every Schur order, α, direction and truncation, on the
 ``isolated`` operators, or the first mode run) and ``funnel_<checkpoint>_<mode>`` for every
-other mode run, at α = 1 only (the funnel claims' sensitivity to the Jacobian mode).
+other mode run, at α = 0 and 1 in the first Schur order only (the funnel claims' sensitivity
+to the Jacobian mode).
 """
 
 from __future__ import annotations
@@ -200,8 +201,8 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
         for mode in [funnel_mode, *(m for m in opts.modes if m != funnel_mode)]:
             if mode not in ops_by_mode:
                 continue  # its operators failed (recorded above); the funnel needs them
-            # the funnel mode gets every α and Schur order; the others α = 1 only (no Schur forms:
-            # the sensitivity of the funnel claims to the Jacobian mode)
+            # the funnel mode gets every α and Schur order; the others α = 0 and 1 in the first order
+            # only (the sensitivity of the funnel claims to the Jacobian mode)
             key = f"funnel_{name}" if mode == funnel_mode else f"funnel_{name}_{mode}"
             if not run_dir.has_unit(STAGE, key):
                 with run_dir.failures.unit(STAGE, key):
@@ -212,10 +213,11 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
                     ops = operator_list(found)
                     d = ops[0].shape[0]
                     ranks = (None,) if opts.funnel_rank == 0 or opts.funnel_rank >= d else (None, opts.funnel_rank)
-                    alphas = opts.funnel_alphas if mode == funnel_mode else (1.0,)
-                    table = schur_funnel(ops, alphas=alphas, directions=DIRECTIONS, ranks=ranks,
-                                         schur_orders=opts.schur_orders, progress=not quiet, pool=pool,
-                                         label=f"{label(name)} ({mode})")
+                    alphas = opts.funnel_alphas if mode == funnel_mode else tuple(
+                        a for a in opts.funnel_alphas if a in (0.0, 1.0))
+                    orders = opts.schur_orders if mode == funnel_mode else opts.schur_orders[:1]
+                    table = schur_funnel(ops, alphas=alphas, directions=DIRECTIONS, ranks=ranks, schur_orders=orders,
+                                         progress=not quiet, pool=pool, label=f"{label(name)} ({mode})")
                     run_dir.write_unit(STAGE, key, {"funnel": table})
             if run_dir.has_unit(STAGE, key):
                 t = run_dir.read_units(STAGE, [key], "funnel")

@@ -596,10 +596,11 @@ for _suffix, (_direction, _truncated, _mode) in _PROTOCOLS.items():
              "how much more rank the architecture alone keeps.", samples=_JACOBIAN_CHUNKS)(_init_over_trained())
 
 
-def _schur_removed(schur_order: str, direction: str = "backward", truncated: bool = True) -> Callable:
+def _schur_removed(schur_order: str, direction: str = "backward", truncated: bool = True,
+                   jacobian_mode: str | None = None) -> Callable:
     def stat(t: RunTables) -> float:
-        first1, last1 = _funnel_ends(t, "trained", 1.0, direction, truncated)
-        first0, last0 = _funnel_ends(t, "trained", 0.0, direction, truncated, schur_order)
+        first1, last1 = _funnel_ends(t, "trained", 1.0, direction, truncated, jacobian_mode=jacobian_mode)
+        first0, last0 = _funnel_ends(t, "trained", 0.0, direction, truncated, schur_order, jacobian_mode)
         fall1, fall0 = -math.log(last1 / first1), -math.log(last0 / first0)
         if not fall1 > 0:
             raise TooLittleData("no funnel at α = 1 to remove")
@@ -613,6 +614,9 @@ for _order in ("lapack", "canonical", "outside_first", "inside_first"):
              "Fraction of the trained funnel (in log erank; backward, rank-truncated) removed by the Schur split "
              f"α = 0 in Schur order {_order}: 1 − log(r₀)/log(r₁), r_α = erank(full depth)/erank(one step).",
              samples=_JACOBIAN_CHUNKS)(_schur_removed(_order))
+register("funnel_removed_by_schur_in_context", ["cumulative"],
+         "As funnel_removed_by_schur on the in-context operators (LAPACK order).",
+         samples=_JACOBIAN_CHUNKS)(_schur_removed("lapack", jacobian_mode="in_context"))
 register("funnel_removed_by_schur_forward_exact", ["cumulative"],
          "As funnel_removed_by_schur on the forward exact products (the protocol before the paper's).",
          samples=_JACOBIAN_CHUNKS)(_schur_removed("lapack", "forward", False))
