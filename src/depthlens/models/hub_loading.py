@@ -16,7 +16,7 @@ import torch
 from ..errors import ModelError
 from . import hub
 from .hashing import combined_sha256, hash_files
-from .pretrained import Checkpoint, load_config, quiet_transformers, remote_code_error
+from .pretrained import Checkpoint, load_config, model_from_folder, quiet_transformers, remote_code_error
 from .tokenizer import tokenizer_from
 
 __all__ = ["load_hub"]
@@ -96,8 +96,6 @@ def load_hub(spec: str, *, revision: str | None, dtype: torch.dtype, trust_remot
         Offline and not cached, hub or network failures, an unsupported architecture, or a
         checkpoint that needs its own code.
     """
-    from transformers import AutoModelForCausalLM
-
     from .families import family_of
 
     # Decided at once: HF_HUB_OFFLINE, or one quick probe; offline, the cache only (no retries).
@@ -121,16 +119,7 @@ def load_hub(spec: str, *, revision: str | None, dtype: torch.dtype, trust_remot
 
     def attempt(use_safetensors: bool) -> torch.nn.Module:
         with quiet_transformers():
-            return AutoModelForCausalLM.from_pretrained(
-                spec,
-                revision=revision,
-                dtype=dtype,
-                attn_implementation="eager",
-                use_safetensors=use_safetensors,
-                weights_only=True,
-                trust_remote_code=trust_remote_code,
-                local_files_only=local,
-            )
+            return model_from_folder(spec, dtype, trust_remote_code, use_safetensors, revision=revision, local=local)
 
     # The safetensors auto-conversion of transformers would ask a hub service to convert the
     # repository; depthlens only reads, so it is switched off for the duration of the load.

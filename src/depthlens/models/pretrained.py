@@ -19,7 +19,8 @@ import torch
 
 from ..errors import ModelError
 
-__all__ = ["Checkpoint", "load_config", "model_from_folder", "quiet_transformers", "remote_code_error", "versions"]
+__all__ = ["Checkpoint", "load_config", "model_from_folder", "quiet_transformers", "remote_code_error",
+           "versions"]
 
 
 class Checkpoint(NamedTuple):
@@ -64,19 +65,22 @@ def load_config(where: str, *, revision: str | None, trust_remote_code: bool, lo
 
 
 def model_from_folder(
-    folder: Path, dtype: torch.dtype, trust_remote_code: bool, use_safetensors: bool
+    folder: Path | str, dtype: torch.dtype, trust_remote_code: bool, use_safetensors: bool,
+    revision: str | None = None, local: bool = True,
 ) -> torch.nn.Module:
-    """The causal LM saved in ``folder``, in ``dtype``, with eager attention; pickled weights
+    """The causal LM saved in ``folder`` (or hub id ``folder`` at ``revision`` with
+    ``local=False``), in ``dtype``, with eager attention; pickled weights
     (``use_safetensors=False``) go through torch's restricted unpickler."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
         str(folder),
+        revision=revision,
         dtype=dtype,
         attn_implementation="eager",
         use_safetensors=use_safetensors,
         weights_only=True,
-        local_files_only=True,
+        local_files_only=local,
         trust_remote_code=trust_remote_code,
     )
 
