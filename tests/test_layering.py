@@ -1,20 +1,23 @@
-"""Layering of the package: what importing each layer loads, and what each package exports.
-
-The numerical core (``depthlens.linalg``) has its own test (``tests/linalg/test_layering.py``),
-as has ``depthlens.models`` (``tests/models/test_registry.py``) and the report
-(``tests/report/test_html.py``)."""
+"""Layering of the package: what importing each layer loads, and what each package (and
+every module of the numerical core) exports. ``depthlens.models`` has its own test
+(``tests/models/test_registry.py``), as has the report (``tests/report/test_html.py``)."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import pkgutil
 import subprocess
 import sys
 
 import pytest
 
+import depthlens.linalg
+
 PACKAGES = ["depthlens", "depthlens.attention", "depthlens.jacobian", "depthlens.linalg", "depthlens.models",
             "depthlens.report", "depthlens.runs", "depthlens.topology"]
+#: Every module of the numerical core declares its exports too.
+LINALG_MODULES = [f"depthlens.linalg.{info.name}" for info in pkgutil.iter_modules(depthlens.linalg.__path__)]
 
 
 def _loaded(code: str) -> list[str]:
@@ -23,13 +26,21 @@ def _loaded(code: str) -> list[str]:
     return ast.literal_eval(out.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", PACKAGES)
+@pytest.mark.parametrize("name", PACKAGES + LINALG_MODULES)
 def test_package_declares_what_it_exports(name: str) -> None:
     module = importlib.import_module(name)
     exported = getattr(module, "__all__", None)
     assert isinstance(exported, list) and exported, f"{name} has no __all__"
     assert len(set(exported)) == len(exported), f"{name}.__all__ repeats a name"
     assert all(getattr(module, n, None) is not None for n in exported), name
+
+
+def test_linalg_loads_no_torch_and_no_model_side() -> None:
+    """The numerical core stands on numpy, scipy and numba alone."""
+    forbidden = ("torch", "depthlens.models", "depthlens.attention", "depthlens.jacobian", "depthlens.topology",
+                 "depthlens.report")
+    loaded = _loaded("import depthlens.linalg")
+    assert [m for m in loaded if any(m == f or m.startswith(f + ".") for f in forbidden)] == []
 
 
 def test_import_depthlens_is_light() -> None:
