@@ -204,7 +204,7 @@ class Run:
     @property
     def config(self) -> RunConfig:
         """The run's configuration."""
-        return RunConfig(**_config_values(self.manifest.get("config") or {}))
+        return RunConfig(**(self.manifest.get("config") or {}))  # sections as RunConfig takes them
 
     @property
     def verdicts(self) -> pd.DataFrame:
@@ -228,11 +228,3 @@ class Run:
         from .report import render_report
 
         return render_report(self.path, claims_path=claims)
-
-
-def _config_values(record: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments of :class:`RunConfig` from a manifest's ``config`` record."""
-    values = {k: v for k, v in record.items() if k not in STAGES}
-    for stage in STAGES:
-        values.update(record.get(stage, {}))
-    return values
