@@ -152,3 +152,27 @@ def test_orders_change_the_normal_part() -> None:
 def test_bad_order() -> None:
     with pytest.raises(InputError, match="Schur order"):
         schur_form(np.eye(2), "sorted")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("order", ["outside_first", "inside_first"])
+def test_structural_unit_eigenvalues_stay_inside_whatever_the_rounding(order: str, rng: np.random.Generator) -> None:
+    """``I + U`` with U of rank 6 < 24 has the eigenvalue 1 eighteen times, computed at
+    ``|λ| − 1`` of ±1e-15; how many come out above 1 changes with the rounding of M (here
+    ulp-level changes of U, as a BLAS thread count makes). They all count as on the circle,
+    so the partition does not depend on the rounding: each form is SciPy's with the sort
+    ``|λ| > 1 + 1e-8·max(1, max|λ|)`` (or its negation), bit for bit."""
+    n, r = 24, 6
+    U = rng.standard_normal((n, r)) @ rng.standard_normal((r, n)) / 3
+    variants = [np.eye(n) + U * (1 + k * 2.0**-52) for k in range(8)]
+    raw = {int(np.sum(np.abs(np.linalg.eigvals(M)) > 1)) for M in variants}
+    assert len(raw) > 1, "the perturbations never moved a computed |λ| across 1; the test checks nothing"
+    clear = int(np.sum(np.abs(np.linalg.eigvals(np.eye(n) + U)) > 1 + 1e-6))
+    assert 0 < clear <= r
+    for M in variants:
+        radius = float(np.abs(np.linalg.eigvals(M)).max())
+        outside = lambda lam: abs(lam) > 1 + 1e-8 * max(1.0, radius)  # noqa: E731
+        t, q, k = scipy.linalg.schur(M, output="complex", sort=outside if order == "outside_first" else lambda lam: not outside(lam))
+        assert k == (clear if order == "outside_first" else n - clear)
+        form = schur_form(M, order)
+        np.testing.assert_array_equal(form.t, np.triu(t))
+        np.testing.assert_array_equal(form.q, q)

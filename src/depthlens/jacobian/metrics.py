@@ -30,6 +30,7 @@ from ..linalg import guarded
 from ..linalg._checks import as_square
 from ..linalg.normality import complex_fraction, expansion_fraction, henrici, rotation_angle_mean, symmetry_index
 from ..linalg.ranks import erank, erank_sigma, participation_ratio, self_alignment_svd, stable_rank
+from ..linalg.schur import STRUCTURAL_TOL
 from ..parallel import InlineExecutor
 
 __all__ = ["METRICS", "SELF_ALIGN_K", "TRIVIAL_TOL", "OperatorSpectra", "metrics_and_eigenvalues", "metrics_table", "operator_metrics", "spectra"]
@@ -57,7 +58,7 @@ METRICS: tuple[str, ...] = (
 )
 """The metric columns of :func:`metrics_table`, in order (names as in METHODS B2)."""
 
-TRIVIAL_TOL = 1e-8
+TRIVIAL_TOL = STRUCTURAL_TOL
 """An eigenvalue λ = 1 + μ of J is structurally 1 (trivial) when ``|μ| ≤ TRIVIAL_TOL ·
 max(1, max|λ|)``: the exact eigenvalue 1 of a rank-deficient update (the isolated attention
 update has rank ≤ n_kv·head_dim) is computed at ``|μ|`` of about ``n ε ‖U‖`` (1e-14 to

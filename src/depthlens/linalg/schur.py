@@ -20,11 +20,16 @@ Orders
       ``J(α)[U M U*] = U J(α)[M] U*`` for unitary U;
     - ``outside_first``: the ``lapack`` form with the eigenvalues ``|λ| > 1`` moved to the
       leading block, each group keeping LAPACK's relative order (``trsen``; what
-      ``scipy.linalg.schur(M, output="complex", sort="ouc")`` returns);
+      ``scipy.linalg.schur(M, output="complex", sort="ouc")`` returns, but for the
+      eigenvalues on the unit circle within rounding, below);
     - ``inside_first``: the same with ``|λ| ≤ 1`` leading (``sort="iuc"``).
 
-    The group of an eigenvalue within rounding of the unit circle (the structurally-1
-    eigenvalues of a sub-layer Jacobian) follows the sign of its computed ``|λ| − 1``.
+    An eigenvalue within rounding of the unit circle, ``||λ| − 1| ≤ STRUCTURAL_TOL ·
+    max(1, max|λ|)`` (:data:`STRUCTURAL_TOL`), counts as on it and so in the ``|λ| ≤ 1``
+    group: the structurally-1 eigenvalues of a sub-layer Jacobian (``I + U`` with ``U`` of
+    rank below d) are computed at ``|λ| − 1`` of a few 1e-15 of either sign, and a sign
+    that follows the rounding (BLAS thread count, CPU kernel) would move them between
+    groups and change ``Q`` and ``J(0)`` by O(1).
 
 Real input
     ``canonical``: if every eigenvalue of a real ``M`` is real, its real Schur form is
@@ -51,11 +56,19 @@ from ..errors import InputError
 from ._checks import as_square
 from . import guarded
 
-__all__ = ["SCHUR_ORDERS", "SchurForm", "SchurOrder", "check_schur_order", "schur_form", "schur_split"]
+__all__ = ["SCHUR_ORDERS", "STRUCTURAL_TOL", "SchurForm", "SchurOrder", "check_schur_order", "schur_form", "schur_split"]
 
 SchurOrder = Literal["lapack", "canonical", "outside_first", "inside_first"]
 #: The eigenvalue orders of a Schur form (module notes); ``lapack`` is the claims' protocol.
 SCHUR_ORDERS: tuple[SchurOrder, ...] = ("lapack", "canonical", "outside_first", "inside_first")
+
+
+STRUCTURAL_TOL = 1e-8
+"""Relative distance, in units of ``max(1, max|λ|)``, within which a computed eigenvalue of a
+float64 operator is taken to sit exactly on a structural value (the eigenvalue 1 of a
+rank-deficient update, the unit circle). Such eigenvalues are computed within about
+``n ε ‖M‖`` (1e-15 to 1e-12 for the mean Jacobians), far below; eigenvalues that carry
+larger errors (means of float32 operators, about 1e-7) stay above it."""
 
 
 def check_schur_order(order: str) -> SchurOrder:
@@ -117,6 +130,12 @@ def _canonical_order(t: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return t, q
 
 
+def _outside_unit_circle(lam: np.ndarray) -> np.ndarray:
+    """``|λ| > 1`` beyond rounding: moduli within :data:`STRUCTURAL_TOL` of 1 count as on the circle."""
+    modulus = np.abs(lam)
+    return modulus > 1.0 + STRUCTURAL_TOL * max(1.0, float(modulus.max(initial=0.0)))
+
+
 def _leading(t: np.ndarray, q: np.ndarray, select: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The complex Schur form ``(t, q)`` reordered so that the ``select``-ed eigenvalues lead,
     each group in its previous relative order (LAPACK ``ztrsen`` without condition numbers,
@@ -163,8 +182,8 @@ def schur_form(M: ArrayLike, order: SchurOrder = "canonical") -> SchurForm:
     if order != "canonical":
         t, q = guarded.schur(arr, output="complex")
         if order != "lapack":
-            modulus = np.abs(np.diagonal(t))
-            t, q = _leading(t, q, modulus > 1 if order == "outside_first" else modulus <= 1)
+            outside = _outside_unit_circle(np.diagonal(t))
+            t, q = _leading(t, q, outside if order == "outside_first" else ~outside)
         return SchurForm(matrix=arr, q=q, t=np.triu(t), order=order)
     if arr.dtype.kind == "c":
         t, q = guarded.schur(arr, output="complex")
