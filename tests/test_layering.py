@@ -14,8 +14,8 @@ import pytest
 
 import depthlens.linalg
 
-PACKAGES = ["depthlens", "depthlens.attention", "depthlens.jacobian", "depthlens.linalg", "depthlens.models",
-            "depthlens.report", "depthlens.runs", "depthlens.topology"]
+PACKAGES = ["depthlens", "depthlens.attention", "depthlens.contest", "depthlens.interventions", "depthlens.jacobian",
+            "depthlens.linalg", "depthlens.models", "depthlens.report", "depthlens.runs", "depthlens.topology"]
 #: Every module of the numerical core declares its exports too.
 LINALG_MODULES = [f"depthlens.linalg.{info.name}" for info in pkgutil.iter_modules(depthlens.linalg.__path__)]
 

@@ -56,3 +56,11 @@ def test_stage_help_lists_its_own_options_and_those_it_needs() -> None:
     assert "--null-samples" not in topology  # accepted (one command line for every stage) but not listed
     assert choices["topology"].parse_args(["--null-samples", "3"]).null_samples == 3
     assert with_requirements(["topology", "capture"]) == ["jacobian", "topology", "capture"]
+
+
+def test_a_requirement_that_depends_on_an_option() -> None:
+    """The contest reads the ablate stage's table only for the criticality target."""
+    assert with_requirements(["contest"]) == ["attention", "ablate", "contest"]
+    assert with_requirements(["contest"], RunConfig()) == ["attention", "ablate", "contest"]
+    assert with_requirements(["contest"], RunConfig(contest_targets=("routing", "persistence"))) == ["attention", "contest"]
+    assert STAGES["contest"].needs(RunConfig(contest_targets=("criticality",))) == ("attention", "ablate")

@@ -53,7 +53,8 @@ def no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
     ("run", ["--seq-len", "3"], "--seq-len 3", "--seq-len 5 or more"),
     ("run", ["--seq-len", "4"], "--seq-len 4", "--seq-len 5 or more"),
     ("topology", ["--seq-len", "4"], "--seq-len 4", "--seq-len 5 or more"),
-    ("run", ["--chunks", "1", "--seq-len", "5"], "--chunks 1", "--chunks 3 or --seq-len 7"),
+    ("topology", ["--chunks", "1", "--seq-len", "5"], "--chunks 1", "--chunks 3 or --seq-len 7"),
+    ("run", ["--chunks", "1", "--seq-len", "5"], "--chunks 1", "--chunks 2 or more"),  # ablate's, checked first
     ("topology", ["--chunks", "2", "--seq-len", "5"], "--chunks 2", "--chunks 3 or --seq-len 6"),
     ("run", ["--revisions", "step1"], "--revisions step1", "drop --revisions"),
     ("jacobian", ["--revisions", "step1,step2"], "--revisions step1,step2", "drop --revisions"),
@@ -71,8 +72,11 @@ def test_plan_refused_before_the_model_loads(text_file: Path, tmp_path: Path, ca
 
 def test_plan_minimums_are_the_real_ones() -> None:
     """The smallest sizes the checks accept are ones the stages run with (topology: 3
-    positions after the 4 skipped; capture, attention and jacobian: seq_len 2)."""
-    workflow.check_plan(RunConfig(model="random:llama", chunks=1, seq_len=7), list(STAGES))
+    positions after the 4 skipped; capture, attention and jacobian: seq_len 2; ablate: a mean
+    chunk beside a held-out one)."""
+    workflow.check_plan(RunConfig(model="random:llama", chunks=2, seq_len=7), list(STAGES))
+    with pytest.raises(InputError, match="--chunks 1 leaves no mean chunk"):
+        workflow.check_plan(RunConfig(model="random:llama", chunks=1, seq_len=7), ["ablate"])
     workflow.check_plan(RunConfig(model="random:llama", chunks=3, seq_len=5), ["topology"])
     workflow.check_plan(RunConfig(model="random:llama", chunks=1, seq_len=2), ["capture", "attention", "jacobian"])
     with pytest.raises(InputError, match="--seq-len 6"):

@@ -45,6 +45,9 @@ class Column(NamedTuple):
 STAGES: dict[str, str] = {
     "capture": "METHODS A3 (pattern features) and A7 (massive activations)",
     "attention": "METHODS A2–A6",
+    "ablate": "METHODS A7 (ablation criticality)",
+    "clamp": "METHODS A7 (massive activations and the clamp chain)",
+    "contest": "METHODS A7 (the feature-family contest)",
     "jacobian": "METHODS B1–B4",
     "topology": "METHODS B5",
 }
@@ -322,6 +325,149 @@ _ATTENTION = {
     },
 }
 
+# ----------------------------------------------------------------------------- ablate, clamp, contest
+_CI = "95% percentile bootstrap interval"
+_ABLATE = {
+    "ablation": {
+        **_keys("layer", "head"),
+        "method": Column("Ablation of the head's output before the output projection (METHODS A7): `mean` (its mean "
+                         "output vector over the tokens of the mean chunks), `zero`, or `resample` (its output on a mean "
+                         "chunk, paired by index, in place of its output on the held-out chunk).", "text"),
+        "criticality": Column("Ablation criticality ΔCE: next-token cross-entropy with the head ablated minus without, "
+                              "averaged over every predicted token of the held-out chunks (the last `heldout_chunks` "
+                              "of the run, disjoint from the mean chunks). Layers below the head's are not recomputed "
+                              "(they are unchanged exactly).", "nats per token; float32 forward passes, float64 sums"),
+        "criticality_lo": Column(f"Lower end of the {_CI} of `criticality` over held-out chunks (`ablation_boot` "
+                                 "resamples of the chunks, each chunk's tokens kept together).", "nats per token"),
+        "criticality_hi": Column("Upper end of that interval.", "nats per token"),
+        "ce_clean": Column("Cross-entropy of the unablated model on the same held-out tokens.",
+                           "nats per token; float32 forward, float64 sum"),
+        "n_chunks": Column("Held-out chunks.", "count"),
+        "n_tokens": Column("Predicted tokens the cross-entropies average over (held-out chunks × (seq_len − 1)).",
+                           "count"),
+    },
+}
+
+_TARGET = Column("What is clamped: `massive` (the massive dimensions at the first token) or `control` (as many "
+                 "random ordinary dimensions, never massive anywhere, given the same relative clamp at the same "
+                 "position and layers: dose α × their own value, or their own mean; its α = 1 rows are the "
+                 "unclamped model's).", "text")
+_SEED = Column("Seed index of the control's random dimensions, 0-based; −1 for the massive clamp.", "integer")
+_ARM = Column("Clamp arm (METHODS A7): `dose` (each clamped entry set to α × its clean value at that layer input in "
+              "that chunk, so α = 0 is the zero arm and α = 1 the unclamped model; doses 0 and 1 always run) or "
+              "`mean` (set to the dimension's mean over the ordinary positions 1 .. T−1 of the clamp chunks at that "
+              "layer input).", "text")
+_ALPHA = Column("Dose α of the `dose` arm; NaN for `mean`.", "fraction in [0, 1]")
+_CLAMP_MEASURES = {
+    "sink_mass": Column("Sink mass of the head (METHODS A3) under the clamp: median over the clamp chunks.",
+                        "fraction in [0, 1]; exact float64 reduction"),
+    "TR1": Column("Transient reserve log K(B) of the head under the clamp: median over the clamp chunks; measured for "
+                  "the arms α = 0, α = 1 and `mean` (NaN for the other doses).", "nats; Kreiss search (lower bound, "
+                  "typically exact to 1e-10 relative)"),
+    "delta_TR1": Column("Excess reserve Δ_TR = TR1 − mean TR1 of `clamp_null_samples` matched spec nulls (METHODS A4), "
+                        "median over the clamp chunks; for the arms with TR1.", "nats"),
+}
+_CLAMP = {
+    "massive": {
+        **_keys("chunk"),
+        "layer": Column("Layer of the boundary, 0-based; L for `final`.", "integer"),
+        "boundary": Column("Residual-stream boundary: `pre_attn`, `pre_mlp` or `final` (as in residual_summary).",
+                           "text"),
+        "position": Column("Token position, 0-based.", "integer"),
+        "dim": Column("Residual dimension, 0-based.", "integer"),
+        "value": Column("The massive entry h[position, dim] (signed): |value| ≥ 100 and ≥ 1000 × the median |h| of "
+                        "the boundary in this chunk (METHODS A7).", "residual units; float32 forward"),
+        "median_abs": Column("Median of |h| over the boundary's entries in this chunk.", "residual units"),
+        "ratio": Column("|value| / `median_abs`.", "dimensionless, ≥ 1000"),
+    },
+    "clamp": {
+        "target": _TARGET,
+        "seed": _SEED,
+        "arm": _ARM,
+        "alpha": _ALPHA,
+        "dims": Column("The clamped residual dimensions, comma-separated.", "text"),
+        "from_layer": Column("First clamped layer: the smallest emergence layer of the massive dimensions (a "
+                             "dimension's emergence layer is the first layer whose input holds it massive at the "
+                             "first token in at least half of the run's chunks; each dimension is clamped from its "
+                             "own).", "integer"),
+        "ce": Column("Next-token cross-entropy under the clamp over the clamp chunks.", "nats per token; float32 "
+                     "forward, float64 sum"),
+        "delta_ce": Column("`ce` minus the unclamped model's on the same tokens.", "nats per token"),
+        "sink_mass": Column("Mean over the heads of layers ≥ `from_layer` of their `sink_mass` in clamp_heads.",
+                            "fraction in [0, 1]"),
+        "TR1": Column("Mean over those heads of their `TR1` (NaN for arms without it).", "nats"),
+        "delta_TR1": Column("Mean over those heads of their `delta_TR1` (NaN for arms without it).", "nats"),
+        "n_heads": Column("Heads averaged (every head of layers ≥ `from_layer`; those below are unchanged exactly).",
+                          "count"),
+        "n_chunks": Column("Clamp chunks.", "count"),
+    },
+    "clamp_heads": {
+        **_keys("layer", "head"),
+        "target": _TARGET,
+        "seed": _SEED,
+        "arm": _ARM,
+        "alpha": _ALPHA,
+        **_CLAMP_MEASURES,
+        "failure": _FAILURE,
+    },
+}
+
+_FAMILY = Column("Feature set of the model: one family, `P` (pattern: sink mass, row entropy, mean attention distance, "
+                 "mean row maximum), `E` (eigenvalues: ρ_B and quantiles of the self-attention weights A[i, i]), `S` "
+                 "(norms and singular values of B: ‖B‖₂, ‖B‖_F, σ₂, stable rank) or `R` (resolvent: TR1, TR2, k*, "
+                 "ρ_ε(B) at ε = 1e-2, numerical radius, Henrici departure, null excess and its z-score); `all` "
+                 "(the four); or `all-X`, every family but X.", "text")
+_CONTEST = {
+    "contest_features": {
+        **_keys("layer", "head"),
+        "mean_distance": Column("Mean over rows i of Σ_j A[i, j]·(i − j), the mean attention distance; median over the "
+                                "contest chunks.", "tokens; exact float64 reduction"),
+        "max_weight": Column("Mean over rows i ≥ 2 of max_j A[i, j]; median over the contest chunks.",
+                             "fraction in [0, 1]; exact"),
+        **{f"diag_q{q}": Column(f"{q}th percentile of the self-attention weights A[i, i], i ≥ 2; median over the contest "
+                                "chunks.", "fraction in [0, 1]; exact") for q in (25, 50, 75)},
+        "fro_B": Column("Frobenius norm ‖B‖_F; median of logs over the contest chunks.", "dimensionless; exact"),
+        "sigma2_B": Column("Second singular value of B; median of logs over the contest chunks (plain median when a "
+                           "chunk's value is 0).",
+                           "dimensionless; dense SVD, exact to rounding"),
+        "stable_rank_B": Column("Stable rank ‖B‖_F² / ‖B‖₂²; median over the contest chunks.",
+                                "dimensionless; dense SVD"),
+        "persistence": Column("Depth persistence of the head's deviation: log ‖B̄_{L−1} ⋯ B̄_{l+1} B_{l,h}‖₂ − "
+                              "log ‖B̄_{L−1} ⋯ B̄_{l+1} B̄_l‖₂, with B̄_k the deflated head mean of layer k (how much "
+                              "more of this head's deviation than of its layer's survives the layers above); −inf when "
+                              "nothing of the head survives, NaN when nothing of its layer does; median over the "
+                              "contest chunks.", "nats; dense SVD, exact to rounding"),
+    },
+    "contest": {
+        "target": Column("What is predicted per head: `persistence` (contest_features), `routing` (role `routing` in "
+                         "heads, from the probe) or `criticality` (mean-ablation ΔCE in ablation).", "text"),
+        "features": _FAMILY,
+        "metric": Column("Out-of-fold score: `auroc` for `routing`, `spearman` for the others; the model is a ridge "
+                         "regression (median imputation, standardisation, α = 1) for every target, for `routing` a "
+                         "linear probability model (so every permutation is one multi-output fit).", "text"),
+        "score": Column("The metric over the out-of-fold predictions of a grouped K-fold by layer (a layer is never "
+                        "split; scaling fitted inside the folds).", "AUROC in [0, 1] or Spearman ρ in [−1, 1]"),
+        "score_lo": Column(f"Lower end of the {_CI} of `score` over layers (layer-cluster bootstrap of the "
+                           "out-of-fold predictions).", "as `score`"),
+        "score_hi": Column("Upper end of that interval.", "as `score`"),
+        "r2": Column("Out-of-fold R² = 1 − Σ(y − ŷ)² / Σ(y − ȳ)² (NaN for `routing`).", "dimensionless, ≤ 1"),
+        "p": Column("Permutation p-value (labels permuted within layers, the whole cross-validation refitted): of "
+                    "`score`, and for `all-X` of `delta` (the drops under the same permutations); "
+                    "(1 + #{perm ≥ obs}) / (1 + n_perm).", "p-value; Monte Carlo, never 0"),
+        "q": Column("Benjamini–Hochberg q-value of `p` over every row of the table.", "q-value"),
+        "delta": Column("For `all-X`: score of `all` minus score without X (positive: X adds to the others); NaN "
+                        "otherwise.", "as `score`"),
+        "delta_lo": Column(f"Lower end of the {_CI} of `delta` (layer-cluster bootstrap, the same resamples for both "
+                           "models).", "as `score`"),
+        "delta_hi": Column("Upper end of that interval.", "as `score`"),
+        "required": Column("For `all-X`: True when `delta_lo` > 0 and `q` ≤ 0.05 (dropping X lowers the score, with "
+                           "the interval excluding 0 and the drop significant after BH); False otherwise.", "boolean"),
+        "n_heads": Column("Heads with the target (missing feature values are imputed by the training folds' median).",
+                          "count"),
+        "n_folds": Column("Folds of the grouped K-fold (at most the number of layers).", "count"),
+    },
+}
+
 # ----------------------------------------------------------------------------- jacobian
 _OPERATOR = {
     "cond": Column("Condition number σ_max / σ_min of J (+inf for a singular J).",
@@ -533,7 +679,8 @@ _OPTIONAL: dict[str, dict[str, str]] = {
 }
 
 
-_STAGE_TABLES = {"capture": _CAPTURE, "attention": _ATTENTION, "jacobian": _JACOBIAN, "topology": _TOPOLOGY}
+_STAGE_TABLES = {"capture": _CAPTURE, "attention": _ATTENTION, "ablate": _ABLATE, "clamp": _CLAMP, "contest": _CONTEST,
+                 "jacobian": _JACOBIAN, "topology": _TOPOLOGY}
 _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
     "attention_patterns": (("layer", "head", "chunk"),
                            "One row per (layer, head, chunk): the pattern features of one attention matrix."),
@@ -550,6 +697,20 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
     "depth": (("chunk", "operator", "source", "sample", "depth"),
               "One row per (operator, chunk, source, sample, depth): the surviving deviation of a depth product "
               "against its eigenvalue predictions."),
+    "ablation": (("layer", "head", "method"),
+                 "One row per (layer, head, ablation method): the head's ablation criticality on the held-out chunks."),
+    "massive": (("chunk", "layer", "boundary", "position", "dim"),
+                "One row per massive-activation entry (chunk, boundary, position, dimension) of the run's chunks."),
+    "clamp": (("target", "seed", "arm", "alpha"),
+              "One row per clamp (target, control seed, arm, dose): cross-entropy and head averages under it."),
+    "clamp_heads": (("layer", "head", "target", "seed", "arm", "alpha"),
+                    "One row per (head, clamp): sink mass and reserve of a head of a clamped layer under one clamp."),
+    "contest_features": (("layer", "head"),
+                         "One row per (layer, head): the pattern, eigenvalue and norm features and the depth "
+                         "persistence the contest computes itself (the others come from heads)."),
+    "contest": (("target", "features"),
+                "One row per (target, feature set): cross-validated score, its interval and permutation test, and "
+                "for `all-X` whether family X is required."),
     "operators": (("checkpoint", "jacobian_mode", "layer", "sublayer"),
                   "One row per (checkpoint, Jacobian mode, layer, sub-layer): spectral metrics of the mean Jacobian "
                   "(sub-layer `layer`: of the layer operator)."),
@@ -581,8 +742,13 @@ SUMMARIES: dict[str, Summary] = {s.name: s for s in (
             "`kreiss_B_in_bracket`) and the stage's options."),
     Summary("topology", "topology", "Significant layers per checkpoint at the FDR level `q_level`, and the "
             "boundaries tested per checkpoint."),
-    Summary("interventions", "clamp", "The massive-activation clamp chain (METHODS A7); written by the clamp stage, "
-            "which this version does not have yet."),
+    Summary("interventions", "clamp", "The massive-activation clamp chain (METHODS A7): `clamp_chain` with `tested` "
+            "(false, with only `reason`, when no dimension is massive at the first token of a layer input in half "
+            "the chunks, or when clamp units failed), `supported`, `reason` (null when supported, else the "
+            "conditions that failed or were not tested), `conditions` (`monotone`, `predicts`, `control_inert`: "
+            "each `held`, true, false or null for not tested, with its statistics), `dims` (the clamped dimensions "
+            "when supported, else empty), `all_dims`, `emergence_layers`, `from_layer`, `n_chunks` (clamp chunks), "
+            "`detection_chunks`, `alphas` and `control_dims`."),
 )}
 
 #: Every kind of array file.

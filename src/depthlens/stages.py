@@ -20,8 +20,12 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
+from typing import Any
+
 from .attention.options import AttentionOptions
+from .contest.options import ContestOptions
 from .errors import InputError
+from .interventions.options import AblateOptions, ClampOptions
 from .jacobian.options import JacobianOptions
 from .topology.options import TopologyOptions
 
@@ -50,6 +54,9 @@ class Stage:
         The module with ``check(config)`` and ``run(context)``.
     requires : tuple of str
         Stages whose outputs it reads; they run first.
+    requires_if : tuple of (option, value, stage)
+        Stages it reads only under some options: ``stage`` runs first when ``value`` is the
+        stage option ``option`` or one of its items.
     """
 
     name: str
@@ -57,6 +64,17 @@ class Stage:
     options: type
     module: str
     requires: tuple[str, ...] = ()
+    requires_if: tuple[tuple[str, Any, str], ...] = ()
+
+    def needs(self, config: Any = None) -> tuple[str, ...]:
+        """The stages it reads under ``config`` (a :class:`~depthlens.config.RunConfig`; without
+        one, every stage it may read)."""
+        extra = []
+        for option, value, stage in self.requires_if:
+            current = getattr(config.options(self.name), option) if config is not None else value
+            if value == current or (isinstance(current, tuple) and value in current):
+                extra.append(stage)
+        return (*self.requires, *extra)
 
     def load(self) -> ModuleType:
         """The stage's module (imported on first use)."""
@@ -69,6 +87,13 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           CaptureOptions, "depthlens.capture"),
     Stage("attention", "resolvent view of every head: Kreiss constants, transients, nulls, roles, depth products",
           AttentionOptions, "depthlens.attention.stage"),
+    Stage("ablate", "ablation criticality of every head: the cross-entropy change when its output is ablated",
+          AblateOptions, "depthlens.interventions.ablate_stage"),
+    Stage("clamp", "massive activations and the clamp chain: sink mass, reserve and cross-entropy under clamps",
+          ClampOptions, "depthlens.interventions.clamp_stage"),
+    Stage("contest", "which feature family predicts what a head does (runs attention, and ablate for the "
+          "criticality target, first)", ContestOptions, "depthlens.contest.stage", requires=("attention",),
+          requires_if=(("contest_targets", "criticality", "ablate"),)),
     Stage("jacobian", "mean sub-layer Jacobians, their spectral geometry, cumulative funnel and Schur split",
           JacobianOptions, "depthlens.jacobian.stage"),
     Stage("topology", "activation-correlation communities, boundary nodes and their Jacobian coupling "
@@ -90,11 +115,12 @@ def get(name: str) -> Stage:
         raise InputError(f"unknown stage {name!r}; known stages: {', '.join(STAGES)}.") from None
 
 
-def with_requirements(names: tuple[str, ...] | list[str]) -> list[str]:
-    """``names`` with the stages each needs put before it (each once, in run order)."""
+def with_requirements(names: tuple[str, ...] | list[str], config: Any = None) -> list[str]:
+    """``names`` with the stages each needs under ``config`` put before it (each once, in run
+    order; without a config, every stage each may need)."""
     ordered: list[str] = []
     for name in names:
-        for need in (*get(name).requires, name):
+        for need in (*get(name).needs(config), name):
             if need not in ordered:
                 ordered.append(need)
     return ordered

@@ -179,7 +179,7 @@ def _register_claims(run_dir: RunDirectory, claims_bytes: bytes) -> None:
 def _run_stage(run_dir: RunDirectory, stage: str, prepared: Prepared, execution: Execution) -> None:
     """Run one stage with failure isolation and record its status in the manifest."""
     spec = stages_registry.get(stage)
-    blocked = [need for need in spec.requires if run_dir.manifest["stages"].get(need, {}).get("status") != "done"]
+    blocked = [need for need in spec.needs(prepared.config) if run_dir.manifest["stages"].get(need, {}).get("status") != "done"]
     if blocked:
         run_dir.mark_stage(stage, "skipped", reason=f"needs the {blocked[0]} stage, which did not finish")
         return
@@ -247,7 +247,7 @@ def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False
     ModelError
         A ``random:`` spec with unknown keys or values its configuration rejects.
     """
-    plan = stages_registry.with_requirements(list(stages))
+    plan = stages_registry.with_requirements(list(stages), config)
     source = "memory" if in_memory else spec_source(config.model)
     if source in _KINDS:
         what = f"--model {config.model!r} is {_KINDS[source]}"

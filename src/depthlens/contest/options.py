@@ -1,0 +1,55 @@
+"""Options of the ``contest`` stage (METHODS A7)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..errors import InputError
+from ..options import check_fields
+
+__all__ = ["CONTEST_TARGETS", "ContestOptions", "ContestTarget"]
+
+ContestTarget = Literal["persistence", "routing", "criticality"]
+#: The contest's targets (METHODS A7): depth persistence, routing identity (the probe role),
+#: ablation criticality (the ablate stage's mean-ablation ΔCE).
+CONTEST_TARGETS: tuple[ContestTarget, ...] = ("persistence", "routing", "criticality")
+
+
+@dataclass(frozen=True)
+class ContestOptions:
+    """Parameters of the contest stage.
+
+    Parameters
+    ----------
+    contest_targets : tuple of str
+        comma-separated targets, distinct, of persistence (depth persistence of the head's
+        deviation), routing (routing role from the probe) and criticality (mean-ablation ΔCE;
+        runs the ablate stage first)
+    contest_folds : int
+        folds of the grouped K-fold by layer (a layer is never split)
+    contest_boot : int
+        layer-cluster bootstrap resamples for the confidence intervals
+    contest_perm : int
+        label permutations within layers for the p-values
+    contest_chunks : int
+        chunks (the first ones) from which the pattern, eigenvalue and norm features and
+        the depth persistence are computed (medians over them)
+    seed : int
+        the run's seed (folds, bootstrap, permutations)
+    """
+
+    contest_targets: tuple[ContestTarget, ...] = CONTEST_TARGETS
+    contest_folds: int = field(default=5, metadata={"min": 2})
+    contest_boot: int = field(default=1000, metadata={"min": 1})
+    contest_perm: int = field(default=1000, metadata={"min": 1})
+    contest_chunks: int = field(default=8, metadata={"min": 1})
+    seed: int = field(default=0, metadata={"derived": "seed"})
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        object.__setattr__(self, "contest_targets", tuple(self.contest_targets))
+        targets = self.contest_targets
+        if not targets or len(set(targets)) != len(targets):
+            shown = ",".join(targets) or "(none)"
+            raise InputError(f"--contest-targets {shown} is invalid; pass distinct targets of {','.join(CONTEST_TARGETS)}.")

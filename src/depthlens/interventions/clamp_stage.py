@@ -1,0 +1,356 @@
+"""The ``clamp`` stage: massive activations and the clamp chain (METHODS A7).
+
+Phases, each in resumable units:
+
+1. ``massive{batch}``: one unit per batch of ``batch_size`` chunks, over every chunk of the
+   run: every massive entry of every boundary (table ``massive``).
+2. The clamped dimensions and their emergence layers (:func:`~.clamp.choose_dims`): massive
+   at position 0 of a layer input in at least half of the chunks. Massive entries at other
+   positions are reported but not clamped. Without such a dimension the stage writes the
+   ``massive`` table, empty ``clamp`` / ``clamp_heads`` tables and ``interventions.json``
+   with ``tested: false`` and stops there.
+3. ``arm_{target}_{seed}_{arm}_{alpha}``: one unit per clamp, on the first ``clamp_chunks``
+   chunks. Each dim is clamped at position 0 from its own emergence layer on (one
+   ``adapter.clamp`` per dim, nested): ``dose`` α sets it to α × its clean value at each
+   layer input (per chunk), ``mean`` to its mean over ordinary positions ``1 .. T−1`` of the
+   clamp chunks at that layer input. Doses 0 (the zero arm) and 1 (the unclamped model,
+   computed without hooks) always run. The control (``control_seeds`` seeds) applies the
+   same relative operation to as many random ordinary dims (never massive anywhere), paired
+   with the massive dims' emergence layers; its α = 1 rows are the unclamped model's.
+   Measures: cross-entropy with the clamp active, and per head of layers ≥ ``from_layer``
+   the sink mass and, for the doses 0 and 1 and the mean arm, TR1 and Δ_TR against
+   ``clamp_null_samples`` spec nulls (Kreiss searches in the worker pool; medians over the
+   clamp chunks).
+4. The verdict (:func:`~.clamp.chain_verdict`) goes to ``interventions.json``.
+
+Memory: one batch's residual states (``(2L+1)·B·T·d`` float64) in phase 1; in phase 3 the
+attention matrices of at most :data:`MAX_PENDING` + 1 arms wait for the workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from ..attention.patterns import sink_mass
+from ..config import RunConfig
+from ..context import StageContext
+from ..errors import RunError, require_at_least
+from ..models.hooks import first_arg
+from ..parallel import executor
+from . import clamp as cl
+
+STAGE = "clamp"
+#: Smallest chunk the stage handles: attention matrices (n, n) with n ≥ 2 and one ordinary position.
+MIN_SEQ_LEN = 2
+#: Arms whose Kreiss tasks may wait in the pool while the next arm's forward passes run.
+MAX_PENDING = 2
+
+
+def check(config: RunConfig) -> None:
+    """Refuse sizes the stage cannot work with (checked before the model loads).
+    ``clamp_chunks`` above ``chunks`` simply means every chunk (as ``null_chunks`` does).
+
+    Raises
+    ------
+    InputError
+        ``--seq-len`` below 2.
+    """
+    require_at_least("--seq-len", config.seq_len, MIN_SEQ_LEN, STAGE)
+
+
+def run(context: StageContext) -> None:
+    """Run every phase (skipping finished units), write ``massive``, ``clamp``,
+    ``clamp_heads`` and ``interventions.json``."""
+    adapter, run_dir = context.loaded.adapter, context.run_dir
+    opts, batch_size, quiet = context.options, context.config.batch_size, context.execution.quiet
+    with torch.inference_mode():
+        massive, n_detect = _detect_phase(context)
+        context.write_table("massive", massive)
+        plan = cl.choose_dims(massive, n_detect)
+        if plan is None:
+            reason = (f"no residual dimension is massive at the first token of a layer input in at least half of "
+                      f"the {n_detect} chunks ({len(massive)} massive entries in all)")
+            _write_untested(context, reason)
+            return
+        ids = context.token_ids[: opts.clamp_chunks]
+        ordinary = cl.ordinary_dims(massive, adapter.d_model)
+        targets: list[tuple[str, int, tuple[int, ...]]] = [("massive", -1, plan.dims)]
+        control_reason = None
+        if opts.control_seeds and len(ordinary) < len(plan.dims):
+            control_reason = f"only {len(ordinary)} ordinary dims for a control of {len(plan.dims)}"
+        elif opts.control_seeds:
+            targets += [("control", s, cl.control_dims(ordinary, len(plan.dims), opts.seed, s))
+                        for s in range(opts.control_seeds)]
+        units = _units(targets, opts.clamp_alphas)
+        with executor(context.execution.jobs) as pool:
+            done = _arm_phase(context, pool, ids, plan, units, batch_size, quiet)
+    keys = [u.key for u in units if u.key in done]
+    if not keys:
+        raise RunError(f"every arm unit of the {STAGE} stage failed; see its log.")
+    heads, ce = _with_control_reference(run_dir.read_units(STAGE, keys, "heads"), run_dir.read_units(STAGE, keys, "ce"),
+                                        targets)
+    dims = {(t, s): d for t, s, d in targets}
+    context.write_table("clamp_heads", heads[cl.HEAD_COLUMNS])
+    context.write_table("clamp", cl.clamp_summary(heads, ce, dims, plan.from_layer, len(ids)))
+    missing = [u.key for u in units if u.key not in done]
+    if missing:
+        _write_untested(context, f"{len(missing)} clamp units failed (first: {missing[0]}); see logs/{STAGE}.log "
+                                 "and rerun with --resume", tables=False)
+        return
+    verdict = cl.chain_verdict(heads, control_reason)
+    chain = {"tested": True, **verdict, "dims": list(plan.dims) if verdict["supported"] else [],
+             "all_dims": list(plan.dims), "emergence_layers": list(plan.emergence), "from_layer": plan.from_layer,
+             "n_chunks": len(ids), "detection_chunks": n_detect, "alphas": list(cl.arm_alphas(opts.clamp_alphas)),
+             "control_dims": [list(d) for t, _, d in targets if t == "control"]}
+    run_dir.write_json("interventions", cl.json_safe({"clamp_chain": chain}))
+
+
+def _write_untested(context: StageContext, reason: str, tables: bool = True) -> None:
+    """Write empty ``clamp`` / ``clamp_heads`` tables (with ``tables``) and ``interventions.json``
+    saying the chain was not tested and why; say so on one line unless quiet."""
+    if tables:
+        context.write_table("clamp_heads", pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in cl.HEAD_COLUMNS}))
+        context.write_table("clamp", pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in cl.CLAMP_COLUMNS}))
+    context.run_dir.write_json("interventions", {"clamp_chain": {"tested": False, "reason": reason}})
+    if not context.execution.quiet:
+        print(f"clamp: chain not tested: {reason}.")
+
+
+def _dtype(column: str) -> str:
+    if column in ("target", "arm", "dims", "failure"):
+        return "object"
+    return "int64" if column in ("layer", "head", "seed", "from_layer", "n_heads", "n_chunks") else "float64"
+
+
+# ----------------------------------------------------------------------------- detection
+def _detect_phase(context: StageContext) -> tuple[pd.DataFrame, int]:
+    """Massive entries of every chunk, one unit per batch; returns the table and the number
+    of chunks it covers (those of the finished units)."""
+    run_dir, ids, batch_size = context.run_dir, context.token_ids, context.config.batch_size
+    starts = list(range(0, ids.shape[0], batch_size))
+    keys = [f"massive{s // batch_size:05d}" for s in starts]
+    todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(STAGE, k)]
+    bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc=f"{STAGE} detect", unit="batch",
+               disable=context.execution.quiet)
+    for key, start in todo:
+        with run_dir.failures.unit(STAGE, key):
+            states = context.loaded.adapter.residual_states(ids[start : start + batch_size])
+            table = cl.massive_entries(states.to(torch.float64).cpu().numpy(), start)
+            run_dir.write_unit(STAGE, key, {"rows": table})
+        bar.update()
+    bar.close()
+    done = [(k, s) for k, s in zip(keys, starts) if run_dir.has_unit(STAGE, k)]
+    if not done:
+        raise RunError(f"every unit of the {STAGE} stage starting with {keys[0]} failed; see its log.")
+    n_chunks = sum(min(batch_size, ids.shape[0] - s) for _, s in done)
+    table = run_dir.read_units(STAGE, [k for k, _ in done], "rows")
+    return (table if len(table) else cl.empty_massive()), n_chunks
+
+
+# ----------------------------------------------------------------------------- arms
+@dataclass(frozen=True)
+class _Unit:
+    target: str
+    seed: int
+    dims: tuple[int, ...]
+    arm: str
+    alpha: float
+
+    @property
+    def key(self) -> str:
+        alpha = "nan" if math.isnan(self.alpha) else f"{self.alpha:g}"
+        return f"arm_{self.target}_{self.seed}_{self.arm}_{alpha}"
+
+    @property
+    def reserve(self) -> bool:
+        return cl.has_reserve(self.arm, self.alpha)
+
+    @property
+    def reference(self) -> bool:
+        return self.arm == "dose" and self.alpha == 1.0
+
+
+def _units(targets: list[tuple[str, int, tuple[int, ...]]], alphas: tuple[float, ...]) -> list[_Unit]:
+    """One unit per (target, seed, arm, alpha); the control's α = 1 is the massive reference."""
+    out = []
+    for target, seed, dims in targets:
+        for alpha in cl.arm_alphas(alphas):
+            if target == "control" and alpha == 1.0:
+                continue
+            out.append(_Unit(target, seed, dims, "dose", alpha))
+        out.append(_Unit(target, seed, dims, "mean", math.nan))
+    return out
+
+
+@dataclass
+class _Clean:
+    """Clean layer inputs of the clamp chunks: ``first`` (L+1, chunks, d) the position-0
+    values, ``means`` (L+1, d) the means over ordinary positions of all clamp chunks."""
+
+    first: np.ndarray
+    means: np.ndarray
+
+
+def _clean_inputs(adapter, ids: torch.Tensor, batch_size: int) -> _Clean:
+    firsts, total, count = [], 0.0, 0
+    for start in range(0, ids.shape[0], batch_size):
+        states = adapter.residual_states(ids[start : start + batch_size]).to(torch.float64).cpu().numpy()
+        first, sums, n = cl.layer_inputs_summary(states)
+        firsts.append(first)
+        total, count = total + sums, count + n
+    return _Clean(np.concatenate(firsts, axis=1), total / count)
+
+
+@contextlib.contextmanager
+def _clamped(adapter, unit: _Unit, emergence: tuple[int, ...], clean: _Clean, chunks: slice) -> Iterator[None]:
+    """The unit's clamps on the clamp chunks ``chunks`` (one nested ``adapter.clamp`` per dim,
+    at position 0 from its emergence layer); nothing for the reference α = 1."""
+    if unit.reference:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        for dim, layer in zip(unit.dims, emergence):
+            if unit.arm == "dose":
+                values = cl.dose_values(clean.first[:, chunks], dim, unit.alpha, layer)
+            else:
+                values = cl.mean_values(clean.means, dim, layer)
+            stack.enter_context(adapter.clamp(dim, values, 0, from_layer=layer))
+        yield
+
+
+def _logits_and_probs(adapter, ids: torch.Tensor,
+                      layers: list[int]) -> tuple[torch.Tensor, Iterator[tuple[int, torch.Tensor]]]:
+    """The logits of ``ids`` and the float64 attention probabilities of ``layers``, from one
+    forward pass (active clamps act on it): the attention modules' inputs are captured on the
+    way and the probabilities formed one layer at a time from them, as
+    ``Adapter.attention_probs`` forms them (``qkv`` then ``probs_from_qk``)."""
+    captured: dict[int, torch.Tensor] = {}
+
+    def make(layer: int):
+        def hook(module, args, kwargs) -> None:
+            captured[layer] = first_arg(args, kwargs).detach()
+
+        return hook
+
+    handles = [adapter.attn_module(layer).register_forward_pre_hook(make(layer), with_kwargs=True) for layer in layers]
+    try:
+        logits = adapter.logits(ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+    def probs() -> Iterator[tuple[int, torch.Tensor]]:
+        for layer in layers:
+            q, k, _ = adapter.qkv(layer, captured.pop(layer))
+            yield layer, adapter.probs_from_qk(layer, q, k)
+
+    return logits, probs()
+
+
+def _next_token_nll(logits: torch.Tensor, ids: torch.Tensor) -> tuple[float, int]:
+    """Sum over the batch of the next-token negative log-likelihoods (float64) and their count."""
+    total = 0.0
+    for b in range(logits.shape[0]):
+        logp = torch.log_softmax(logits[b, :-1].to(torch.float64), dim=-1)
+        total += float(-logp.gather(1, ids[b, 1:, None].to(logp.device)).sum())
+    return total, int(logits.shape[0] * (logits.shape[1] - 1))
+
+
+@dataclass
+class _Pending:
+    unit: _Unit
+    sinks: pd.DataFrame
+    ce_sum: float
+    n_tokens: int
+    futures: list = field(default_factory=list)
+
+
+def _measure(adapter, pool, unit: _Unit, emergence, clean: _Clean, ids: torch.Tensor, from_layer: int,
+             batch_size: int, opts) -> _Pending:
+    """Forward passes of one arm over the clamp chunks; its Kreiss tasks go to the pool."""
+    sinks, ce_sum, n_tokens, futures = [], 0.0, 0, []
+    layers = list(range(from_layer, adapter.n_layers))
+    for start in range(0, ids.shape[0], batch_size):
+        batch = ids[start : start + batch_size]
+        with _clamped(adapter, unit, emergence, clean, slice(start, start + batch.shape[0])):
+            logits, probs_of = _logits_and_probs(adapter, batch, layers)
+            nll, n = _next_token_nll(logits, batch)
+            ce_sum, n_tokens = ce_sum + nll, n_tokens + n
+            del logits
+            for layer, probs in probs_of:
+                A = probs.cpu().numpy()
+                s = sink_mass(A)  # (B, H)
+                B, H = s.shape
+                sinks.append(pd.DataFrame({"layer": layer, "head": np.tile(np.arange(H), B),
+                                           "chunk": np.repeat(np.arange(start, start + B), H),
+                                           "sink_mass": s.reshape(-1)}))
+                if unit.reserve:
+                    futures += [pool.submit(cl.reserve_task, A[b, h], layer, h, start + b, opts.clamp_null_samples,
+                                            opts.seed) for b in range(B) for h in range(H)]
+    return _Pending(unit, pd.concat(sinks, ignore_index=True), ce_sum, n_tokens, futures)
+
+
+def _finish(run_dir, item: _Pending) -> None:
+    """Aggregate one arm's results and store its unit."""
+    reserves = pd.DataFrame([f.result() for f in item.futures]) if item.futures else None
+    heads = cl.aggregate_heads(item.sinks, reserves)
+    u = item.unit
+    keys = {"target": u.target, "seed": u.seed, "arm": u.arm, "alpha": u.alpha}
+    heads = heads.assign(**keys)[cl.HEAD_COLUMNS]
+    ce = pd.DataFrame([{**keys, "ce_sum": item.ce_sum, "n_tokens": item.n_tokens}])
+    run_dir.write_unit(STAGE, u.key, {"heads": heads, "ce": ce})
+
+
+def _arm_phase(context: StageContext, pool, ids: torch.Tensor, plan: cl.ClampPlan, units: list[_Unit],
+               batch_size: int, quiet: bool) -> set[str]:
+    """Run the unfinished arm units; returns the keys of the finished ones. Kreiss tasks of
+    up to :data:`MAX_PENDING` arms stay in the pool while the next arm's forward passes run."""
+    run_dir, adapter, opts = context.run_dir, context.loaded.adapter, context.options
+    todo = [u for u in units if not run_dir.has_unit(STAGE, u.key)]
+    bar = tqdm(total=len(units), initial=len(units) - len(todo), desc=f"{STAGE} arms", unit="arm", disable=quiet)
+    clean = _clean_inputs(adapter, ids, batch_size) if todo else None
+    pending: list[_Pending] = []
+
+    def flush(keep: int) -> None:
+        while len(pending) > keep or (pending and all(f.done() for f in pending[0].futures)):
+            item = pending.pop(0)
+            with run_dir.failures.unit(STAGE, item.unit.key):
+                _finish(run_dir, item)
+            bar.update()
+
+    for unit in todo:
+        # the i-th control dim is clamped from the emergence layer of the i-th massive dim
+        with run_dir.failures.unit(STAGE, unit.key):
+            pending.append(_measure(adapter, pool, unit, plan.emergence, clean, ids, plan.from_layer, batch_size, opts))
+        flush(MAX_PENDING)
+    flush(0)
+    bar.close()
+    return {u.key for u in units if run_dir.has_unit(STAGE, u.key)}
+
+
+def _with_control_reference(heads: pd.DataFrame, ce: pd.DataFrame, targets) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Add each control seed's α = 1 rows: the unclamped model's (the massive reference)."""
+    ref = (heads["target"] == "massive") & (heads["arm"] == "dose") & (heads["alpha"] == 1.0)
+    ref_ce = (ce["target"] == "massive") & (ce["arm"] == "dose") & (ce["alpha"] == 1.0)
+    extra_h, extra_c = [heads], [ce]
+    for target, seed, _ in targets:
+        if target == "control":
+            extra_h.append(heads[ref].assign(target="control", seed=seed))
+            extra_c.append(ce[ref_ce].assign(target="control", seed=seed))
+    order = ["target", "seed", "arm", "alpha"]
+    heads = _sorted(pd.concat(extra_h, ignore_index=True), [*order, "layer", "head"])
+    return heads, _sorted(pd.concat(extra_c, ignore_index=True), order)
+
+
+def _sorted(table: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """Rows in key order, the massive clamp first and the mean arm after the doses."""
+    ascending = [key != "target" for key in order]
+    return table.sort_values(order, ascending=ascending, kind="stable", na_position="last").reset_index(drop=True)
