@@ -4,8 +4,8 @@ Every table is written through :func:`write_table`, which puts the identity colu
 :data:`depthlens.schema.IDENTITY` first and checks the table against its declaration in
 :mod:`depthlens.schema`, so the synthetic runs have the real runs' layout.
 
-:func:`build_run` writes a small run whose numbers support every default claim except the
-clamp chain (no interventions stage), with samples at or above every claim's minimum (8
+:func:`build_run` writes a small run whose numbers support every default claim, with samples
+at or above every claim's minimum (8
 chunks, 6 routing and 6 sink heads, 24 boundaries, 1000 permutations); tests then overwrite
 single tables or summaries to produce the other verdicts, or pass ``chunks`` /
 ``boundaries`` below the minimums to get underpowered ones.
@@ -101,6 +101,12 @@ def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str
     ident = {**IDENT, "model": model}
     if "attention" in stages:
         _attention(root, rng, ident, pseudospectra, chunks)
+    if "ablate" in stages:
+        _ablate(root, ident)
+    if "clamp" in stages:
+        _clamp(root, ident, chunks)
+    if "contest" in stages:
+        _contest(root, ident)
     if "jacobian" in stages:
         _jacobian(root, rng, ident)
     if "topology" in stages:
@@ -171,6 +177,65 @@ def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra:
             meta.update({f"{role}.layer": str(k), f"{role}.head": "1"})
         (root / "arrays").mkdir(exist_ok=True)
         save_file(arrays, str(root / "arrays" / "pseudospectra.safetensors"), metadata=meta)
+
+
+_HEADS = [divmod(i, 4) for i in range(16)]  # (layer, head) of the synthetic heads table
+
+
+def _ablate(root: Path, ident: dict[str, str]) -> None:
+    rows = [{"layer": layer, "head": head, "method": "mean", "criticality": 0.01 * (i % 5) - 0.005,
+             "criticality_lo": 0.01 * (i % 5) - 0.01, "criticality_hi": 0.01 * (i % 5), "ce_clean": 3.2,
+             "n_chunks": 4, "n_tokens": 60} for i, (layer, head) in enumerate(_HEADS)]
+    write_table(root, "ablation", pd.DataFrame(rows), ident)
+
+
+def _clamp(root: Path, ident: dict[str, str], chunks: int) -> None:
+    massive = [{"chunk": c, "layer": layer, "boundary": "pre_attn", "position": 0, "dim": 7, "value": 2500.0,
+                "median_abs": 1.0, "ratio": 2500.0} for c in range(chunks) for layer in (1, 2, 3)]
+    write_table(root, "massive", pd.DataFrame(massive), ident)
+    arms = [("dose", a) for a in (0.0, 0.25, 0.5, 0.75, 1.0)] + [("mean", np.nan)]
+    clamp, heads = [], []
+    for target, seed in (("massive", -1), ("control", 0)):
+        for arm, alpha in arms:
+            effect = 0.0 if target == "control" else (1.0 - alpha if arm == "dose" else 0.9)
+            measured = arm == "mean" or alpha in (0.0, 1.0)
+            clamp.append({"target": target, "seed": seed, "arm": arm, "alpha": alpha, "dims": "7" if seed < 0 else "3",
+                          "from_layer": 1, "ce": 3.2 + effect, "delta_ce": effect, "sink_mass": 0.7 - 0.5 * effect,
+                          "TR1": 1.0 + 0.3 * effect if measured else np.nan,
+                          "delta_TR1": -0.2 + 0.3 * effect if measured else np.nan, "n_heads": 12, "n_chunks": chunks})
+            for layer, head in _HEADS[4:]:
+                heads.append({"layer": layer, "head": head, "target": target, "seed": seed, "arm": arm, "alpha": alpha,
+                              "sink_mass": 0.7 - 0.5 * effect * (1 + 0.01 * head),
+                              "TR1": 1.0 + 0.3 * effect * (1 + 0.01 * head) if measured else np.nan,
+                              "delta_TR1": -0.2 + 0.3 * effect * (1 + 0.01 * head) if measured else np.nan,
+                              "failure": None})
+    write_table(root, "clamp", pd.DataFrame(clamp), ident)
+    write_table(root, "clamp_heads", pd.DataFrame(heads), ident)
+    write_json(root, "interventions", {"clamp_chain": {
+        "tested": True, "supported": True, "dims": [7], "all_dims": [7], "from_layer": 1, "n_chunks": chunks,
+        "conditions": {"monotone": {"held": True, "sign_test_p": 0.001}, "predicts": {"held": True, "rho": 0.9},
+                       "control_inert": {"held": True, "max_ratio": 0.0}}}})
+
+
+def _contest(root: Path, ident: dict[str, str]) -> None:
+    features = [{"layer": layer, "head": head, "mean_distance": 3.0 + head, "max_weight": 0.5, "diag_q25": 0.1,
+                 "diag_q50": 0.2, "diag_q75": 0.3, "fro_B": 2.0, "sigma2_B": 0.5, "stable_rank_B": 1.5,
+                 "persistence": 0.1 * head - 0.1} for layer in range(12) for head in range(2)]  # 12 layers: min_layers
+    write_table(root, "contest_features", pd.DataFrame(features), ident)
+    rows = []
+    for target, metric in (("persistence", "spearman"), ("routing", "auroc"), ("criticality", "spearman")):
+        for features_ in ("P", "E", "S", "R", "all", "all-P", "all-E", "all-S", "all-R"):
+            good = target != "criticality" and "R" in features_.replace("all-R", "") or features_ == "all"
+            score = (0.9 if good else 0.3) if target != "criticality" else 0.05
+            drop = features_.startswith("all-")
+            delta = (0.5 if features_ == "all-R" else 0.0) if drop and target != "criticality" else np.nan
+            rows.append({"target": target, "features": features_, "metric": metric, "score": score,
+                         "score_lo": score - 0.1, "score_hi": score + 0.1, "r2": np.nan if metric == "auroc" else 0.2,
+                         "p": 0.001 if target != "criticality" else 0.4, "q": 0.01 if target != "criticality" else 0.6,
+                         "delta": delta, "delta_lo": delta - 0.1 if drop else np.nan,
+                         "delta_hi": delta + 0.1 if drop else np.nan, "required": bool(drop and delta - 0.1 > 0),
+                         "n_heads": 16, "n_folds": 4})
+    write_table(root, "contest", pd.DataFrame(rows), ident)
 
 
 def _jacobian(root: Path, rng: np.random.Generator, ident: dict[str, str]) -> None:

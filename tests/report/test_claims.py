@@ -27,7 +27,8 @@ from depthlens.report.tables import RunTables
 from . import build_run, drop_stage, read_json, read_table, set_stage, write_json, write_table
 
 DEFAULT_IDS = ["A2-eig-gap-contrast", "A4-induction-doubling", "A5-routing-positive", "A5b-routing-tracks-prev-token",
-               "A6-sink-negative", "A7-clamp-chain", "B1-complex-early", "B1b-symmetric-late", "B2-funnel-trained",
+               "A6-sink-negative", "A7-clamp-chain", "A7-contest-resolvent-required",
+               "A7-criticality-unpredicted", "B1-complex-early", "B1b-symmetric-late", "B2-funnel-trained",
                "B3-funnel-learned", "B4-funnel-schur", "B5-coupling-rise", "B5b-coupling-sign", "B6-coupling-init"]
 
 
@@ -94,10 +95,42 @@ def test_verdict_missing_and_too_little_data():
 
 
 # -- verdicts on synthetic runs ------------------------------------------------------------------
-def test_synthetic_run_supports_every_claim_but_the_untested_clamp(run):
+def test_synthetic_run_supports_every_claim(run):
     got = verdicts(run)
-    assert got.pop("A7-clamp-chain") == "not tested"
     assert set(got.values()) == {"supported"}, got
+
+
+def test_clamp_chain_not_tested_without_massive_activations_says_why(run):
+    write_json(run, "interventions", {"clamp_chain": {"tested": False, "reason": "no massive activation at the first token"}})
+    results = {r["id"]: r for r in evaluate(load_claims(), run)}
+    assert results["A7-clamp-chain"]["verdict"] == "not tested"
+    assert results["A7-clamp-chain"]["reason"] == "no massive activation at the first token"
+    assert results["A7-clamp-chain"]["descriptive"] == dict.fromkeys(
+        ("clamp_chain_monotone", "clamp_chain_predicts", "clamp_chain_control_inert"))
+
+
+def test_clamp_chain_lists_which_conditions_held(run):
+    chain = read_json(run, "interventions")
+    chain["clamp_chain"].update(supported=False, dims=[])
+    chain["clamp_chain"]["conditions"]["control_inert"]["held"] = False
+    write_json(run, "interventions", chain)
+    result = next(r for r in evaluate(load_claims(), run) if r["id"] == "A7-clamp-chain")
+    assert result["verdict"] == "falsified"
+    assert result["descriptive"] == {"clamp_chain_monotone": 1.0, "clamp_chain_predicts": 1.0,
+                                     "clamp_chain_control_inert": 0.0}
+
+
+def test_contest_claims_follow_the_contest_table(run):
+    contest = read_table(run, "contest")
+    routing_drop = (contest["target"] == "routing") & (contest["features"] == "all-R")
+    write_table(run, "contest", contest.assign(required=contest["required"] & ~routing_drop))
+    assert verdicts(run)["A7-contest-resolvent-required"] == "inconclusive"  # one of the two targets
+    predicted = (contest["target"] == "criticality") & contest["features"].isin(["R", "S"])
+    write_table(run, "contest", contest.assign(score=contest["score"].where(~predicted, 0.6),
+                                               q=contest["q"].where(~predicted, 0.01)))
+    assert verdicts(run)["A7-criticality-unpredicted"] == "falsified"
+    drop_stage(run, "contest")
+    assert verdicts(run)["A7-criticality-unpredicted"] == "not tested"
 
 
 def test_falsified(run):
@@ -169,8 +202,8 @@ def test_inconclusive_without_routing_heads(run):
 
 
 def test_not_tested_when_stages_did_not_run(run):
-    drop_stage(run, "attention")
-    drop_stage(run, "topology")
+    for stage in ("attention", "ablate", "clamp", "contest", "topology"):
+        drop_stage(run, stage)
     results = {r["id"]: r for r in evaluate(load_claims(), run)}
     for cid in DEFAULT_IDS:
         if cid.startswith("A") or cid.startswith("B5") or cid.startswith("B6"):
@@ -237,7 +270,7 @@ def test_inf_statistic_is_json_safe(run, tmp_path):
 
     doc = json.loads(path.read_text(), parse_constant=refuse)
     assert doc["claims_hash"] == claims_hash()
-    assert doc["counts"]["supported"] == len(DEFAULT_IDS) - 1 and doc["counts"]["not tested"] == 1
+    assert doc["counts"]["supported"] == len(DEFAULT_IDS) and doc["counts"]["not tested"] == 0
     assert [r["id"] for r in doc["results"]] == DEFAULT_IDS
 
 
@@ -245,9 +278,7 @@ def test_every_statistic_computes_on_the_synthetic_run(run):
     tables = RunTables(run)
     for name in STATISTICS:
         value, note = compute_statistic(name, tables)
-        if name == "clamp_chain_n_dims":
-            assert value is None and "interventions" in note
-        elif name.endswith("_isolated_observed"):  # the synthetic run has the default modes only
+        if name.endswith("_isolated_observed"):  # the synthetic run has the default modes only
             assert value is None and "isolated_observed" in note, (name, note)
         else:
             assert value is not None and not math.isnan(value), (name, note)

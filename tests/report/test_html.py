@@ -26,8 +26,10 @@ IMG = re.compile(r"<img\b[^>]*>", re.I)
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> tuple[Path, str]:
-    """A full synthetic run with a malicious model name and role string, rendered once."""
+    """A full synthetic run with a malicious model name and role string, rendered once; its
+    clamp chain is not tested (a model without massive activations), so every badge shows."""
     run = build_run(tmp_path_factory.mktemp("html") / "run", model=MALICIOUS)
+    write_json(run, "interventions", {"clamp_chain": {"tested": False, "reason": MALICIOUS}})
     summary = read_json(run, "attention")
     summary["roles"][MALICIOUS] = 1
     write_json(run, "attention", summary)
@@ -114,7 +116,7 @@ def test_stage_not_run_and_failed(tmp_path):
     assert "Topology–dynamics coupling: not available — stage topology not run" in part_b
     part_a = text[text.index('id="part-a"'): text.index('id="part-b"')]
     assert "arrays/pseudospectra.safetensors is absent" in part_a
-    assert len(IMG.findall(text)) == 2  # transient reserve and depth products
+    assert len(IMG.findall(text)) == 5  # transient reserve, depth products, criticality, clamp dose, contest
     assert "stage jacobian failed: tables/operators.parquet is absent" in part_b
     claims = {r["id"]: r["verdict"] for r in json.loads((run / "claims.json").read_text())["results"]}
     assert claims["B5-coupling-rise"] == claims["B6-coupling-init"] == "not tested"

@@ -237,3 +237,13 @@ def test_run_without_registration_is_not_flagged(tmp_path):
     doc = json.loads((run / "claims.json").read_text())
     assert doc["registered_claims_hash"] is None and doc["rescored"] is False
     assert doc["claims_hash"] == claims_hash()
+
+
+def test_a_contest_over_few_layers_is_underpowered(tmp_path):
+    run = build_run(tmp_path / "run")
+    features = read_table(run, "contest_features")
+    write_table(run, "contest_features", features[features["layer"] < 11])
+    got = results(run)
+    for cid in ("A7-contest-resolvent-required", "A7-criticality-unpredicted"):
+        assert got[cid]["verdict"] == "inconclusive", cid
+        assert got[cid]["reason"] == "underpowered (n = 11 layers (the contest's folds and bootstrap clusters), needs 12)"

@@ -13,6 +13,9 @@ name                   part  what
 pseudospectra          A     ε-pseudospectra of B for the most routing-like and most sink-like heads
 transient_reserve      A     TR1 = log K(B) per head against its matched-null mean, by role
 depth_products         A     ‖D‖ and the eigenvalue predictions E1, E2 against depth
+criticality            A     ablation criticality against TR1 (:mod:`.intervention_figures`)
+clamp_dose             A     sink mass and Δ_TR against the clamp dose, with the control
+contest                A     the feature-family contest: scores and drop-one deltas
 eigenvalue_clouds      B     eigenvalues of the mean Jacobians, early / middle / late layer
 operator_profile       B     complex_frac, henrici_update_rel, symmetry against depth
 cumulative_erank       B     erank of the cumulative Jacobian for every Schur-split α
@@ -31,17 +34,17 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from ..runs.atomic import atomic_path
+from .canvas import DPI, ROLE_COLOURS, Skip, need, new_figure
+from .intervention_figures import CAPTIONS as INTERVENTION_CAPTIONS
+from .intervention_figures import draw_clamp_dose, draw_contest, draw_criticality
 from .tables import RunTables
 
 FIGURES_DIR = "figures"
-DPI = 100
-ROLE_COLOURS = {"routing": "#1f77b4", "sink": "#d62728", "other": "#9a9a9a"}
 CHECKPOINT_STYLES = {"trained": "-", "init": "--"}
 PSEUDO_EPS = (1e-3, 1e-2, 1e-1)
 
@@ -108,8 +111,7 @@ CAPTIONS: dict[str, str] = {
 }
 
 
-class Skip(Exception):
-    """Raised inside a figure function when its inputs are missing; the message says why."""
+CAPTIONS.update(INTERVENTION_CAPTIONS)
 
 
 @dataclass(frozen=True)
@@ -130,27 +132,10 @@ class FigureSpec:
 
 # ---------------------------------------------------------------------------------------
 # helpers
-def _need(df: pd.DataFrame | None, name: str, *cols: str) -> pd.DataFrame:
-    if df is None:
-        raise Skip(f"{name} is absent")
-    missing = [c for c in cols if c not in df.columns]
-    if missing:
-        raise Skip(f"{name} lacks column {missing[0]!r}")
-    if df.empty:
-        raise Skip(f"{name} is empty")
-    return df
-
-
 def _prefer(df: pd.DataFrame, col: str, value: str) -> tuple[pd.DataFrame, str]:
     values = list(pd.unique(df[col]))
     chosen = value if value in values else values[0]
     return df[df[col] == chosen], str(chosen)
-
-
-def _figure(width: float, height: float) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def _unit_circle(ax) -> None:
@@ -206,7 +191,7 @@ def draw_pseudospectra(t: RunTables) -> Figure:
     roles = [r for r in ("routing", "sink") if all(f"{r}.{k}" in arrays for k in ("x", "y", "sigma"))]
     if not roles:
         raise Skip("arrays/pseudospectra.safetensors holds no routing or sink grid")
-    fig = _figure(5.0 * len(roles), 4.6)
+    fig = new_figure(5.0 * len(roles), 4.6)
     axes = fig.subplots(1, len(roles), squeeze=False)[0]
     for ax, role in zip(axes, roles):
         actual = _head_role(t, meta, role)
@@ -241,13 +226,13 @@ def draw_pseudospectra(t: RunTables) -> Figure:
 
 
 def draw_transient_reserve(t: RunTables) -> Figure:
-    df = _need(t.table("heads"), "heads.parquet", "TR1", "null_TR1_mean")
+    df = need(t.table("heads"), "heads.parquet", "TR1", "null_TR1_mean")
     df = df[np.isfinite(df["TR1"].astype(float)) & np.isfinite(df["null_TR1_mean"].astype(float))]
     if df.empty:
         raise Skip("no head has both TR1 and a null mean")
     roles = df["role"].astype(str) if "role" in df.columns else pd.Series("other", index=df.index)
     sig = (df["null_q"].astype(float) <= 0.05) if "null_q" in df.columns else pd.Series(False, index=df.index)
-    fig = _figure(5.4, 4.6)
+    fig = new_figure(5.4, 4.6)
     ax = fig.subplots()
     lo = float(min(df["TR1"].min(), df["null_TR1_mean"].min()))
     hi = float(max(df["TR1"].max(), df["null_TR1_mean"].max()))
@@ -270,10 +255,10 @@ _OPERATOR_ORDER = ("mean", "rollout", "chain_routing", "chain_sink")
 
 
 def draw_depth_products(t: RunTables) -> Figure:
-    df = _need(t.table("depth"), "depth.parquet", "operator", "source", "depth", "norm_D", "e1", "e2")
+    df = need(t.table("depth"), "depth.parquet", "operator", "source", "depth", "norm_D", "e1", "e2")
     ops = sorted(pd.unique(df["operator"]).astype(str), key=lambda o: (o not in _OPERATOR_ORDER,
                  _OPERATOR_ORDER.index(o) if o in _OPERATOR_ORDER else 0, o))
-    fig = _figure(4.3 * min(len(ops), 2), 3.6 * math.ceil(len(ops) / 2))
+    fig = new_figure(4.3 * min(len(ops), 2), 3.6 * math.ceil(len(ops) / 2))
     axes = fig.subplots(math.ceil(len(ops) / 2), min(len(ops), 2), squeeze=False).ravel()
     for ax in axes[len(ops):]:
         ax.set_visible(False)
@@ -318,7 +303,7 @@ def _ranges(values: list[int]) -> str:
 # ---------------------------------------------------------------------------------------
 # part B
 def draw_eigenvalue_clouds(t: RunTables) -> Figure:
-    df = _need(t.table("eigenvalues"), "eigenvalues.parquet", "checkpoint", "jacobian_mode", "layer", "sublayer", "re", "im")
+    df = need(t.table("eigenvalues"), "eigenvalues.parquet", "checkpoint", "jacobian_mode", "layer", "sublayer", "re", "im")
     df, mode = _prefer(df, "jacobian_mode", "isolated")
     df = df[df["sublayer"].isin(("attn", "mlp"))]  # the sub-layer operators (not the full-layer products)
     trained, checkpoint = _prefer(df, "checkpoint", "trained")
@@ -326,7 +311,7 @@ def draw_eigenvalue_clouds(t: RunTables) -> Figure:
     layers = sorted(pd.unique(trained["layer"]))
     picks = list(dict.fromkeys([layers[0], layers[len(layers) // 2], layers[-1]]))
     names = ["early", "middle", "late"] if len(picks) == 3 else ["early", "late"][: len(picks)]
-    fig = _figure(3.8 * len(picks), 3.9)
+    fig = new_figure(3.8 * len(picks), 3.9)
     axes = fig.subplots(1, len(picks), squeeze=False)[0]
     markers = {"attn": "o", "mlp": "x"}
     for ax, layer, name in zip(axes, picks, names):
@@ -355,13 +340,13 @@ _PROFILE = (("complex_frac", "complex eigenvalue fraction"), ("henrici_update_re
 
 
 def draw_operator_profile(t: RunTables) -> Figure:
-    df = _need(t.table("operators"), "operators.parquet", "checkpoint", "jacobian_mode", "layer", "sublayer")
+    df = need(t.table("operators"), "operators.parquet", "checkpoint", "jacobian_mode", "layer", "sublayer")
     cols = [(c, label) for c, label in _PROFILE if c in df.columns]
     if not cols:
         raise Skip("operators.parquet has none of complex_frac, henrici_update_rel, symmetry")
     df, mode = _prefer(df, "jacobian_mode", "isolated")
     df = df[df["sublayer"].isin(("attn", "mlp"))]  # the sub-layer operators (not the full-layer products)
-    fig = _figure(4.0 * len(cols), 3.5)
+    fig = new_figure(4.0 * len(cols), 3.5)
     axes = fig.subplots(1, len(cols), squeeze=False)[0]
     for ax, (col, label) in zip(axes, cols):
         for checkpoint in _checkpoints(df):
@@ -379,7 +364,7 @@ def draw_operator_profile(t: RunTables) -> Figure:
 
 def _cumulative(t: RunTables, direction: str) -> tuple[pd.DataFrame, str]:
     """The cumulative curves of ``direction`` in the funnel's Jacobian mode, and that mode."""
-    df = _need(t.table("cumulative"), "cumulative.parquet", "checkpoint", "jacobian_mode", "alpha", "direction",
+    df = need(t.table("cumulative"), "cumulative.parquet", "checkpoint", "jacobian_mode", "alpha", "direction",
                "truncation", "depth", "steps", "erank")
     df = df[df["direction"] == direction]
     if df.empty:
@@ -393,7 +378,7 @@ def draw_cumulative_erank(t: RunTables) -> Figure:
         df = df[(df["schur_order"] == "lapack") | np.isclose(df["alpha"].astype(float), 1.0)]
     alphas = sorted(pd.unique(df["alpha"].astype(float)))
     cmap = matplotlib.colormaps["viridis"]
-    fig = _figure(6.0, 4.2)
+    fig = new_figure(6.0, 4.2)
     ax = fig.subplots()
     for checkpoint in _checkpoints(df):
         part = df[df["checkpoint"] == checkpoint]
@@ -428,7 +413,7 @@ def draw_schur_split(t: RunTables) -> Figure:
     df, protocol = (truncated, "rank-truncated") if not truncated.empty else (df, "exact")
     df = df[df["steps"] == df["steps"].max()]
     has_order = "schur_order" in df.columns
-    fig = _figure(6.0, 4.0)
+    fig = new_figure(6.0, 4.0)
     ax = fig.subplots()
     for checkpoint in _checkpoints(df):
         part = df[df["checkpoint"] == checkpoint]
@@ -452,7 +437,7 @@ def draw_schur_split(t: RunTables) -> Figure:
 def draw_coupling(t: RunTables) -> Figure:
     """Heatmap of the coupling effect: columns are layers (boundaries when the table has no
     layer), rows (checkpoint, sub-layer); at most :data:`MAX_WIDTH` wide whatever the depth."""
-    df = _need(t.table("coupling"), "coupling.parquet", "checkpoint", "boundary", "effect")
+    df = need(t.table("coupling"), "coupling.parquet", "checkpoint", "boundary", "effect")
     checkpoints = _checkpoints(df)
     if {"layer", "sublayer"} <= set(df.columns):
         cols = sorted(int(v) for v in pd.unique(df["layer"]))
@@ -482,7 +467,7 @@ def draw_coupling(t: RunTables) -> Figure:
     lim = max(0.25, float(finite.max()) if finite.size else 0.0)  # small effects stay pale
     width = min(MAX_WIDTH, max(5.0, 2.6 + 0.3 * len(cols)))
     height = max(2.6, 1.5 + 0.3 * len(rows))
-    fig = _figure(width, height)
+    fig = new_figure(width, height)
     ax = fig.subplots()
     cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="#e5e5e5")
     mesh = ax.imshow(np.ma.masked_invalid(effect), cmap=cmap, vmin=-lim, vmax=lim, aspect="auto",
@@ -491,8 +476,8 @@ def draw_coupling(t: RunTables) -> Figure:
         strong = abs(effect[i, j]) > 0.6 * lim  # a dark cell: white star
         ax.text(j, i, "*", ha="center", va="center", fontsize=COUPLING_FONT + 3, color="white" if strong else "black")
     # one tick label per ~0.3 in of axes width, so labels never overlap at 8 pt
-    need = len(cols) * 0.3 / max(width - 3.2, 1.0)
-    step = next(k for k in (1, 2, 4, 5, 10, 20, 25, 50, 100, 10**9) if k >= need)
+    per_tick = len(cols) * 0.3 / max(width - 3.2, 1.0)
+    step = next(k for k in (1, 2, 4, 5, 10, 20, 25, 50, 100, 10**9) if k >= per_tick)
     ticks = list(range(0, len(cols), step))
     ax.set_xticks(ticks, [str(cols[k]) for k in ticks], fontsize=COUPLING_FONT)
     ax.set_yticks(range(len(rows)), labels, fontsize=COUPLING_FONT)
@@ -514,6 +499,10 @@ FIGURES: tuple[FigureSpec, ...] = (
                draw_transient_reserve),
     FigureSpec("depth_products", "A", "Depth products against eigenvalue predictions", ("depth",),
                draw_depth_products),
+    FigureSpec("criticality", "A", "Ablation criticality against transient reserve", ("ablation", "heads"),
+               draw_criticality),
+    FigureSpec("clamp_dose", "A", "The clamp chain against the dose", ("clamp",), draw_clamp_dose),
+    FigureSpec("contest", "A", "The feature-family contest", ("contest",), draw_contest),
     FigureSpec("eigenvalue_clouds", "B", "Eigenvalues of the mean Jacobians", ("eigenvalues",),
                draw_eigenvalue_clouds),
     FigureSpec("operator_profile", "B", "Operator type against depth", ("operators",), draw_operator_profile),
@@ -533,9 +522,9 @@ def render_figure(spec: FigureSpec, tables: RunTables, folder: str | Path) -> tu
     failed (a failure is also issued as a ``RuntimeWarning``; the report never crashes on a
     figure).
     """
-    for need in spec.needs:
-        if not tables.has(need):
-            return None, tables.why_missing(need)
+    for output in spec.needs:
+        if not tables.has(output):
+            return None, tables.why_missing(output)
     try:
         fig = spec.draw(tables)
     except Skip as exc:

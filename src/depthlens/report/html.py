@@ -45,9 +45,10 @@ REPORT = "report.html"
 DOCS = "docs"
 #: Stages of each report part, in order.
 PARTS: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "A": ("Part A. The resolvent view of causal attention", ("capture", "attention"),
+    "A": ("Part A. The resolvent view of causal attention", ("capture", "attention", "ablate", "clamp", "contest"),
           "Per-head operators A and their Perron deflations B = A − P, matched shuffle nulls, head "
-          "roles and depth products (METHODS A1–A6)."),
+          "roles and depth products (METHODS A1–A6); head ablation, the massive-activation clamp chain "
+          "and the feature-family contest (METHODS A7)."),
     "B": ("Part B. Spectral geometry of the residual stream", ("jacobian", "topology"),
           "Mean sub-layer Jacobians, their spectra, the cumulative funnel with the Schur split, and "
           "the coupling of activation topology to Jacobian amplification (METHODS B1–B6)."),
@@ -316,6 +317,7 @@ def _part_section(key: str, title: str, stages: tuple[str, ...], blurb: str, tab
                        "the parts of this section that depend on it are marked not available.</div>")
     if key == "A":
         out.append(_attention_summary(tables))
+        out.append(_interventions_summary(tables))
     else:
         out.append(_residual_summary(tables))
     for spec in (s for s in FIGURES if s.part == key):
@@ -356,6 +358,40 @@ def _attention_summary(tables: RunTables) -> str:
         else:
             html_ += "<h3>Heads by excess reserve Δ_TR</h3>" + _df_table(top)
     return html_
+
+
+def _interventions_summary(tables: RunTables) -> str:
+    """Ablation (most critical heads), the clamp chain (its dimensions and three conditions) and
+    the contest (whether each family is required), each when its stage ran."""
+    out = []
+    ablation = tables.table("ablation")
+    if ablation is not None and {"criticality", "method"} <= set(ablation.columns) and len(ablation):
+        cols = [c for c in ("layer", "head", "method", "criticality", "criticality_lo", "criticality_hi", "ce_clean",
+                            "n_tokens") if c in ablation.columns]
+        top = ablation.sort_values("criticality", ascending=False)[cols].head(8)
+        out.append("<h3>Most critical heads (ablation ΔCE, nats per token)</h3>" + _df_table(top))
+    interventions = tables.json("interventions")
+    chain = interventions.get("clamp_chain") if isinstance(interventions, Mapping) else None
+    if isinstance(chain, Mapping):
+        if chain.get("tested") is False:
+            out.append(f"<h3>Clamp chain</h3><p>Not tested: {esc(chain.get('reason', ''))}</p>")
+        else:
+            rows = [("supported", chain.get("supported")), ("clamped dims", chain.get("all_dims")),
+                    ("from layer", chain.get("from_layer")), ("chunks", chain.get("n_chunks"))]
+            for name, cond in (chain.get("conditions") or {}).items():
+                if isinstance(cond, Mapping):
+                    rows.append((f"{name}: held", cond.get("held")))
+                    rows.extend((f"{name}: {k}", v) for k, v in cond.items() if k != "held")
+            out.append("<h3>Clamp chain (METHODS A7)</h3>" + _kv_table(_flatten(dict(rows))))
+    contest = tables.table("contest")
+    if contest is not None and {"target", "features", "required"} <= set(contest.columns):
+        drop = contest[contest["features"].astype(str).str.startswith("all-")]
+        cols = [c for c in ("target", "features", "metric", "delta", "delta_lo", "delta_hi", "required")
+                if c in drop.columns]
+        if len(drop):
+            out.append("<h3>Contest: is each family required? (score of all four minus score without it)</h3>"
+                       + _df_table(drop[cols]))
+    return "\n".join(out)
 
 
 def _residual_summary(tables: RunTables) -> str:

@@ -30,6 +30,7 @@ SAMPLE_UNITS = {
     "sink_heads": "sink heads",
     "boundaries": "sub-layer boundaries",
     "permutations": "label permutations",
+    "layers": "layers (the contest's folds and bootstrap clusters)",
 }
 
 
@@ -221,6 +222,12 @@ def _clamp_chunks(t: RunTables) -> int | None:
     chain = (t.json("interventions") or {}).get("clamp_chain")
     n = _int(chain.get("n_chunks")) if isinstance(chain, dict) else None
     return n if n is not None else _run_chunks(t)
+
+
+def _contest_layers(t: RunTables) -> int | None:
+    """Layers the contest's heads come from (its cross-validation groups and bootstrap clusters)."""
+    df = t.table("contest_features")
+    return None if df is None or "layer" not in df.columns else int(df["layer"].nunique())
 
 
 def _boundaries(*checkpoints: str) -> SampleCounter:
@@ -449,21 +456,78 @@ def _finite_spearman(x: np.ndarray, y: np.ndarray, what: str) -> tuple[float, fl
     return spearman(x[ok], y[ok])
 
 
+def _chain(t: RunTables) -> dict:
+    """``interventions.json['clamp_chain']`` of a run in which the chain was tested."""
+    chain = t.json("interventions").get("clamp_chain")
+    if not isinstance(chain, dict):
+        raise NotTested("interventions.json lacks 'clamp_chain'")
+    if chain.get("tested") is False:
+        raise NotTested(str(chain.get("reason") or "the clamp chain was not tested"))
+    return chain
+
+
 @register("clamp_chain_n_dims", ["interventions.json"],
           "Number of massive-activation dimensions whose clamp supports the chain (sink mass "
           "falls monotonically in α, predicts the rise in reserve, control inert): "
           "len(interventions.json['clamp_chain']['dims']), 0 when the chain is not supported.",
           samples={"chunks": _clamp_chunks})
 def _clamp_chain(t: RunTables) -> float:
-    chain = t.json("interventions").get("clamp_chain")
-    if not isinstance(chain, dict):
-        raise NotTested("interventions.json lacks 'clamp_chain'")
+    chain = _chain(t)
     if chain.get("supported") is False:
         return 0.0
     dims = chain.get("dims")
     if not isinstance(dims, list):
         raise NotTested("interventions.json lacks 'clamp_chain.dims'")
     return float(len(dims))
+
+
+def _chain_condition(name: str, what: str) -> None:
+    @register(f"clamp_chain_{name}", ["interventions.json"],
+              f"1 when the clamp chain's condition '{name}' held ({what}), 0 when it did not: "
+              f"interventions.json['clamp_chain']['conditions']['{name}']['held'].")
+    def _condition(t: RunTables) -> float:
+        held = ((_chain(t).get("conditions") or {}).get(name) or {}).get("held")
+        if held is None:
+            raise NotTested(f"the clamp chain's condition {name!r} was not evaluated")
+        return float(bool(held))
+
+
+for _name, _what in (("monotone", "sink mass falls monotonically with the dose"),
+                     ("predicts", "the drop in sink mass predicts the rise in reserve across heads"),
+                     ("control_inert", "the random-dimension control moves neither")):
+    _chain_condition(_name, _what)
+
+
+def _contest_rows(t: RunTables, target: str) -> pd.DataFrame:
+    df = t.table("contest")
+    _columns(df, "contest.parquet", "target", "features", "score", "q", "required")
+    return _select(df, "contest.parquet", target=target)
+
+
+@register("contest_R_required", ["contest"],
+          "Number of the targets depth persistence and routing identity for which the resolvent family R is "
+          "required: the contest row `all-R` has `required` True (dropping R lowers the cross-validated score "
+          "with the layer-bootstrap interval excluding 0 and the drop significant, BH q ≤ 0.05).", samples={"layers": _contest_layers})
+def _contest_r_required(t: RunTables) -> float:
+    count = 0
+    for target in ("persistence", "routing"):
+        rows = _contest_rows(t, target)
+        drop = rows[rows["features"] == "all-R"]
+        if drop.empty:
+            raise NotTested(f"contest.parquet has no all-R row for {target}")
+        count += bool(drop["required"].iloc[0])
+    return float(count)
+
+
+@register("contest_criticality_predicted", ["contest"],
+          "Number of single-family feature sets (P, E, S, R) that predict ablation criticality: contest rows of "
+          "target `criticality` with a positive Spearman score and BH q ≤ 0.05.", samples={"layers": _contest_layers})
+def _contest_criticality(t: RunTables) -> float:
+    rows = _contest_rows(t, "criticality")
+    single = rows[rows["features"].isin(["P", "E", "S", "R"])]
+    if single.empty:
+        raise NotTested("contest.parquet has no single-family rows for criticality")
+    return float(((_numeric(single["score"]) > 0) & (_numeric(single["q"]) <= 0.05)).sum())
 
 
 # -- Part B ------------------------------------------------------------------------------
