@@ -42,7 +42,8 @@ LEGS=${MATRIX_LEGS:-$ALL_LEGS}
 # (each checkpoint's funnel needs 60 Schur forms of 576 x 576, the largest cost here).
 E2E=(run --model smollm2-135m --chunks 4 --seq-len 64 --null-samples 2 --null-chunks 1 --certify none
      --probe-seqs 8 --probe-len 16 --jacobian-mode isolated --funnel-rank 1024 --null none --n-perm 100
-     --overwrite --quiet)
+     --heldout-chunks 1 --ablation-boot 200 --clamp-chunks 2 --control-seeds 1 --clamp-null-samples 1
+     --contest-chunks 2 --contest-boot 200 --contest-perm 200 --overwrite --quiet)
 
 # Prints the numerical environment of a process started with the leg's settings, and exits 3
 # if what the leg sets (argv[1]: OPENBLAS_CORETYPE=<kernel> or torch_threads=<n>) is not in effect.

@@ -39,7 +39,7 @@ from threadpoolctl import threadpool_limits
 from depthlens.config import RunConfig
 from depthlens.workflow import Execution, run
 
-STAGES = ("capture", "attention", "jacobian", "topology")
+STAGES = ("capture", "attention", "ablate", "clamp", "contest", "jacobian", "topology")
 TEXT = " ".join(f"Paragraph {i} is about theme {i % 9}, written on day {i % 4} of the week." for i in range(300))
 #: Every stage with small option values (two chunks, two units per stage): a few seconds a run. The funnel
 #: keeps its exact curve (``funnel_rank`` = d = 64): a truncation rank that splits a tied pair
@@ -48,7 +48,13 @@ TEXT = " ".join(f"Paragraph {i} is about theme {i % 9}, written on day {i % 4} o
 #: checkpoint's backward alpha = 0 curve moved by 1.5e-3 relative between 1 and 2 OpenBLAS
 #: threads under OPENBLAS_CORETYPE=Haswell.
 SMALL = {"model": "random:llama", "chunks": 2, "seq_len": 16, "batch_size": 1, "null_samples": 2, "null_chunks": 1,
-         "extras_chunks": 1, "probe_seqs": 2, "probe_len": 6, "funnel_rank": 64, "n_perm": 20, "topk": 5}
+         "extras_chunks": 1, "probe_seqs": 2, "probe_len": 6, "funnel_rank": 64, "n_perm": 20, "topk": 5,
+         "heldout_chunks": 1, "ablation_boot": 50, "clamp_chunks": 2, "control_seeds": 1, "clamp_null_samples": 1,
+         "contest_chunks": 2, "contest_boot": 50, "contest_perm": 50}
+
+#: The clamp stage's tables, empty for a random model (no massive activation: the chain is not
+#: tested; tests/interventions/test_clamp.py plants one).
+NO_MASSIVE = ("massive", "clamp", "clamp_heads")
 
 #: float32 machine epsilon (2**-23): the forward passes run in float32, the tables in float64.
 FLOAT32_EPS = float(np.finfo(np.float32).eps)
@@ -62,7 +68,8 @@ FLOAT32_RTOL = 256 * FLOAT32_EPS
 
 def _tables(out: Path) -> dict[str, pd.DataFrame]:
     tables = {p.stem: pd.read_parquet(p) for p in sorted((out / "tables").glob("*.parquet"))}
-    assert {"attention_patterns", "heads", "operators", "cumulative", "coupling"} <= set(tables), sorted(tables)
+    assert {"attention_patterns", "heads", "ablation", "contest", "operators", "cumulative", "coupling"} <= set(tables), \
+        sorted(tables)
     return tables
 
 
@@ -120,7 +127,8 @@ def _check_shapes(a: dict[str, pd.DataFrame], b: dict[str, pd.DataFrame]) -> Non
     for name, table in a.items():
         assert list(table.columns) == list(b[name].columns), name
         assert list(table.dtypes) == list(b[name].dtypes), name
-        assert len(table) == len(b[name]) > 0, name
+        assert len(table) == len(b[name]), name
+        assert len(table) > 0 or name in NO_MASSIVE, name
 
 
 def assert_tables_equal(a: dict[str, pd.DataFrame], b: dict[str, pd.DataFrame]) -> None:
@@ -135,10 +143,18 @@ def assert_tables_equal(a: dict[str, pd.DataFrame], b: dict[str, pd.DataFrame]) 
                 pd.testing.assert_series_equal(x, y, check_exact=True, obj=f"{name}.{col}")
 
 
+#: Columns that are differences of two float32 forward passes' cross-entropies (an ablated or
+#: clamped model's minus the plain one's): their rounding is that of the cross-entropies
+#: themselves, so they are judged on the scale of the cross-entropy column named here.
+CE_DIFFERENCES = {("ablation", "criticality"): "ce_clean", ("ablation", "criticality_lo"): "ce_clean",
+                  ("ablation", "criticality_hi"): "ce_clean", ("clamp", "delta_ce"): "ce"}
+
+
 def assert_tables_close(a: dict[str, pd.DataFrame], b: dict[str, pd.DataFrame], rtol: float = FLOAT32_RTOL) -> None:
     """Float columns within ``rtol`` relative, with an absolute floor of ``rtol`` times the
     column's largest magnitude (so quantities that cancel to near zero, such as differences and
-    z-scores, are judged on their column's scale); NaN only where NaN. Every other column
+    z-scores, are judged on their column's scale; for :data:`CE_DIFFERENCES`, on the scale of
+    the cross-entropies they are differences of); NaN only where NaN. Every other column
     (identity, integer counts, roles, memberships) equal: a float32 perturbation could only
     flip one if a value sat within ~1e-7 of its threshold, which would itself be a finding.
     """
@@ -148,7 +164,8 @@ def assert_tables_close(a: dict[str, pd.DataFrame], b: dict[str, pd.DataFrame], 
             x, y = table[col], b[name][col]
             if pd.api.types.is_float_dtype(x):
                 u, v = x.to_numpy(np.float64), y.to_numpy(np.float64)
-                scale = np.nanmax(np.abs(v), initial=0.0)
+                reference = b[name][CE_DIFFERENCES.get((name, col), col)].to_numpy(np.float64)
+                scale = np.nanmax(np.abs(reference), initial=0.0)
                 np.testing.assert_allclose(u, v, rtol=rtol, atol=rtol * scale, equal_nan=True, err_msg=f"{name}.{col}")
             else:
                 pd.testing.assert_series_equal(x, y, check_exact=True, obj=f"{name}.{col}")
