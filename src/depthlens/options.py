@@ -30,8 +30,8 @@ from typing import Any
 
 from .errors import InputError
 
-__all__ = ["OptionField", "add_flags", "check_fields", "check_type", "field_help", "flag_name", "flag_values",
-           "option_fields", "parse_flag"]
+__all__ = ["OptionField", "add_flags", "check_distinct", "check_fields", "check_type", "field_help", "flag_name",
+           "flag_values", "option_fields", "parse_flag"]
 
 _TYPE_NAMES = {bool: "a boolean (true or false, unquoted)", int: "an integer", float: "a number",
                str: "a string (quoted)", type(None): "absent"}
@@ -165,6 +165,24 @@ def check_fields(obj: Any) -> None:
         if low is not None and value is not None and value < low:
             what = flag_name(f.name) if f.is_flag else f"{f.name} ({type(obj).__name__})"
             raise InputError(f"{what} {value!r} must be at least {low}.")
+
+
+def check_distinct(obj: Any, name: str, choices: typing.Sequence[str]) -> tuple[str, ...]:
+    """Field ``name`` of the frozen options instance ``obj``, a list of ``choices``, set to a
+    tuple once checked to be non-empty and free of repeats (the type check has already refused
+    values outside ``choices``).
+
+    Raises
+    ------
+    InputError
+        One line naming the flag and the choices.
+    """
+    values = tuple(getattr(obj, name))
+    object.__setattr__(obj, name, values)
+    if not values or len(set(values)) != len(values):
+        shown = ",".join(values) or "(none)"
+        raise InputError(f"{flag_name(name)} {shown} is invalid; pass distinct values of {','.join(choices)}.")
+    return values
 
 
 def _docstring_params(doc: str) -> dict[str, str]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..errors import InputError
-from ..options import check_fields
+from ..options import check_distinct, check_fields
 
 __all__ = ["CONTEST_TARGETS", "ContestOptions", "ContestTarget"]
 
@@ -48,8 +47,4 @@ class ContestOptions:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        object.__setattr__(self, "contest_targets", tuple(self.contest_targets))
-        targets = self.contest_targets
-        if not targets or len(set(targets)) != len(targets):
-            shown = ",".join(targets) or "(none)"
-            raise InputError(f"--contest-targets {shown} is invalid; pass distinct targets of {','.join(CONTEST_TARGETS)}.")
+        check_distinct(self, "contest_targets", CONTEST_TARGETS)

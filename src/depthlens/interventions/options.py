@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InputError
 from ..models.interventions import ABLATION_METHODS, AblationMethod
-from ..options import check_fields
+from ..options import check_distinct, check_fields
 
 __all__ = ["ABLATION_METHODS", "AblateOptions", "ClampOptions", "CLAMP_ALPHAS"]
 
@@ -42,11 +42,7 @@ class AblateOptions:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        object.__setattr__(self, "ablation_methods", tuple(self.ablation_methods))
-        methods = self.ablation_methods
-        if not methods or len(set(methods)) != len(methods):
-            shown = ",".join(methods) or "(none)"
-            raise InputError(f"--ablation-methods {shown} is invalid; pass distinct methods of {','.join(ABLATION_METHODS)}.")
+        check_distinct(self, "ablation_methods", ABLATION_METHODS)
 
 
 @dataclass(frozen=True)

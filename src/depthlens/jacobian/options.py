@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..linalg.schur import SCHUR_ORDERS, SchurOrder
-from ..options import check_fields
+from ..options import check_distinct, check_fields
 from .cumulative import ALPHAS
 
 __all__ = ["ALPHAS", "JACOBIAN_MODES", "JacobianMode", "JacobianOptions"]
@@ -68,15 +68,12 @@ class JacobianOptions:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        object.__setattr__(self, "schur_orders", tuple(self.schur_orders))
         object.__setattr__(self, "funnel_alphas", tuple(float(a) for a in self.funnel_alphas))
         object.__setattr__(self, "revisions", tuple(self.revisions))
         if not self.funnel_alphas or not all(0.0 <= a <= 1.0 for a in self.funnel_alphas):
             shown = ",".join(f"{a:g}" for a in self.funnel_alphas) or "(none)"
             raise InputError(f"--funnel-alphas {shown} is invalid; pass numbers in [0, 1], e.g. 0,0.5,1.")
-        if not self.schur_orders or len(set(self.schur_orders)) != len(self.schur_orders):
-            shown = ",".join(self.schur_orders) or "(none)"
-            raise InputError(f"--schur-orders {shown} is invalid; pass distinct orders of {','.join(SCHUR_ORDERS)}.")
+        check_distinct(self, "schur_orders", SCHUR_ORDERS)
 
     @property
     def modes(self) -> tuple[JacobianMode, ...]:
