@@ -30,6 +30,7 @@ from scipy import stats as _st
 
 from ..errors import DecompositionError
 from ..residual import boundary_names, massive_mask
+from ..schema import IDENTITY, SCHEMA
 from ..stats import bh_qvalues, sign_test
 
 __all__ = [
@@ -54,10 +55,10 @@ CONTROL_FRACTION = 0.1
 #: The doses whose heads get TR1 and Δ_TR (with the ``mean`` arm): the zero arm and the reference.
 TR_ALPHAS: tuple[float, ...] = (0.0, 1.0)
 
-MASSIVE_COLUMNS = ["chunk", "layer", "boundary", "position", "dim", "value", "median_abs", "ratio"]
-HEAD_COLUMNS = ["layer", "head", "target", "seed", "arm", "alpha", "sink_mass", "TR1", "delta_TR1", "failure"]
-CLAMP_COLUMNS = ["target", "seed", "arm", "alpha", "dims", "from_layer", "ce", "delta_ce", "sink_mass", "TR1",
-                 "delta_TR1", "n_heads", "n_chunks"]
+#: The columns of the stage's tables (:mod:`depthlens.schema`, without the identity columns).
+MASSIVE_COLUMNS = [c for c in SCHEMA["massive"].columns if c not in IDENTITY]
+HEAD_COLUMNS = [c for c in SCHEMA["clamp_heads"].columns if c not in IDENTITY]
+CLAMP_COLUMNS = [c for c in SCHEMA["clamp"].columns if c not in IDENTITY]
 
 
 # ----------------------------------------------------------------------------- detection
