@@ -4,28 +4,29 @@
 # one of them fails here rather than on another machine of the same kind.
 #
 #   leg             settings (on top of the caller's environment)      tests
-#   full            none (make's OPENBLAS_NUM_THREADS=1, torch on all   whole suite + e2e run
-#                   cores, OPENBLAS_CORETYPE as the caller has it)
-#   omp1            OMP_NUM_THREADS=1 (torch on one thread)             fast tier
-#   threads-default every *_NUM_THREADS unset (each library on all     fast tier (the CLI sets
-#                   cores, as `pytest` run outside make gets)            one BLAS thread itself)
+#   full            every *_NUM_THREADS unset (each library on all      whole suite + e2e run
+#                   cores, as `pytest` run outside make gets; the CLI
+#                   of the e2e run sets one BLAS thread itself);
+#                   OPENBLAS_CORETYPE as the caller has it
+#   omp1            OMP_NUM_THREADS=1 and make's OPENBLAS_NUM_THREADS=1 fast tier
+#                   (torch and OpenBLAS on one thread)
 #   coretype-auto   OPENBLAS_CORETYPE unset (OpenBLAS picks its kernel  fast tier + e2e run
 #                   for this CPU: SkylakeX on AVX-512); skipped when the
 #                   caller has it unset, as the full leg then is this one
 #   haswell         OPENBLAS_CORETYPE=Haswell (the AVX2 kernel OpenBLAS fast tier + e2e run
 #                   picks on AMD EPYC Zen 2/3 and other AVX2-only CPUs)
-#   mkl-avx2        MKL_ENABLE_INSTRUCTIONS=AVX2 (torch's MKL on its     fast tier + e2e run,
-#                   AVX2 path, as on AMD EPYC: float32 forwards then     lapack order only
+#   mkl-avx2        MKL_ENABLE_INSTRUCTIONS=AVX2 (torch's MKL on its     fast tier
+#                   AVX2 path, as on AMD EPYC: float32 forwards then
 #                   depend on batch size and thread count)
 #
 # Fast tier: `pytest -m "not real"` (everything except the tests marked `real`, which load the
-# embedded SmolLM2). The e2e run is a small `depthlens run` on SmolLM2, on the legs that change
-# the LAPACK kernels (where a decomposition can fail to converge) with every Schur order; the
-# legs that change only torch's float32 forwards (the fast tier checks their tolerances) run it
-# on the lapack order alone (mkl-avx2) or not at all (omp1), to keep the matrix near 18 minutes
-# on 2 cores. Before each leg the
-# kernels threadpoolctl and torch report under its settings are printed, and a setting that did
-# not take effect (another OpenBLAS kernel, another torch thread count) fails the leg.
+# embedded SmolLM2). The e2e run is a small `depthlens run` of every stage on SmolLM2, with every
+# Schur order, on the legs that change the LAPACK kernels (where a decomposition can fail to
+# converge); the legs that change only thread counts or torch's float32 forwards get the fast
+# tier, whose tests set both thread counts themselves where results depend on them
+# (tests/test_determinism.py). That keeps the matrix under 20 minutes on 2 cores. Before each
+# leg the kernels threadpoolctl and torch report under its settings are printed, and a setting
+# that did not take effect (another OpenBLAS kernel, another torch thread count) fails the leg.
 #
 # Every leg runs even when an earlier one failed (one CI run shows every failing setting); the
 # script exits 1 if any leg failed, and a pytest run that collects no test (exit 5) fails too.
@@ -35,7 +36,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
 DEPTHLENS="$VENV/bin/depthlens"
-ALL_LEGS="full omp1 threads-default coretype-auto haswell mkl-avx2"
+ALL_LEGS="full omp1 coretype-auto haswell mkl-avx2"
 LEGS=${MATRIX_LEGS:-$ALL_LEGS}
 # SmolLM2 end to end, every stage and the report, a few minutes on 2 cores: small sizes, one
 # Jacobian mode, exact funnel curves only (a rank above d = 576), no step-0 null checkpoint
@@ -74,9 +75,8 @@ EOF
 
 settings_of() {  # the `env` arguments of a leg
     case $1 in
-        full) ;;
+        full) echo "-u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS -u MKL_NUM_THREADS" ;;
         omp1) echo "OMP_NUM_THREADS=1" ;;
-        threads-default) echo "-u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS -u MKL_NUM_THREADS" ;;
         coretype-auto) echo "-u OPENBLAS_CORETYPE" ;;
         haswell) echo "OPENBLAS_CORETYPE=Haswell" ;;
         mkl-avx2) echo "MKL_ENABLE_INSTRUCTIONS=AVX2" ;;
@@ -117,8 +117,7 @@ for leg in $LEGS; do
     described=${settings:-no change}
     e2e=("${E2E[@]}")
     case $leg in
-        omp1|threads-default) e2e=() ;;
-        mkl-avx2) e2e+=(--schur-orders lapack) ;;
+        omp1|mkl-avx2) e2e=() ;;
     esac
     echo "=== leg $leg: $described; $tier_name tier$([[ ${#e2e[@]} == 0 ]] || echo " + e2e run")"
     "${run_env[@]}" "$PY" -c "$KERNELS" "$(expect_of "$leg")"
