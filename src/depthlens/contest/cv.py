@@ -45,6 +45,7 @@ from sklearn.preprocessing import StandardScaler
 
 from ..errors import InputError
 from ..stats import bh_qvalues
+from ..schema import IDENTITY, SCHEMA
 
 __all__ = [
     "CI_LEVEL",
@@ -73,9 +74,9 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 #: Level of the percentile bootstrap intervals.
 CI_LEVEL = 0.95
-#: Columns of the rows :func:`contest_target` returns (the table ``contest`` adds ``target`` and ``q``).
-COLUMNS = ("features", "metric", "score", "score_lo", "score_hi", "r2", "p", "delta", "delta_lo", "delta_hi",
-           "required", "n_heads", "n_folds")
+#: Columns of the rows :func:`contest_target` returns: the ``contest`` table's less ``target`` and
+#: ``q``, which the stage adds.
+COLUMNS = tuple(c for c in SCHEMA["contest"].columns if c not in (*IDENTITY, "target", "q"))
 #: A permuted score counts as reaching the observed one when it is at least ``observed − TIE``:
 #: the observed column and a permutation that leaves the labels unchanged differ by rounding only.
 TIE = 1e-12
