@@ -2,7 +2,7 @@
 
 from .adapter import Adapter, adapter_for
 from .families import FAMILIES, build_random, family_of, random_config
-from .loading import LoadedModel, embedded_models, init_like, load_model, supported_families
+from .loading import LoadedModel, embedded_models, init_like, load_model, series_checkpoints, supported_families
 from .registry import Family, family, family_for_config
 
 __all__ = [
@@ -19,5 +19,6 @@ __all__ = [
     "init_like",
     "load_model",
     "random_config",
+    "series_checkpoints",
     "supported_families",
 ]

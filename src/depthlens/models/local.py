@@ -1,4 +1,6 @@
-"""Saved Hugging Face checkpoints in a local folder (``config.json``, tokenizer and weights).
+"""Saved Hugging Face checkpoints in a local folder (``config.json``, tokenizer and weights),
+and checkpoint series: a folder without ``config.json`` whose ``step-N`` sub-folders are
+checkpoints (as ``depthlens train`` writes them).
 
 Weights are read from ``*.safetensors`` when the folder has them, else from
 ``pytorch_model*.bin`` through torch's restricted unpickler (``weights_only=True``); no code
@@ -7,6 +9,7 @@ from the folder runs unless ``trust_remote_code=True``.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -16,7 +19,49 @@ from .hashing import combined_sha256, hash_files
 from .pretrained import Checkpoint, load_config, model_from_folder, quiet_transformers, remote_code_error
 from .tokenizer import tokenizer_from
 
-__all__ = ["load_local"]
+__all__ = ["STEP_FOLDER", "load_local", "series_checkpoint", "series_checkpoints"]
+
+#: The folder name of the checkpoint after ``step`` optimiser steps in a series.
+STEP_FOLDER = "step-{step}"
+_STEP = re.compile(r"^step-(0|[1-9][0-9]*)$")
+
+
+def series_checkpoints(folder: str | Path) -> list[tuple[str, int]]:
+    """The checkpoints of the series ``folder`` as ``(name, step)`` in step order: its
+    sub-folders named ``step-N`` (N a plain integer) that hold a ``config.json``.
+
+    Empty when ``folder`` is no folder, holds a ``config.json`` itself (a single checkpoint)
+    or has no such sub-folder.
+
+    Examples
+    --------
+    >>> series_checkpoints("no/such/folder")
+    []
+    """
+    path = Path(folder).expanduser()
+    if not path.is_dir() or (path / "config.json").is_file():
+        return []
+    found = [(child.name, int(match[1])) for child in path.iterdir()
+             if (match := _STEP.match(child.name)) and (child / "config.json").is_file()]
+    return sorted(found, key=lambda item: item[1])
+
+
+def series_checkpoint(folder: Path, revision: str | None) -> Path:
+    """The checkpoint folder of ``revision`` (``step-N``) in the series ``folder``; its last
+    checkpoint for None.
+
+    Raises
+    ------
+    ModelError
+        A revision the series does not hold, naming the ones it does.
+    """
+    held = [name for name, _ in series_checkpoints(folder)]
+    if revision is None:
+        return folder / held[-1]
+    if revision not in held:
+        raise ModelError(f"--revision {revision!r} is not a checkpoint of the series {folder}; it holds "
+                         f"{', '.join(held)}.")
+    return folder / revision
 
 
 def _weight_files(folder: Path) -> tuple[list[Path], bool]:
