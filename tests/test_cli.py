@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -292,7 +293,7 @@ def _help(command: str, capsys: pytest.CaptureFixture[str]) -> str:
 
 
 ATTENTION_FLAGS = ("--null-samples", "--null-chunks", "--extras-chunks", "--certify", "--probe-seqs", "--probe-len")
-JACOBIAN_FLAGS = ("--jacobian-mode", "--positions", "--funnel-rank", "--funnel-alphas", "--revisions", "--save-arrays")
+JACOBIAN_FLAGS = ("--jacobian-mode", "--positions", "--funnel-rank", "--funnel-alphas", "--save-arrays")
 TOPOLOGY_FLAGS = ("--topk", "--n-perm", "--exclude-massive", "--amplification")
 
 
@@ -305,8 +306,32 @@ def test_stage_help_lists_only_its_options(command: str, groups: tuple[str, ...]
     for group, flags in (("attention", ATTENTION_FLAGS), ("jacobian", JACOBIAN_FLAGS), ("topology", TOPOLOGY_FLAGS)):
         for flag in flags:
             assert (flag in text) == (group in groups), (command, flag)
-    for flag in ("--preset", "--chunks", "--seq-len", "--model", "--out", "--resume", "--quiet"):
+    for flag in ("--preset", "--chunks", "--seq-len", "--model", "--revisions", "--out", "--resume", "--quiet"):
         assert flag in text
+
+
+def test_revisions_reach_the_attention_stage(text_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``--revisions`` is a run option, listed once by ``depthlens attention --help``; on the
+    command line it gives the attention tables a checkpoint per revision. A random model has no
+    hub revisions: here the model counts as a hub id and its revision is another seed."""
+    from depthlens import workflow
+    from depthlens.models import load_model
+
+    listed = [line for line in _help("attention", capsys).splitlines() if line.lstrip().startswith("--revisions")]
+    assert len(listed) == 1, listed
+    monkeypatch.setattr(workflow, "spec_source", lambda spec: "hub")
+    monkeypatch.setattr(workflow, "_revision_loader", lambda config: lambda rev: load_model("random:llama", seed=1))
+    out = tmp_path / "run"
+    assert main(["attention", "--model", "random:llama", "--text", str(text_file), "--chunks", "2", "--seq-len", "12",
+                 "--null-samples", "2", "--null-chunks", "1", "--probe-seqs", "2", "--probe-len", "4",
+                 "--revisions", "step1", "--jobs", "1", "--out", str(out)]) == 0
+    assert "attention heads (revision step1)" in capsys.readouterr().err
+    for name in ("heads", "head_chunks", "head_probe", "depth"):
+        table = pd.read_parquet(out / "tables" / f"{name}.parquet")
+        assert table.groupby("checkpoint")["revision"].unique().map(list).to_dict() == {"trained": [""],
+                                                                                          "step1": ["step1"]}
+    assert json.loads((out / "manifest.json").read_text())["config"]["revisions"] == ["step1"]
 
 
 @pytest.mark.parametrize(
@@ -318,6 +343,8 @@ def test_stage_help_lists_only_its_options(command: str, groups: tuple[str, ...]
         (["--funnel-rank", "-1"], "--funnel-rank -1 must be at least 0"),
         (["--funnel-alphas", "0,2"], "--funnel-alphas 0,2 is invalid"),
         (["--funnel-alphas", "a"], "--funnel-alphas 'a' is not"),
+        (["--revisions", "step1,step1"], "--revisions step1,step1 repeats a revision"),
+        (["--revisions", "init"], "--revisions init names the init checkpoint"),
         (["--ablation-methods", "mean,shuffle"], "--ablation-methods"),
         (["--ablation-methods", "mean,mean"], "--ablation-methods mean,mean is invalid; pass distinct values of zero"),
         (["--clamp-alphas", "0,1.5"], "--clamp-alphas 0,1.5 is invalid; pass distinct numbers in [0, 1]"),

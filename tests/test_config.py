@@ -86,7 +86,7 @@ def test_toml_str_must_be_a_string(tmp_path: Path, key: str, value: str) -> None
     with pytest.raises(InputError, match=f"config key {key} = .* expected a string"):
         RunConfig.from_sources(_toml(tmp_path, f"{key} = {value}\n"))
     with pytest.raises(InputError, match="config key revisions = 'a,b' is a string, expected a list of strings"):
-        RunConfig.from_sources(_toml(tmp_path, '[jacobian]\nrevisions = "a,b"\n'))
+        RunConfig.from_sources(_toml(tmp_path, 'revisions = "a,b"\n'))
     assert RunConfig.from_sources(_toml(tmp_path, 'revision = "step1000"\n')).revision == "step1000"
 
 
@@ -145,6 +145,31 @@ def test_derived_options_come_from_the_run() -> None:
     assert config.options("topology").jacobian_mode == "in_context"
     with pytest.raises(InputError, match="unknown config key 'seed' of stage topology"):
         RunConfig(topology={"seed": 3})
+
+
+def test_revisions_are_a_run_option(tmp_path: Path) -> None:
+    """``revisions`` is the run's (top level in a config file and in the manifest's config);
+    the jacobian stage's options take it as a derived field."""
+    config = RunConfig.from_sources(_toml(tmp_path, 'model = "org/name"\nrevisions = ["step1", "step2"]\n'))
+    assert config.revisions == config.options("jacobian").revisions == ("step1", "step2")
+    assert config.to_dict()["revisions"] == ["step1", "step2"] and "revisions" not in config.to_dict()["jacobian"]
+    with pytest.raises(InputError, match=r"^config key \[jacobian\] revisions is a run option \(top level\)"):
+        RunConfig.from_sources(_toml(tmp_path, '[jacobian]\nrevisions = ["step1"]\n'))
+
+
+@pytest.mark.parametrize("revisions,message", [
+    (("step1", "step1"), "--revisions step1,step1 repeats a revision; pass each revision once."),
+    (("trained",), "--revisions trained names the trained checkpoint"),
+    (("step1", "init"), "--revisions step1,init names the init checkpoint"),
+    (("",), "--revisions '' holds '', which is no revision name"),
+    ((" step1",), "--revisions ' step1' holds ' step1', which is no revision name"),
+])
+def test_bad_revisions_are_refused_in_one_line(revisions: tuple[str, ...], message: str) -> None:
+    with pytest.raises(InputError) as info:
+        RunConfig(revisions=revisions)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+    with pytest.raises(InputError, match="^--revisions main,step1 repeats --revision main, the model as loaded"):
+        RunConfig(revision="main", revisions=("main", "step1"))
 
 
 @pytest.mark.parametrize(

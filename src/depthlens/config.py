@@ -69,6 +69,9 @@ class RunOptions:
         random:<family>[:key=value,...]
     revision : str or None
         hub revision (checkpoint) of --model
+    revisions : tuple of str
+        comma-separated extra hub revisions of --model that the attention, jacobian and
+        topology stages analyse besides it (their tables' checkpoint column names each)
     text : str
         python-docs (default, offline), wikitext-2 or a text file path
     chunks : int
@@ -89,6 +92,7 @@ class RunOptions:
 
     model: str = "smollm2-135m"
     revision: str | None = None
+    revisions: tuple[str, ...] = ()
     text: str = "python-docs"
     chunks: int = field(default=32, metadata={"min": 1})
     seq_len: int = field(default=128, metadata={"min": 2})
@@ -106,6 +110,37 @@ class RunOptions:
             raise InputError("--model is empty; pass --model smollm2-135m, a hub id, a folder or a .gguf file.")
         if not self.text:
             raise InputError("--text is empty; pass --text python-docs, wikitext-2 or a file path.")
+        object.__setattr__(self, "revisions", tuple(self.revisions))
+        _check_revisions(self.revisions, self.revision)
+
+
+#: Checkpoint names the stages give weights other than an extra revision (``--revisions``).
+_RESERVED = ("trained", "init")
+
+
+def _check_revisions(revisions: tuple[str, ...], revision: str | None) -> None:
+    """Refuse ``--revisions`` that would not name distinct checkpoints: an empty name, a
+    repeat, a reserved checkpoint name, or the run's own ``--revision``.
+
+    Raises
+    ------
+    InputError
+        One line naming ``--revisions``.
+    """
+    shown = ",".join(revisions)
+    bad = next((r for r in revisions if not r or r != r.strip()), None)
+    if bad is not None:
+        raise InputError(f"--revisions {shown!r} holds {bad!r}, which is no revision name; pass comma-separated names "
+                         "without surrounding spaces, e.g. step1000,step2000.")
+    if len(set(revisions)) != len(revisions):
+        raise InputError(f"--revisions {shown} repeats a revision; pass each revision once.")
+    reserved = next((r for r in revisions if r in _RESERVED), None)
+    if reserved is not None:
+        raise InputError(f"--revisions {shown} names the {reserved} checkpoint, which every run has; pass hub "
+                         "revision names other than trained and init.")
+    if revision is not None and revision in revisions:
+        raise InputError(f"--revisions {shown} repeats --revision {revision}, the model as loaded (checkpoint "
+                         f"trained); drop {revision} from --revisions.")
 
 
 #: Where each option lives: ``None`` for the run's own options, else the stage's name.

@@ -73,6 +73,12 @@ class StageContext:
             revision = self.loaded.provenance.get("revision") or self.config.revision or ""
         return {"model": self.loaded.name, "revision": revision, "text": self.config.text}
 
+    def revision_of(self, checkpoint: str) -> str:
+        """The hub revision of a checkpoint's weights: the run's (:meth:`ident`) for
+        ``trained``, none for the step-0 null ``init``, the checkpoint's own name for an extra
+        revision (``--revisions``)."""
+        return {"trained": self.ident()["revision"], "init": ""}.get(checkpoint, checkpoint)
+
     def write_table(self, name: str, table: pd.DataFrame, revision: str | None = None) -> None:
         """Write ``tables/NAME.parquet``: the identity columns first (:meth:`ident`; a table
         that has a ``revision`` column per row keeps it), then ``table``, checked against

@@ -2,6 +2,13 @@
 :mod:`depthlens.attention.analysis` as resumable units and writes ``heads.parquet``,
 ``head_chunks.parquet``, ``head_probe.parquet``, ``depth.parquet`` and ``attention.json``.
 
+Checkpoints: the model as loaded (``trained``) and every extra hub revision of ``--revisions``,
+each analysed alone by the same phases, one at a time (a revision is loaded when one of its
+units has work to do, and released before the next). The tables hold every checkpoint's rows
+(key ``checkpoint``); ``attention.json`` and the pseudospectra arrays are about the trained
+model. Units: ``probe``, ``headsNNNNN``, ``certifyNNNNN``, ``induction`` and ``depthNNNNN`` for
+the trained model, the same keys behind the prefix of :func:`unit_prefix` for a revision.
+
 Memory: the attention matrices of one layer for one batch of chunks are the most held at a
 time (each layer's matrices go to the worker pool and are released before the next layer),
 except in the depth phase, whose products need every layer of a chunk: there one batch's
@@ -10,6 +17,12 @@ The certify phase queues one matrix per head (its median chunk) for the workers.
 """
 
 from __future__ import annotations
+
+import gc
+import hashlib
+import re
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,6 +37,7 @@ from ..errors import RunError, require_at_least
 from ..config import RunConfig
 from ..context import StageContext
 from ..runs import RunDirectory
+from ..schema import TRAINED
 from . import analysis as an
 from .options import AttentionOptions
 from .roles import assign_roles, probe_scores, role_overlap
@@ -38,6 +52,8 @@ PSEUDO_TOL = 1e-9
 #: operator B is then at least 1 x 1), and a probe block of at least one token.
 MIN_SEQ_LEN = 2
 MIN_PROBE_LEN = 1
+#: Longest part of a revision's name kept in its unit keys (the hash tells revisions apart).
+SLUG_LEN = 64
 
 
 def check(config: RunConfig) -> None:
@@ -54,37 +70,111 @@ def check(config: RunConfig) -> None:
     require_at_least("--probe-len", config.options(an.STAGE).probe_len, MIN_PROBE_LEN, an.STAGE)
 
 
+def unit_prefix(checkpoint: str) -> str:
+    """The prefix of a checkpoint's unit keys: none for ``trained`` (the keys of a run without
+    revisions), ``rev-<name>-<hash>_`` for a revision, where ``<name>`` is the revision's name
+    with every character other than a letter, digit, ``.``, ``_`` or ``-`` replaced by ``_``
+    (at most :data:`SLUG_LEN` of them) and ``<hash>`` the first 8 hex digits of its SHA-256, so
+    keys stay file names and two revisions never share one.
+
+    Examples
+    --------
+    >>> unit_prefix("trained")
+    ''
+    >>> unit_prefix("refs/pr/1")
+    'rev-refs_pr_1-da766fe4_'
+    """
+    if checkpoint == TRAINED:
+        return ""
+    slug = re.sub(r"[^A-Za-z0-9._-]", "_", checkpoint)[:SLUG_LEN]
+    return f"rev-{slug}-{hashlib.sha256(checkpoint.encode()).hexdigest()[:8]}_"
+
+
+class _OnDemand:
+    """A checkpoint's model loaded by ``load()`` the first time one of its attributes is read
+    (outside inference mode, as a model is loaded anywhere else), so a resumed run whose units
+    of the checkpoint all finished never loads it.
+
+    Parameters
+    ----------
+    load : callable
+        ``() -> LoadedModel``.
+    """
+
+    def __init__(self, load: Callable[[], Any]) -> None:
+        self._load = load
+        self._loaded: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._loaded is None:
+            with torch.inference_mode(False):
+                self._loaded = self._load()
+        return getattr(self._loaded, name)
+
+
 def run(context: StageContext) -> None:
-    """Run every phase (skipping finished units) and write the stage's tables and
-    ``attention.json`` (:func:`analyse`)."""
-    tables, summary = analyse(context.run_dir, context.loaded, context.token_ids, context.options,
-                              batch_size=context.config.batch_size, jobs=context.execution.jobs,
-                              quiet=context.execution.quiet)
-    for name, table in tables.items():
-        context.write_table(name, table)
+    """Run every phase on the trained model, then on each revision of ``--revisions`` (skipping
+    finished units; a revision that fails is recorded and the others go on) and write the
+    stage's tables, every checkpoint's rows with its ``checkpoint`` and ``revision``, and
+    ``attention.json``: the trained model's summary, with ``revisions`` holding each analysed
+    revision's (the same keys, without ``options``)."""
+    sizes = {"batch_size": context.config.batch_size, "jobs": context.execution.jobs, "quiet": context.execution.quiet}
+    tables, summary = analyse(context.run_dir, context.loaded, context.token_ids, context.options, **sizes)
+    parts = {name: [_labelled(context, TRAINED, table)] for name, table in tables.items()}
+    summaries = {}
+    for rev in context.config.revisions:
+        result = _revision(context, rev, sizes)
+        gc.collect()  # the revision's model holds reference cycles: free it before the next one loads
+        if result is not None:
+            for name, table in result[0].items():
+                parts[name].append(_labelled(context, rev, table))
+            summaries[rev] = {k: v for k, v in result[1].items() if k != "options"}
+    for name, frames in parts.items():
+        context.write_table(name, pd.concat(frames, ignore_index=True))
+    if summaries:
+        summary["revisions"] = summaries
     context.run_dir.write_json("attention", summary)
 
 
-def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: AttentionOptions,
-            *, batch_size: int, jobs: int, quiet: bool) -> tuple[dict[str, pd.DataFrame], dict]:
-    """Run every phase (skipping finished units, writing the pseudospectra arrays) and return
-    the tables ``heads``, ``head_chunks``, ``head_probe``, ``depth`` and the JSON summary."""
-    adapter = loaded.adapter
+def _labelled(context: StageContext, checkpoint: str, table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with the ``checkpoint`` and the ``revision`` of its weights in every row."""
+    return table.assign(checkpoint=checkpoint, revision=context.revision_of(checkpoint))
+
+
+def _revision(context: StageContext, rev: str, sizes: dict[str, Any]) -> tuple[dict[str, pd.DataFrame], dict] | None:
+    """:func:`analyse` of revision ``rev``, loaded on demand; None when it failed (recorded as
+    the unit named by its prefix)."""
+    with context.run_dir.failures.unit(an.STAGE, unit_prefix(rev).rstrip("_")):
+        model = _OnDemand(lambda: context.load_revision(rev))
+        return analyse(context.run_dir, model, context.token_ids, context.options, checkpoint=rev, **sizes)
+    return None
+
+
+def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: AttentionOptions, *, batch_size: int,
+            jobs: int, quiet: bool, checkpoint: str = TRAINED) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Run every phase of ``checkpoint`` on the model ``loaded`` (skipping finished units; the
+    pseudospectra arrays for the trained model only) and return the tables ``heads``,
+    ``head_chunks``, ``head_probe``, ``depth`` and the JSON summary. ``loaded`` is read only
+    where a unit has work to do (an :class:`_OnDemand` then loads)."""
     with executor(jobs) as pool, torch.inference_mode():
-        probe = _probe_phase(run_dir, adapter, loaded.tokenizer, opts, pool, quiet)
-        chunks = _heads_phase(run_dir, adapter, token_ids, opts, pool, batch_size, quiet)
+        probe = _probe_phase(run_dir, loaded, opts, pool, quiet, checkpoint)
+        chunks = _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, checkpoint)
         heads = an.aggregate_heads(chunks).merge(probe, on=["layer", "head"], how="left")
         heads["role"] = assign_roles(heads["prev_token_score"], heads["induction_score"], heads["sink_mass"], opts.thresholds)
         heads["excess_sign"] = np.sign(heads["delta_TR1"]).map({1.0: "positive", -1.0: "negative", 0.0: "zero"})
-        certified = _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, batch_size, quiet)
+        certified = _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, quiet, checkpoint)
         # a head's bracket is its certified chunk's (with --certify all, not a median over chunks)
         heads = heads.drop(columns=[c for c in certified.columns if c not in ("layer", "head") and c in heads])
         heads = heads.merge(certified, on=["layer", "head"], how="left")
         heads["kreiss_B_in_bracket"] = an.bracket_check(heads, chunks, opts.rtol)
-        heads = heads.merge(_induction_phase(run_dir, adapter, loaded.tokenizer, heads, opts, pool, quiet),
+        heads = heads.merge(_induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint),
                             on=["layer", "head"], how="left")
-        depth = _depth_phase(run_dir, adapter, token_ids, an.chain_heads(heads), opts, pool, batch_size, quiet)
-        _pseudospectra_phase(run_dir, adapter, token_ids, heads, chunks)
+        depth = _depth_phase(run_dir, loaded, token_ids, an.chain_heads(heads), opts, pool, batch_size, quiet,
+                             checkpoint)
+        if checkpoint == TRAINED:
+            _pseudospectra_phase(run_dir, loaded, token_ids, heads, chunks)
     summary = an.summarise(heads, depth)
     summary["role_overlap"] = role_overlap(heads["role"].to_numpy(), heads["delta_TR1"].to_numpy()).to_dict()
     summary["numerical_health"] = an.numerical_health(heads)
@@ -97,13 +187,19 @@ def _bar(total: int, done: int, desc: str, quiet: bool) -> tqdm:
     return tqdm(total=total, initial=done, desc=desc, unit="unit", disable=quiet)
 
 
+def _desc(phase: str, checkpoint: str) -> str:
+    """A phase's progress bar: ``attention heads``, ``attention heads (revision R)``."""
+    return f"attention {phase}" if checkpoint == TRAINED else f"attention {phase} (revision {checkpoint})"
+
+
 # ----------------------------------------------------------------------------- phases
-def _probe_phase(run_dir, adapter, tokenizer, opts, pool, quiet) -> pd.DataFrame:
-    key = "probe"
+def _probe_phase(run_dir, loaded, opts, pool, quiet, checkpoint) -> pd.DataFrame:
+    key = f"{unit_prefix(checkpoint)}probe"
     if not run_dir.has_unit(an.STAGE, key):
-        ids = data.repeated_random_tokens(tokenizer, opts.probe_seqs, opts.probe_len, seed=opts.seed)
+        adapter = loaded.adapter
+        ids = data.repeated_random_tokens(loaded.tokenizer, opts.probe_seqs, opts.probe_len, seed=opts.seed)
         sums: dict[tuple[int, str], np.ndarray] = {}
-        bar = tqdm(total=ids.shape[0], desc="attention probe", unit="seq", disable=quiet)
+        bar = tqdm(total=ids.shape[0], desc=_desc("probe", checkpoint), unit="seq", disable=quiet)
         for start in range(0, ids.shape[0], PROBE_BATCH):
             batch = ids[start : start + PROBE_BATCH]
             for layer, probs in adapter.attention_probs(batch):
@@ -121,16 +217,16 @@ def _probe_phase(run_dir, adapter, tokenizer, opts, pool, quiet) -> pd.DataFrame
     return run_dir.read_units(an.STAGE, [key], "probe")
 
 
-def _heads_phase(run_dir, adapter, token_ids, opts, pool, batch_size, quiet) -> pd.DataFrame:
+def _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, checkpoint) -> pd.DataFrame:
     starts = list(range(0, token_ids.shape[0], batch_size))
-    keys = [f"heads{s // batch_size:05d}" for s in starts]
+    keys = [f"{unit_prefix(checkpoint)}heads{s // batch_size:05d}" for s in starts]
     todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(an.STAGE, k)]
-    bar = _bar(len(keys), len(keys) - len(todo), "attention heads", quiet)
+    bar = _bar(len(keys), len(keys) - len(todo), _desc("heads", checkpoint), quiet)
     for key, start in todo:
         with run_dir.failures.unit(an.STAGE, key):
             rows = []
             batch = token_ids[start : start + batch_size]
-            for layer, probs in adapter.attention_probs(batch):
+            for layer, probs in loaded.adapter.attention_probs(batch):
                 A = probs.numpy()
                 tasks = [(A[b, h], layer, h, start + b, opts, start + b < opts.null_chunks,
                           start + b < opts.extras_chunks, opts.certify == "all")
@@ -151,7 +247,7 @@ def _finished(run_dir: RunDirectory, keys: list[str]) -> list[str]:
     return done
 
 
-def _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, batch_size, quiet) -> pd.DataFrame:
+def _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, quiet, checkpoint) -> pd.DataFrame:
     """Certified brackets of every head's median chunk. The target chunks are read in batches
     of ``batch_size`` (one unit each); every bracket is submitted as soon as its matrix is
     read, so the workers stay busy across batches and slow brackets do not stall a batch."""
@@ -164,10 +260,10 @@ def _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, batch_size, 
         return merged.rename(columns={"chunk": "certified_chunk"})
     order = sorted(int(c) for c in targets["chunk"].unique())
     groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    keys = [f"certify{g:05d}" for g in range(len(groups))]
+    keys = [f"{unit_prefix(checkpoint)}certify{g:05d}" for g in range(len(groups))]
     todo = [(k, g) for k, g in zip(keys, groups) if not run_dir.has_unit(an.STAGE, k)]
     bar = _bar(len(targets), len(targets) - sum(int(targets["chunk"].isin(g).sum()) for _, g in todo),
-               "attention certify", quiet)
+               _desc("certify", checkpoint), quiet)
     pending: list[tuple[str, list]] = []
 
     def flush(block: bool) -> None:
@@ -179,7 +275,7 @@ def _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, batch_size, 
     for key, group in todo:
         wanted = targets[targets["chunk"].isin(group)]
         futures = []
-        for layer, probs in adapter.attention_probs(token_ids[group], layers=sorted(wanted["layer"].unique())):
+        for layer, probs in loaded.adapter.attention_probs(token_ids[group], layers=sorted(wanted["layer"].unique())):
             A = probs.numpy()
             for head, chunk in wanted.loc[wanted["layer"] == layer, ["head", "chunk"]].itertuples(index=False):
                 matrix = A[group.index(int(chunk)), int(head)].copy()
@@ -192,25 +288,25 @@ def _certify_phase(run_dir, adapter, token_ids, chunks, opts, pool, batch_size, 
     return out.rename(columns={"chunk": "certified_chunk", "failure": "certify_failure"})
 
 
-def _induction_phase(run_dir, adapter, tokenizer, heads, opts, pool, quiet) -> pd.DataFrame:
+def _induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint) -> pd.DataFrame:
     """Excess reserves of every routing head on the first ``ratio_seqs`` probe sequences and
     on their length-matched controls ``[BOS, r, r′]`` (each batch of ``PROBE_BATCH`` holds
     probe and control sequences alike), aggregated per head by
     :func:`~depthlens.attention.analysis.aggregate_induction`."""
-    key = "induction"
+    key = f"{unit_prefix(checkpoint)}induction"
     routing = heads[heads["role"] == "routing"]
     if not run_dir.has_unit(an.STAGE, key):
         rows = []
         if len(routing):
-            args = (tokenizer, opts.probe_seqs, opts.probe_len)
+            args = (loaded.tokenizer, opts.probe_seqs, opts.probe_len)
             probe = data.repeated_random_tokens(*args, seed=opts.seed)[: opts.ratio_seqs]
             control = data.control_random_tokens(*args, seed=opts.seed)[: opts.ratio_seqs]
             layers = sorted(routing["layer"].unique())
-            bar = tqdm(total=probe.shape[0], desc="attention induction", unit="seq", disable=quiet)
+            bar = tqdm(total=probe.shape[0], desc=_desc("induction", checkpoint), unit="seq", disable=quiet)
             for start in range(0, probe.shape[0], PROBE_BATCH // 2):
                 seqs = range(start, min(start + PROBE_BATCH // 2, probe.shape[0]))
                 batch = torch.cat([probe[seqs.start : seqs.stop], control[seqs.start : seqs.stop]])
-                for layer, probs in adapter.attention_probs(batch, layers=layers):
+                for layer, probs in loaded.adapter.attention_probs(batch, layers=layers):
                     A = probs.numpy()
                     tasks = [(A[i, h], A[len(seqs) + i, h], layer, int(h), s, opts.probe_len, opts)
                              for h in routing.loc[routing["layer"] == layer, "head"] for i, s in enumerate(seqs)]
@@ -222,7 +318,7 @@ def _induction_phase(run_dir, adapter, tokenizer, heads, opts, pool, quiet) -> p
     return an.aggregate_induction(run_dir.read_units(an.STAGE, [key], "rows"))
 
 
-def _pseudospectra_phase(run_dir, adapter, token_ids, heads, chunks) -> None:
+def _pseudospectra_phase(run_dir, loaded, token_ids, heads, chunks) -> None:
     """σ_min(zI − B), to ``PSEUDO_TOL`` relative, on a grid for the top routing head (largest
     previous-token or induction score) and the top sink head (largest sink mass), each on its
     median chunk, saved to ``arrays/pseudospectra.safetensors`` for the report's contours."""
@@ -236,7 +332,7 @@ def _pseudospectra_phase(run_dir, adapter, token_ids, heads, chunks) -> None:
     for role, row in picks.items():
         layer, head = int(row["layer"]), int(row["head"])
         chunk = int(medians.loc[(layer, head)])
-        probs = next(adapter.attention_probs(token_ids[chunk : chunk + 1], layers=[layer]))[1]
+        probs = next(loaded.adapter.attention_probs(token_ids[chunk : chunk + 1], layers=[layer]))[1]
         B = deflate(probs[0, head].numpy())
         grid = pseudospectrum(B, PSEUDO_GRID, PSEUDO_GRID, tol=PSEUDO_TOL)
         arrays.update({f"{role}.x": grid.x, f"{role}.y": grid.y, f"{role}.sigma": grid.sigma,
@@ -245,15 +341,15 @@ def _pseudospectra_phase(run_dir, adapter, token_ids, heads, chunks) -> None:
     run_dir.write_arrays("pseudospectra", arrays, **meta)
 
 
-def _depth_phase(run_dir, adapter, token_ids, chains, opts, pool, batch_size, quiet) -> pd.DataFrame:
+def _depth_phase(run_dir, loaded, token_ids, chains, opts, pool, batch_size, quiet, checkpoint) -> pd.DataFrame:
     """Depth products per chunk, computed by the workers from every layer's matrices of one
     batch (the one phase that holds all layers at once: the product runs over depth)."""
-    keys = [f"depth{c:05d}" for c in range(token_ids.shape[0])]
+    keys = [f"{unit_prefix(checkpoint)}depth{c:05d}" for c in range(token_ids.shape[0])]
     todo = [c for c, k in enumerate(keys) if not run_dir.has_unit(an.STAGE, k)]
-    bar = _bar(len(keys), len(keys) - len(todo), "attention depth", quiet)
+    bar = _bar(len(keys), len(keys) - len(todo), _desc("depth", checkpoint), quiet)
     for start in range(0, len(todo), batch_size):
         group = todo[start : start + batch_size]
-        probs = np.stack([p.numpy() for _, p in adapter.attention_probs(token_ids[group])], axis=1)
+        probs = np.stack([p.numpy() for _, p in loaded.adapter.attention_probs(token_ids[group])], axis=1)
         futures = [pool.submit(an.depth_chunk_rows, probs[i], chains, c, opts, c < opts.null_chunks) for i, c in enumerate(group)]
         del probs
         for chunk, future in zip(group, futures):

@@ -33,6 +33,7 @@ from ..context import StageContext
 from ..errors import InputError, RunError, require_at_least
 from ..parallel import executor
 from ..runs import RunDirectory
+from ..schema import trained_rows
 from ..stats import log_median
 from . import cv
 from .features import HEAD_FEATURES, SCALE_FEATURES, head_features, persistence
@@ -104,7 +105,7 @@ def run(context: StageContext) -> None:
         if not (ablation["method"] == "mean").any():
             raise InputError("tables/ablation.parquet has no mean-ablation rows; rerun the ablate stage with mean in "
                              "--ablation-methods or drop criticality from --contest-targets.")
-    heads = run_dir.read_table("heads")
+    heads = trained_rows(run_dir.read_table("heads"))  # the model as loaded, whose features are computed here
     n_chunks = min(opts.contest_chunks, context.token_ids.shape[0])
     with executor(context.execution.jobs) as pool, torch.inference_mode():
         chunks = _features_phase(run_dir, context.loaded.adapter, context.token_ids[:n_chunks], pool,

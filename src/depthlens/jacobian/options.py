@@ -46,14 +46,14 @@ class JacobianOptions:
         α = 1 (order-free) is computed once, labelled with the first
     null : {"init", "none"}
         also analyse the step-0 null (the same architecture at initialisation)
-    revisions : tuple of str
-        comma-separated extra hub revisions of --model to analyse
     save_arrays : {"float64", "float32", "none"}
         dtype of the saved mean Jacobians in arrays/, or none; the tables are the same
         whichever, since the metrics, the funnel and the topology stage always use float64
         operators
     seed : int
         the run's seed; the step-0 initialisation uses init_seed, spawned from it
+    revisions : tuple of str
+        the run's extra hub revisions of --model (--revisions), a checkpoint each
     """
 
     jacobian_mode: Literal["isolated", "isolated_observed", "in_context", "both", "all"] = "both"
@@ -62,14 +62,13 @@ class JacobianOptions:
     funnel_alphas: tuple[float, ...] = ALPHAS
     schur_orders: tuple[SchurOrder, ...] = SCHUR_ORDERS
     null: Literal["init", "none"] = "init"
-    revisions: tuple[str, ...] = ()
     save_arrays: Literal["float64", "float32", "none"] = "float64"
     seed: int = field(default=0, metadata={"derived": "seed"})
+    revisions: tuple[str, ...] = field(default=(), metadata={"derived": "revisions"})
 
     def __post_init__(self) -> None:
         check_fields(self)
         object.__setattr__(self, "funnel_alphas", tuple(float(a) for a in self.funnel_alphas))
-        object.__setattr__(self, "revisions", tuple(self.revisions))
         if not self.funnel_alphas or not all(0.0 <= a <= 1.0 for a in self.funnel_alphas):
             shown = ",".join(f"{a:g}" for a in self.funnel_alphas) or "(none)"
             raise InputError(f"--funnel-alphas {shown} is invalid; pass numbers in [0, 1], e.g. 0,0.5,1.")

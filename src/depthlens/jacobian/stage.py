@@ -151,12 +151,6 @@ def finish(run_dir: RunDirectory) -> None:
         path.unlink(missing_ok=True)
 
 
-def revision_of(context: StageContext, checkpoint: str) -> str:
-    """The hub revision of a checkpoint's weights: the run's for ``trained``, none for the
-    step-0 null ``init``, the checkpoint's own name for an extra revision."""
-    return {"trained": context.ident()["revision"], "init": ""}.get(checkpoint, checkpoint)
-
-
 def run(context: StageContext) -> None:
     """Run the stage (skipping finished units) and write ``operators``, ``eigenvalues`` and
     ``cumulative`` tables. The decompositions and funnel curves run on ``jobs`` worker
@@ -167,7 +161,7 @@ def run(context: StageContext) -> None:
         tables = _run(context.run_dir, context.loaded, context.token_ids, context.options, context.config.batch_size,
                       context.execution.quiet, context.load_revision, pool)
     for name, table in tables.items():
-        table.insert(0, "revision", table["checkpoint"].map(lambda c: revision_of(context, c)))
+        table.insert(0, "revision", table["checkpoint"].map(context.revision_of))
         context.write_table(name, table)
 
 

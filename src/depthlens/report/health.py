@@ -100,7 +100,7 @@ def _failed_rows(t: RunTables) -> HealthCheck:
 
 def _plain_medians(t: RunTables) -> HealthCheck:
     name = "heads aggregated by a plain median"
-    heads = t.table("heads")
+    heads = t.trained("heads")
     if heads is None or "plain_median" not in heads.columns:
         return HealthCheck(name, "—", None, "heads.parquet lacks plain_median")
     used = heads["plain_median"].fillna("").astype(str)

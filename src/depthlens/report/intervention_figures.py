@@ -49,7 +49,7 @@ CAPTIONS: dict[str, str] = {
 def draw_criticality(t: RunTables) -> Figure:
     """Criticality against TR1 by role (the ``mean`` ablation when the run has it)."""
     abl = need(t.table("ablation"), "ablation.parquet", "layer", "head", "method", "criticality")
-    heads = need(t.table("heads"), "heads.parquet", "layer", "head", "TR1")
+    heads = need(t.trained("heads"), "heads.parquet", "layer", "head", "TR1")
     methods = [str(m) for m in pd.unique(abl["method"])]
     method = "mean" if "mean" in methods else methods[0]
     keep = [c for c in ("layer", "head", "TR1", "role") if c in heads.columns]

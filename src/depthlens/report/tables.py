@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..runs.atomic import read_safetensors
-from ..schema import producer
+from ..schema import producer, trained_rows
 
 #: How a stage status from the manifest reads in the report.
 STATUS_TEXT = {"done": "done", "running": "incomplete (interrupted)", "failed": "failed"}
@@ -46,6 +46,13 @@ class RunTables:
             self._cache[key] = self._read(key, path, pd.read_parquet)
         value = self._cache[key]
         return None if value is None else value.copy()
+
+    def trained(self, name: str) -> pd.DataFrame | None:
+        """The rows of ``tables/NAME.parquet`` about the model as loaded (checkpoint
+        ``trained``; every row of a table without a ``checkpoint`` column), or ``None``: what
+        the claims, figures and report read of a table that may hold other checkpoints too."""
+        table = self.table(name)
+        return None if table is None else trained_rows(table)
 
     def json(self, name: str) -> dict[str, Any] | None:
         """``NAME.json`` at the top of the run directory, or ``None``."""

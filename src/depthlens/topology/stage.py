@@ -142,7 +142,7 @@ def run(context: StageContext) -> None:
     tables = analyse_checkpoints(context.run_dir, ckpts, context.token_ids, opts, batch_size=batch_size, quiet=quiet,
                                  operators=operators)
     for name, table in tables.items():
-        table.insert(0, "revision", table["checkpoint"].map(lambda c: jacobian_stage.revision_of(context, c)))
+        table.insert(0, "revision", table["checkpoint"].map(context.revision_of))
         context.write_table(name, table)
     coupling = tables["coupling"].groupby("checkpoint", sort=False)
     context.run_dir.write_json("topology", {
