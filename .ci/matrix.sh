@@ -19,13 +19,15 @@
 #                   AVX2 path, as on AMD EPYC: float32 forwards then
 #                   depend on batch size and thread count)
 #
-# Fast tier: `pytest -m "not real"` (everything except the tests marked `real`, which load the
-# embedded SmolLM2). The e2e run is a small `depthlens run` of every stage on SmolLM2, with every
-# Schur order, on the legs that change the LAPACK kernels (where a decomposition can fail to
-# converge); the legs that change only thread counts or torch's float32 forwards get the fast
-# tier, whose tests set both thread counts themselves where results depend on them
-# (tests/test_determinism.py). That keeps the matrix under 20 minutes on 2 cores. Before each
-# leg the kernels threadpoolctl and torch report under its settings are printed, and a setting
+# Fast tier: `pytest -m "not real and not slow"` (everything except the tests marked `real`, which
+# load the embedded SmolLM2, and those marked `slow`: training and censuses of tiny models, which
+# change no LAPACK kernel's result the other tests do not cover). The e2e run is a small
+# `depthlens run` of every stage on SmolLM2, with every Schur order, on the legs that change the
+# LAPACK kernels (where a decomposition can fail to converge); the legs that change only thread
+# counts or torch's float32 forwards get the fast tier, whose tests set both thread counts
+# themselves where results depend on them (tests/test_determinism.py). That keeps the matrix
+# under 20 minutes on 2 cores. Before each leg the kernels threadpoolctl and torch report under
+# its settings are printed, and a setting
 # that did not take effect (another OpenBLAS kernel, another torch thread count) fails the leg.
 #
 # Every leg runs even when an earlier one failed (one CI run shows every failing setting); the
@@ -104,7 +106,7 @@ for leg in $LEGS; do
         SUMMARY+=("$(printf '%-16s %-10s %-10s %5s' "$leg" skipped "(= full)" 0)")
         continue
     fi
-    tier=(-m "not real")
+    tier=(-m "not real and not slow")
     tier_name=fast
     if [[ $leg == full ]]; then
         tier=()

@@ -31,7 +31,7 @@ from .runs import RunMode, read_manifest
 from .schema import SCHEMA, SUMMARIES
 from .stages import STAGES
 
-__all__ = ["Run", "analyse", "open_run"]
+__all__ = ["Run", "analyse", "census", "open_run"]
 
 _IF_EXISTS = {"resume": RunMode.RESUME, "overwrite": RunMode.OVERWRITE, "error": RunMode.NEW}
 
@@ -109,6 +109,57 @@ def analyse(
     root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="depthlens-"))
     path = run_workflow(config, root, run_mode=_IF_EXISTS[if_exists], stages=tuple(stages),
                         execution=Execution(quiet=quiet, jobs=jobs), claims=claims, loaded=loaded)
+    return Run(path)
+
+
+def census(
+    model: str | Path,
+    *,
+    text: str = "python-docs",
+    revisions: Sequence[str] = (),
+    compare: Sequence[str] = (),
+    stages: Sequence[str] = ("attention", "jacobian", "topology"),
+    out: str | Path | None = None,
+    if_exists: str = "resume",
+    preset: str = "default",
+    claims: str | Path | None = None,
+    delete_cache: bool = False,
+    jobs: int = 2,
+    quiet: bool = True,
+    **options: Any,
+) -> "Run":
+    """Run ``stages`` on every checkpoint of the series ``model`` and return the census as a
+    :class:`Run` (``run.census``, ``run.census_heads``, ``run.verdicts``, ``run.report()``).
+
+    Parameters
+    ----------
+    model : str or Path
+        A folder written by ``depthlens train`` (``step-N`` checkpoints) or a hub id.
+    revisions : sequence of str
+        The checkpoints: names, ranges ``step{0..143000..1000}`` or ``@FILE`` (a hub id needs
+        them; a folder takes them to pick some of its checkpoints).
+    compare : sequence of str
+        Further series censused beside ``model`` (e.g. a LayerNorm family against an RMSNorm one).
+    stages, out, if_exists, preset, claims, jobs, quiet, **options
+        As for :func:`analyse`; each checkpoint's run is ``OUT/checkpoints/SERIES/CHECKPOINT``.
+    delete_cache : bool
+        Remove each hub revision from the local cache once analysed.
+
+    Raises
+    ------
+    DepthlensError
+        Bad input, one line, before anything is written.
+    """
+    from .census.options import CensusOptions
+    from .census.runner import run_census
+
+    if if_exists not in _IF_EXISTS:
+        raise InputError(f"if_exists={if_exists!r} is unknown; use one of {', '.join(_IF_EXISTS)}.")
+    config = RunConfig(preset=preset, model=str(model), text=str(text), revisions=tuple(revisions), **options)
+    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="depthlens-census-"))
+    path = run_census(config, CensusOptions(census_stages=tuple(stages), compare=tuple(map(str, compare))), root,
+                      run_mode=_IF_EXISTS[if_exists], execution=Execution(quiet=quiet, jobs=jobs),
+                      delete_cache=delete_cache, claims=claims)
     return Run(path)
 
 

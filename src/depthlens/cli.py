@@ -38,6 +38,8 @@ from .runs.failures import EXIT_FAILED_UNITS  # noqa: E402
 from .stages import STAGES, with_requirements  # noqa: E402
 
 RUN_HELP = "the main job: every stage on the chosen model and text"
+CENSUS_HELP = ("the chosen stages over every checkpoint of a series (a folder written by depthlens train, or a hub "
+               "id with --revisions), with the training-dynamics claims and report")
 #: Every option's default (the ``default`` preset), for help texts.
 _DEFAULTS = dict(RunConfig().items())
 
@@ -68,19 +70,20 @@ class _Hidden:
         self.parser.add_argument(*args, **{**kwargs, "help": argparse.SUPPRESS})
 
 
-def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
-    """The parser of ``depthlens NAME``: the run's options, then every stage's (listed in the
-    help for the stages this command runs, accepted but not listed for the others, so one
-    command line works for every stage and gives the same configuration and hash for
-    ``--resume``). Flags, help texts and defaults come from the options dataclasses."""
-    summary = RUN_HELP if name == "run" else STAGES[name].help
+def _stage_parser(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    """The parser of ``depthlens NAME`` (a stage, ``run`` or ``census``): the run's options,
+    then every stage's (listed in the help for the stages this command runs, accepted but not
+    listed for the others, so one command line works for every stage and gives the same
+    configuration and hash for ``--resume``). Flags, help texts and defaults come from the
+    options dataclasses."""
+    summary = {"run": RUN_HELP, "census": CENSUS_HELP}.get(name) or STAGES[name].help
     p = sub.add_parser(name, help=summary, description=summary)
     p.add_argument("--config", metavar="FILE", help="TOML file with run options; flags override it")
     p.add_argument("--preset", choices=PRESETS,
                    help="sizes of the run: quick (smoke run), default, paper (METHODS.md protocol); "
                         "explicit flags and --config values override it (default: default)")
     add_flags(p, RunOptions, _by_preset)
-    listed = list(STAGES) if name == "run" else with_requirements([name])
+    listed = list(STAGES) if name in ("run", "census") else with_requirements([name])
     for stage in STAGES.values():
         group = p.add_argument_group(f"{stage.name} stage") if stage.name in listed else _Hidden(p)
         add_flags(group, stage.options, _by_preset)
@@ -91,6 +94,18 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> None:
     group.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
     group.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p
+
+
+def _census_parser(sub: argparse._SubParsersAction) -> None:
+    """``depthlens census``: a run's options, every stage's, the census's own, and
+    ``--delete-cache``."""
+    from .census.options import CensusOptions
+
+    p = _stage_parser(sub, "census")
+    add_flags(p.add_argument_group("census"), CensusOptions)
+    p.add_argument("--delete-cache", action="store_true",
+                   help="remove each hub revision from the local Hugging Face cache once it is analysed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in ("run", *STAGES):
         _stage_parser(sub, name)
+    _census_parser(sub)
+    from .training.cli import add_parser as add_train_parser
+
+    add_train_parser(sub)
     sub.add_parser("models", help="list the embedded models and supported architecture families")
     sub.add_parser("doctor", help="check this machine: BLAS/LAPACK kernels and threads, compiled kernels against references")
     rep = sub.add_parser("report", help="re-render report.html of a run from its tables (no recomputation)")
@@ -148,6 +167,27 @@ def _stage(args: argparse.Namespace) -> None:
     print(disk_line(root))
 
 
+def _census(args: argparse.Namespace) -> None:
+    from .census.options import CensusOptions
+    from .census.runner import run_census
+    from .workflow import Execution
+
+    if args.quiet:
+        _silence_libraries()
+    options = flag_values(args, [RunOptions, *(s.options for s in STAGES.values())])
+    census_values = {k: v for k, v in flag_values(args, [CensusOptions]).items() if v is not None}
+    config = RunConfig.from_sources(args.config, preset=args.preset, **options)
+    census = CensusOptions(**census_values)
+    run_mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.NEW
+    if args.jobs < 1:
+        raise InputError(f"--jobs {args.jobs} is invalid; pass a positive number of worker processes.")
+    root = run_census(config, census, args.out, run_mode=run_mode, execution=Execution(quiet=args.quiet, jobs=args.jobs),
+                      delete_cache=args.delete_cache, claims=args.claims)
+    print(f"census directory: {root}")
+    print(f"report: {root / 'report.html'}")
+    print(disk_line(root))
+
+
 def _report(args: argparse.Namespace) -> None:
     from .report import render_report
     from .runs import read_manifest
@@ -186,6 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_doctor()
         elif args.command == "report":
             _report(args)
+        elif args.command == "census":
+            _census(args)
+        elif args.command == "train":
+            from .training.cli import main as train_main
+
+            train_main(args)
         else:
             _stage(args)
     except RunIncomplete as exc:

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["ARRAYS", "COLUMNS", "IDENTITY", "SCHEMA", "STAGES", "SUMMARIES", "TABLES", "ArrayFile", "Column",
-           "SchemaError", "Summary", "Table", "check_table", "conform_table", "describe", "main", "page", "pages",
-           "producer", "stage_of", "write_docs"]
+           "SchemaError", "Summary", "TRAINED", "Table", "check_table", "conform_table", "describe", "main", "page",
+           "pages", "producer", "stage_of", "trained_rows", "write_docs"]
 
 
 class Column(NamedTuple):
@@ -50,6 +50,10 @@ STAGES: dict[str, str] = {
     "contest": "METHODS A7 (the feature-family contest)",
     "jacobian": "METHODS B1–B4",
     "topology": "METHODS B5",
+    "census": "the training-dynamics claims over a checkpoint series (`depthlens census`, or a run with "
+              "`--revisions`)",
+    "train": "METHODS B6 (the checkpoint series `depthlens train` writes; the `training` table is its "
+             "`tables/training.parquet`, not a run's)",
 }
 
 # ----------------------------------------------------------------------------- shared columns
@@ -63,7 +67,8 @@ IDENTITY: dict[str, Column] = {
 }
 _ID = {
     "checkpoint": Column("Which weights: `trained` (the loaded model), `init` (the same architecture at "
-                         "initialisation, seeded from the run seed) or a hub revision name.", "text"),
+                         "initialisation, seeded from the run seed; not in the attention stage's tables) or a hub "
+                         "revision name of `--revisions`.", "text"),
     "layer": Column("Decoder layer, 0-based.", "integer"),
     "head": Column("Query head within the layer, 0-based (grouped-query attention: every query head has "
                    "its own matrix).", "integer"),
@@ -240,7 +245,7 @@ _PROBE = {
 
 _ATTENTION = {
     "heads": {
-        **_keys("layer", "head"),
+        **_keys("checkpoint", "layer", "head"),
         **{k: _per_head(k, c) for k, c in {**_PATTERN, **_MATRIX}.items()},
         "n_chunks": Column("Chunks the head's medians are taken over.", "count"),
         "plain_median": Column("The head's scale quantities (those aggregated by the median of logs) that fell back "
@@ -253,7 +258,7 @@ _ATTENTION = {
         "null_p": Column("Two-sided exact sign test over the null chunks that `delta_TR1` has median 0 (zeros "
                          "dropped; 1 when none remains).", "p-value; exact binomial"),
         "n_null_chunks": Column("Chunks with a null comparison (finite `delta_TR1`).", "count"),
-        "null_q": Column("Benjamini–Hochberg q-value of `null_p` over all heads of the model.", "q-value"),
+        "null_q": Column("Benjamini–Hochberg q-value of `null_p` over all heads of the checkpoint.", "q-value"),
         **_PROBE,
         "role": Column("Head role (METHODS A5): `routing` if `prev_token_score` or `induction_score` ≥ the routing "
                        "threshold (default 0.3); else `sink` if `sink_mass` ≥ the sink threshold (default 0.5); "
@@ -291,7 +296,7 @@ _ATTENTION = {
                                           "n, which confounds `induction_ratio`).", "ratio; null when undefined"),
     },
     "head_chunks": {
-        **_keys("layer", "head", "chunk"),
+        **_keys("checkpoint", "layer", "head", "chunk"),
         "extras": Column("Whether this chunk got the costlier extras (`psr_B@ε`, `TR4@ε`, numerical range): the "
                          "first `extras_chunks` chunks.", "boolean"),
         **_PATTERN,
@@ -300,11 +305,11 @@ _ATTENTION = {
         "failure": _FAILURE,
     },
     "head_probe": {
-        **_keys("layer", "head"),
+        **_keys("checkpoint", "layer", "head"),
         **_PROBE,
     },
     "depth": {
-        **_keys("chunk"),
+        **_keys("checkpoint", "chunk"),
         "operator": Column("Per-layer operator A_l of the product (METHODS A6): `mean` (head mean), `rollout` "
                            "(½(Ā_l + I)), `chain_routing` (per layer the head with the largest previous-token or "
                            "induction score), `chain_sink` (per layer the head with the largest sink mass).",
@@ -679,24 +684,93 @@ _OPTIONAL: dict[str, dict[str, str]] = {
 }
 
 
+_SERIES = {
+    "series": Column("The checkpoint series (`--model` of the census, or one of `--compare`; a run's own model "
+                     "for a run with `--revisions`).", "text"),
+    "checkpoint": Column("The checkpoint: its revision or `step-N` folder name (in a run with `--revisions`: "
+                         "`init`, a revision, or `trained`).", "text"),
+    "step": Column("Training step the checkpoint's name carries (`step-N`, `stepN`, `stage1-stepN-…`); NaN when it "
+                   "carries none.", "integer-valued"),
+    "order": Column("Index of the checkpoint in training order within its series, 0-based.", "integer"),
+}
+_CENSUS = {
+    "census_heads": {
+        **_SERIES,
+        **{c: _ID[c] for c in ("layer", "head")},
+        **{c: _ATTENTION["heads"][c] for c in ("role", "prev_token_score", "induction_score", "sink_mass", "TR1",
+                                               "delta_TR1", "null_q")},
+        "significant": Column("`null_q` ≤ 0.05: the head's excess reserve is significant at this checkpoint.",
+                              "boolean"),
+    },
+    "census": {
+        **_SERIES,
+        "status": Column("`done`; `incomplete` (some of its stages failed: what finished is used); `failed` (it "
+                         "could not be loaded or analysed: skipped, see `error`).", "text"),
+        "error": Column("One line saying what failed; empty when done.", "text"),
+        "family": Column("Architecture family of the checkpoint (empty when it failed to load).", "text"),
+        "norm": Column("Normalisation of its layers: `RMSNorm` or `LayerNorm` (from its modules).", "text"),
+        "loss": Column("Mean next-token cross-entropy on the census's chunks (every position but the last of each "
+                       "chunk), from the model's logits with log-softmax in float64; NaN in a run with "
+                       "`--revisions`.", "nats per token; exact to rounding"),
+        "erank_one_step": Column("Effective rank of the cumulative Jacobian after one step under the claims' "
+                                 "protocol (backward, rank-truncated, α = 1, the funnel's Jacobian mode).",
+                                 "dimensionless"),
+        "erank_full_depth": Column("Its effective rank at full depth (same protocol).", "dimensionless"),
+        "funnel_ratio": Column("`erank_full_depth` / `erank_one_step` (B2 on this checkpoint).", "dimensionless"),
+        "funnel_step0_over": Column("B3 on this checkpoint: the full-depth erank of the series' step-0 checkpoint "
+                                    "(else the first checkpoint's step-0 null) over this checkpoint's.",
+                                    "dimensionless"),
+        "coupling_significant": Column("FDR-significant coupling boundaries of this checkpoint (topology stage).",
+                                       "count"),
+        "coupling_tested": Column("Boundaries tested for coupling.", "count"),
+        "n_routing": Column("Heads with role `routing`.", "count"),
+        "n_sink": Column("Heads with role `sink`.", "count"),
+        "max_prev_token_score": Column("Largest previous-token score over heads.", "fraction in [0, 1]"),
+        "max_induction_score": Column("Largest induction score over heads.", "fraction in [0, 1]"),
+        "max_sink_mass": Column("Largest sink mass over heads.", "fraction in [0, 1]"),
+        "n_significant_reserve": Column("Heads with `null_q` ≤ 0.05 (either sign).", "count"),
+    },
+}
+
+
+_TRAIN = {
+    "training": {
+        "step": Column("Optimiser step s: the row's loss is that of the batch of step s before the update, its "
+                       "held-out loss that of the weights after it; 0 for the initial weights (no loss, no learning "
+                       "rate).", "integer"),
+        "tokens": Column("Tokens trained on through step s: s × batch size × sequence length (start tokens "
+                         "included).", "count"),
+        "loss": Column("Mean next-token cross-entropy of the step's batch (every position but the last of each "
+                       "sequence), repeated-block sequences included; NaN at step 0.",
+                       "nats per token; float32"),
+        "lr": Column("Learning rate of the step (linear warm-up, then cosine decay to a tenth); NaN at step 0.",
+                     "dimensionless"),
+        "heldout_loss": Column("Mean next-token cross-entropy of the held-out sequences (the end of the token "
+                               "stream, never trained on) under the weights after the step; NaN except at the "
+                               "checkpoint steps.", "nats per token; float32 per batch, float64 sum"),
+        "elapsed": Column("Wall seconds of training up to the step, summed over the sessions that made the series "
+                          "(a killed session's steps after its last checkpoint not counted).", "seconds"),
+    },
+}
 _STAGE_TABLES = {"capture": _CAPTURE, "attention": _ATTENTION, "ablate": _ABLATE, "clamp": _CLAMP, "contest": _CONTEST,
-                 "jacobian": _JACOBIAN, "topology": _TOPOLOGY}
+                 "jacobian": _JACOBIAN, "topology": _TOPOLOGY, "census": _CENSUS, "train": _TRAIN}
 _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
     "attention_patterns": (("layer", "head", "chunk"),
                            "One row per (layer, head, chunk): the pattern features of one attention matrix."),
     "attention_summary": (("layer", "head"), "One row per (layer, head): pattern features, median over chunks."),
     "residual_summary": (("chunk", "layer", "boundary"),
                          "One row per (chunk, boundary): magnitude summary of the residual stream."),
-    "heads": (("layer", "head"),
-              "One row per (layer, head): per-chunk quantities aggregated over chunks, null statistics, probe "
-              "scores, role, the certified Kreiss bracket and the induction-engagement ratio."),
-    "head_chunks": (("layer", "head", "chunk"),
-                    "One row per (layer, head, chunk): every METHODS A3 quantity of one attention matrix A and its "
-                    "Perron deflation B = A − P."),
-    "head_probe": (("layer", "head"), "One row per (layer, head): repeated-random-token probe scores."),
-    "depth": (("chunk", "operator", "source", "sample", "depth"),
-              "One row per (operator, chunk, source, sample, depth): the surviving deviation of a depth product "
-              "against its eigenvalue predictions."),
+    "heads": (("checkpoint", "layer", "head"),
+              "One row per (checkpoint, layer, head): per-chunk quantities aggregated over chunks, null statistics, "
+              "probe scores, role, the certified Kreiss bracket and the induction-engagement ratio."),
+    "head_chunks": (("checkpoint", "layer", "head", "chunk"),
+                    "One row per (checkpoint, layer, head, chunk): every METHODS A3 quantity of one attention matrix "
+                    "A and its Perron deflation B = A − P."),
+    "head_probe": (("checkpoint", "layer", "head"),
+                   "One row per (checkpoint, layer, head): repeated-random-token probe scores."),
+    "depth": (("checkpoint", "chunk", "operator", "source", "sample", "depth"),
+              "One row per (checkpoint, operator, chunk, source, sample, depth): the surviving deviation of a depth "
+              "product against its eigenvalue predictions."),
     "ablation": (("layer", "head", "method"),
                  "One row per (layer, head, ablation method): the head's ablation criticality on the held-out chunks."),
     "massive": (("chunk", "layer", "boundary", "position", "dim"),
@@ -727,6 +801,13 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
     "topology_profile": (("checkpoint", "gamma"), "One row per (checkpoint, γ): the resolution profile that chose γ."),
     "coupling": (("checkpoint", "boundary"),
                  "One row per (checkpoint, boundary): topology–dynamics coupling (METHODS B5)."),
+    "census_heads": (("series", "checkpoint", "layer", "head"),
+                     "One row per (series, checkpoint, head): the head's role, scores and reserve at that checkpoint."),
+    "census": (("series", "checkpoint"),
+               "One row per (series, checkpoint): its status, loss, funnel, coupling and role counts."),
+    "training": (("step",), "One row per optimiser step of a series trained by `depthlens train` (its `model` the "
+                 "series folder as given to `--out`, `revision` empty), with step 0: the training loss and learning "
+                 "rate, and the held-out loss at the checkpoints."),
 }
 
 #: Every table, by name, in report order.
@@ -739,7 +820,8 @@ SCHEMA: dict[str, Table] = {
 SUMMARIES: dict[str, Summary] = {s.name: s for s in (
     Summary("attention", "attention", "Role counts, Δ_TR statistics by role, the depth-product headline, "
             "`numerical_health` (`brackets`, `bracket_violations`, `uncertified`, `kreiss_A_flagged`: see "
-            "`kreiss_B_in_bracket`) and the stage's options."),
+            "`kreiss_B_in_bracket`) and the stage's options, all of the trained model; with `--revisions`, "
+            "`revisions` holds the same summary (without the options) of each revision analysed."),
     Summary("topology", "topology", "Significant layers per checkpoint at the FDR level `q_level`, and the "
             "boundaries tested per checkpoint."),
     Summary("interventions", "clamp", "The massive-activation clamp chain (METHODS A7): `clamp_chain` with `tested` "
@@ -753,7 +835,8 @@ SUMMARIES: dict[str, Summary] = {s.name: s for s in (
 
 #: Every kind of array file.
 ARRAYS: dict[str, ArrayFile] = {a.pattern: a for a in (
-    ArrayFile("pseudospectra", "attention", "σ_min grids of each head's median-chunk B (the report's contours)."),
+    ArrayFile("pseudospectra", "attention", "σ_min grids of each head's median-chunk B (the report's contours), "
+              "of the trained model."),
     ArrayFile("jacobians_<checkpoint>_<jacobian_mode>", "jacobian",
               "The mean sub-layer Jacobians of one checkpoint and mode, in the dtype of --save-arrays."),
 )}
@@ -765,6 +848,19 @@ COLUMNS: dict[str, dict[str, dict[str, Column]]] = {
 
 #: table → what one row of ``tables/TABLE.parquet`` is.
 TABLES: dict[str, str] = {name: t.row for name, t in SCHEMA.items()}
+
+
+#: The ``checkpoint`` of the model as loaded, in every table with that key.
+TRAINED = "trained"
+
+
+def trained_rows(table: "pd.DataFrame") -> "pd.DataFrame":
+    """The rows of ``table`` about the model as loaded (``checkpoint`` = :data:`TRAINED`), with a
+    fresh index; every row of a table without a ``checkpoint`` column (the attention stage's
+    tables of runs made before it had one)."""
+    if "checkpoint" not in table.columns:
+        return table
+    return table[table["checkpoint"] == TRAINED].reset_index(drop=True)
 
 
 class SchemaError(ValueError):

@@ -22,7 +22,7 @@ from .context import Execution, StageContext
 from .environment import environment_block
 from .errors import InputError, RunIncomplete, StorageError
 from .models import LoadedModel, load_model, random_config
-from .models.loading import spec_source
+from .models.loading import series_checkpoints, spec_source
 from .models.finite import check_finite_weights
 from .report import default_claims_path, load_claims, render_report
 from .report.claims import CLAIMS_COPY
@@ -56,7 +56,7 @@ class Prepared:
                 "tokens_sha256": hashlib.sha256(self.token_ids.numpy().tobytes()).hexdigest(),
                 "shape": list(self.token_ids.shape),
             },
-            "versions": _versions(),
+            "versions": package_versions(),
             "python": platform.python_version(),
             "environment": environment_block(),
         }
@@ -131,21 +131,21 @@ def run(
     DepthlensError
         Bad input found before the run directory was opened (nothing is written then).
     """
-    plan = check_plan(config, stages, in_memory=loaded is not None)  # before the model loads
-    claims_path = Path(claims) if claims is not None else default_claims_path()
-    load_claims(claims_path)  # a malformed file is refused before any work starts
-    claims_bytes = claims_path.read_bytes()
+    # before the model loads; a model loaded from a spec (a census checkpoint) is checked as that spec
+    plan = check_plan(config, stages, in_memory=loaded is not None and loaded.provenance.get("source") == "memory")
+    claims_bytes, claims_record = claims_registration(claims)  # a malformed file is refused before any work
     check_target(out, run_mode, config.hash())  # fail fast, before the model loads
     prepared = prepare(config, loaded)
     manifest = prepared.manifest()
-    manifest["claims"] = {"file": CLAIMS_COPY, "source": str(claims_path.resolve()),
-                          "sha256": hashlib.sha256(claims_bytes).hexdigest()}
+    manifest["claims"] = claims_record
     run_dir = RunDirectory.open(out, run_mode, manifest)
-    _register_claims(run_dir, claims_bytes)
+    register_claims(run_dir, claims_bytes)
     stopped = False
     try:
         for stage in plan:
             _run_stage(run_dir, stage, prepared, execution)
+        if config.revisions:
+            _write_census(run_dir, config)
     except StorageError:
         stopped = True  # a full disk or read-only file system: no report, it could not be written
         raise
@@ -161,7 +161,35 @@ def run(
     return run_dir.root
 
 
-def _register_claims(run_dir: RunDirectory, claims_bytes: bytes) -> None:
+def _write_census(run_dir: RunDirectory, config: RunConfig) -> None:
+    """The census tables of a run with ``--revisions`` (its init, revisions and trained
+    checkpoints in training order, :func:`depthlens.census.tables.run_points`), for the claims
+    and the report's part C."""
+    from .census.tables import census_tables, run_points
+    from .report.tables import RunTables
+    from .schema import conform_table
+
+    for name, table in census_tables(run_points(RunTables(run_dir.root)), config.text).items():
+        run_dir.write_table(name, conform_table(name, table))
+    run_dir.mark_stage("census", "done")
+
+
+def claims_registration(claims: str | Path | None) -> tuple[bytes, dict]:
+    """The bytes of the claims file ``claims`` (default: the packaged one), validated, and the
+    manifest's record of it (``file``: the run's copy, ``source``, ``sha256``).
+
+    Raises
+    ------
+    InputError
+        A missing or malformed claims file.
+    """
+    path = Path(claims) if claims is not None else default_claims_path()
+    load_claims(path)
+    data = path.read_bytes()
+    return data, {"file": CLAIMS_COPY, "source": str(path.resolve()), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def register_claims(run_dir: RunDirectory, claims_bytes: bytes) -> None:
     """Copy the registered claims file into the run (``RUN/claims.toml``) unless it is there.
 
     A new or overwritten run registers ``claims_bytes`` (their hash is in its manifest). A
@@ -237,8 +265,8 @@ def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False
     """Check the whole plan before any model loads and return it: ``stages`` with the stages
     they need put first (:func:`depthlens.stages.with_requirements`). Every stage of the plan
     checks its sizes against the configuration (its module's ``check``), a ``random:`` spec is
-    parsed, and ``--revision``/``--revisions`` are refused for a model that is not a hub id
-    (an in-memory model, ``in_memory``, has no revisions either).
+    parsed, and ``--revision``/``--revisions`` are refused for a model that is neither a hub id
+    nor a checkpoint series (an in-memory model, ``in_memory``, has no revisions either).
 
     Raises
     ------
@@ -249,13 +277,13 @@ def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False
     """
     plan = stages_registry.with_requirements(list(stages), config)
     source = "memory" if in_memory else spec_source(config.model)
-    if source in _KINDS:
+    if source in _KINDS and not (source == "local" and series_checkpoints(config.model)):  # a series has revisions
         what = f"--model {config.model!r} is {_KINDS[source]}"
         if config.revision:
             raise InputError(f"--revision {config.revision!r} only applies to hub ids, and {what}; drop --revision.")
         if config.revisions:
             raise InputError(f"--revisions {','.join(config.revisions)} only applies to hub ids, and {what}; "
-                             "drop --revisions (the step-0 null is analysed with --null init).")
+                             "drop --revisions (the jacobian stage analyses the step-0 null with --null init).")
     if source == "random":
         _, _, rest = config.model.strip().partition(":")
         family, _, overrides = rest.partition(":")
@@ -265,7 +293,8 @@ def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False
     return plan
 
 
-def _versions() -> dict[str, str]:
+def package_versions() -> dict[str, str]:
+    """The installed version of every package a run's numbers depend on (``absent`` when not installed)."""
     out = {}
     for name in PACKAGES:
         try:

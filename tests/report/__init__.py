@@ -25,7 +25,7 @@ from safetensors.numpy import save_file
 from depthlens.schema import ARRAYS, IDENTITY, SCHEMA, SUMMARIES, conform_table
 from depthlens.stages import STAGES
 
-ALL_STAGES = tuple(STAGES)
+ALL_STAGES = (*STAGES, "census")
 MALICIOUS = "<script>alert(1)</script>"
 IDENT = {"model": "synthetic:tiny", "revision": "", "text": "synthetic"}
 
@@ -89,7 +89,7 @@ def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str
     stages = tuple(stages)
     write_json(root, "manifest", {
         "config": {"model": model, "seed": 0, "chunks": chunks, "attention": {"null_chunks": 8, "null_mode": "spec"},
-                   "jacobian": {"revisions": ["step1000"]}, "topology": {"n_perm": 1000}},
+                   "revisions": ["step1000"], "topology": {"n_perm": 1000}},
         "config_hash": "0123456789abcdef",
         "created": "2026-01-01T00:00:00+00:00",
         "model": {"name": model, "revision": None, "family": "llama", "sha256": "ab" * 32},
@@ -111,10 +111,13 @@ def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str
         _jacobian(root, rng, ident)
     if "topology" in stages:
         _topology(root, boundaries, ident)
+    if "census" in stages:
+        _census(root, ident)
     return root
 
 
 def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra: bool, chunks: int) -> None:
+    ident = {**ident, "checkpoint": "trained"}  # every row is the model's as loaded
     roles = ["routing", "sink", "routing", "sink", "other", "sink", "routing", "sink",
              "routing", "other", "sink", "routing", "routing", "sink", "other", "other"]
     null_chunks = min(chunks, 8)
@@ -298,3 +301,36 @@ def _topology(root: Path, boundaries: int, ident: dict[str, str]) -> None:
     write_table(root, "coupling", pd.DataFrame(rows), ident)
     write_json(root, "topology", {"significant_layers": {"trained": (boundaries + 1) // 2, "init": 0},
                                   "n_boundaries": {"trained": boundaries, "init": boundaries}, "q_level": 0.05})
+
+
+def _census(root: Path, ident: dict[str, str]) -> None:
+    """Two series (RMSNorm, LayerNorm) of 8 checkpoints of 16 heads: every head forms at
+    checkpoint 2 or 3 and consolidates two checkpoints later (C1 supported), the full-depth
+    erank falls tenfold (C2) and the significant coupling boundaries rise (C3)."""
+    steps = [0, 1, 4, 16, 64, 256, 1024, 4096]
+    head_rows, rows = [], []
+    for series, norm in (("series-rms", "RMSNorm"), ("series-ln", "LayerNorm")):
+        for k, step in enumerate(steps):
+            key = {"model": series, "revision": f"step-{step}", "series": series, "checkpoint": f"step-{step}",
+                   "step": float(step), "order": k}
+            for h in range(16):
+                sink = h % 4 == 3
+                formed = k >= 2 + h % 2
+                consolidated = k >= 4 + h % 2
+                score = 0.7 if formed else 0.1
+                head_rows.append({**key, "layer": h // 4, "head": h % 4,
+                                  "role": ("sink" if sink else "routing") if formed else "other",
+                                  "prev_token_score": 0.05 if sink else score, "induction_score": 0.02,
+                                  "sink_mass": score if sink else 0.1, "TR1": 1.0,
+                                  "delta_TR1": (-0.4 if sink else 0.4) if consolidated else 0.01,
+                                  "null_q": 0.001 if consolidated else 0.6,
+                                  "significant": consolidated})
+            rows.append({**key, "status": "done", "error": "", "family": "llama", "norm": norm,
+                         "loss": 5.0 - 0.5 * k, "erank_one_step": 100.0, "erank_full_depth": 60.0 / (1 + k),
+                         "funnel_ratio": 0.6 / (1 + k), "funnel_step0_over": 1.0 + k,
+                         "coupling_significant": float(k), "coupling_tested": 8.0,
+                         "n_routing": 12.0 if k >= 2 else 0.0, "n_sink": 4.0 if k >= 2 else 0.0,
+                         "max_prev_token_score": 0.7, "max_induction_score": 0.02, "max_sink_mass": 0.7,
+                         "n_significant_reserve": 16.0 if k >= 5 else 0.0})
+    write_table(root, "census_heads", pd.DataFrame(head_rows), ident)
+    write_table(root, "census", pd.DataFrame(rows), ident)

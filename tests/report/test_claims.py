@@ -29,7 +29,8 @@ from . import build_run, drop_stage, read_json, read_table, set_stage, write_jso
 DEFAULT_IDS = ["A2-eig-gap-contrast", "A4-induction-doubling", "A5-routing-positive", "A5b-routing-tracks-prev-token",
                "A6-sink-negative", "A7-clamp-chain", "A7-contest-resolvent-required",
                "A7-criticality-unpredicted", "B1-complex-early", "B1b-symmetric-late", "B2-funnel-trained",
-               "B3-funnel-learned", "B4-funnel-schur", "B5-coupling-rise", "B5b-coupling-sign", "B6-coupling-init"]
+               "B3-funnel-learned", "B4-funnel-schur", "B5-coupling-rise", "B5b-coupling-sign", "B6-coupling-init",
+               "C1-consolidation-after-formation", "C2-funnel-learned-census", "C3-coupling-trend"]
 
 
 def verdicts(run: Path) -> dict[str, str]:

@@ -110,13 +110,14 @@ def test_stage_not_run_and_failed(tmp_path):
     drop_stage(run, "jacobian")
     set_stage(run, "jacobian", "failed")
     text = render_report(run).read_text()
-    part_b = text[text.index('id="part-b"'): text.index('id="provenance"')]
+    part_b = text[text.index('id="part-b"'): text.index('id="part-c"')]
     assert "Stage <b>topology</b>" in part_b and "not run" in part_b
     assert "Stage <b>jacobian</b>" in part_b and "failed" in part_b
     assert "Topology–dynamics coupling: not available — stage topology not run" in part_b
     part_a = text[text.index('id="part-a"'): text.index('id="part-b"')]
     assert "arrays/pseudospectra.safetensors is absent" in part_a
-    assert len(IMG.findall(text)) == 5  # transient reserve, depth products, criticality, clamp dose, contest
+    # transient reserve, depth products, criticality, clamp dose, contest, and the census's four
+    assert len(IMG.findall(text)) == 9
     assert "stage jacobian failed: tables/operators.parquet is absent" in part_b
     claims = {r["id"]: r["verdict"] for r in json.loads((run / "claims.json").read_text())["results"]}
     assert claims["B5-coupling-rise"] == claims["B6-coupling-init"] == "not tested"
@@ -175,11 +176,14 @@ def test_report_in_headless_chromium(report, tmp_path):
 
 
 def test_every_table_section_links_its_docs_page_and_has_a_glossary(report):
+    from depthlens.report.html import PARTS
     from depthlens.schema import COLUMNS, pages
 
     path, text = report
-    for stage, tables in COLUMNS.items():
-        for name in tables:
+    reported = [stage for _, stages, _ in PARTS.values() for stage in stages]
+    assert set(COLUMNS) - set(reported) == {"train"}  # a training series is no run: its table has no section
+    for stage in reported:
+        for name in COLUMNS[stage]:
             start = text.index(f'id="table-{name}"')
             section = text[start: text.index("</details>", start)]
             assert f'href="docs/{stage}.md#{name}"' in section

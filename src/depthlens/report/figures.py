@@ -40,6 +40,8 @@ from matplotlib.ticker import MaxNLocator
 
 from ..runs.atomic import atomic_path
 from .canvas import DPI, ROLE_COLOURS, Skip, need, new_figure
+from .census_figures import CAPTIONS as CENSUS_CAPTIONS
+from .census_figures import draw_census_coupling, draw_census_formation, draw_census_funnel, draw_census_norms
 from .intervention_figures import CAPTIONS as INTERVENTION_CAPTIONS
 from .intervention_figures import draw_clamp_dose, draw_contest, draw_criticality
 from .tables import RunTables
@@ -112,11 +114,12 @@ CAPTIONS: dict[str, str] = {
 
 
 CAPTIONS.update(INTERVENTION_CAPTIONS)
+CAPTIONS.update(CENSUS_CAPTIONS)
 
 
 @dataclass(frozen=True)
 class FigureSpec:
-    """A figure: its name, report part (``A``/``B``), title, the run outputs it reads and
+    """A figure: its name, report part (``A``/``B``/``C``), title, the run outputs it reads and
     its drawing function ``draw(tables) -> Figure`` (raising :class:`Skip` when it cannot)."""
 
     name: str
@@ -164,7 +167,7 @@ _PICKED_BY = {"routing": "largest previous-token/induction score", "sink": "larg
 
 def _head_role(t: RunTables, meta: dict[str, str], pick: str) -> str | None:
     """The role (heads.parquet) of the head of panel ``pick``, or None when unknown."""
-    heads = t.table("heads")
+    heads = t.trained("heads")
     if heads is None or not {"layer", "head", "role"} <= set(heads.columns):
         return None
     try:
@@ -226,7 +229,7 @@ def draw_pseudospectra(t: RunTables) -> Figure:
 
 
 def draw_transient_reserve(t: RunTables) -> Figure:
-    df = need(t.table("heads"), "heads.parquet", "TR1", "null_TR1_mean")
+    df = need(t.trained("heads"), "heads.parquet", "TR1", "null_TR1_mean")
     df = df[np.isfinite(df["TR1"].astype(float)) & np.isfinite(df["null_TR1_mean"].astype(float))]
     if df.empty:
         raise Skip("no head has both TR1 and a null mean")
@@ -255,7 +258,7 @@ _OPERATOR_ORDER = ("mean", "rollout", "chain_routing", "chain_sink")
 
 
 def draw_depth_products(t: RunTables) -> Figure:
-    df = need(t.table("depth"), "depth.parquet", "operator", "source", "depth", "norm_D", "e1", "e2")
+    df = need(t.trained("depth"), "depth.parquet", "operator", "source", "depth", "norm_D", "e1", "e2")
     ops = sorted(pd.unique(df["operator"]).astype(str), key=lambda o: (o not in _OPERATOR_ORDER,
                  _OPERATOR_ORDER.index(o) if o in _OPERATOR_ORDER else 0, o))
     fig = new_figure(4.3 * min(len(ops), 2), 3.6 * math.ceil(len(ops) / 2))
@@ -511,6 +514,12 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec("schur_split", "B", "The Schur split at full depth, per Schur order", ("cumulative",),
                draw_schur_split),
     FigureSpec("coupling", "B", "Topology–dynamics coupling", ("coupling",), draw_coupling),
+    FigureSpec("census_formation", "C", "Formation against consolidation over training", ("census_heads",),
+               draw_census_formation),
+    FigureSpec("census_funnel", "C", "The funnel over training", ("census",), draw_census_funnel),
+    FigureSpec("census_coupling", "C", "Coupling over training", ("census",), draw_census_coupling),
+    FigureSpec("census_norms", "C", "Where heads and reserve sit, per series", ("census_heads", "census"),
+               draw_census_norms),
 )
 SPECS = {spec.name: spec for spec in FIGURES}
 

@@ -36,7 +36,7 @@ from .claims import (
 )
 from .figures import FIGURES, build_figures
 from .health import numerical_health
-from .statistics import SAMPLE_UNITS
+from .statistics import SAMPLE_UNITS, STATISTICS
 from .tables import STATUS_TEXT, RunTables
 
 REPORT = "report.html"
@@ -52,7 +52,13 @@ PARTS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "B": ("Part B. Spectral geometry of the residual stream", ("jacobian", "topology"),
           "Mean sub-layer Jacobians, their spectra, the cumulative funnel with the Schur split, and "
           "the coupling of activation topology to Jacobian amplification (METHODS B1–B6)."),
+    "C": ("Part C. Training dynamics", ("census",),
+          "The checkpoint census: head roles and reserve, the funnel and the coupling at every checkpoint of a "
+          "series in training order (depthlens census, or a run with --revisions), and where heads sit in each "
+          "series compared."),
 }
+#: Tables a census directory holds: its report shows only the claims that read nothing else.
+CENSUS_TABLES = ("census", "census_heads")
 VERDICT_COLOURS = {"supported": "#1a7f37", "falsified": "#cf222e", "inconclusive": "#bf8700",
                    "not tested": "#6e7781"}
 #: An inconclusive verdict because the run's sample is below the claim's minimum.
@@ -143,20 +149,26 @@ def _page(tables: RunTables, results: list[dict], figures: Mapping[str, tuple[Pa
           claims_file: Path, registered: str | None = None) -> str:
     manifest = tables.manifest
     model = (manifest.get("model") or {}).get("name") or (manifest.get("config") or {}).get("model") or "unknown model"
+    census = manifest.get("kind") == "census"
+    if census:  # a census directory: its own claims and part C only
+        results = [r for r in results if set(STATISTICS[r["statistic"]].needs) <= set(CENSUS_TABLES)]
+    title = f"depthlens {'census' if census else 'report'}: {model}"
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>depthlens report: {esc(model)}</title>",
+        f"<title>{esc(title)}</title>",
         f"<style>{_CSS}</style></head><body>",
-        f"<h1>depthlens report: {esc(model)}</h1>",
+        f"<h1>{esc(title)}</h1>",
         _meta_line(manifest, claims_file),
         _rescored_banner(claims_file, registered),
         _claims_section(results, claims_file, registered),
-        _health_section(tables),
+        "" if census else _health_section(tables),
         _stages_section(tables),
     ]
     for key, (title, stages, blurb) in PARTS.items():
+        if (key == "C") != census and not (key == "C" and tables.has("census")):
+            continue  # part C when the run has census tables; a census has nothing else
         parts.append(_part_section(key, title, stages, blurb, tables, figures))
     parts.append(_provenance_section(manifest))
     parts.append("</body></html>")
@@ -318,8 +330,10 @@ def _part_section(key: str, title: str, stages: tuple[str, ...], blurb: str, tab
     if key == "A":
         out.append(_attention_summary(tables))
         out.append(_interventions_summary(tables))
-    else:
+    elif key == "B":
         out.append(_residual_summary(tables))
+    else:
+        out.append(_census_summary(tables))
     for spec in (s for s in FIGURES if s.part == key):
         path, why = figures.get(spec.name, (None, "not drawn"))
         out.append(_figure_html(spec.name, spec.title, spec.caption, path, why))
@@ -347,7 +361,7 @@ def _attention_summary(tables: RunTables) -> str:
         html_ += ("<h3>Eigenvalue-prediction error at the final depth (median log10 ‖D‖/E)</h3>"
                   "<table><thead><tr><th>operator</th><th>source</th><th>gap E1</th><th>gap E2</th></tr></thead>"
                   "<tbody>" + "".join(rows) + "</tbody></table>")
-    heads = tables.table("heads")
+    heads = tables.trained("heads")
     if heads is not None and {"layer", "head", "delta_TR1"} <= set(heads.columns):
         cols = [c for c in ("layer", "head", "role", "sink_mass", "prev_token_score", "induction_score", "TR1",
                             "null_TR1_mean", "delta_TR1", "null_q") if c in heads.columns]
@@ -410,6 +424,35 @@ def _residual_summary(tables: RunTables) -> str:
         if cols:
             mean = ops.groupby(["checkpoint", "jacobian_mode"])[cols].median().reset_index()
             out.append("<h3>Operator metrics (median over the attention and MLP sub-layers)</h3>" + _df_table(mean))
+    return "\n".join(out)
+
+
+def _census_summary(tables: RunTables) -> str:
+    """The checkpoints of the census (status, loss, funnel, coupling, roles), the onsets per
+    head group, and where heads sit in each series when there are several."""
+    from ..census.onsets import head_onsets
+    from .census_figures import norm_placement
+
+    census = tables.table("census")
+    if census is None:
+        return f'<p class="unavailable">Census not available ({esc(tables.why_missing("census"))}).</p>'
+    cols = [c for c in ("series", "checkpoint", "step", "status", "loss", "erank_full_depth", "funnel_step0_over",
+                        "coupling_significant", "n_routing", "n_sink", "max_prev_token_score", "max_induction_score",
+                        "error") if c in census.columns]
+    out = ["<h3>Checkpoints</h3>" + _df_table(census[cols])]
+    heads = tables.table("census_heads")
+    if heads is not None and len(heads):
+        first = heads[heads["series"] == heads["series"].iloc[0]]
+        onsets = head_onsets(first)
+        if len(onsets):
+            summary = onsets.groupby("group").agg(
+                heads=("head", "size"), formed=("formation_step", "count"),
+                median_formation_step=("formation_step", "median"), consolidated=("consolidation_step", "count"),
+                median_consolidation_step=("consolidation_step", "median"), median_lag=("lag", "median")).reset_index()
+            out.append("<h3>Onsets per head group (primary series)</h3>" + _df_table(summary))
+        if heads["series"].nunique() > 1:
+            out.append("<h3>Where heads and reserve sit, per series (last checkpoint)</h3>"
+                       + _df_table(norm_placement(heads, census)))
     return "\n".join(out)
 
 

@@ -31,6 +31,8 @@ SAMPLE_UNITS = {
     "boundaries": "sub-layer boundaries",
     "permutations": "label permutations",
     "layers": "layers (the contest's folds and bootstrap clusters)",
+    "paired_heads": "heads with both a formation and a consolidation onset",
+    "checkpoints": "checkpoints",
 }
 
 
@@ -164,7 +166,7 @@ def _run_chunks(t: RunTables) -> int | None:
 def _distinct_depth_chunks(source: str) -> SampleCounter:
     """Chunks of the mean-head depth products with ``source`` rows at the final depth."""
     def count(t: RunTables) -> int | None:
-        df = t.table("depth")
+        df = t.trained("depth")
         if df is None or not {"operator", "source", "depth", "chunk"} <= set(df.columns):
             return None
         df = df[(df["operator"] == "mean") & (df["source"] == source)]
@@ -177,7 +179,7 @@ def _role_heads(role: str, finite: str | None = None) -> SampleCounter:
     """Heads of ``role`` (with a finite ``finite`` column when given) in heads.parquet, else
     the role counts of attention.json."""
     def count(t: RunTables) -> int | None:
-        heads = t.table("heads")
+        heads = t.trained("heads")
         if heads is not None and "role" in heads.columns:
             sel = heads[heads["role"] == role]
             if finite is None:
@@ -196,13 +198,13 @@ def _null_chunks_of(role: str) -> SampleCounter:
     ``n_null_chunks`` over the heads of ``role``; else the chunks with a finite per-chunk
     ``delta_TR1``; else min(chunks, null_chunks) of the manifest."""
     def count(t: RunTables) -> int | None:
-        heads = t.table("heads")
+        heads = t.trained("heads")
         if heads is not None and {"role", "n_null_chunks"} <= set(heads.columns):
             n = _numeric(heads.loc[heads["role"] == role, "n_null_chunks"])
             n = n[~np.isnan(n)]
             if n.size:
                 return int(n.min())
-        chunks = t.table("head_chunks")
+        chunks = t.trained("head_chunks")
         if chunks is not None and {"chunk", "delta_TR1"} <= set(chunks.columns):
             return int(chunks.loc[np.isfinite(_numeric(chunks["delta_TR1"])), "chunk"].nunique())
         known = [n for n in (_run_chunks(t), _config_count(t, "null_chunks")) if n is not None]
@@ -212,7 +214,7 @@ def _null_chunks_of(role: str) -> SampleCounter:
 
 
 def _simple_matrices(t: RunTables) -> int | None:
-    df = t.table("head_chunks")
+    df = t.trained("head_chunks")
     if df is None or "perron_simple" not in df.columns:
         return None
     return int((_numeric(df["perron_simple"]) == 1.0).sum())
@@ -256,7 +258,7 @@ _JACOBIAN_CHUNKS = {"chunks": _run_chunks}  # mean Jacobians average over every 
           "Fraction of attention matrices with a simple Perron root whose K(A) reaches √n "
           "(column kreiss_A_ok of head_chunks).", samples={"matrices": _simple_matrices})
 def _kreiss_pinned(t: RunTables) -> float:
-    df = t.table("head_chunks")
+    df = t.trained("head_chunks")
     _columns(df, "head_chunks", "perron_simple", "kreiss_A_ok")
     simple = df[_numeric(df["perron_simple"]) == 1.0]
     if simple.empty:
@@ -266,7 +268,7 @@ def _kreiss_pinned(t: RunTables) -> float:
 
 def _final_gaps(t: RunTables, which: str = "gap_e1") -> pd.DataFrame:
     """Final-depth rows of the mean-head depth products (both sources)."""
-    df = _select(t.table("depth"), "depth.parquet", operator="mean")
+    df = _select(t.trained("depth"), "depth.parquet", operator="mean")
     _columns(df, "depth.parquet", "source", "chunk", "sample", "depth", which)
     return df[df["depth"] == df["depth"].max()]
 
@@ -332,7 +334,7 @@ def _contrast_p(t: RunTables) -> float:
 
 def _routing_median(column: str) -> Callable[[RunTables], float]:
     def stat(t: RunTables) -> float:
-        df = t.table("heads")
+        df = t.trained("heads")
         _columns(df, "heads.parquet", "role", column)
         routing = df[df["role"] == "routing"]
         if routing.empty:
@@ -394,7 +396,7 @@ def _signed_significant(role: str, sign: int, column: str = "delta_TR1", first_c
     ``sign`` and a BH-significant sign test over the chunks with nulls (all heads form the BH
     family, as in the stage), optionally on the first ``first_chunks`` chunks only."""
     def stat(t: RunTables) -> float:
-        chunks, heads = t.table("head_chunks"), t.table("heads")
+        chunks, heads = t.trained("head_chunks"), t.trained("heads")
         _columns(chunks, "head_chunks.parquet", "layer", "head", "chunk", column)
         _columns(heads, "heads.parquet", "layer", "head", "role")
         if first_chunks is not None:
@@ -440,7 +442,7 @@ def _tracks_prev_p(t: RunTables) -> float:
 
 
 def _routing_spearman(t: RunTables) -> tuple[float, float]:
-    df = t.table("heads")
+    df = t.trained("heads")
     _columns(df, "heads.parquet", "role", "delta_TR1", "prev_token_score")
     routing = df[df["role"] == "routing"]
     return _finite_spearman(_numeric(routing["delta_TR1"]), _numeric(routing["prev_token_score"]),
@@ -611,7 +613,7 @@ def _funnel_curve(t: RunTables, checkpoint: str, alpha: float, direction: str, t
     return df.sort_values("steps")
 
 
-def _funnel_ends(t: RunTables, checkpoint: str, alpha: float = 1.0, direction: str = "backward",
+def funnel_ends(t: RunTables, checkpoint: str, alpha: float = 1.0, direction: str = "backward",
                  truncated: bool = True, schur_order: str = "lapack", jacobian_mode: str | None = None
                  ) -> tuple[float, float]:
     """``(erank after one step, erank at full depth)`` of a curve (:func:`_funnel_curve`)."""
@@ -635,7 +637,7 @@ for _suffix, (_direction, _truncated, _mode) in _PROTOCOLS.items():
     def _ratio(checkpoint: str, direction: str = _direction, truncated: bool = _truncated,
                mode: str | None = _mode) -> Callable:
         def stat(t: RunTables) -> float:
-            first, last = _funnel_ends(t, checkpoint, 1.0, direction, truncated, jacobian_mode=mode)
+            first, last = funnel_ends(t, checkpoint, 1.0, direction, truncated, jacobian_mode=mode)
             return last / first
 
         return stat
@@ -643,7 +645,7 @@ for _suffix, (_direction, _truncated, _mode) in _PROTOCOLS.items():
     def _init_over_trained(direction: str = _direction, truncated: bool = _truncated,
                            mode: str | None = _mode) -> Callable:
         def stat(t: RunTables) -> float:
-            return _funnel_ends(t, "init", 1.0, direction, truncated, jacobian_mode=mode)[1] / _funnel_ends(
+            return funnel_ends(t, "init", 1.0, direction, truncated, jacobian_mode=mode)[1] / funnel_ends(
                 t, "trained", 1.0, direction, truncated, jacobian_mode=mode)[1]
 
         return stat
@@ -663,8 +665,8 @@ for _suffix, (_direction, _truncated, _mode) in _PROTOCOLS.items():
 def _schur_removed(schur_order: str, direction: str = "backward", truncated: bool = True,
                    jacobian_mode: str | None = None) -> Callable:
     def stat(t: RunTables) -> float:
-        first1, last1 = _funnel_ends(t, "trained", 1.0, direction, truncated, jacobian_mode=jacobian_mode)
-        first0, last0 = _funnel_ends(t, "trained", 0.0, direction, truncated, schur_order, jacobian_mode)
+        first1, last1 = funnel_ends(t, "trained", 1.0, direction, truncated, jacobian_mode=jacobian_mode)
+        first0, last0 = funnel_ends(t, "trained", 0.0, direction, truncated, schur_order, jacobian_mode)
         fall1, fall0 = -math.log(last1 / first1), -math.log(last0 / first0)
         if not fall1 > 0:
             raise TooLittleData("no funnel at α = 1 to remove")
@@ -694,9 +696,10 @@ def _significant(t: RunTables, checkpoint: str) -> pd.Series:
 
 def checkpoint_order(t: RunTables) -> list[str]:
     """The run's checkpoints in training order: ``init`` (step 0), the extra revisions as the
-    run listed them, then ``trained`` (the final weights)."""
+    run listed them (a run option; in the jacobian section of runs made before), then
+    ``trained`` (the final weights)."""
     config = t.manifest.get("config") or {}
-    revisions = (config.get("jacobian") or {}).get("revisions") or []
+    revisions = config.get("revisions") or (config.get("jacobian") or {}).get("revisions") or []
     return ["init", *[str(r) for r in revisions], "trained"]
 
 
@@ -774,3 +777,6 @@ def _symmetry_gap(t: RunTables) -> float:
     values = [_median(_numeric(_early_operators(t, ("attn", "mlp"), c)["symmetry_update"]), f"{c} symmetry")
               for c in ("init", "trained")]
     return values[0] - values[1]
+
+
+from . import census_statistics  # noqa: E402,F401  (registers the census statistics)

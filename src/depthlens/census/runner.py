@@ -1,0 +1,255 @@
+"""``depthlens census``: the chosen stages over every checkpoint of a series, one checkpoint at
+a time, each an ordinary run directory under ``OUT/checkpoints/SERIES/CHECKPOINT``.
+
+Layout of a census directory (itself a depthlens run directory: manifest, index, ``--resume``
+and ``--overwrite`` as for a run)::
+
+    OUT/manifest.json            the census configuration, its series and checkpoints
+    OUT/checkpoints/S/C/         one run per checkpoint (every table of its stages)
+    OUT/tables/census.parquet    one row per checkpoint: status, loss, funnel, coupling counts
+    OUT/tables/census_heads.parquet  one row per (checkpoint, head): roles, scores, TR, Δ_TR, q
+    OUT/report.html              census claims (C1–C3), figures, the series comparison
+
+A checkpoint that cannot be loaded or analysed is recorded (``status`` ``failed`` with its
+one-line error, the traceback in ``logs/census.log``), announced in one line, and skipped; the
+census goes on. A finished checkpoint is a unit of the census: ``--resume`` skips it, and
+resumes a checkpoint's own run where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ..config import RunConfig
+from ..context import Execution
+from ..errors import DepthlensError, RunIncomplete, one_line
+from ..models import LoadedModel, load_model
+from ..models.finite import check_finite_weights
+from ..report.tables import RunTables
+from ..runs import RunDirectory, RunMode, check_target
+from ..runs.directory import not_a_run, read_manifest, remove_run_files
+from ..runs.failures import fatal
+from ..schema import conform_table
+from .options import CensusOptions
+from .series import Checkpoint, label_of, resolve_series
+from .tables import Point, census_tables
+
+__all__ = ["STAGE", "census_hash", "mean_loss", "run_census"]
+
+STAGE = "census"
+KIND = "census"
+
+
+def mean_loss(loaded: LoadedModel, token_ids: torch.Tensor, batch_size: int) -> float:
+    """Mean next-token cross-entropy of ``loaded`` on ``token_ids`` (nats per predicted token):
+    the model's own logits, ``log_softmax`` in float64, every position but the last of every
+    chunk predicting the next token (exact to float64 rounding of the logits given)."""
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for start in range(0, token_ids.shape[0], batch_size):
+            ids = token_ids[start : start + batch_size]
+            logp = torch.log_softmax(loaded.adapter.logits(ids)[:, :-1].to(torch.float64), dim=-1)
+            picked = logp.gather(-1, ids[:, 1:].unsqueeze(-1).to(logp.device)).squeeze(-1)
+            total -= float(picked.sum())
+            count += picked.numel()
+    return total / count if count else math.nan
+
+
+def norm_kind(loaded: LoadedModel) -> str:
+    """``RMSNorm`` or ``LayerNorm``: the kind of normalisation the model's layers use (from
+    its modules' class names), else the first norm class found, or ``unknown``."""
+    names = [type(m).__name__ for m in loaded.model.modules() if type(m).__name__.lower().endswith("norm")]
+    for kind in ("RMSNorm", "LayerNorm"):
+        if any(name.endswith(kind) for name in names):
+            return kind
+    return names[0] if names else "unknown"
+
+
+def census_hash(config: RunConfig, options: CensusOptions) -> str:
+    """A short stable hash of a census configuration (16 hex digits of SHA-256)."""
+    blob = json.dumps({"run": config.to_dict(), "census": dataclasses.asdict(options)}, sort_keys=True, default=list)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _series(config: RunConfig, options: CensusOptions) -> dict[str, list[Checkpoint]]:
+    """Every series of the census (``--model``, then ``--compare``), resolved."""
+    out: dict[str, list[Checkpoint]] = {}
+    for spec in (config.model, *options.compare):
+        if spec in out:
+            continue
+        local = Path(spec).expanduser().is_dir()
+        out[spec] = resolve_series(spec, () if local and spec != config.model else config.revisions)
+    return out
+
+
+def _folders(series: dict[str, list[Checkpoint]]) -> dict[str, str]:
+    """A distinct folder name per series, from its folder or hub name."""
+    names: dict[str, str] = {}
+    for spec in series:
+        base = label_of(Path(spec).name or spec.replace("/", "_"))
+        name, k = base, 2
+        while name in names.values():
+            name, k = f"{base}-{k}", k + 1
+        names[spec] = name
+    return names
+
+
+def _point_config(config: RunConfig, ckpt: Checkpoint, with_null: bool) -> RunConfig:
+    """The run configuration of one checkpoint: the census's, on that checkpoint, without
+    revisions, and with the step-0 null only where the series has no step-0 checkpoint."""
+    values = dict(config.items())
+    values.update(model=ckpt.spec, revision=ckpt.revision, revisions=(),
+                  null=values["null"] if with_null else "none")
+    return RunConfig(preset=config.preset, **values)
+
+
+def _configs(config: RunConfig, series: dict[str, list[Checkpoint]]) -> dict[tuple[str, str], RunConfig]:
+    out = {}
+    for spec, ckpts in series.items():
+        has_step0 = any(c.step == 0 for c in ckpts)
+        for k, ckpt in enumerate(ckpts):
+            out[(spec, ckpt.label)] = _point_config(config, ckpt, with_null=k == 0 and not has_step0)
+    return out
+
+
+def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_mode: RunMode = RunMode.NEW,
+               execution: Execution = Execution(), delete_cache: bool = False,
+               claims: str | Path | None = None) -> Path:
+    """Run the census of ``config.model`` (and ``options.compare``) into ``out``; return its path.
+
+    Every input is checked before anything is written: the series resolve, every stage's
+    sizes pass (:func:`depthlens.workflow.check_plan` on the first checkpoint's
+    configuration), and ``out`` suits ``run_mode``. Then each checkpoint runs as its own run
+    (:func:`depthlens.workflow.run`, with the model loaded once for it and its loss), the
+    census tables are written and the report rendered.
+
+    Parameters
+    ----------
+    delete_cache : bool
+        Remove each hub revision from the local Hugging Face cache once analysed (local
+        series are never touched).
+    claims : str or Path, optional
+        The claims file (default: the packaged one), registered with the census as with a run
+        (its copy ``OUT/claims.toml`` scores the census claims C1–C3).
+
+    Raises
+    ------
+    DepthlensError
+        Bad input, before anything is written.
+    StorageError
+        A full disk or read-only file system (the census stops; ``--resume`` continues).
+    """
+    from ..report.html import render_report
+    from ..environment import environment_block
+    from ..workflow import check_plan, claims_registration, package_versions, register_claims
+
+    claims_bytes, claims_record = claims_registration(claims)
+    series = _series(config, options)
+    configs = _configs(config, series)
+    plan = check_plan(next(iter(configs.values())), options.census_stages)
+    digest = census_hash(config, options)
+    check_target(out, run_mode, digest)
+    root = Path(out)
+    if run_mode is RunMode.OVERWRITE and root.is_dir() and not_a_run(root) is None:
+        _remove_checkpoint_runs(root)
+    folders = _folders(series)
+    manifest = {"kind": KIND, "config": config.to_dict(), "census": dataclasses.asdict(options),
+                "config_hash": digest, "plan": plan, "claims": claims_record,
+                "series": {spec: {"folder": folders[spec], "checkpoints": [dataclasses.asdict(c) for c in ckpts]}
+                           for spec, ckpts in series.items()},
+                "versions": package_versions(), "environment": environment_block()}
+    run_dir = RunDirectory.open(root, run_mode, manifest)
+    register_claims(run_dir, claims_bytes)
+    run_dir.mark_stage(STAGE, "running")
+    points: list[Point] = []
+    total = sum(len(c) for c in series.values())
+    for spec, ckpts in series.items():
+        for ckpt in ckpts:
+            _say(execution, f"census: {folders[spec]} {ckpt.label} ({len(points) + 1}/{total})")
+            points.append(_visit(run_dir, spec, folders[spec], ckpt, configs[(spec, ckpt.label)], plan, execution,
+                                 delete_cache))
+    for name, table in census_tables(points, config.text).items():
+        run_dir.write_table(name, conform_table(name, table))
+    failed = [p for p in points if p.status != "done"]
+    run_dir.mark_stage(STAGE, "done", **({"checkpoints_not_done": {p.checkpoint: p.error for p in failed}}
+                                         if failed else {}))
+    render_report(root, claims_path=claims)
+    return root
+
+
+def _say(execution: Execution, line: str) -> None:
+    if not execution.quiet:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _remove_checkpoint_runs(root: Path) -> None:
+    """Delete what the checkpoint runs of the census at ``root`` wrote (``--overwrite``)."""
+    try:
+        series = read_manifest(root).get("series") or {}
+    except DepthlensError:
+        return
+    for info in series.values():
+        folder = root / "checkpoints" / str(info.get("folder", ""))
+        for sub in sorted(folder.iterdir()) if folder.is_dir() else ():
+            if sub.is_dir() and not_a_run(sub) is None:
+                remove_run_files(sub)
+
+
+def _visit(run_dir: RunDirectory, spec: str, folder: str, ckpt: Checkpoint, config: RunConfig, plan: list[str],
+           execution: Execution, delete_cache: bool) -> Point:
+    """Analyse one checkpoint (or take its finished unit) and return its census point."""
+    from ..workflow import prepare, run
+
+    key = f"point_{folder}_{ckpt.label}"
+    sub = run_dir.root / "checkpoints" / folder / ckpt.label
+    point = Point(spec, ckpt.label, ckpt.spec, ckpt.revision or "", math.nan if ckpt.step is None else float(ckpt.step))
+    if run_dir.has_unit(STAGE, key):
+        done = run_dir.read_units(STAGE, [key], "point").iloc[0]
+        return dataclasses.replace(point, loss=float(done["loss"]), tables=RunTables(sub), family=str(done["family"]),
+                                   norm=str(done["norm"]))
+    loaded = None
+    try:
+        loaded = load_model(ckpt.spec, revision=ckpt.revision, dtype=config.dtype, device=config.device,
+                            trust_remote_code=config.trust_remote_code, seed=config.seed)
+        check_finite_weights(loaded.model, f"{loaded.name}@{ckpt.revision}")
+        prepared = prepare(config, loaded)
+        loss = mean_loss(loaded, prepared.token_ids, config.batch_size)
+        family, norm = loaded.adapter.family, norm_kind(loaded)
+        mode = RunMode.RESUME if sub.is_dir() and not_a_run(sub) is None else RunMode.NEW
+        try:
+            run(config, sub, run_mode=mode, stages=plan, execution=execution, loaded=loaded)
+        except RunIncomplete as exc:
+            error = "; ".join(f.line() for f in exc.failures[:1])
+            _say(execution, f"census: {ckpt.label} is incomplete: {error}")
+            return dataclasses.replace(point, status="incomplete", error=error, loss=loss, tables=RunTables(sub),
+                                       family=family, norm=norm)
+        run_dir.write_unit(STAGE, key, {"point": pd.DataFrame([{"loss": loss, "family": family, "norm": norm}])})
+        return dataclasses.replace(point, loss=loss, tables=RunTables(sub), family=family, norm=norm)
+    except Exception as exc:  # noqa: BLE001 - a checkpoint that fails is recorded and skipped
+        stop = fatal(exc)
+        if stop is exc:
+            raise
+        if stop is not None:
+            raise stop from exc
+        failure = run_dir.failures.record(STAGE, ckpt.label, exc)
+        error = one_line(exc) if isinstance(exc, DepthlensError) else f"{type(exc).__name__}: {one_line(exc)}"
+        print(f"depthlens: census: skipped {folder} {ckpt.label}: {error} (details in {failure.log})",
+              file=sys.stderr, flush=True)
+        return dataclasses.replace(point, status="failed", error=error)
+    finally:
+        del loaded
+        gc.collect()
+        if delete_cache and ckpt.revision and not Path(ckpt.spec).expanduser().is_dir():
+            from .cache import delete_cached_revision
+
+            freed = delete_cached_revision(ckpt.spec, ckpt.revision)
+            _say(execution, f"census: removed {ckpt.spec}@{ckpt.revision} from the hub cache ({freed / 1e6:.1f} MB)")

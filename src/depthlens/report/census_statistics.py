@@ -1,0 +1,112 @@
+"""Statistics of a checkpoint census (the census claims C1–C3), read from the ``census`` and
+``census_heads`` tables (:mod:`depthlens.census.tables`).
+
+They test the primary series: the first series of the census (a census with ``--compare``
+holds more, which the report compares but the claims do not pool). Registered in
+:data:`~depthlens.report.statistics.STATISTICS` on import.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..census.onsets import head_onsets, lag_test
+from ..stats import spearman
+from .statistics import TooLittleData, _columns, _numeric, register
+from .tables import RunTables
+
+
+def _primary(t: RunTables, name: str) -> pd.DataFrame:
+    """Rows of census table ``name`` of the primary series, in training order."""
+    df = t.table(name)
+    _columns(df, f"{name}.parquet", "series", "order")
+    census = t.table("census")
+    first = census["series"].iloc[0] if census is not None and len(census) else df["series"].iloc[0]
+    return df[df["series"] == first].sort_values("order")
+
+
+def _onsets(t: RunTables) -> pd.DataFrame:
+    heads = _primary(t, "census_heads")
+    _columns(heads, "census_heads.parquet", "prev_token_score", "induction_score", "sink_mass", "delta_TR1", "null_q")
+    return head_onsets(heads)
+
+
+def _paired(t: RunTables) -> int | None:
+    if t.table("census_heads") is None:
+        return None
+    lags = _numeric(_onsets(t)["lag"])
+    return int(np.sum(np.isfinite(lags) & (lags != 0)))
+
+
+def _checkpoints(t: RunTables) -> int | None:
+    census = t.table("census")
+    if census is None or "status" not in census.columns:
+        return None
+    return int((_primary(t, "census")["status"] != "failed").sum())
+
+
+@register("census_onset_lag_p", ["census_heads"],
+          "One-sided exact sign-test p-value that consolidation follows formation: over the heads of the final "
+          "checkpoint's role groups (previous-token, induction, sink) with both sustained onsets, the lag in "
+          "checkpoints from the onset of the role score to the onset of significant excess reserve of the role's "
+          "sign (zero lags dropped).", samples={"paired_heads": _paired})
+def _lag_p(t: RunTables) -> float:
+    n, _, p = lag_test(_numeric(_onsets(t)["lag"]))
+    if n == 0:
+        raise TooLittleData("no head has both a formation and a consolidation onset with a non-zero lag")
+    return p
+
+
+@register("census_onset_lag_median", ["census_heads"],
+          "Median over the paired heads of the consolidation lag in checkpoints (positive: consolidation after "
+          "formation).", samples={"paired_heads": _paired})
+def _lag_median(t: RunTables) -> float:
+    n, median, _ = lag_test(_numeric(_onsets(t)["lag"]))
+    if n == 0:
+        raise TooLittleData("no paired head")
+    return median
+
+
+def _done(t: RunTables) -> pd.DataFrame:
+    census = _primary(t, "census")
+    _columns(census, "census.parquet", "status", "funnel_step0_over", "erank_full_depth", "coupling_significant")
+    return census[census["status"] != "failed"]
+
+
+@register("census_funnel_learned", ["census"],
+          "B3 at the end of the series: full-depth erank of the step-0 checkpoint (else the first checkpoint's "
+          "step-0 null) over that of the last checkpoint, under the B2 protocol (backward, rank-truncated, α = 1).",
+          samples={"checkpoints": _checkpoints})
+def _funnel_learned(t: RunTables) -> float:
+    values = _numeric(_done(t)["funnel_step0_over"])
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        raise TooLittleData("no checkpoint has a full-depth erank (run the jacobian stage)")
+    return float(values[-1])
+
+
+@register("census_funnel_trend", ["census"],
+          "Spearman rank correlation between training order and the full-depth erank over the checkpoints "
+          "(negative: the funnel deepens with training).", samples={"checkpoints": _checkpoints})
+def _funnel_trend(t: RunTables) -> float:
+    erank = _numeric(_done(t)["erank_full_depth"])
+    erank = erank[np.isfinite(erank)]
+    if erank.size < 3:
+        raise TooLittleData(f"{erank.size} checkpoint(s) with a funnel; a trend needs 3")
+    if np.ptp(erank) == 0:
+        return 0.0
+    return spearman(np.arange(erank.size, dtype=float), erank)[0]
+
+
+@register("census_coupling_trend", ["census"],
+          "B5 as a trend: Spearman rank correlation between training order and the number of FDR-significant "
+          "coupling boundaries per checkpoint (0 when the count never changes).", samples={"checkpoints": _checkpoints})
+def _coupling_trend(t: RunTables) -> float:
+    counts = _numeric(_done(t)["coupling_significant"])
+    counts = counts[np.isfinite(counts)]
+    if counts.size < 3:
+        raise TooLittleData(f"{counts.size} checkpoint(s) with coupling counts; a trend needs 3 (run the topology stage)")
+    if np.ptp(counts) == 0:
+        return 0.0
+    return spearman(np.arange(counts.size, dtype=float), counts)[0]

@@ -1,0 +1,173 @@
+"""``depthlens census`` on three tiny local checkpoints: the tables equal running each stage by
+hand per checkpoint, the loss equals an independent cross-entropy, a corrupt checkpoint is
+skipped and recorded while the rest finish, ``--resume`` skips finished checkpoints, and bad
+input is refused before anything is written. Also a run with ``--revisions`` of a local series,
+whose report gains part C, and ``--delete-cache`` on a hub cache laid out by hand."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from depthlens.census.cache import delete_cached_revision
+from depthlens.census.options import CensusOptions
+from depthlens.census.runner import run_census
+from depthlens.cli import main
+from depthlens.config import RunConfig
+from depthlens.context import Execution
+from depthlens.errors import InputError, RunError
+from depthlens.models import build_random, load_model
+from depthlens.models.tokenizer import random_tokenizer
+from depthlens.runs import RunMode
+from depthlens.workflow import prepare, run
+
+STEPS = (0, 10, 100)
+STAGES = ("attention", "jacobian", "topology")
+SIZES = {"chunks": 4, "seq_len": 24, "probe_seqs": 4, "probe_len": 6, "null_samples": 2, "null_chunks": 2,
+         "n_perm": 50}
+QUIET = Execution(quiet=True, jobs=1)
+pytestmark = pytest.mark.slow
+
+
+def _series(root: Path, steps: tuple[int, ...] = STEPS) -> Path:
+    """A folder of ``step-N`` checkpoints: a tiny llama with other weights at every step."""
+    for k, step in enumerate(steps):
+        model = build_random("llama", "num_hidden_layers=2", seed=k)
+        folder = root / f"step-{step}"
+        model.save_pretrained(folder)
+        random_tokenizer(model).save_pretrained(folder)
+    return root
+
+
+def _config(model: Path, text: Path, **extra) -> RunConfig:
+    return RunConfig(preset="quick", model=str(model), text=str(text), **SIZES, **extra)
+
+
+@pytest.fixture(scope="module")
+def census(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> tuple[Path, Path]:
+    series = _series(tmp_path_factory.mktemp("series") / "ckpts")
+    out = tmp_path_factory.mktemp("census") / "census"
+    run_census(_config(series, text_file), CensusOptions(census_stages=STAGES), out, execution=QUIET)
+    return series, out
+
+
+def test_census_tables_equal_each_stage_run_by_hand(census: tuple[Path, Path], text_file: Path,
+                                                    tmp_path: Path) -> None:
+    series, out = census
+    table = pd.read_parquet(out / "tables" / "census.parquet")
+    heads = pd.read_parquet(out / "tables" / "census_heads.parquet")
+    assert table["checkpoint"].tolist() == [f"step-{s}" for s in STEPS] and (table["status"] == "done").all()
+    assert table["step"].tolist() == list(STEPS) and set(table["norm"]) == {"RMSNorm"}
+    for k, step in enumerate(STEPS):
+        by_hand = run(_config(series, text_file, revision=f"step-{step}", null="none"), tmp_path / f"hand{step}",
+                      stages=STAGES, execution=QUIET)
+        sub = out / "checkpoints" / "ckpts" / f"step-{step}"
+        for name in ("heads", "head_chunks", "operators", "cumulative", "coupling"):
+            pd.testing.assert_frame_equal(pd.read_parquet(sub / "tables" / f"{name}.parquet"),
+                                          pd.read_parquet(by_hand / "tables" / f"{name}.parquet"))
+        hand = pd.read_parquet(by_hand / "tables" / "heads.parquet")
+        mine = heads[heads["order"] == k].reset_index(drop=True)
+        for col in ("layer", "head", "role", "prev_token_score", "induction_score", "sink_mass", "delta_TR1", "null_q"):
+            pd.testing.assert_series_equal(mine[col], hand[col], check_names=False)
+        coupling = pd.read_parquet(by_hand / "tables" / "coupling.parquet")
+        assert table.loc[k, "coupling_significant"] == coupling["significant"].sum()
+        assert table.loc[k, "coupling_tested"] == len(coupling)
+
+
+def test_census_loss_is_the_cross_entropy_of_the_checkpoint(census: tuple[Path, Path], text_file: Path) -> None:
+    series, out = census
+    table = pd.read_parquet(out / "tables" / "census.parquet")
+    config = _config(series, text_file, revision="step-10")
+    loaded = load_model(str(series), revision="step-10")
+    ids = prepare(config, loaded).token_ids
+    with torch.no_grad():
+        logits = loaded.model(input_ids=ids).logits.double()
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    assert table.loc[1, "loss"] == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_census_report_shows_part_c_and_its_claims(census: tuple[Path, Path]) -> None:
+    _, out = census
+    page = (out / "report.html").read_text()
+    assert "Part C. Training dynamics" in page and "Part A." not in page
+    for claim in ("C1-consolidation-after-formation", "C2-funnel-learned-census", "C3-coupling-trend"):
+        assert claim in page
+    assert "B2-funnel-trained" not in page  # a census directory scores only the census claims
+    assert 'id="fig-census_funnel"><img' in page and 'id="fig-census_coupling"><img' in page
+
+
+def test_resume_skips_finished_checkpoints(census: tuple[Path, Path], text_file: Path) -> None:
+    series, out = census
+    before = pd.read_parquet(out / "tables" / "census.parquet")
+    marker = out / "checkpoints" / "ckpts" / "step-0" / "tables" / "heads.parquet"
+    stamp = marker.stat().st_mtime_ns
+    run_census(_config(series, text_file), CensusOptions(census_stages=STAGES), out, run_mode=RunMode.RESUME,
+               execution=QUIET)
+    assert marker.stat().st_mtime_ns == stamp
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "tables" / "census.parquet"), before)
+
+
+def test_a_corrupt_checkpoint_is_skipped_and_recorded(tmp_path: Path, text_file: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    series = _series(tmp_path / "ckpts")
+    weights = series / "step-10" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    out = run_census(_config(series, text_file), CensusOptions(census_stages=("attention",)), tmp_path / "census",
+                     execution=QUIET)
+    table = pd.read_parquet(out / "tables" / "census.parquet")
+    assert table["status"].tolist() == ["done", "failed", "done"]
+    assert "step-10" in table.loc[1, "error"] or "safetensors" in table.loc[1, "error"]
+    lines = [line for line in capsys.readouterr().err.splitlines() if "skipped" in line]
+    assert len(lines) == 1 and "step-10" in lines[0]
+    heads = pd.read_parquet(out / "tables" / "census_heads.parquet")
+    assert set(heads["checkpoint"]) == {"step-0", "step-100"}
+
+
+def test_bad_input_writes_nothing(tmp_path: Path, text_file: Path, census: tuple[Path, Path]) -> None:
+    series, out = census
+    target = tmp_path / "never"
+    with pytest.raises(InputError, match="--revisions"):
+        run_census(_config("EleutherAI/pythia-70m", text_file), CensusOptions(), target, execution=QUIET)
+    with pytest.raises(InputError, match="not a checkpoint of"):
+        run_census(_config(series, text_file, revisions=("step-7",)), CensusOptions(), target, execution=QUIET)
+    with pytest.raises(InputError, match="--census-stages"):
+        CensusOptions(census_stages=("nope",))
+    assert not target.exists()
+    with pytest.raises(RunError, match="--resume"):
+        run_census(_config(series, text_file), CensusOptions(census_stages=STAGES), out, execution=QUIET)
+    assert main(["census", "--model", "random:llama", "--out", str(target), "--quiet"]) == 2
+    assert not target.exists()
+
+
+def test_run_with_revisions_of_a_series_reports_part_c(tmp_path: Path, text_file: Path) -> None:
+    series = _series(tmp_path / "ckpts")
+    out = run(_config(series, text_file, revision="step-100", revisions=("step-0", "step-10")), tmp_path / "run",
+              stages=("attention", "jacobian"), execution=QUIET, report=True)
+    census = pd.read_parquet(out / "tables" / "census.parquet")
+    assert census["checkpoint"].tolist() == ["init", "step-0", "step-10", "trained"]
+    assert census["step"].tolist()[:3] == [0, 0, 10] and census["step"].iloc[3] == 100
+    heads = pd.read_parquet(out / "tables" / "census_heads.parquet")
+    assert set(heads["checkpoint"]) == {"step-0", "step-10", "trained"}
+    assert "Part C. Training dynamics" in (out / "report.html").read_text()
+
+
+def test_delete_cache_removes_only_that_revision(tmp_path: Path) -> None:
+    repo = tmp_path / "hub" / "models--org--tiny"
+    for ref, commit in (("step1", "a" * 40), ("step2", "b" * 40)):
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+        blob = repo / "blobs" / (commit[:1] * 64)
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(b"x" * 1000)
+        snap = repo / "snapshots" / commit
+        snap.mkdir(parents=True)
+        (snap / "model.safetensors").symlink_to(Path("../..") / "blobs" / blob.name)
+    assert delete_cached_revision("org/tiny", "step1", tmp_path / "hub") == 1000
+    assert not (repo / "snapshots" / ("a" * 40)).exists() and (repo / "snapshots" / ("b" * 40)).exists()
+    assert delete_cached_revision("org/tiny", "step1", tmp_path / "hub") == 0
+    assert delete_cached_revision("org/other", "step2", tmp_path / "hub") == 0
+    shutil.rmtree(tmp_path / "hub")
