@@ -62,6 +62,7 @@ def test_census_tables_equal_each_stage_run_by_hand(census: tuple[Path, Path], t
     heads = pd.read_parquet(out / "tables" / "census_heads.parquet")
     assert table["checkpoint"].tolist() == [f"step-{s}" for s in STEPS] and (table["status"] == "done").all()
     assert table["step"].tolist() == list(STEPS) and set(table["norm"]) == {"RMSNorm"}
+    assert table["funnel_step0_over"].iloc[0] == 1.0  # step 0 is its own reference
     for k, step in enumerate(STEPS):
         by_hand = run(_config(series, text_file, revision=f"step-{step}", null="none"), tmp_path / f"hand{step}",
                       stages=STAGES, execution=QUIET)
@@ -73,6 +74,12 @@ def test_census_tables_equal_each_stage_run_by_hand(census: tuple[Path, Path], t
         mine = heads[heads["order"] == k].reset_index(drop=True)
         for col in ("layer", "head", "role", "prev_token_score", "induction_score", "sink_mass", "delta_TR1", "null_q"):
             pd.testing.assert_series_equal(mine[col], hand[col], check_names=False)
+        cumulative = pd.read_parquet(by_hand / "tables" / "cumulative.parquet")
+        curve = cumulative[(cumulative["alpha"] == 1.0) & (cumulative["direction"] == "backward")
+                           & (cumulative["checkpoint"] == "trained")].sort_values("steps")
+        # a rank cap of 512 above d = 64 caps nothing: the claims' funnel is the exact product
+        assert table.loc[k, "erank_full_depth"] == curve["erank"].iloc[-1]
+        assert table.loc[k, "erank_one_step"] == curve["erank"].iloc[0]
         coupling = pd.read_parquet(by_hand / "tables" / "coupling.parquet")
         assert table.loc[k, "coupling_significant"] == coupling["significant"].sum()
         assert table.loc[k, "coupling_tested"] == len(coupling)

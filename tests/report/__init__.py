@@ -328,7 +328,7 @@ def _census(root: Path, ident: dict[str, str]) -> None:
             rows.append({**key, "status": "done", "error": "", "family": "llama", "norm": norm,
                          "loss": 5.0 - 0.5 * k, "erank_one_step": 100.0, "erank_full_depth": 60.0 / (1 + k),
                          "funnel_ratio": 0.6 / (1 + k), "funnel_step0_over": 1.0 + k,
-                         "coupling_significant": float(k), "coupling_tested": 8.0,
+                         "coupling_significant": float(k), "coupling_tested": 24.0,
                          "n_routing": 12.0 if k >= 2 else 0.0, "n_sink": 4.0 if k >= 2 else 0.0,
                          "max_prev_token_score": 0.7, "max_induction_score": 0.02, "max_sink_mass": 0.7,
                          "n_significant_reserve": 16.0 if k >= 5 else 0.0})

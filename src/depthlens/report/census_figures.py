@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from ..census.onsets import GROUPS, head_onsets
 from .canvas import ROLE_COLOURS, Skip, need, new_figure
@@ -61,7 +62,10 @@ def _primary(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _steps_axis(ax, steps: np.ndarray) -> None:
+    """Symmetric-log step axis with plain tick labels (1000, not mathtext 10³, whose fonts a
+    minimal matplotlib install lacks)."""
     ax.set_xscale("symlog", linthresh=1.0)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     ax.set_xlabel("training step")
     if len(steps):
         ax.set_xlim(min(0.0, float(np.nanmin(steps))), float(np.nanmax(steps)) * 1.15 + 1)

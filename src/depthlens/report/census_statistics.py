@@ -46,6 +46,16 @@ def _checkpoints(t: RunTables) -> int | None:
     return int((_primary(t, "census")["status"] != "failed").sum())
 
 
+def _boundaries(t: RunTables) -> int | None:
+    """The fewest coupling boundaries any checkpoint of the primary series tested."""
+    census = t.table("census")
+    if census is None or "coupling_tested" not in census.columns:
+        return None
+    tested = _numeric(_primary(t, "census")["coupling_tested"])
+    tested = tested[np.isfinite(tested)]
+    return int(tested.min()) if tested.size else None
+
+
 @register("census_onset_lag_p", ["census_heads"],
           "One-sided exact sign-test p-value that consolidation follows formation: over the heads of the final "
           "checkpoint's role groups (previous-token, induction, sink) with both sustained onsets, the lag in "
@@ -101,7 +111,8 @@ def _funnel_trend(t: RunTables) -> float:
 
 @register("census_coupling_trend", ["census"],
           "B5 as a trend: Spearman rank correlation between training order and the number of FDR-significant "
-          "coupling boundaries per checkpoint (0 when the count never changes).", samples={"checkpoints": _checkpoints})
+          "coupling boundaries per checkpoint (0 when the count never changes).",
+          samples={"checkpoints": _checkpoints, "boundaries": _boundaries})
 def _coupling_trend(t: RunTables) -> float:
     counts = _numeric(_done(t)["coupling_significant"])
     counts = counts[np.isfinite(counts)]

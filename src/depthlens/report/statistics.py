@@ -586,11 +586,16 @@ def _attn_cap(t: RunTables) -> float:
     return _median(np.array(fractions), "non-trivial eigenvalue fractions")
 
 
+#: The rank cap of the claims' funnel protocol (B2, the paper's figure: rank 512).
+CLAIM_RANK = 512
+
+
 def _funnel_curve(t: RunTables, checkpoint: str, alpha: float, direction: str, truncated: bool,
                   schur_order: str = "lapack", jacobian_mode: str | None = None) -> pd.DataFrame:
     """One cumulative erank curve, by number of factors, of ``jacobian_mode`` (default the
     funnel's: ``isolated`` when present): ``truncated`` picks the rank-capped curve
-    (truncation < d), else the exact one; at α < 1 the Schur order ``schur_order`` (α = 1
+    (truncation < d; for d ≤ :data:`CLAIM_RANK` the exact one, which that cap leaves as it
+    is), else the exact one; at α < 1 the Schur order ``schur_order`` (α = 1
     does not depend on it)."""
     df = _select(t.table("cumulative"), "cumulative.parquet", checkpoint=checkpoint, direction=direction)
     _columns(df, "cumulative.parquet", "jacobian_mode", "alpha", "truncation", "steps", "erank")
@@ -606,7 +611,10 @@ def _funnel_curve(t: RunTables, checkpoint: str, alpha: float, direction: str, t
         raise NotTested(f"cumulative.parquet has no {direction} curve for {checkpoint} at α = {alpha:g}"
                         + (f" in Schur order {schur_order}" if alpha < 1 else ""))
     exact = df["truncation"].max()
-    df = df[df["truncation"] < exact] if truncated else df[df["truncation"] == exact]
+    capped = df[df["truncation"] < exact]
+    if truncated and capped.empty and exact <= CLAIM_RANK:
+        capped = df[df["truncation"] == exact]  # the protocol's cap is at or above d: the exact product
+    df = capped if truncated else df[df["truncation"] == exact]
     if df.empty:
         raise NotTested(f"cumulative.parquet has no {'rank-truncated' if truncated else 'exact'} curve "
                         f"(--funnel-rank 0 computes exact products only)")
