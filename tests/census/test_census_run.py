@@ -22,6 +22,7 @@ from depthlens.context import Execution
 from depthlens.errors import InputError, RunError
 from depthlens.models import build_random, load_model
 from depthlens.models.tokenizer import random_tokenizer
+from depthlens.report.census_figures import norm_placement
 from depthlens.runs import RunMode
 from depthlens.workflow import prepare, run
 
@@ -33,10 +34,11 @@ QUIET = Execution(quiet=True, jobs=1)
 pytestmark = pytest.mark.slow
 
 
-def _series(root: Path, steps: tuple[int, ...] = STEPS) -> Path:
-    """A folder of ``step-N`` checkpoints: a tiny llama with other weights at every step."""
+def _series(root: Path, steps: tuple[int, ...] = STEPS, family: str = "llama", size: str = "num_hidden_layers=2"
+            ) -> Path:
+    """A folder of ``step-N`` checkpoints: a tiny model with other weights at every step."""
     for k, step in enumerate(steps):
-        model = build_random("llama", "num_hidden_layers=2", seed=k)
+        model = build_random(family, size, seed=k)
         folder = root / f"step-{step}"
         model.save_pretrained(folder)
         random_tokenizer(model).save_pretrained(folder)
@@ -148,6 +150,25 @@ def test_bad_input_writes_nothing(tmp_path: Path, text_file: Path, census: tuple
         run_census(_config(series, text_file), CensusOptions(census_stages=STAGES), out, execution=QUIET)
     assert main(["census", "--model", "random:llama", "--out", str(target), "--quiet"]) == 2
     assert not target.exists()
+
+
+def test_compare_puts_a_layernorm_series_beside_an_rmsnorm_one(tmp_path: Path, text_file: Path) -> None:
+    rms = _series(tmp_path / "rms", steps=(0, 10))
+    ln = _series(tmp_path / "ln", steps=(0, 10), family="gpt_neox", size="num_hidden_layers=2")
+    out = run_census(_config(rms, text_file), CensusOptions(census_stages=("attention",), compare=(str(ln),)),
+                     tmp_path / "census", execution=QUIET)
+    table = pd.read_parquet(out / "tables" / "census.parquet")
+    assert table.groupby("series")["norm"].first().to_dict() == {str(rms): "RMSNorm", str(ln): "LayerNorm"}
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["ln", "rms"]
+    page = (out / "report.html").read_text()
+    assert 'id="fig-census_norms"><img' in page and "Where heads and reserve sit, per series" in page
+    heads = pd.read_parquet(out / "tables" / "census_heads.parquet")
+    last = heads[(heads["series"] == str(ln)) & (heads["checkpoint"] == "step-10")]
+    placed = norm_placement(heads, table)
+    mine = placed[placed["series"] == str(ln)].set_index("layer")
+    for layer, group in last.groupby("layer"):
+        assert mine.loc[layer, "n_sink"] == (group["role"] == "sink").sum()
+        assert mine.loc[layer, "n_routing"] == (group["role"] == "routing").sum()
 
 
 def test_run_with_revisions_of_a_series_reports_part_c(tmp_path: Path, text_file: Path) -> None:
