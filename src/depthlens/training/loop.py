@@ -84,7 +84,7 @@ def _manifest(options: TrainOptions, preset: str | None, model: torch.nn.Module,
     return {
         "options": options.to_dict(), "options_hash": options.hash(), "preset": preset,
         "planned": checkpoint_steps(options.steps, options.checkpoints),
-        "model": {"family": options.family, "model_type": model.config.model_type,
+        "model": {"family": options.family,
                   "parameters": sum(p.numel() for p in model.parameters()), "config_sha256": config_sha256(model.config)},
         "tokenizer": {"spec": options.tokenizer or "byte", "vocab_size": len(tokenizer), "start_token_id": stream.start},
         "data": {"text": options.text, "text_sha256": stream.text_sha256, "train_tokens": int(stream.train.size),
