@@ -8,6 +8,8 @@ holds more, which the report compares but the claims do not pool). Registered in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -96,28 +98,27 @@ def _funnel_learned(t: RunTables) -> float:
     return float(values[-1])
 
 
-@register("census_funnel_trend", ["census"],
-          "Spearman rank correlation between training order and the full-depth erank over the checkpoints "
-          "(negative: the funnel deepens with training).", samples={"checkpoints": _checkpoints})
-def _funnel_trend(t: RunTables) -> float:
-    erank = _numeric(_done(t)["erank_full_depth"])
-    erank = erank[np.isfinite(erank)]
-    if erank.size < 3:
-        raise TooLittleData(f"{erank.size} checkpoint(s) with a funnel; a trend needs 3")
-    if np.ptp(erank) == 0:
-        return 0.0
-    return spearman(np.arange(erank.size, dtype=float), erank)[0]
+def _trend(column: str, what: str) -> Callable[[RunTables], float]:
+    """Spearman correlation between training order and ``column`` over the checkpoints that
+    have it (0 when it never changes); needs 3 of them."""
+    def stat(t: RunTables) -> float:
+        values = _numeric(_done(t)[column])
+        values = values[np.isfinite(values)]
+        if values.size < 3:
+            raise TooLittleData(f"{values.size} checkpoint(s) with {what}; a trend needs 3")
+        if np.ptp(values) == 0:
+            return 0.0
+        return spearman(np.arange(values.size, dtype=float), values)[0]
+
+    return stat
 
 
-@register("census_coupling_trend", ["census"],
-          "B5 as a trend: Spearman rank correlation between training order and the number of FDR-significant "
-          "coupling boundaries per checkpoint (0 when the count never changes).",
-          samples={"checkpoints": _checkpoints, "boundaries": _boundaries})
-def _coupling_trend(t: RunTables) -> float:
-    counts = _numeric(_done(t)["coupling_significant"])
-    counts = counts[np.isfinite(counts)]
-    if counts.size < 3:
-        raise TooLittleData(f"{counts.size} checkpoint(s) with coupling counts; a trend needs 3 (run the topology stage)")
-    if np.ptp(counts) == 0:
-        return 0.0
-    return spearman(np.arange(counts.size, dtype=float), counts)[0]
+register("census_funnel_trend", ["census"],
+         "Spearman rank correlation between training order and the full-depth erank over the checkpoints "
+         "(negative: the funnel deepens with training).", samples={"checkpoints": _checkpoints})(
+    _trend("erank_full_depth", "a funnel (run the jacobian stage)"))
+register("census_coupling_trend", ["census"],
+         "B5 as a trend: Spearman rank correlation between training order and the number of FDR-significant "
+         "coupling boundaries per checkpoint (0 when the count never changes).",
+         samples={"checkpoints": _checkpoints, "boundaries": _boundaries})(
+    _trend("coupling_significant", "coupling counts (run the topology stage)"))
