@@ -58,26 +58,28 @@ def _boundaries(t: RunTables) -> int | None:
     return int(tested.min()) if tested.size else None
 
 
+def _lags(t: RunTables) -> tuple[float, float]:
+    """``(median lag, one-sided p)`` of the paired heads (:func:`~depthlens.census.onsets.lag_test`)."""
+    n, median, p = lag_test(_numeric(_onsets(t)["lag"]))
+    if n == 0:
+        raise TooLittleData("no head has both a formation and a consolidation onset with a non-zero lag")
+    return median, p
+
+
 @register("census_onset_lag_p", ["census_heads"],
           "One-sided exact sign-test p-value that consolidation follows formation: over the heads of the final "
           "checkpoint's role groups (previous-token, induction, sink) with both sustained onsets, the lag in "
           "checkpoints from the onset of the role score to the onset of significant excess reserve of the role's "
           "sign (zero lags dropped).", samples={"paired_heads": _paired})
 def _lag_p(t: RunTables) -> float:
-    n, _, p = lag_test(_numeric(_onsets(t)["lag"]))
-    if n == 0:
-        raise TooLittleData("no head has both a formation and a consolidation onset with a non-zero lag")
-    return p
+    return _lags(t)[1]
 
 
 @register("census_onset_lag_median", ["census_heads"],
           "Median over the paired heads of the consolidation lag in checkpoints (positive: consolidation after "
           "formation).", samples={"paired_heads": _paired})
 def _lag_median(t: RunTables) -> float:
-    n, median, _ = lag_test(_numeric(_onsets(t)["lag"]))
-    if n == 0:
-        raise TooLittleData("no paired head")
-    return median
+    return _lags(t)[0]
 
 
 def _done(t: RunTables) -> pd.DataFrame:
