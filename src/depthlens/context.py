@@ -24,10 +24,28 @@ __all__ = ["Execution", "StageContext"]
 
 @dataclass(frozen=True)
 class Execution:
-    """How to run, without changing any number: progress bars and worker processes."""
+    """How to run, without changing any number: progress bars and where the numerical tasks
+    run (:mod:`depthlens.executors`).
+
+    Attributes
+    ----------
+    quiet : bool
+        No progress bars.
+    jobs : int
+        Worker processes of the ``local`` executor (inline in this process when 1), CPUs of a
+        private Ray instance (``ray``); not used by a Ray cluster or by SLURM.
+    executor : str
+        ``local``, ``ray``, ``ray=HOST:PORT``, ``ray=auto``, ``slurm`` or ``slurm=local``
+        (:func:`depthlens.executors.parse_executor`).
+    slurm_params : str
+        ``key=value,...`` settings of the SLURM jobs
+        (:func:`depthlens.executors.parse_slurm_params`); only with a ``slurm`` executor.
+    """
 
     quiet: bool = False
     jobs: int = 2
+    executor: str = "local"
+    slurm_params: str = ""
 
 
 @dataclass
@@ -47,7 +65,7 @@ class StageContext:
     token_ids : LongTensor, shape (chunks, seq_len)
         The run's text chunks.
     execution : Execution
-        Progress bars and worker processes.
+        Progress bars and where the numerical tasks run.
     load_revision : callable
         ``revision -> LoadedModel``: another hub revision of the same model, checked like the
         first.

@@ -1,14 +1,21 @@
 """Process-parallel map for the CPU-bound numerical work (one BLAS thread per worker).
 
-Results never depend on the number of workers: tasks carry their own seeds and results
-come back in submission order.
+Results never depend on the number of workers, nor on where they run: tasks carry their own
+seeds and results come back in submission order.
 
-No worker outlives the process that started it: each worker asks the kernel for SIGKILL
-when its parent goes (``prctl(PR_SET_PDEATHSIG)`` on Linux) and also runs a watchdog
-thread that exits when its parent pid changes (every POSIX system); the pool's workers are
-killed when the body of :func:`executor` raises (Ctrl-C, SIGTERM through
-:func:`install_sigterm_handler`, an error). The multiprocessing resource tracker then
-sees its last writer go and exits too.
+Where the tasks run is the executor's choice (``--executor``, :mod:`depthlens.executors`):
+worker processes on this machine (``local``, the pool of this module), a Ray instance or
+cluster, or SLURM job arrays. Each is a :class:`Backend` behind one :class:`TaskExecutor`,
+which sends every call as a :class:`Task` and merges the LAPACK driver counts the task
+reports into this process's (:mod:`depthlens.drivers`), so fallbacks taken anywhere are
+recorded like those taken inline.
+
+No local worker outlives the process that started it: each worker asks the kernel for
+SIGKILL when its parent goes (``prctl(PR_SET_PDEATHSIG)`` on Linux) and also runs a
+watchdog thread that exits when its parent pid changes (every POSIX system); the pool's
+workers are killed when the body of :func:`executor` raises (Ctrl-C, SIGTERM through
+:func:`install_sigterm_handler`, an error). The multiprocessing resource tracker then sees
+its last writer go and exits too. Remote backends cancel their outstanding tasks then.
 """
 
 from __future__ import annotations
@@ -16,21 +23,29 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from multiprocessing.context import SpawnContext, SpawnProcess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from . import drivers
+from .executors import open_backend, parse_executor
+
+if TYPE_CHECKING:
+    from .context import Execution
 
 T = TypeVar("T")
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+#: The environment of a task: one thread for BLAS, OpenMP and numba.
+SINGLE_THREADED = {name: "1" for name in THREAD_VARS}
 WATCHDOG_INTERVAL_S = 0.2
 """How often a worker's watchdog checks that its parent is alive (seconds)."""
 _PR_SET_PDEATHSIG = 1
@@ -57,6 +72,21 @@ def install_sigterm_handler() -> Any:
     if threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+@contextlib.contextmanager
+def environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set the environment variables ``values`` for the ``with`` body, then restore them."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _watch_parent(parent: int) -> None:
@@ -95,8 +125,27 @@ def _kill_workers(pool: ProcessPoolExecutor) -> None:
             process.join(timeout=5)
 
 
+class _WorkerProcess(SpawnProcess):
+    """A spawned worker process that starts with BLAS, OpenMP and numba on one thread: the
+    environment says so while it starts (it is read when the libraries load), and only then,
+    so this process's own libraries are left alone."""
+
+    def start(self) -> None:
+        with environ(SINGLE_THREADED):
+            super().start()
+
+
+class _WorkerContext(SpawnContext):
+    """The ``spawn`` start method with :class:`_WorkerProcess` workers."""
+
+    Process = _WorkerProcess
+
+
 class InlineExecutor(Executor):
     """Runs each task at submission, in this process (``jobs=1``)."""
+
+    #: Tasks get arrays as they are (nothing to gain from files, :attr:`TaskExecutor.local_files`).
+    local_files = False
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         future: Future[T] = Future()
@@ -107,23 +156,79 @@ class InlineExecutor(Executor):
         return future
 
 
-def _counted(fn: Callable[..., T], args: tuple, kwargs: dict) -> tuple[T, dict[str, int]]:
-    """Run ``fn`` in a worker; return its result and the decomposition drivers it used."""
-    before = drivers.driver_counts()
-    result = fn(*args, **kwargs)
-    return result, drivers.count_difference(drivers.driver_counts(), before)
+@dataclass(frozen=True)
+class Task:
+    """One call ``fn(*args, **kwargs)`` as it travels to a worker: ``fn`` is pickled by
+    reference (a module-level function of depthlens), the arguments by value."""
+
+    fn: Callable[..., Any]
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The function's name (Ray shows it in the worker's process title, ``ray::NAME``)."""
+        return getattr(self.fn, "__name__", type(self.fn).__name__)
+
+    def __call__(self) -> tuple[Any, dict[str, int]]:
+        """Run the call here; return its result and the decomposition drivers it used."""
+        before = drivers.driver_counts()
+        result = self.fn(*self.args, **self.kwargs)
+        return result, drivers.count_difference(drivers.driver_counts(), before)
 
 
-class _CountingExecutor(Executor):
-    """A process pool whose tasks report the LAPACK drivers they used
-    (:mod:`depthlens.linalg.guarded`); the counts are merged into this process's when a
-    task finishes, so fallbacks taken in workers are recorded like those taken inline."""
+class Backend(Protocol):
+    """Where a :class:`TaskExecutor` runs its tasks: the local pool (:func:`local_backend`),
+    Ray or SLURM (:mod:`depthlens.executors`)."""
 
-    def __init__(self, pool: ProcessPoolExecutor) -> None:
-        self.pool = pool
+    #: Whether tasks run on this machine, so arrays can be handed over as files in its
+    #: temporary folder (memory-mapped instead of copied into every task).
+    local_files: bool
+
+    def submit(self, task: Task) -> Future[tuple[Any, dict[str, int]]]:
+        """Start ``task`` (or queue it); the future gets what ``task()`` returns, or its exception."""
+
+    def flush(self) -> None:
+        """Send the tasks still held back (a backend that batches them); called before a
+        caller waits on or asks about any future."""
+
+
+class _Waiting(Future):
+    """A future that first has its backend send the tasks it holds back whenever someone
+    waits on it or asks whether it is done."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        super().__init__()
+        self._flush = flush
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._flush()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._flush()
+        return super().exception(timeout)
+
+    def done(self) -> bool:
+        self._flush()
+        return super().done()
+
+
+class TaskExecutor(Executor):
+    """An executor whose tasks run on ``backend`` and report the LAPACK drivers they used
+    (:mod:`depthlens.linalg.guarded`); the counts are merged into this process's when a task
+    finishes, so fallbacks taken in workers are recorded like those taken inline."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    @property
+    def local_files(self) -> bool:
+        """Whether tasks run on this machine (:attr:`Backend.local_files`)."""
+        return self.backend.local_files
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        outer: Future[T] = Future()
+        outer: Future[T] = _Waiting(self.backend.flush)
 
         def finish(inner: Future) -> None:
             try:
@@ -134,46 +239,67 @@ class _CountingExecutor(Executor):
             drivers.merge_counts(counts)
             outer.set_result(result)
 
-        self.pool.submit(_counted, fn, args, kwargs).add_done_callback(finish)
+        self.backend.submit(Task(fn, args, kwargs)).add_done_callback(finish)
         return outer
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self.pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+class _LocalBackend:
+    """The spawned worker processes of :func:`local_backend`."""
+
+    local_files = True
+
+    def __init__(self, pool: ProcessPoolExecutor) -> None:
+        self.pool = pool
+
+    def submit(self, task: Task) -> Future[tuple[Any, dict[str, int]]]:
+        return self.pool.submit(task)
+
+    def flush(self) -> None:
+        """Nothing is held back: the pool queues every task at submission."""
 
 
 @contextlib.contextmanager
-def executor(jobs: int) -> Iterator[Executor]:
-    """An executor with ``jobs`` single-threaded worker processes (inline when ``jobs <= 1``).
+def local_backend(jobs: int) -> Iterator[_LocalBackend]:
+    """``jobs`` single-threaded worker processes on this machine (the ``local`` executor).
 
     Workers are spawned (not forked), so a parent holding a torch model and its thread pool
-    is never duplicated; each worker limits BLAS, OpenMP and numba to one thread. Workers
-    exit when this process dies (even by SIGKILL); when the body raises (an error,
-    :class:`KeyboardInterrupt` from Ctrl-C or from SIGTERM after
-    :func:`install_sigterm_handler`), queued tasks are cancelled and the workers are killed
-    instead of finishing their running tasks. Submit from the thread that will outlive the
-    pool (in depthlens, the main thread): on Linux a worker dies with the thread that started it.
+    is never duplicated; BLAS, OpenMP and numba get one thread through the environment each
+    worker starts with (:class:`_WorkerProcess`; workers start as tasks arrive). Workers exit
+    when this process dies (even by SIGKILL); when the body raises, queued tasks are
+    cancelled and the workers killed instead of finishing their running tasks.
     """
-    if jobs <= 1:
-        yield InlineExecutor()
-        return
-    saved = {k: os.environ.get(k) for k in THREAD_VARS}
-    os.environ.update({k: "1" for k in THREAD_VARS})
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=_WorkerContext(), initializer=_worker_init,
+                               initargs=(os.getpid(),))
     try:
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_worker_init, initargs=(os.getpid(),))
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    try:
-        yield _CountingExecutor(pool)
+        yield _LocalBackend(pool)
     except BaseException:
         _kill_workers(pool)
         raise
     finally:
         pool.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def executor(execution: Execution | int, run_root: str | Path | None = None) -> Iterator[Executor]:
+    """The executor of ``execution`` (:class:`depthlens.context.Execution`; an int ``n``: the
+    local pool of ``n`` workers).
+
+    ``local`` (the default) runs the tasks on ``jobs`` single-threaded worker processes
+    (:func:`local_backend`; inline in this process when ``jobs <= 1``); ``ray`` and
+    ``slurm`` send them to Ray or to SLURM job arrays (:mod:`depthlens.executors`; SLURM's
+    job files go to ``run_root/logs/slurm``). Whatever the backend, when the body raises (an
+    error, :class:`KeyboardInterrupt` from Ctrl-C or from SIGTERM after
+    :func:`install_sigterm_handler`) the outstanding tasks are cancelled and local workers
+    killed instead of finishing their running tasks. Submit from the thread that will
+    outlive the pool (in depthlens, the main thread): on Linux a local worker dies with the
+    thread that started it.
+    """
+    jobs = execution if isinstance(execution, int) else execution.jobs
+    if jobs <= 1 and (isinstance(execution, int) or parse_executor(execution.executor).kind == "local"):
+        yield InlineExecutor()
+        return
+    with local_backend(jobs) if isinstance(execution, int) else open_backend(execution, run_root) as backend:
+        yield TaskExecutor(backend)
 
 
 def ordered_map(pool: Executor, fn: Callable[..., T], tasks: Iterable[tuple]) -> list[T]:

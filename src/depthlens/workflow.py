@@ -20,6 +20,7 @@ from . import stages as stages_registry
 from .config import RunConfig
 from .context import Execution, StageContext
 from .environment import environment_block
+from .executors import check_execution
 from .errors import InputError, RunIncomplete, StorageError
 from .models import LoadedModel, load_model, random_config
 from .models.loading import series_checkpoints, spec_source
@@ -119,7 +120,9 @@ def run(
     still be written, and ``--resume`` continues once space is back.
 
     The whole plan (every stage to run, those it needs, and their options) is checked by
-    :func:`check_plan` before the model loads.
+    :func:`check_plan` before the model loads, and so is ``execution``
+    (:func:`depthlens.executors.check_execution`: the executor's spec and packages, that a Ray
+    cluster answers, that SLURM is there).
 
     Raises
     ------
@@ -133,6 +136,7 @@ def run(
     """
     # before the model loads; a model loaded from a spec (a census checkpoint) is checked as that spec
     plan = check_plan(config, stages, in_memory=loaded is not None and loaded.provenance.get("source") == "memory")
+    check_execution(execution)  # the executor spec, its packages, a Ray address, sbatch
     claims_bytes, claims_record = claims_registration(claims)  # a malformed file is refused before any work
     check_target(out, run_mode, config.hash())  # fail fast, before the model loads
     prepared = prepare(config, loaded)

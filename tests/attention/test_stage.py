@@ -17,6 +17,7 @@ from depthlens import data
 from depthlens.attention import stage
 from depthlens.attention.analysis import EXCESS_ZERO
 from depthlens.attention.options import AttentionOptions
+from depthlens.context import Execution
 from depthlens.attention.features import kreiss_b, matrix_features, null_reserves
 from depthlens.linalg.causal import deflate
 from depthlens.linalg.nulls import shuffle_null
@@ -85,7 +86,7 @@ def planted_run(tmp_path_factory: pytest.TempPathFactory,
     run_dir = RunDirectory.open(root / "r", RunMode.NEW, {"config_hash": "x"})
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(stage, "PROBE_BATCH", 2)  # probe and induction phases over several batches
-        tables, summary = stage.analyse(run_dir, loaded, ids, opts, batch_size=2, jobs=1, quiet=True)
+        tables, summary = stage.analyse(run_dir, loaded, ids, opts, batch_size=2, execution=Execution(quiet=True, jobs=1))
     for name, table in tables.items():
         run_dir.write_table(name, table)
     return root / "r", summary

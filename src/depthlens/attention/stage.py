@@ -35,7 +35,7 @@ from ..linalg.pseudospectra import pseudospectrum
 from ..parallel import executor, ordered_map
 from ..errors import RunError, require_at_least
 from ..config import RunConfig
-from ..context import StageContext
+from ..context import Execution, StageContext
 from ..runs import RunDirectory
 from ..schema import TRAINED
 from . import analysis as an
@@ -120,7 +120,7 @@ def run(context: StageContext) -> None:
     stage's tables, every checkpoint's rows with its ``checkpoint`` and ``revision``, and
     ``attention.json``: the trained model's summary, with ``revisions`` holding each analysed
     revision's (the same keys, without ``options``)."""
-    sizes = {"batch_size": context.config.batch_size, "jobs": context.execution.jobs, "quiet": context.execution.quiet}
+    sizes = {"batch_size": context.config.batch_size, "execution": context.execution}
     tables, summary = analyse(context.run_dir, context.loaded, context.token_ids, context.options, **sizes)
     parts = {name: [_labelled(context, TRAINED, table)] for name, table in tables.items()}
     summaries = {}
@@ -153,12 +153,14 @@ def _revision(context: StageContext, rev: str, sizes: dict[str, Any]) -> tuple[d
 
 
 def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: AttentionOptions, *, batch_size: int,
-            jobs: int, quiet: bool, checkpoint: str = TRAINED) -> tuple[dict[str, pd.DataFrame], dict]:
+            execution: Execution, checkpoint: str = TRAINED) -> tuple[dict[str, pd.DataFrame], dict]:
     """Run every phase of ``checkpoint`` on the model ``loaded`` (skipping finished units; the
     pseudospectra arrays for the trained model only) and return the tables ``heads``,
     ``head_chunks``, ``head_probe``, ``depth`` and the JSON summary. ``loaded`` is read only
-    where a unit has work to do (an :class:`_OnDemand` then loads)."""
-    with executor(jobs) as pool, torch.inference_mode():
+    where a unit has work to do (an :class:`_OnDemand` then loads); the numerical tasks go
+    to the executor of ``execution`` (:func:`depthlens.parallel.executor`)."""
+    quiet = execution.quiet
+    with executor(execution, run_dir.root) as pool, torch.inference_mode():
         probe = _probe_phase(run_dir, loaded, opts, pool, quiet, checkpoint)
         chunks = _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, checkpoint)
         heads = an.aggregate_heads(chunks).merge(probe, on=["layer", "head"], how="left")

@@ -107,7 +107,7 @@ def run(context: StageContext) -> None:
                              "--ablation-methods or drop criticality from --contest-targets.")
     heads = trained_rows(run_dir.read_table("heads"))  # the model as loaded, whose features are computed here
     n_chunks = min(opts.contest_chunks, context.token_ids.shape[0])
-    with executor(context.execution.jobs) as pool, torch.inference_mode():
+    with executor(context.execution, context.run_dir.root) as pool, torch.inference_mode():
         chunks = _features_phase(run_dir, context.loaded.adapter, context.token_ids[:n_chunks], pool,
                                  context.config.batch_size, context.execution.quiet)
     features = aggregate_features(chunks)

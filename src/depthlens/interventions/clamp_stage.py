@@ -90,7 +90,7 @@ def run(context: StageContext) -> None:
             targets += [("control", s, cl.control_dims(ordinary, len(plan.dims), opts.seed, s))
                         for s in range(opts.control_seeds)]
         units = _units(targets, opts.clamp_alphas)
-        with executor(context.execution.jobs) as pool:
+        with executor(context.execution, context.run_dir.root) as pool:
             done = _arm_phase(context, pool, ids, plan, units, batch_size, quiet)
     keys = [u.key for u in units if u.key in done]
     if not keys:

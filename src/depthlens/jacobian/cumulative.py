@@ -216,7 +216,9 @@ def schur_funnel(
     pool : Executor, optional
         Worker processes (:func:`depthlens.parallel.executor`): the Schur forms and the
         curves are computed there, the operators and normal parts handed over once as
-        memory-mapped ``.npy`` files in a temporary folder. Results are the same bit for bit.
+        memory-mapped ``.npy`` files in a temporary folder when the workers run on this
+        machine (``pool.local_files``), with every curve task otherwise (Ray, SLURM).
+        Results are the same bit for bit.
 
     Returns
     -------
@@ -263,7 +265,7 @@ def schur_funnel(
     pool = pool if pool is not None else InlineExecutor()
     curves: dict[tuple[str, float], list[Future]] = {}
     with tempfile.TemporaryDirectory(prefix="depthlens-funnel-") as tmp:
-        shared = not isinstance(pool, InlineExecutor)
+        shared = getattr(pool, "local_files", False)  # workers on this machine memory-map the arrays
         ops_ref: Sequence[object] = _share(ops, Path(tmp) / "ops") if shared else ops
         for order in orders:  # one order's normal parts at a time
             split = list(dict.fromkeys(a for o, a in plan if o == order and a != 1.0))

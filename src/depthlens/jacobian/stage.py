@@ -153,11 +153,11 @@ def finish(run_dir: RunDirectory) -> None:
 
 def run(context: StageContext) -> None:
     """Run the stage (skipping finished units) and write ``operators``, ``eigenvalues`` and
-    ``cumulative`` tables. The decompositions and funnel curves run on ``jobs`` worker
-    processes; the Jacobians themselves in this process (torch). A unit that raises is
-    recorded in ``run_dir.failures`` and the others go on; the tables hold the finished units
-    (a funnel needs its checkpoint's operators)."""
-    with executor(context.execution.jobs) as pool:
+    ``cumulative`` tables. The decompositions and funnel curves run on the run's executor
+    (``--executor``, ``--jobs``); the Jacobians themselves in this process (torch). A unit
+    that raises is recorded in ``run_dir.failures`` and the others go on; the tables hold the
+    finished units (a funnel needs its checkpoint's operators)."""
+    with executor(context.execution, context.run_dir.root) as pool:
         tables = _run(context.run_dir, context.loaded, context.token_ids, context.options, context.config.batch_size,
                       context.execution.quiet, context.load_revision, pool)
     for name, table in tables.items():

@@ -1,0 +1,272 @@
+"""Where the numerical tasks of a run go: ``--executor local | ray[=ADDRESS] | slurm[=local]``.
+
+The driver process of a run loads the model, runs the forward passes, submits pure
+numerical tasks (one head's attention matrix of one chunk, a certified bracket, the depth
+products of a chunk, a Jacobian's decompositions, a clamp arm's Kreiss work) to
+:func:`depthlens.parallel.executor`, and writes every finished unit through the run
+directory itself, so runs resume alike whatever the executor. An executor only decides where
+the tasks run; tasks carry their own seeds and results come back in submission order, so
+the tables do not depend on it.
+
+Executors
+---------
+``local`` (default)
+    ``--jobs`` single-threaded worker processes on this machine (:mod:`depthlens.parallel`).
+``ray``
+    A private Ray instance started for the stage with ``--jobs`` CPUs.
+``ray=HOST:PORT``, ``ray=auto``
+    An existing Ray cluster (``ray start --head --port=PORT`` on one machine, ``ray start
+    --address=HOST:PORT`` on the others); ``auto`` takes ``RAY_ADDRESS``, else the cluster last
+    started on this machine. Every node needs the same depthlens (and numpy, scipy, ...)
+    installed: tasks travel as references to depthlens functions. See
+    :mod:`depthlens.executors.ray_backend`.
+``slurm``
+    Job arrays through submitit's SLURM executor (``sbatch`` and ``srun`` on ``PATH``), set
+    by ``--slurm-params`` (:func:`parse_slurm_params`); the job files go to
+    ``RUN/logs/slurm``, so the run directory must be on a file system the compute nodes share.
+    See :mod:`depthlens.executors.slurm_backend`.
+``slurm=local``
+    The same job arrays, each array task a process on this machine (submitit's
+    ``LocalExecutor``): the SLURM code path without a cluster.
+
+Everything an executor needs is checked before the model loads and before the run directory
+is created (:func:`check_execution`): the spec, the SLURM keys, that Ray or submitit is
+installed, that a Ray address answers, that ``sbatch`` exists. Ray and submitit are imported
+only when a stage opens such an executor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InputError, one_line
+
+if TYPE_CHECKING:
+    from ..context import Execution
+    from ..parallel import Backend
+
+__all__ = ["ExecutorSpec", "check_execution", "job_folder", "open_backend", "parse_executor",
+           "parse_slurm_params"]
+
+#: The accepted forms of ``--executor``, for error messages.
+FORMS = "local, ray, ray=HOST:PORT, ray=auto, slurm or slurm=local"
+#: How long the check of a Ray address waits for a TCP connection (seconds).
+CONNECT_TIMEOUT_S = 3.0
+#: Where Ray records the address of the cluster last started on this machine (``ray=auto``).
+RAY_CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
+#: ``--slurm-params`` key of depthlens itself: tasks per array task.
+BLOCK_KEY = "block"
+#: submitit keys that ``--slurm-params`` does not take: lists and mappings (no ``key=value``
+#: form) and the multi-task layouts (an array task runs its block once, in one process).
+EXCLUDED_SLURM_KEYS = frozenset({"setup", "teardown", "srun_args", "additional_parameters", "nodes", "ntasks_per_node",
+                                 "tasks_per_node", "use_srun", "map_count"})
+INSTALL = "pip install 'depthlens[cluster]'"
+
+
+@dataclass(frozen=True)
+class ExecutorSpec:
+    """A parsed ``--executor``.
+
+    Attributes
+    ----------
+    kind : {"local", "ray", "slurm"}
+    address : str or None
+        ``ray``: None for a private instance, ``"auto"`` or ``"HOST:PORT"`` for a cluster;
+        ``slurm``: None for the cluster, ``"local"`` for local processes; ``local``: None.
+    """
+
+    kind: str
+    address: str | None = None
+
+
+def parse_executor(spec: str) -> ExecutorSpec:
+    """Parse ``--executor``: ``local``, ``ray``, ``ray=HOST:PORT``, ``ray=auto``, ``slurm``, ``slurm=local``.
+
+    Raises
+    ------
+    InputError
+        Any other form, in one line listing the accepted ones.
+
+    Examples
+    --------
+    >>> parse_executor("ray=127.0.0.1:6379")
+    ExecutorSpec(kind='ray', address='127.0.0.1:6379')
+    """
+    kind, sep, address = str(spec).strip().partition("=")
+    kind, address = kind.strip(), address.strip()
+    if kind == "local" and not sep:
+        return ExecutorSpec("local")
+    if kind == "slurm" and (not sep or address == "local"):
+        return ExecutorSpec("slurm", address or None)
+    if kind == "ray" and not sep:
+        return ExecutorSpec("ray")
+    if kind == "ray" and (address == "auto" or _host_port(address) is not None):
+        return ExecutorSpec("ray", address)
+    raise InputError(f"--executor {spec!r} is not understood; use {FORMS}.")
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``HOST:PORT`` (a ``scheme://`` prefix dropped), None when malformed."""
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+def _slurm_keys() -> set[str]:
+    """The keys ``--slurm-params`` takes: submitit's SLURM parameters (its sbatch options and
+    its generic names such as ``mem_gb``, ``timeout_min``), less :data:`EXCLUDED_SLURM_KEYS`,
+    plus :data:`BLOCK_KEY`."""
+    from submitit import SlurmExecutor
+
+    generic = set(SlurmExecutor._equivalence_dict() or {})
+    return (SlurmExecutor._valid_parameters() | generic) - EXCLUDED_SLURM_KEYS | {BLOCK_KEY}
+
+
+def _value(text: str) -> Any:
+    """A ``--slurm-params`` value: an int, a float, true/false, or the text itself."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        with contextlib.suppress(ValueError):
+            return kind(text)
+    return text
+
+
+def parse_slurm_params(text: str) -> dict[str, Any]:
+    """Parse ``--slurm-params`` (``partition=cpu,time=60,mem_gb=4,array_parallelism=32,block=64``).
+
+    Keys are submitit's SLURM parameters, each an sbatch option (``partition`` →
+    ``--partition``, ``time`` minutes → ``--time``, ``mem_gb`` → ``--mem=<N>GB``,
+    ``cpus_per_task`` → ``--cpus-per-task``, ``array_parallelism`` → the ``%N`` of ``--array``,
+    ...), and ``block``: tasks per array task (default 64). Values are ints, floats,
+    ``true``/``false`` or text.
+
+    Raises
+    ------
+    InputError
+        A malformed item, an unknown key (naming it and the accepted ones), or a ``block`` or
+        ``array_parallelism`` that is not a positive integer.
+    """
+    params: dict[str, Any] = {}
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    if not items:
+        return params
+    accepted = _slurm_keys()
+    for item in items:
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not key or not value:
+            raise InputError(f"--slurm-params item {item!r} is not key=value; pass e.g. "
+                             "--slurm-params partition=cpu,time=60,mem_gb=4.")
+        if key not in accepted:
+            raise InputError(f"--slurm-params key {key!r} is unknown; accepted keys: {', '.join(sorted(accepted))}.")
+        params[key] = _value(value)
+    for key in (BLOCK_KEY, "array_parallelism"):
+        if key in params and not (isinstance(params[key], int) and not isinstance(params[key], bool) and params[key] > 0):
+            raise InputError(f"--slurm-params {key}={params[key]} is invalid; pass a positive integer.")
+    return params
+
+
+def _ray_address(spec: ExecutorSpec) -> str:
+    """The ``HOST:PORT`` of a Ray cluster spec (``auto`` resolved as Ray resolves it)."""
+    if spec.address != "auto":
+        return str(spec.address)
+    found = os.environ.get("RAY_ADDRESS", "").strip()
+    if not found and RAY_CURRENT_CLUSTER.is_file():
+        found = RAY_CURRENT_CLUSTER.read_text().strip()
+    if not found or _host_port(found) is None:
+        raise InputError("--executor ray=auto found no Ray cluster (RAY_ADDRESS is unset and none was started on "
+                         "this machine); start one with `ray start --head`, pass --executor ray=HOST:PORT, or use "
+                         "--executor local.")
+    return found
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse a Ray address where nothing accepts a TCP connection within :data:`CONNECT_TIMEOUT_S`."""
+    host, port = _host_port(address) or ("", 0)
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise InputError(f"no Ray cluster answers at {address} ({exc.strerror or one_line(exc)}); start one there "
+                         f"with `ray start --head --port={port}` (and `ray start --address={address}` on the other "
+                         "machines), or use --executor local.") from None
+
+
+def check_execution(execution: Execution) -> None:
+    """Check everything ``execution`` needs before any model loads or file is written.
+
+    Raises
+    ------
+    InputError
+        ``--jobs`` below 1, a malformed ``--executor`` or ``--slurm-params`` (or SLURM settings without a SLURM
+        executor), Ray or submitit not installed (``pip install 'depthlens[cluster]'``), a Ray
+        address where no cluster answers, ``--executor slurm`` without ``sbatch``/``srun``
+        on ``PATH``; each in one line.
+    """
+    if isinstance(execution.jobs, bool) or not isinstance(execution.jobs, int) or execution.jobs < 1:
+        raise InputError(f"--jobs {execution.jobs} is invalid; pass a positive number of worker processes.")
+    spec = parse_executor(execution.executor)
+    if spec.kind != "slurm" and str(execution.slurm_params).strip():
+        raise InputError(f"--slurm-params applies to --executor slurm, and the executor is {spec.kind}; "
+                         "drop --slurm-params or pass --executor slurm.")
+    if spec.kind == "local":
+        return
+    package = {"ray": "ray", "slurm": "submitit"}[spec.kind]
+    if importlib.util.find_spec(package) is None:
+        raise InputError(f"--executor {execution.executor} needs {package}, which is not installed: {INSTALL}.")
+    if spec.kind == "ray":
+        if spec.address is not None:
+            _check_reachable(_ray_address(spec))
+        return
+    parse_slurm_params(execution.slurm_params)
+    missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None] if spec.address is None else []
+    if missing:
+        raise InputError(f"--executor slurm needs SLURM's {' and '.join(missing)} on PATH, which this machine lacks; "
+                         "run on a SLURM login node, or use --executor slurm=local (the same jobs as local processes) "
+                         "or --executor local.")
+
+
+def job_folder(run_root: str | os.PathLike[str]) -> Path:
+    """Where the SLURM executor keeps its job files for a run: ``RUN/logs/slurm``."""
+    return Path(run_root) / "logs" / "slurm"
+
+
+@contextlib.contextmanager
+def open_backend(execution: Execution, run_root: str | os.PathLike[str] | None) -> Iterator[Backend]:
+    """The backend of ``execution`` (:class:`depthlens.parallel.Backend`), open for the
+    ``with`` body: started on entry, stopped on exit (its outstanding tasks cancelled when the
+    body raises). ``run_root`` is the run directory (needed by SLURM for its job files).
+
+    Raises
+    ------
+    InputError
+        As :func:`check_execution`, or a SLURM executor without ``run_root``.
+    """
+    spec = parse_executor(execution.executor)
+    if spec.kind == "ray":
+        from .ray_backend import ray_backend
+
+        with ray_backend(None if spec.address is None else _ray_address(spec), execution.jobs) as backend:
+            yield backend
+    elif spec.kind == "slurm":
+        from .slurm_backend import slurm_backend
+
+        if run_root is None:
+            raise InputError("the slurm executor keeps its job files in a run directory, and none was given.")
+        with slurm_backend(parse_slurm_params(execution.slurm_params), job_folder(run_root),
+                           local=spec.address == "local") as backend:
+            yield backend
+    else:
+        from ..parallel import local_backend
+
+        with local_backend(execution.jobs) as backend:
+            yield backend
