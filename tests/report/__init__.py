@@ -26,6 +26,9 @@ from depthlens.schema import ARRAYS, IDENTITY, SCHEMA, SUMMARIES, conform_table
 from depthlens.stages import STAGES
 
 ALL_STAGES = (*STAGES, "census")
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 MALICIOUS = "<script>alert(1)</script>"
 IDENT = {"model": "synthetic:tiny", "revision": "", "text": "synthetic"}
 
@@ -334,3 +337,40 @@ def _census(root: Path, ident: dict[str, str]) -> None:
                          "n_significant_reserve": 16.0 if k >= 5 else 0.0})
     write_table(root, "census_heads", pd.DataFrame(head_rows), ident)
     write_table(root, "census", pd.DataFrame(rows), ident)
+
+
+def need_chromium() -> Any:
+    """playwright's ``sync_api``; skips the calling test without Chromium or playwright."""
+    import pytest
+
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} is absent (apt-get install -y chromium)")
+    return pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+
+
+def in_chromium(page_path: Path, queries: dict[str, str], screenshot: Path | None = None) -> tuple[list[str], dict]:
+    """Load ``page_path`` in headless Chromium and return the errors it raised (console
+    errors, page errors, failed requests) and the value of each JavaScript expression of
+    ``queries``, by name; with ``screenshot``, a full-page PNG goes there. Skips the calling
+    test without Chromium or playwright."""
+    sync_api = need_chromium()
+    errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+            page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
+            page.goto(page_path.resolve().as_uri())
+            page.wait_for_load_state("load")
+            values = {name: page.evaluate(expression) for name, expression in queries.items()}
+            if screenshot is not None:
+                page.screenshot(path=str(screenshot), full_page=True)
+        finally:
+            browser.close()
+    return errors, values
+
+
+#: The natural width of every image of a page (0 for one that did not load), for :func:`in_chromium`.
+IMAGE_WIDTHS = "Array.from(document.images).map(i => i.complete ? i.naturalWidth : 0)"

@@ -16,11 +16,11 @@ from depthlens.errors import RunError
 from depthlens.report import load_claims, render_report
 from depthlens.report.figures import FIGURES
 
-from . import MALICIOUS, build_run, drop_stage, read_json, set_stage, write_json
+from . import IMAGE_WIDTHS, MALICIOUS, build_run, drop_stage, in_chromium, read_json, set_stage, write_json
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+# The full leg only: rendering and claims read tables, which no thread count or BLAS kernel changes.
+pytestmark = pytest.mark.slow
+
 IMG = re.compile(r"<img\b[^>]*>", re.I)
 
 
@@ -147,31 +147,15 @@ def test_rendering_reads_tables_only(tmp_path):
 
 
 def test_report_in_headless_chromium(report, tmp_path):
-    if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} is absent (apt-get install -y chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     path, _ = report
-    errors: list[str] = []
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-            page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))
-            page.goto(path.resolve().as_uri())
-            page.wait_for_load_state("load")
-            widths = page.evaluate("Array.from(document.images).map(i => i.complete ? i.naturalWidth : 0)")
-            claims_rows = page.locator("table.claims tbody tr").count()
-            first_table = page.evaluate("document.querySelector('table').className")
-            alerts = page.evaluate("document.querySelectorAll('script').length")
-            shot = tmp_path / "report.png"
-            page.screenshot(path=str(shot), full_page=True)
-        finally:
-            browser.close()
+    shot = tmp_path / "report.png"
+    errors, found = in_chromium(path, {"widths": IMAGE_WIDTHS,
+                                       "claims_rows": "document.querySelectorAll('table.claims tbody tr').length",
+                                       "first_table": "document.querySelector('table').className",
+                                       "scripts": "document.querySelectorAll('script').length"}, screenshot=shot)
     assert errors == []
-    assert len(widths) == len(FIGURES) and all(w > 0 for w in widths)
-    assert claims_rows == len(load_claims()) and first_table == "claims" and alerts == 0
+    assert len(found["widths"]) == len(FIGURES) and all(w > 0 for w in found["widths"])
+    assert found["claims_rows"] == len(load_claims()) and found["first_table"] == "claims" and found["scripts"] == 0
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -181,7 +165,7 @@ def test_every_table_section_links_its_docs_page_and_has_a_glossary(report):
 
     path, text = report
     reported = [stage for _, stages, _ in PARTS.values() for stage in stages]
-    assert set(COLUMNS) - set(reported) == {"train"}  # a training series is no run: its table has no section
+    assert set(COLUMNS) - set(reported) == {"train", "sweep"}  # a training series and a sweep are no runs: no section
     for stage in reported:
         for name in COLUMNS[stage]:
             start = text.index(f'id="table-{name}"')

@@ -20,6 +20,9 @@ from depthlens.stats import head_sign_tests, spearman
 
 from . import build_run, read_json, read_table, write_json, write_table
 
+# The full leg only: rendering and claims read tables, which no thread count or BLAS kernel changes.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def run(tmp_path: Path) -> Path:

@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["DPI", "ROLE_COLOURS", "Skip", "need", "new_figure"]
+__all__ = ["DPI", "ROLE_COLOURS", "Skip", "need", "new_figure", "prefer"]
 
 DPI = 100
 ROLE_COLOURS = {"routing": "#1f77b4", "sink": "#d62728", "other": "#9a9a9a"}
@@ -27,6 +27,14 @@ def need(df: pd.DataFrame | None, name: str, *cols: str) -> pd.DataFrame:
     if df.empty:
         raise Skip(f"{name} is empty")
     return df
+
+
+def prefer(df: pd.DataFrame, col: str, value: str) -> tuple[pd.DataFrame, str]:
+    """The rows of ``df`` whose ``col`` is ``value`` when any is, else those of its first value;
+    with the value chosen (e.g. the isolated Jacobian mode when the run computed it)."""
+    values = list(pd.unique(df[col]))
+    chosen = value if value in values else values[0]
+    return df[df[col] == chosen], str(chosen)
 
 
 def new_figure(width: float, height: float) -> Figure:

@@ -39,7 +39,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from ..runs.atomic import atomic_path
-from .canvas import DPI, ROLE_COLOURS, Skip, need, new_figure
+from .canvas import DPI, ROLE_COLOURS, Skip, need, new_figure, prefer
 from .census_figures import CAPTIONS as CENSUS_CAPTIONS
 from .census_figures import draw_census_coupling, draw_census_formation, draw_census_funnel, draw_census_norms
 from .intervention_figures import CAPTIONS as INTERVENTION_CAPTIONS
@@ -135,12 +135,6 @@ class FigureSpec:
 
 # ---------------------------------------------------------------------------------------
 # helpers
-def _prefer(df: pd.DataFrame, col: str, value: str) -> tuple[pd.DataFrame, str]:
-    values = list(pd.unique(df[col]))
-    chosen = value if value in values else values[0]
-    return df[df[col] == chosen], str(chosen)
-
-
 def _unit_circle(ax) -> None:
     t = np.linspace(0, 2 * np.pi, 361)
     ax.plot(np.cos(t), np.sin(t), ls="--", lw=0.8, color="0.4", zorder=1)
@@ -307,9 +301,9 @@ def _ranges(values: list[int]) -> str:
 # part B
 def draw_eigenvalue_clouds(t: RunTables) -> Figure:
     df = need(t.table("eigenvalues"), "eigenvalues.parquet", "checkpoint", "jacobian_mode", "layer", "sublayer", "re", "im")
-    df, mode = _prefer(df, "jacobian_mode", "isolated")
+    df, mode = prefer(df, "jacobian_mode", "isolated")
     df = df[df["sublayer"].isin(("attn", "mlp"))]  # the sub-layer operators (not the full-layer products)
-    trained, checkpoint = _prefer(df, "checkpoint", "trained")
+    trained, checkpoint = prefer(df, "checkpoint", "trained")
     init = df[df["checkpoint"] == "init"] if checkpoint != "init" else df.iloc[:0]
     layers = sorted(pd.unique(trained["layer"]))
     picks = list(dict.fromkeys([layers[0], layers[len(layers) // 2], layers[-1]]))
@@ -347,7 +341,7 @@ def draw_operator_profile(t: RunTables) -> Figure:
     cols = [(c, label) for c, label in _PROFILE if c in df.columns]
     if not cols:
         raise Skip("operators.parquet has none of complex_frac, henrici_update_rel, symmetry")
-    df, mode = _prefer(df, "jacobian_mode", "isolated")
+    df, mode = prefer(df, "jacobian_mode", "isolated")
     df = df[df["sublayer"].isin(("attn", "mlp"))]  # the sub-layer operators (not the full-layer products)
     fig = new_figure(4.0 * len(cols), 3.5)
     axes = fig.subplots(1, len(cols), squeeze=False)[0]
@@ -372,7 +366,7 @@ def _cumulative(t: RunTables, direction: str) -> tuple[pd.DataFrame, str]:
     df = df[df["direction"] == direction]
     if df.empty:
         raise Skip(f"cumulative.parquet has no {direction} curves")
-    return _prefer(df, "jacobian_mode", "isolated")
+    return prefer(df, "jacobian_mode", "isolated")
 
 
 def draw_cumulative_erank(t: RunTables) -> Figure:
@@ -415,6 +409,8 @@ def draw_schur_split(t: RunTables) -> Figure:
     truncated = df[df["truncation"] < df["truncation"].max()]
     df, protocol = (truncated, "rank-truncated") if not truncated.empty else (df, "exact")
     df = df[df["steps"] == df["steps"].max()]
+    if df["alpha"].astype(float).nunique() < 2:
+        raise Skip("the run has no Schur split (--funnel-alphas 1 alone)")
     has_order = "schur_order" in df.columns
     fig = new_figure(6.0, 4.0)
     ax = fig.subplots()

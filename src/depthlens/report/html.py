@@ -63,8 +63,10 @@ VERDICT_COLOURS = {"supported": "#1a7f37", "falsified": "#cf222e", "inconclusive
                    "not tested": "#6e7781"}
 #: An inconclusive verdict because the run's sample is below the claim's minimum.
 UNDERPOWERED_COLOUR = "#8250df"
+#: The mark of a decisive verdict that changes under one of the claim's sensitivity variants.
+FRAGILE_BADGE = '<span class="verdict fragile" style="background:#bc4c00">fragile</span>'
 
-_CSS = """
+CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:2em auto;
 max-width:1100px;padding:0 1em;color:#1f2328;line-height:1.45}
 h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #d0d7de;padding-bottom:.2em;margin-top:2em}
@@ -158,7 +160,7 @@ def _page(tables: RunTables, results: list[dict], figures: Mapping[str, tuple[Pa
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title>",
-        f"<style>{_CSS}</style></head><body>",
+        f"<style>{CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
         _meta_line(manifest, claims_file),
         _rescored_banner(claims_file, registered),
@@ -198,7 +200,9 @@ def _rescored_banner(claims_file: Path, registered: str | None) -> str:
             "<code>claims.toml</code> in the run directory.</div>")
 
 
-def _verdict_badge(r: Mapping[str, Any]) -> str:
+def verdict_badge(r: Mapping[str, Any]) -> str:
+    """The coloured badge of a claim result's (or a sensitivity variant's) ``verdict``; an
+    underpowered inconclusive verdict gets its own colour and says so."""
     if r.get("underpowered"):
         return (f'<span class="verdict underpowered" style="background:{UNDERPOWERED_COLOUR}">'
                 f"{esc(r['verdict'])}: underpowered</span>")
@@ -217,7 +221,7 @@ def _claims_section(results: list[dict], claims_file: Path, registered: str | No
             f"<td><code>{esc(r['statistic'])}</code><br><small>{esc(r['statistic_description'])}</small></td>"
             f"<td class=\"num\">{esc(r['value_text'])}</td>"
             f"<td class=\"num\">{esc(r['criterion'])}{_band_text(r)}{_sample_text(r)}</td>"
-            f"<td>{_verdict_badge(r)}<br><small>{esc(r['reason'])}</small>{_sensitivity_html(r)}</td>"
+            f"<td>{verdict_badge(r)}<br><small>{esc(r['reason'])}</small>{_sensitivity_html(r)}</td>"
             "</tr>"
         )
     counts = ", ".join(f"{sum(r['verdict'] == v for r in results)} {esc(v)}" for v in VERDICTS)
@@ -262,7 +266,7 @@ def _sensitivity_html(result: Mapping[str, Any]) -> str:
     variants = result.get("sensitivity") or []
     if not variants:
         return ""
-    badge = '<br><span class="verdict fragile" style="background:#bc4c00">fragile</span>' if result.get("fragile") else ""
+    badge = f"<br>{FRAGILE_BADGE}" if result.get("fragile") else ""
     rows = "".join(f"<li>{esc(v['name'])}: {esc(v['value_text'])} → {esc(v['verdict'])}</li>" for v in variants)
     return f'{badge}<details class="sensitivity"><summary>sensitivity</summary><ul>{rows}</ul></details>'
 
@@ -299,7 +303,9 @@ def _sample_text(result: Mapping[str, Any]) -> str:
     return f"<br><small>needs ≥ {esc('; '.join(parts))}</small>"
 
 
-def _status_badge(status: str) -> str:
+def status_badge(status: str) -> str:
+    """The badge of a stage's or run's status (``done``, ``failed``, ``running``; anything else
+    grey, as not run)."""
     cls = {"done": "done", "failed": "failed", "running": "running"}.get(status, "notrun")
     return f'<span class="status status-{cls}">{esc(STATUS_TEXT.get(status, status))}</span>'
 
@@ -313,7 +319,7 @@ def _stages_section(tables: RunTables) -> str:
         extra = ""
         if isinstance(info, dict):
             extra = "; ".join(f"{esc(k)}: {esc(v)}" for k, v in info.items() if k != "status")
-        rows.append(f"<tr><td>{esc(stage)}</td><td>{_status_badge(tables.stage_status(stage))}</td>"
+        rows.append(f"<tr><td>{esc(stage)}</td><td>{status_badge(tables.stage_status(stage))}</td>"
                     f"<td>{extra}</td></tr>")
     return ('<section id="stages"><h2>Stages</h2><table><thead><tr><th>stage</th><th>status</th>'
             "<th>details</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table></section>")
@@ -325,7 +331,7 @@ def _part_section(key: str, title: str, stages: tuple[str, ...], blurb: str, tab
     statuses = {s: tables.stage_status(s) for s in stages}
     for stage, status in statuses.items():
         if status != "done":
-            out.append(f'<div class="notrun">Stage <b>{esc(stage)}</b>: {_status_badge(status)} — '
+            out.append(f'<div class="notrun">Stage <b>{esc(stage)}</b>: {status_badge(status)} — '
                        "the parts of this section that depend on it are marked not available.</div>")
     if key == "A":
         out.append(_attention_summary(tables))
@@ -336,7 +342,7 @@ def _part_section(key: str, title: str, stages: tuple[str, ...], blurb: str, tab
         out.append(_census_summary(tables))
     for spec in (s for s in FIGURES if s.part == key):
         path, why = figures.get(spec.name, (None, "not drawn"))
-        out.append(_figure_html(spec.name, spec.title, spec.caption, path, why))
+        out.append(figure_html(spec.name, spec.title, spec.caption, None if path is None else path.read_bytes(), why))
     out.append(_tables_html(stages, tables))
     out.append("</section>")
     return "\n".join(out)
@@ -456,11 +462,13 @@ def _census_summary(tables: RunTables) -> str:
     return "\n".join(out)
 
 
-def _figure_html(name: str, title: str, caption: str, path: Path | None, why: str) -> str:
-    if path is None:
+def figure_html(name: str, title: str, caption: str, png: bytes | None, why: str) -> str:
+    """A ``<figure>`` with the PNG embedded as a ``data:`` URI and its caption, or, without
+    ``png``, the title marked not available with ``why``."""
+    if png is None:
         return (f'<figure id="fig-{esc(name)}"><p class="unavailable">{esc(title)}: not available — {esc(why)}.</p>'
                 f"<figcaption>{esc(caption)}</figcaption></figure>")
-    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    data = base64.b64encode(png).decode("ascii")
     return (f'<figure id="fig-{esc(name)}"><img src="data:image/png;base64,{data}" alt="{esc(title)}">'
             f"<figcaption><b>{esc(title)}.</b> {esc(caption)}</figcaption></figure>")
 
