@@ -111,7 +111,7 @@ def test_readme_python_example_runs(tmp_path: Path) -> None:
 
 
 def test_package_exports() -> None:
-    assert set(depthlens.__all__) == {"Run", "RunConfig", "__version__", "analyse", "census", "open_run"}
+    assert set(depthlens.__all__) == {"Run", "RunConfig", "__version__", "analyse", "census", "open_run", "sweep"}
     for name in depthlens.__all__:
         assert getattr(depthlens, name) is not None
     with pytest.raises(AttributeError):

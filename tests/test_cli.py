@@ -425,3 +425,33 @@ def test_stage_accepts_the_unlisted_options_of_other_stages() -> None:
 
     args = build_parser().parse_args(["capture", "--n-perm", "50", "--null-samples", "3", "--save-arrays", "none"])
     assert (args.n_perm, args.null_samples, args.save_arrays) == (50, 3, "none")
+
+
+def _readme_commands() -> list[list[str]]:
+    """Every ``depthlens`` command line of the README's shell blocks (continuation lines
+    joined, comments dropped; a command inside ``sbatch --wrap "..."`` too), as argv lists."""
+    import re
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", readme, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if "--wrap" in words:
+                words = shlex.split(words[words.index("--wrap") + 1])
+            if words and words[0].endswith("bin/depthlens"):
+                commands.append(words[1:])
+    return commands
+
+
+def test_readme_commands_parse():
+    """The README's command lines name commands and flags that exist (parsed, not run)."""
+    from depthlens.cli import build_parser
+
+    commands = _readme_commands()
+    assert {c[0] for c in commands} >= {"run", "sweep", "compare", "census", "train", "report"}
+    parser = build_parser()
+    for argv in commands:
+        if argv != ["--version"]:
+            parser.parse_args(argv)

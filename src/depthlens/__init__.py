@@ -12,11 +12,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Run", "RunConfig", "__version__", "analyse", "census", "open_run"]
+__all__ = ["Run", "RunConfig", "__version__", "analyse", "census", "open_run", "sweep"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Run", "analyse", "census", "open_run"):
+    if name in ("Run", "analyse", "census", "open_run", "sweep"):
         from . import api
 
         return getattr(api, name)

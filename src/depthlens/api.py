@@ -31,7 +31,7 @@ from .runs import RunMode, read_manifest
 from .schema import SCHEMA, SUMMARIES
 from .stages import STAGES
 
-__all__ = ["Run", "analyse", "census", "open_run"]
+__all__ = ["Run", "analyse", "census", "open_run", "sweep"]
 
 _IF_EXISTS = {"resume": RunMode.RESUME, "overwrite": RunMode.OVERWRITE, "error": RunMode.NEW}
 
@@ -47,6 +47,8 @@ def analyse(
     preset: str = "default",
     claims: str | Path | None = None,
     jobs: int = 2,
+    executor: str = "local",
+    slurm_params: str = "",
     quiet: bool = True,
     **options: Any,
 ) -> "Run":
@@ -76,7 +78,13 @@ def analyse(
     claims : str or Path, optional
         A claims TOML file (default: the packaged one).
     jobs : int
-        Worker processes for the numerics.
+        Worker processes for the numerics (CPUs of a private Ray instance with ``executor="ray"``).
+    executor : str
+        Where the numerical tasks run, as ``--executor``: ``local``, ``ray``,
+        ``ray=HOST:PORT``, ``ray=auto``, ``slurm``, ``slurm=local``
+        (:mod:`depthlens.executors`); the tables do not depend on it.
+    slurm_params : str
+        Settings of the SLURM jobs, as ``--slurm-params`` (``"partition=cpu,time=60,block=64"``).
     quiet : bool
         No progress bars.
     **options
@@ -97,8 +105,6 @@ def analyse(
 
     if if_exists not in _IF_EXISTS:
         raise InputError(f"if_exists={if_exists!r} is unknown; use one of {', '.join(_IF_EXISTS)}.")
-    if jobs < 1:
-        raise InputError(f"jobs={jobs} is invalid; pass a positive number of worker processes.")
     loaded = None
     if not isinstance(model, (str, Path)):
         from .models.loading import wrap_model
@@ -108,7 +114,8 @@ def analyse(
     config = RunConfig(preset=preset, model=str(model), text=str(text), **options)
     root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="depthlens-"))
     path = run_workflow(config, root, run_mode=_IF_EXISTS[if_exists], stages=tuple(stages),
-                        execution=Execution(quiet=quiet, jobs=jobs), claims=claims, loaded=loaded)
+                        execution=Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params),
+                        claims=claims, loaded=loaded)
     return Run(path)
 
 
@@ -125,6 +132,8 @@ def census(
     claims: str | Path | None = None,
     delete_cache: bool = False,
     jobs: int = 2,
+    executor: str = "local",
+    slurm_params: str = "",
     quiet: bool = True,
     **options: Any,
 ) -> "Run":
@@ -140,7 +149,7 @@ def census(
         them; a folder takes them to pick some of its checkpoints).
     compare : sequence of str
         Further series censused beside ``model`` (e.g. a LayerNorm family against an RMSNorm one).
-    stages, out, if_exists, preset, claims, jobs, quiet, **options
+    stages, out, if_exists, preset, claims, jobs, executor, slurm_params, quiet, **options
         As for :func:`analyse`; each checkpoint's run is ``OUT/checkpoints/SERIES/CHECKPOINT``.
     delete_cache : bool
         Remove each hub revision from the local cache once analysed.
@@ -158,9 +167,51 @@ def census(
     config = RunConfig(preset=preset, model=str(model), text=str(text), revisions=tuple(revisions), **options)
     root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="depthlens-census-"))
     path = run_census(config, CensusOptions(census_stages=tuple(stages), compare=tuple(map(str, compare))), root,
-                      run_mode=_IF_EXISTS[if_exists], execution=Execution(quiet=quiet, jobs=jobs),
+                      run_mode=_IF_EXISTS[if_exists],
+                      execution=Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params),
                       delete_cache=delete_cache, claims=claims)
     return Run(path)
+
+
+def sweep(
+    path: str | Path,
+    *,
+    out: str | Path | None = None,
+    if_exists: str = "resume",
+    claims: str | Path | None = None,
+    jobs: int = 2,
+    executor: str = "local",
+    slurm_params: str = "",
+    quiet: bool = True,
+) -> "Run":
+    """Run every cell of the sweep file ``path`` (models × revisions × texts × seeds, each an
+    ordinary run under ``OUT/cells/LABEL``) and its cross-model report
+    (``OUT/compare/compare.html``); return the sweep directory as a :class:`Run`
+    (``run.sweep``: one row per cell with its status; ``open_run(run.path / row.run_dir)``
+    opens a cell).
+
+    Parameters
+    ----------
+    path : str or Path
+        The sweep file (:mod:`depthlens.sweep.spec`).
+    out, if_exists, jobs, executor, slurm_params, quiet
+        As for :func:`analyse`.
+    claims : str or Path, optional
+        A claims file for every cell instead of the sweep file's ``claims``.
+
+    Raises
+    ------
+    DepthlensError
+        Bad input, one line, before anything is written (a cell that fails later is recorded
+        in ``run.sweep`` and the others finish).
+    """
+    from .sweep import run_sweep
+
+    if if_exists not in _IF_EXISTS:
+        raise InputError(f"if_exists={if_exists!r} is unknown; use one of {', '.join(_IF_EXISTS)}.")
+    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="depthlens-sweep-"))
+    execution = Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params)
+    return Run(run_sweep(path, root, run_mode=_IF_EXISTS[if_exists], execution=execution, claims=claims))
 
 
 def open_run(path: str | Path) -> "Run":

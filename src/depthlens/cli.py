@@ -19,6 +19,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Multi-threaded OpenBLAS is several times slower than one thread on small dense problems
 # (n <= 1000) on 2-core machines, and fights torch's own thread pool; one BLAS thread is the
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 
 from .config import PRESET_VALUES, PRESETS, RunConfig, RunOptions  # noqa: E402
 from . import __version__  # noqa: E402
-from .errors import DepthlensError, InputError, RunIncomplete, one_line  # noqa: E402
+from .errors import DepthlensError, RunIncomplete, one_line  # noqa: E402
 from .options import add_flags, flag_values  # noqa: E402
 from .runs import RunMode  # noqa: E402
 from .runs.directory import disk_line  # noqa: E402
@@ -37,9 +38,14 @@ from .runs import atomic  # noqa: E402
 from .runs.failures import EXIT_FAILED_UNITS  # noqa: E402
 from .stages import STAGES, with_requirements  # noqa: E402
 
+if TYPE_CHECKING:
+    from .context import Execution
+
 RUN_HELP = "the main job: every stage on the chosen model and text"
 CENSUS_HELP = ("the chosen stages over every checkpoint of a series (a folder written by depthlens train, or a hub "
                "id with --revisions), with the training-dynamics claims and report")
+SWEEP_HELP = ("every cell of a sweep file (models x revisions x texts x seeds) as an ordinary run, then one "
+              "cross-model report of them")
 #: Every option's default (the ``default`` preset), for help texts.
 _DEFAULTS = dict(RunConfig().items())
 
@@ -88,13 +94,46 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> argparse.Argume
         group = p.add_argument_group(f"{stage.name} stage") if stage.name in listed else _Hidden(p)
         add_flags(group, stage.options, _by_preset)
     p.add_argument("--claims", metavar="FILE", help="pre-registered claims TOML (default: the packaged claims)")
-    p.add_argument("--jobs", type=int, default=2, help="worker processes for the numerics (default 2)")
-    p.add_argument("--out", default="runs/default", help="run directory (default runs/default)")
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
-    group.add_argument("--overwrite", action="store_true", help="replace the run in --out")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_directory_flags(p, "run", "runs/default")
     return p
+
+
+def _add_directory_flags(p: argparse.ArgumentParser, kind: str, out: str) -> None:
+    """Where the tasks run (:func:`add_execution_flags`), then ``--out`` (default ``out``),
+    ``--resume`` or ``--overwrite`` of the ``kind`` directory there, and ``--quiet``."""
+    add_execution_flags(p)
+    p.add_argument("--out", default=out, help=f"{kind} directory (default {out})")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true", help=f"continue the {kind} in --out where it stopped")
+    group.add_argument("--overwrite", action="store_true", help=f"replace the {kind} in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def add_execution_flags(parser: argparse.ArgumentParser) -> None:
+    """Add ``--jobs``, ``--executor`` and ``--slurm-params`` (where the numerical tasks run,
+    :mod:`depthlens.executors`) to ``parser``; :func:`execution_from_args` reads them."""
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="worker processes for the numerics (default 2); with --executor ray, the CPUs of its "
+                             "private Ray instance; not used by a Ray cluster or SLURM")
+    parser.add_argument("--executor", default="local", metavar="SPEC",
+                        help="where the numerical tasks run (the tables do not depend on it): local (--jobs worker "
+                             "processes here), ray (a private Ray instance with --jobs CPUs), ray=HOST:PORT or "
+                             "ray=auto (a running Ray cluster; its nodes need depthlens installed), slurm (SLURM job "
+                             "arrays through submitit, job files in RUN/logs/slurm on a shared file system), "
+                             "slurm=local (the same jobs as local processes) (default local)")
+    parser.add_argument("--slurm-params", default="", metavar="KEY=VALUE,...",
+                        help="settings of the SLURM jobs, submitit's names of sbatch options, e.g. "
+                             "partition=cpu,time=60,mem_gb=4,cpus_per_task=1,array_parallelism=32,block=64 "
+                             "(time in minutes, default 60; block: tasks per array task, default 64)")
+
+
+def execution_from_args(args: argparse.Namespace) -> Execution:
+    """The :class:`~depthlens.context.Execution` of a command's ``--quiet``, ``--jobs``,
+    ``--executor`` and ``--slurm-params`` (checked by the run, census or sweep before any
+    model loads: :func:`depthlens.executors.check_execution`)."""
+    from .context import Execution
+
+    return Execution(quiet=args.quiet, jobs=args.jobs, executor=args.executor, slurm_params=args.slurm_params)
 
 
 def _census_parser(sub: argparse._SubParsersAction) -> None:
@@ -108,6 +147,18 @@ def _census_parser(sub: argparse._SubParsersAction) -> None:
                    help="remove each hub revision from the local Hugging Face cache once it is analysed")
 
 
+def _sweep_parser(sub: argparse._SubParsersAction) -> None:
+    """``depthlens sweep SWEEP.toml``: the sweep file, where its cells run, and the run-directory
+    switches."""
+    p = sub.add_parser("sweep", help=SWEEP_HELP, description=SWEEP_HELP)
+    p.add_argument("sweep_file", metavar="SWEEP.toml",
+                   help="run options shared by every cell (as --config reads them) and a [sweep] table: models, "
+                        "revisions, texts, seeds, stages, claims")
+    p.add_argument("--claims", metavar="FILE", help="pre-registered claims TOML for every cell (default: the sweep "
+                                                    "file's [sweep] claims, else the packaged claims)")
+    _add_directory_flags(p, "sweep", "runs/sweep")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``depthlens`` command."""
     parser = argparse.ArgumentParser(prog="depthlens", description="Transformers as dynamical systems over depth.")
@@ -116,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("run", *STAGES):
         _stage_parser(sub, name)
     _census_parser(sub)
+    _sweep_parser(sub)
     from .training.cli import add_parser as add_train_parser
 
     add_train_parser(sub)
@@ -126,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--claims", metavar="FILE",
                      help="re-score against this claims TOML (default: the run's registered copy RUN/claims.toml); "
                           "verdicts are marked re-scored when its hash differs from the registered one")
+    cmp = sub.add_parser("compare", help="one cross-model report of several runs (claims per model, profiles)")
+    cmp.add_argument("run_dirs", metavar="RUN_DIR", nargs="+")
+    cmp.add_argument("--out", required=True, metavar="DIR",
+                     help="folder of compare.html and compare.json (absent, empty or a previous comparison)")
+    cmp.add_argument("--labels", metavar="A,B,...",
+                     help="comma-separated label per run (default: model name and revision, made unique)")
     return parser
 
 
@@ -148,7 +206,7 @@ def _silence_libraries() -> None:
 
 
 def _stage(args: argparse.Namespace) -> None:
-    from .workflow import Execution, run
+    from .workflow import run
 
     if args.quiet:
         _silence_libraries()
@@ -157,9 +215,7 @@ def _stage(args: argparse.Namespace) -> None:
     config = RunConfig.from_sources(args.config, preset=args.preset, **options)
     run_mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.NEW
     stages = tuple(STAGES) if args.command == "run" else (args.command,)
-    if args.jobs < 1:
-        raise InputError(f"--jobs {args.jobs} is invalid; pass a positive number of worker processes.")
-    root = run(config, args.out, run_mode=run_mode, stages=stages, execution=Execution(quiet=args.quiet, jobs=args.jobs),
+    root = run(config, args.out, run_mode=run_mode, stages=stages, execution=execution_from_args(args),
                claims=args.claims, report=args.command == "run")
     print(f"run directory: {root}")
     if args.command == "run":
@@ -170,7 +226,6 @@ def _stage(args: argparse.Namespace) -> None:
 def _census(args: argparse.Namespace) -> None:
     from .census.options import CensusOptions
     from .census.runner import run_census
-    from .workflow import Execution
 
     if args.quiet:
         _silence_libraries()
@@ -179,12 +234,23 @@ def _census(args: argparse.Namespace) -> None:
     config = RunConfig.from_sources(args.config, preset=args.preset, **options)
     census = CensusOptions(**census_values)
     run_mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.NEW
-    if args.jobs < 1:
-        raise InputError(f"--jobs {args.jobs} is invalid; pass a positive number of worker processes.")
-    root = run_census(config, census, args.out, run_mode=run_mode, execution=Execution(quiet=args.quiet, jobs=args.jobs),
+    root = run_census(config, census, args.out, run_mode=run_mode, execution=execution_from_args(args),
                       delete_cache=args.delete_cache, claims=args.claims)
     print(f"census directory: {root}")
     print(f"report: {root / 'report.html'}")
+    print(disk_line(root))
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from .sweep import run_sweep
+
+    if args.quiet:
+        _silence_libraries()
+    run_mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.NEW
+    root = run_sweep(args.sweep_file, args.out, run_mode=run_mode, execution=execution_from_args(args),
+                     claims=args.claims)
+    print(f"sweep directory: {root}")
+    print(f"report: {root / 'compare' / 'compare.html'}")
     print(disk_line(root))
 
 
@@ -194,6 +260,13 @@ def _report(args: argparse.Namespace) -> None:
 
     read_manifest(args.run_dir)  # one line when RUN_DIR is not a run
     print(f"report: {render_report(args.run_dir, claims_path=args.claims)}")
+
+
+def _compare(args: argparse.Namespace) -> None:
+    from .report.compare import render_comparison
+
+    labels = None if args.labels is None else args.labels.split(",")
+    print(f"report: {render_comparison(args.run_dirs, args.out, labels=labels)}")
 
 
 def _internal_error(args: argparse.Namespace, exc: Exception) -> Path:
@@ -226,8 +299,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_doctor()
         elif args.command == "report":
             _report(args)
+        elif args.command == "compare":
+            _compare(args)
         elif args.command == "census":
             _census(args)
+        elif args.command == "sweep":
+            _sweep(args)
         elif args.command == "train":
             from .training.cli import main as train_main
 

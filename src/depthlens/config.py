@@ -308,7 +308,18 @@ class RunConfig:
             keys or sections, a stage's key outside its section, values of the wrong type
             (checked by :func:`check_type`) or bad values.
         """
-        values = _read_toml(Path(toml_path)) if toml_path is not None else {}
+        return cls.from_mapping(read_toml(Path(toml_path)) if toml_path is not None else {}, **overrides)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], **overrides: Any) -> "RunConfig":
+        """Build a configuration from the contents of a config file (top-level run options,
+        a ``[STAGE]`` section per stage), then explicit overrides (``None`` ones ignored).
+
+        Raises
+        ------
+        InputError
+            As :meth:`from_sources`, for everything but reading the file.
+        """
         for key, value in values.items():
             if key not in STAGES and _OWNERS.get(key, None) is not None:
                 raise InputError(f"config key {key} belongs to the [{_OWNERS[key]}] section; move it there.")
@@ -360,16 +371,24 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path, what: str = "config file", flag: str = "--config") -> dict[str, Any]:
+    """The TOML file ``path`` as a dict; one-line errors call it ``what`` and name ``flag``,
+    the option that gave it.
+
+    Raises
+    ------
+    InputError
+        A missing, unreadable, non-UTF-8 or non-TOML file, or a folder.
+    """
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"config file {path} does not exist; pass --config an existing TOML file.") from None
+        raise InputError(f"{what} {path} does not exist; pass {flag} an existing TOML file.") from None
     except IsADirectoryError:
-        raise InputError(f"config file {path} is a directory; pass --config a TOML file.") from None
+        raise InputError(f"{what} {path} is a directory; pass {flag} a TOML file.") from None
     except UnicodeDecodeError:
-        raise InputError(f"config file {path} is not UTF-8 text (a binary file?); pass --config a TOML file.") from None
+        raise InputError(f"{what} {path} is not UTF-8 text (a binary file?); pass {flag} a TOML file.") from None
     except OSError as exc:
-        raise InputError(f"config file {path} cannot be read ({exc.strerror}); pass --config a readable TOML file.") from None
+        raise InputError(f"{what} {path} cannot be read ({exc.strerror}); pass {flag} a readable TOML file.") from None
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"config file {path} is not valid TOML ({exc}); fix it or pass --config another file.") from None
+        raise InputError(f"{what} {path} is not valid TOML ({exc}); fix it or pass {flag} another file.") from None

@@ -52,6 +52,8 @@ STAGES: dict[str, str] = {
     "topology": "METHODS B5",
     "census": "the training-dynamics claims over a checkpoint series (`depthlens census`, or a run with "
               "`--revisions`)",
+    "sweep": "the index of a sweep (`depthlens sweep SWEEP.toml`): one ordinary run per cell; its "
+             "`tables/sweep.parquet`, not a run's",
     "train": "METHODS B6 (the checkpoint series `depthlens train` writes; the `training` table is its "
              "`tables/training.parquet`, not a run's)",
 }
@@ -752,8 +754,21 @@ _TRAIN = {
                           "(a killed session's steps after its last checkpoint not counted).", "seconds"),
     },
 }
+_SWEEP = {
+    "sweep": {
+        "cell": Column("The cell's label, `MODEL[@REVISION]__TEXT__seedN`: its run directory is `cells/LABEL`.",
+                       "text"),
+        "seed": Column("The cell's run seed (`--seed`).", "integer"),
+        "run_dir": Column("The cell's run directory, relative to the sweep directory.", "path"),
+        "status": Column("`done`; `incomplete` (some of its units or stages failed: what finished is in its run "
+                         "directory and the comparison); `failed` (it could not be loaded or analysed: see `error`).",
+                         "text"),
+        "error": Column("One line saying what failed; empty when done.", "text"),
+    },
+}
 _STAGE_TABLES = {"capture": _CAPTURE, "attention": _ATTENTION, "ablate": _ABLATE, "clamp": _CLAMP, "contest": _CONTEST,
-                 "jacobian": _JACOBIAN, "topology": _TOPOLOGY, "census": _CENSUS, "train": _TRAIN}
+                 "jacobian": _JACOBIAN, "topology": _TOPOLOGY, "census": _CENSUS, "sweep": _SWEEP,
+                 "train": _TRAIN}
 _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
     "attention_patterns": (("layer", "head", "chunk"),
                            "One row per (layer, head, chunk): the pattern features of one attention matrix."),
@@ -805,6 +820,8 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
                      "One row per (series, checkpoint, head): the head's role, scores and reserve at that checkpoint."),
     "census": (("series", "checkpoint"),
                "One row per (series, checkpoint): its status, loss, funnel, coupling and role counts."),
+    "sweep": (("cell",), "One row per cell of a sweep (`model`, `revision`, `text` are the cell's axes; `revision` "
+              "empty for the model as given): where its run is and whether it finished."),
     "training": (("step",), "One row per optimiser step of a series trained by `depthlens train` (its `model` the "
                  "series folder as given to `--out`, `revision` empty), with step 0: the training loss and learning "
                  "rate, and the held-out loss at the checkpoints."),
@@ -831,6 +848,15 @@ SUMMARIES: dict[str, Summary] = {s.name: s for s in (
             "each `held`, true, false or null for not tested, with its statistics), `dims` (the clamped dimensions "
             "when supported, else empty), `all_dims`, `emergence_layers`, `from_layer`, `n_chunks` (clamp chunks), "
             "`detection_chunks`, `alphas` and `control_dims`."),
+    Summary("compare", "compare", "Written by `depthlens compare RUN_DIR... --out DIR` into DIR (beside "
+            "`compare.html`), not into a run: `format` (`depthlens-compare`), `format_version`; `runs` (per model: "
+            "`label`, `run_dir`, `model`, `revision`, `text`, `seed`, `layers`, `stages` (stage → status), "
+            "`status` (`done`, `incomplete` or `failed`), `error`, `claims_file` and `claims_hash` of the claims "
+            "file it was scored with); `claims` (per claim: `id`, `prediction`, `statistic`, `criterion`, "
+            "`source` and `verdicts`, label → that run's `verdict`, `value`, `value_text`, `reason`, `criterion`, "
+            "`underpowered`, `sample`, `fragile` and `sensitivity`, as in `claims.json`); `profiles` (per "
+            "profile: `title`, `drawn`, `why` (when not drawn), `left_out` (label → why) and `points`: `run`, "
+            "`series`, `position`, `depth` normalised to [0, 1], `value`)."),
 )}
 
 #: Every kind of array file.

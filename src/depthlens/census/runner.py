@@ -36,7 +36,7 @@ from ..models import LoadedModel, load_model
 from ..models.finite import check_finite_weights
 from ..report.tables import RunTables
 from ..runs import RunDirectory, RunMode, check_target
-from ..runs.directory import not_a_run, read_manifest, remove_run_files
+from ..runs.directory import not_a_run, read_manifest, remove_sub_runs
 from ..runs.failures import fatal
 from ..schema import conform_table
 from .options import CensusOptions
@@ -128,7 +128,8 @@ def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_m
 
     Every input is checked before anything is written: the series resolve, every stage's
     sizes pass (:func:`depthlens.workflow.check_plan` on the first checkpoint's
-    configuration), and ``out`` suits ``run_mode``. Then each checkpoint runs as its own run
+    configuration), the executor is usable (:func:`depthlens.executors.check_execution`), and
+    ``out`` suits ``run_mode``. Then each checkpoint runs as its own run
     (:func:`depthlens.workflow.run`, with the model loaded once for it and its loss), the
     census tables are written and the report rendered.
 
@@ -150,12 +151,14 @@ def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_m
     """
     from ..report.html import render_report
     from ..environment import environment_block
+    from ..executors import check_execution
     from ..workflow import check_plan, claims_registration, package_versions, register_claims
 
     claims_bytes, claims_record = claims_registration(claims)
     series = _series(config, options)
     configs = _configs(config, series)
     plan = check_plan(next(iter(configs.values())), options.census_stages)
+    check_execution(execution)
     digest = census_hash(config, options)
     check_target(out, run_mode, digest)
     root = Path(out)
@@ -198,10 +201,7 @@ def _remove_checkpoint_runs(root: Path) -> None:
     except DepthlensError:
         return
     for info in series.values():
-        folder = root / "checkpoints" / str(info.get("folder", ""))
-        for sub in sorted(folder.iterdir()) if folder.is_dir() else ():
-            if sub.is_dir() and not_a_run(sub) is None:
-                remove_run_files(sub)
+        remove_sub_runs(root / "checkpoints" / str(info.get("folder", "")))
 
 
 def _visit(run_dir: RunDirectory, spec: str, folder: str, ckpt: Checkpoint, config: RunConfig, plan: list[str],

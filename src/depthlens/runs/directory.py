@@ -221,6 +221,16 @@ def remove_run_files(path: str | Path) -> None:
             pass
 
 
+def remove_sub_runs(folder: str | Path) -> None:
+    """Delete what every run directly inside ``folder`` wrote (:func:`remove_run_files`): the
+    checkpoint runs of a census, the cells of a sweep (``--overwrite``). Sub-folders that are
+    not runs, and files the runs did not write, stay."""
+    folder = Path(folder)
+    for sub in sorted(folder.iterdir()) if folder.is_dir() else ():
+        if sub.is_dir() and not_a_run(sub) is None:
+            remove_run_files(sub)
+
+
 def read_manifest(path: str | Path) -> dict[str, Any]:
     """Read ``manifest.json`` of a run directory.
 

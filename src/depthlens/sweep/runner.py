@@ -1,0 +1,142 @@
+"""``depthlens sweep SWEEP.toml``: every cell of a sweep as an ordinary run, then one
+cross-model report.
+
+Layout of a sweep directory (itself a depthlens run directory: manifest, index, ``--resume``
+and ``--overwrite`` as for a run)::
+
+    OUT/manifest.json          the sweep file's path and hash, its cells and their configurations
+    OUT/sweep.toml             a copy of the sweep file
+    OUT/cells/LABEL/           one run per cell (every table of its stages, its report.html)
+    OUT/tables/sweep.parquet   the index: one row per cell with its axes, status and error
+    OUT/compare/compare.html   the cross-model report of the cells (``depthlens compare``)
+
+Cells run one after another in this process; each cell's numerical tasks go to the executor
+of ``--executor`` (local worker processes, a Ray cluster, SLURM jobs). A cell that cannot be
+loaded or analysed is recorded (``status`` ``failed`` with its one-line error, the traceback in
+``logs/sweep.log``), announced in one line, and the other cells go on; the report marks it. A
+finished cell is a unit of the sweep: ``--resume`` skips it and resumes an unfinished cell's
+own run where it stopped.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ..context import Execution
+from ..errors import RunIncomplete
+from ..runs import RunDirectory, RunMode, atomic, check_target
+from ..runs.directory import not_a_run, remove_sub_runs
+from ..schema import conform_table
+from .spec import Cell, Sweep, read_sweep
+
+__all__ = ["KIND", "STAGE", "run_sweep"]
+
+STAGE = "sweep"
+KIND = "sweep"
+#: Where the copy of the sweep file goes in the sweep directory.
+SWEEP_COPY = "sweep.toml"
+
+
+def run_sweep(path: str | Path, out: str | Path, run_mode: RunMode = RunMode.NEW, execution: Execution = Execution(),
+              claims: str | Path | None = None) -> Path:
+    """Run every cell of the sweep file ``path`` into ``out`` and render the cross-model
+    report; return the sweep directory.
+
+    Everything is checked before anything is written: the sweep file (every key, every
+    cell's configuration), every cell's plan (:func:`depthlens.workflow.check_plan`), the
+    claims file, the executor and ``out`` against ``run_mode``.
+
+    Parameters
+    ----------
+    claims : str or Path, optional
+        A claims file for every cell, instead of the sweep file's ``claims`` (default: the
+        packaged claims).
+
+    Raises
+    ------
+    DepthlensError
+        Bad input, before anything is written.
+    StorageError
+        A full disk or read-only file system (the sweep stops; ``--resume`` continues).
+    """
+    from ..environment import environment_block
+    from ..executors import check_execution
+    from ..workflow import check_plan, claims_registration, package_versions
+
+    sweep = read_sweep(path)
+    claims = Path(claims) if claims is not None else sweep.claims
+    _, claims_record = claims_registration(claims)
+    plans = {cell.label: check_plan(cell.config, sweep.stages) for cell in sweep.cells}
+    check_execution(execution)
+    digest = Sweep(sweep.source, sweep.cells, sweep.stages, claims).digest()
+    check_target(out, run_mode, digest)
+    root = Path(out)
+    if run_mode is RunMode.OVERWRITE and root.is_dir() and not_a_run(root) is None:
+        remove_sub_runs(root / "cells")
+    manifest = {"kind": KIND, "sweep_file": str(sweep.source.resolve()), "config_hash": digest,
+                "stages": list(sweep.stages), "claims": claims_record,
+                "cells": [{"label": c.label, **c.axes, "config": c.config.to_dict(), "config_hash": c.config.hash()}
+                          for c in sweep.cells],
+                "versions": package_versions(), "environment": environment_block()}
+    run_dir = RunDirectory.open(root, run_mode, manifest)
+    if not (root / SWEEP_COPY).is_file():
+        atomic.write_bytes(root / SWEEP_COPY, sweep.source.read_bytes())
+    run_dir.mark_stage(STAGE, "running")
+    rows = []
+    for k, cell in enumerate(sweep.cells):
+        _say(execution, f"sweep: cell {cell.label} ({k + 1}/{len(sweep.cells)})")
+        rows.append(_cell(run_dir, cell, plans[cell.label], execution, claims))
+    table = pd.DataFrame(rows)
+    run_dir.write_table(STAGE, conform_table(STAGE, table))
+    not_done = table[table["status"] != "done"]
+    run_dir.mark_stage(STAGE, "done", **({"cells_not_done": dict(zip(not_done["cell"], not_done["error"]))}
+                                         if len(not_done) else {}))
+    _compare(root, table)
+    return root
+
+
+def _say(execution: Execution, line: str) -> None:
+    if not execution.quiet:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _cell(run_dir: RunDirectory, cell: Cell, plan: list[str], execution: Execution, claims: Path | None) -> dict:
+    """Run one cell (or take its finished unit) and return its row of the ``sweep`` table."""
+    from ..workflow import run
+
+    key = f"cell_{cell.label}"
+    sub = run_dir.root / "cells" / cell.label
+    row = {**cell.axes, "cell": cell.label, "run_dir": f"cells/{cell.label}", "status": "done", "error": ""}
+    if run_dir.has_unit(STAGE, key):
+        return row
+    mode = RunMode.RESUME if sub.is_dir() and not_a_run(sub) is None else RunMode.NEW
+    before = len(run_dir.failures.failures)
+    with run_dir.failures.unit(STAGE, key):
+        try:
+            run(cell.config, sub, run_mode=mode, stages=plan, execution=execution, claims=claims, report=True)
+        except RunIncomplete as exc:
+            error = exc.failures[0].line() if exc.failures else "some units failed"
+            _say(execution, f"sweep: cell {cell.label} is incomplete: {error}")
+            return {**row, "status": "incomplete", "error": error}
+        finally:
+            gc.collect()  # the cell's model holds reference cycles: free it before the next cell loads
+        run_dir.write_unit(STAGE, key, {"cell": pd.DataFrame([{"cell": cell.label}])})
+        return row
+    failure = run_dir.failures.failures[before]
+    print(f"depthlens: sweep: cell {cell.label} failed: {failure.error} (details in {failure.log})", file=sys.stderr,
+          flush=True)
+    return {**row, "status": "failed", "error": failure.error}
+
+
+def _compare(root: Path, table: pd.DataFrame) -> Path:
+    """The cross-model report of the sweep's cells in ``OUT/compare`` (failed cells marked)."""
+    from ..report.compare import render_comparison
+
+    ran = table[table["status"] != "failed"]
+    failed = table[table["status"] == "failed"]
+    return render_comparison([root / d for d in ran["run_dir"]], root / "compare", labels=list(ran["cell"]),
+                             failed=dict(zip(failed["cell"], failed["error"])))
