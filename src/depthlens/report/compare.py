@@ -355,16 +355,24 @@ def _verdicts_section(models: Sequence[_Model], claims: list[dict[str, Any]]) ->
             "under one of the claim's sensitivity variants (next section).</p></section>")
 
 
-def _verdict_cell(row: Mapping[str, Any], m: _Model) -> str:
+def _claim_cell(m: _Model, result: Mapping[str, Any] | None, body: str) -> str:
+    """Model ``m``'s cell of a claim row: the failed badge for a model that failed, "—" when
+    it has no ``result`` (the claim is not in its claims file), else ``body`` with the
+    result's reason on hover."""
     if m.tables is None:
         return _failed_cell(m)
+    if result is None:
+        return '<td class="cell" title="not in this run\'s claims file">—</td>'
+    return f'<td class="cell" title="{esc(result["reason"])}">{body}</td>'
+
+
+def _verdict_cell(row: Mapping[str, Any], m: _Model) -> str:
     r = row["verdicts"].get(m.label)
     if r is None:
-        return '<td class="cell" title="not in this run\'s claims file">—</td>'
+        return _claim_cell(m, None, "")
     other = f"<br><small>{esc(r['criterion'])}</small>" if r["criterion"] != row["criterion"] else ""
     fragile = f"<br>{FRAGILE_BADGE}" if r["fragile"] else ""
-    return (f'<td class="cell" title="{esc(r["reason"])}">{verdict_badge(r)}<br>{esc(r["value_text"])}'
-            f"{other}{fragile}</td>")
+    return _claim_cell(m, r, f"{verdict_badge(r)}<br>{esc(r['value_text'])}{other}{fragile}")
 
 
 def _sensitivity_section(models: Sequence[_Model], claims: list[dict[str, Any]]) -> str:
@@ -389,24 +397,18 @@ def _sensitivity_section(models: Sequence[_Model], claims: list[dict[str, Any]])
 
 
 def _own_cell(row: Mapping[str, Any], m: _Model) -> str:
-    if m.tables is None:
-        return _failed_cell(m)
     r = row["verdicts"].get(m.label)
     if r is None:
-        return '<td class="cell">—</td>'
+        return _claim_cell(m, None, "")
     decisive = r["verdict"] in ("supported", "falsified")
     mark = f"<br>{FRAGILE_BADGE}" if r["fragile"] else "<br><small>stable</small>" if decisive else ""
-    return f'<td class="cell" title="{esc(r["reason"])}">{verdict_badge(r)}{mark}</td>'
+    return _claim_cell(m, r, f"{verdict_badge(r)}{mark}")
 
 
 def _variant_cell(row: Mapping[str, Any], m: _Model, name: str) -> str:
-    if m.tables is None:
-        return _failed_cell(m)
     r = row["verdicts"].get(m.label) or {}
     v = next((v for v in r.get("sensitivity", ()) if v["name"] == name), None)
-    if v is None:
-        return '<td class="cell">—</td>'
-    return f'<td class="cell" title="{esc(v["reason"])}">{esc(v["value_text"])} → {verdict_badge(v)}</td>'
+    return _claim_cell(m, v, "" if v is None else f"{esc(v['value_text'])} → {verdict_badge(v)}")
 
 
 def _profiles_section(missing: Mapping[str, Mapping[str, str]], figures: Mapping[str, tuple[bytes | None, str]]
