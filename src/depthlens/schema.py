@@ -158,7 +158,9 @@ _MATRIX = {
     "kreiss_A_ok": Column("1 when `kreiss_A` ≥ √n (1 − 1e-3) and the Perron root is simple (the mask-pinned "
                           "value K(A) = √n is confirmed), else 0.", "0/1 flag"),
     "kreiss_B": Column("Kreiss constant K(B) = sup_{|z|>1} (|z|−1) / σ_min(zI − B): the best point of a "
-                       "global search (grid in (log(|z|−1), arg z), then L-BFGS-B).",
+                       "search: on the positive real axis (a grid in log(r−1), then bounded Brent between the best "
+                       "grid neighbours) where the axis reduction proves the supremum lies there, as it does for every "
+                       "deflated causal stochastic matrix; otherwise a grid in (log(|z|−1), arg z), then L-BFGS-B.",
                        "dimensionless, ≥ 1; lower bound (a point actually evaluated), typically "
                        "exact to 1e-10 relative"),
     "kreiss_B_upper": Column("Rigorous upper bound on K(B) from the power norms ‖B^k‖ (Neumann series of the "

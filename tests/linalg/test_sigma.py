@@ -163,3 +163,24 @@ def test_near_degenerate_triangular_grid_matches_svdvals(rng: np.random.Generato
     z = np.linspace(-0.05, 0.05, 11)[None, :] + 1j * np.linspace(-0.4, 0.4, 9)[:, None]
     r = sigma_min(L, z)
     np.testing.assert_allclose(r.sigma, dense(L, z.ravel()).reshape(z.shape), rtol=1e-10)
+
+
+@pytest.mark.parametrize("n", [7, 64])
+def test_real_problems_run_in_real_arithmetic(n: int, rng: np.random.Generator) -> None:
+    """A real lower-triangular L at real points gets a real start vector and real iterates: the
+    vectors have zero imaginary parts, σ matches the dense SVD and the complex-arithmetic run of
+    the same kernel (a complex start vector) to rounding, and so do the residuals."""
+    from depthlens.linalg._kernels import sigma_min_batch
+    from depthlens.linalg.sigma import _start_vector
+
+    B = deflate(causal_softmax(n, rng, sink=1.0, prev=1.0))
+    z = np.array([1.001, 1.4, 2.0, -1.3, 7.5, 40.0], dtype=np.complex128)
+    ev = triangular_form(B).evaluate(z, vectors=True)
+    assert ev.converged.all() and not ev.UL.imag.any() and not ev.VL.imag.any() and not ev.c.imag.any()
+    np.testing.assert_allclose(ev.sigma, dense(B, z), rtol=1e-12)
+    assert np.all(ev.res_right <= 1e-13 * (np.abs(z) + np.linalg.norm(B, 2)))
+    cplx = sigma_min_batch(B, np.empty((0, 0)), z, _start_vector(n), 1e-14, 200, True, False, True)
+    np.testing.assert_allclose(ev.sigma, cplx[0], rtol=1e-12)
+    assert np.all(ev.res_left <= 10.0 * cplx[5] + 1e-13)  # the left residual as in complex arithmetic
+    mixed = triangular_form(B).evaluate(np.append(z, 1.4 + 0.1j))  # one complex point: complex start for all
+    np.testing.assert_allclose(mixed.sigma[:-1], ev.sigma, rtol=1e-12)

@@ -28,8 +28,9 @@ KREISS_A_DELTAS = (1e-7, 1e-9, 1e-11)
 #: Relative tolerance of the K(A) = √n check.
 KREISS_A_RTOL = 1e-3
 #: Search grid ``(log radius, angle)`` of the Kreiss value for attention matrices, model and
-#: nulls alike. On 720 SmolLM2 matrices (chunk-0 heads, median-chunk heads, spec nulls) it
-#: gave the same K(B) as the generic (17, 14) grid to 3e-15 relative, at 58% of the cost.
+#: nulls alike. Deflated causal stochastic matrices take the real-axis search, which reads only
+#: the radius count (11 points in log(r−1) before Brent refines); the angle count serves a
+#: matrix without the axis reduction (:mod:`depthlens.linalg.kreiss_search`).
 SEARCH_GRID = (11, 9)
 
 

@@ -1,5 +1,6 @@
-"""Compiled kernels: the smallest singular value of a shifted lower-triangular matrix, and
-Horner evaluation of a long real series at many points (:func:`horner`).
+"""Compiled kernels: the smallest singular value of a shifted lower-triangular matrix, Horner
+evaluation of a long real series at many points (:func:`horner`), and the sign proposal of
+:func:`~depthlens.linalg.kreiss_search.signature_nonnegative` (:func:`signature_proposal`).
 
 The main numerical job here: for a lower-triangular ``L`` (float64 or complex128) and complex
 shifts ``z_k``, find ``σ_min(z_k I − L)`` with its singular vectors by inverse iteration on
@@ -43,6 +44,14 @@ be a non-dominant singular vector of the new point cannot stall the iteration); 
 that did not converge the next one starts from ``v0``. A shift equal to a diagonal entry of
 ``L`` (an eigenvalue) is not iterated and is reported as not converged.
 
+Real problems: where ``L``, the shift and the start vector are all real, every iterate is real
+(the singular vectors of a real matrix can be taken real), and the numba kernel runs that
+point in real arithmetic: half the flops of the complex loops, about 20% less time per step
+at n = 128 (the two independent sums of the complex loops overlap, so those take less than
+twice as long); the vectors come back as complex128 with zero imaginary parts.
+:meth:`~depthlens.linalg.sigma.TriangularForm.evaluate` passes a real ``v0`` when ``L`` and
+every shift are real.
+
 Floating point: the triangular solves run with ``fastmath`` flags ``reassoc``, ``contract`` and
 ``nsz`` only (sums may be reordered and fused into FMAs; no approximate division, no
 assumptions about NaN or infinities), which changes only the rounding of the iterates. The
@@ -58,7 +67,7 @@ import numpy as np
 import scipy.linalg
 from numba import njit
 
-__all__ = ["ENGINES", "horner", "sigma_min_batch", "sigma_min_batch_numpy"]
+__all__ = ["ENGINES", "horner", "sigma_min_batch", "sigma_min_batch_numpy", "signature_proposal"]
 
 ENGINES = ("numba", "numpy")
 _WARM_MIX = 1e-2
@@ -66,9 +75,18 @@ _FM = {"reassoc", "contract", "nsz"}
 
 
 @njit(cache=True, fastmath=_FM)
-def _solve(Lr, Li, cplx, zr, zi, br, bi, xr, xi):  # pragma: no cover - compiled
-    """Solve ``(zI − L) x = b`` for lower-triangular ``L = Lr + i·Li`` (dot-product rows)."""
+def _solve(Lr, Li, cplx, im, zr, zi, br, bi, xr, xi):  # pragma: no cover - compiled
+    """Solve ``(zI − L) x = b`` for lower-triangular ``L = Lr + i·Li`` (dot-product rows);
+    with ``im`` False (real ``L``, ``z`` and ``b``) in real arithmetic, ``xi`` set to zero."""
     n = Lr.shape[0]
+    if not im:
+        for i in range(n):
+            sr = br[i]
+            for j in range(i):
+                sr += Lr[i, j] * xr[j]
+            xr[i] = sr / (zr - Lr[i, i])
+            xi[i] = 0.0
+        return
     for i in range(n):
         sr = br[i]
         si = bi[i]
@@ -87,12 +105,20 @@ def _solve(Lr, Li, cplx, zr, zi, br, bi, xr, xi):  # pragma: no cover - compiled
 
 
 @njit(cache=True, fastmath=_FM)
-def _solve_h(Lr, Li, cplx, zr, zi, br, bi, xr, xi):  # pragma: no cover - compiled
-    """Solve ``(zI − L)ᴴ x = b``: back substitution, one axpy per row of ``L``."""
+def _solve_h(Lr, Li, cplx, im, zr, zi, br, bi, xr, xi):  # pragma: no cover - compiled
+    """Solve ``(zI − L)ᴴ x = b``: back substitution, one axpy per row of ``L`` (real
+    arithmetic with ``im`` False, as :func:`_solve`)."""
     n = Lr.shape[0]
     for i in range(n):
         xr[i] = br[i]
-        xi[i] = bi[i]
+        xi[i] = bi[i] if im else 0.0
+    if not im:
+        for j in range(n - 1, -1, -1):
+            a = xr[j] / (zr - Lr[j, j])
+            xr[j] = a
+            for i in range(j):
+                xr[i] += Lr[j, i] * a
+        return
     for j in range(n - 1, -1, -1):
         lii = Li[j, j] if cplx else 0.0
         q = complex(xr[j], xi[j]) / complex(zr - Lr[j, j], lii - zi)
@@ -111,9 +137,10 @@ def _solve_h(Lr, Li, cplx, zr, zi, br, bi, xr, xi):  # pragma: no cover - compil
 
 
 @njit(cache=True)
-def _residuals(Lr, Li, cplx, zr, zi, sig, ur, ui, vr, vi, wr, wi):  # pragma: no cover - compiled
+def _residuals(Lr, Li, cplx, im, zr, zi, sig, ur, ui, vr, vi, wr, wi):  # pragma: no cover - compiled
     """Return ``(‖(zI−L)v − σu‖, ‖(zI−L)ᴴu − σv‖)`` by explicit triangular mat-vecs, in strict
-    IEEE order (no ``fastmath``): the certified bounds rest on these residuals."""
+    IEEE order (no ``fastmath``): the certified bounds rest on these residuals. With ``im``
+    False (real ``L``, ``z``, ``u``, ``v``) the imaginary parts, all exactly zero, are skipped."""
     n = Lr.shape[0]
     r1 = 0.0
     for i in range(n):
@@ -126,7 +153,9 @@ def _residuals(Lr, Li, cplx, zr, zi, sig, ur, ui, vr, vi, wr, wi):  # pragma: no
         else:
             for j in range(i + 1):
                 sr -= Lr[i, j] * vr[j]
-                si -= Lr[i, j] * vi[j]
+            if im:
+                for j in range(i + 1):
+                    si -= Lr[i, j] * vi[j]
         r1 += sr * sr + si * si
     for i in range(n):
         wr[i] = zr * ur[i] + zi * ui[i] - sig * vr[i]
@@ -141,7 +170,9 @@ def _residuals(Lr, Li, cplx, zr, zi, sig, ur, ui, vr, vi, wr, wi):  # pragma: no
         else:
             for i in range(j + 1):
                 wr[i] -= Lr[j, i] * a
-                wi[i] -= Lr[j, i] * b
+            if im:
+                for i in range(j + 1):
+                    wi[i] -= Lr[j, i] * b
     r2 = 0.0
     for i in range(n):
         r2 += wr[i] * wr[i] + wi[i] * wi[i]
@@ -285,6 +316,11 @@ def sigma_min_batch(Lr, Li, zs, v0, tol, maxiter, warm, keep, resid):  # pragma:
                 vr[i] = v0[i].real
                 vi[i] = v0[i].imag
         _normalize(vr, vi)
+        # real L, real shift and real start: every iterate stays real (real arithmetic)
+        im = cplx or zi != 0.0
+        for i in range(n):
+            if vi[i] != 0.0:
+                im = True
         s_old = np.inf
         s = np.inf
         it = 0
@@ -296,9 +332,9 @@ def sigma_min_batch(Lr, Li, zs, v0, tol, maxiter, warm, keep, resid):  # pragma:
         have_prev = False
         while it < maxiter and not singular:
             it += 1
-            _solve_h(Lr, Li, cplx, zr, zi, vr, vi, xr, xi)
+            _solve_h(Lr, Li, cplx, im, zr, zi, vr, vi, xr, xi)
             _normalize(xr, xi)
-            _solve(Lr, Li, cplx, zr, zi, xr, xi, yr, yi)
+            _solve(Lr, Li, cplx, im, zr, zi, xr, xi, yr, yi)
             s = -1.0
             if have_prev:
                 s = _rr2(yr, yi, xr, xi, ypr, ypi, xpr, xpi, vr, vi, tr, ti)
@@ -322,7 +358,7 @@ def sigma_min_batch(Lr, Li, zs, v0, tol, maxiter, warm, keep, resid):  # pragma:
                 break
             s_old = s
         # (xr, xi) is the left vector u, (vr, vi) the right vector v, (zI − L) v ≈ s u.
-        r1, r2 = _residuals(Lr, Li, cplx, zr, zi, s, xr, xi, vr, vi, wr, wi) if resid else (0.0, 0.0)
+        r1, r2 = _residuals(Lr, Li, cplx, im, zr, zi, s, xr, xi, vr, vi, wr, wi) if resid else (0.0, 0.0)
         sig[k] = s
         iters[k] = it
         res1[k] = r1
@@ -443,3 +479,33 @@ def horner(coef: np.ndarray, x: np.ndarray) -> np.ndarray:  # pragma: no cover -
             acc = acc * xi + coef[j]
         out[i] = acc
     return out
+
+
+@njit(cache=True)
+def signature_proposal(M: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
+    """Signs ``d_j = ±1`` from a breadth-first 2-colouring of the graph of nonzero entries of a
+    real square ``M``: ``d_j = d_i·sign(M_ij)`` (``sign(M_ji)`` where ``M_ij = 0``) along the
+    edge that first reaches ``j``, each connected component rooted at its first index with
+    ``d = 1``. ``O(n²)``. A proposal only: whether ``DMD ≥ 0`` holds is for the caller to check
+    on every entry (a valid ``D``, where one exists, is this one up to a sign per component)."""
+    n = M.shape[0]
+    d = np.zeros(n)
+    queue = np.empty(n, dtype=np.int64)
+    for root in range(n):
+        if d[root] != 0.0:
+            continue
+        d[root] = 1.0
+        queue[0] = root
+        head = 0
+        tail = 1
+        while head < tail:
+            i = queue[head]
+            head += 1
+            for j in range(n):
+                if d[j] == 0.0:
+                    m = M[i, j] if M[i, j] != 0.0 else M[j, i]
+                    if m != 0.0:
+                        d[j] = d[i] if m > 0.0 else -d[i]
+                        queue[tail] = j
+                        tail += 1
+    return d

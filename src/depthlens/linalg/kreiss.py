@@ -5,8 +5,10 @@ Three numbers, three guarantees:
 
 * ``value``: the largest ``(|z|−1)/σ_min(zI−M)`` at a point actually evaluated (a coarse grid
   in ``(log(|z|−1), arg z)``, then L-BFGS-B from the best grid points with the analytic
-  gradient from the singular vectors). A lower bound on ``K`` up to the rounding of one
-  ``σ_min`` (about ``1e-13`` relative; not certified: no residual is formed).
+  gradient from the singular vectors; on the positive real axis alone, a grid in
+  ``log(r−1)`` and bounded Brent, where the axis reduction below proves the supremum lies
+  there). A lower bound on ``K`` up to the rounding of one ``σ_min`` (about ``1e-13``
+  relative; not certified: no residual is formed).
 * ``upper``: ``sup_{r>1} (r−1) Σ_k ‖M^k‖ r^{−(k+1)}`` (the Neumann series of the resolvent and
   the triangle inequality), with norms of computed powers for ``k ≤ k0`` plus a rigorous
   allowance ``γ·‖|M|^k‖`` for the rounding of the products, and a geometric tail from
@@ -211,6 +213,14 @@ def kreiss(
     radial points next to unit-circle eigenvalues; then L-BFGS-B in ``(log(|z|−1), arg z)`` from
     the ``starts`` best grid maxima with the analytic gradient ``dσ = Re(uᴴv·dz)``), so it is a
     lower bound that typically matches ``K`` to ``1e-10`` relative but is not guaranteed to.
+    Where :func:`~depthlens.linalg.kreiss_search.axis_reduction` holds (below; every deflated
+    causal stochastic matrix) ``K`` is the supremum over the positive real axis, and the search
+    runs there only: ``grid[0]`` points in ``log(r−1)``, then bounded Brent between the grid
+    neighbours of the ``starts`` best grid maxima (about 30 evaluations in real arithmetic
+    instead of 250 complex ones; ``method`` says which search ran). On 348 deflated heads at
+    n = 128 (80 synthetic, 268 of SmolLM2-135M's 270 on one text chunk; the other two have
+    ``‖B‖ < 1``) and 48 synthetic ones at n = 64 and 256 it gave the value of the
+    two-dimensional search to ``1.3e-15`` relative.
     ``upper`` comes from :func:`power_upper_bound`. With ``certify=True`` a branch and bound
     over annular sectors of ``1 < |z| < R`` returns ``lo ≤ K ≤ hi`` with ``hi/lo − 1 ≤ rtol``
     (``certified``), where ``R`` is chosen so that the far-field bound
@@ -246,8 +256,8 @@ def kreiss(
     the bracket contains ``√n`` (its lower end certified at ``z = λ(1 + h)``, within about
     ``1e-5`` relative of the limit); ``K(I) = 1``.
 
-    Cost: value, about 250–300 ``σ_min`` evaluations (``O(n²)`` each) for ``O(n³)`` once for a
-    non-triangular ``M``; upper, ``O(k0·n³)``; certify, a few thousand evaluations plus tens
+    Cost: value, about 250–300 ``σ_min`` evaluations (``O(n²)`` each; about 30 on the real axis)
+    for ``O(n³)`` once for a non-triangular ``M``; upper, ``O(k0·n³)``; certify, a few thousand evaluations plus tens
     of dense SVDs at rtol 1e-3.
 
     Parameters
@@ -263,9 +273,10 @@ def kreiss(
     engine : {"numba", "numpy"}
         ``σ_min`` engine.
     grid : (int, int)
-        Search grid ``(n_log_radius, n_angle)`` (angles doubled for complex ``M``).
+        Search grid ``(n_log_radius, n_angle)`` (angles doubled for complex ``M``; only
+        ``n_log_radius`` is used on the real axis).
     starts : int
-        L-BFGS-B starts.
+        Local refinements (L-BFGS-B, or bounded Brent on the real axis).
     max_evals : int
         Evaluation budget of the branch and bound; ``certified = False`` when exhausted, and a
         :class:`CertificationBudgetWarning` is issued.
@@ -302,10 +313,14 @@ def kreiss(
     status, lam, circle = spectrum_status(A, tf)
     if status in ("outside", "defective"):
         return _infinite(tf, status, lam, certify)
-    norm = spectral_norm(A)
-    if status == "inside" and norm <= 1.0 - 8.0 * tf.n * _EPS:
-        return _contraction(tf, norm, certify, engine)
-    obj = search(tf, engine, grid, starts, circle)
+    # ‖M‖ ≥ every column norm, and the computed ones are within a few u of exact: a column norm
+    # above 1 rules out ‖M‖ ≤ 1 − 8nu, and the dense norm is skipped
+    if status == "inside" and float(np.linalg.norm(A, axis=0).max()) <= 1.0:
+        norm = spectral_norm(A)
+        if norm <= 1.0 - 8.0 * tf.n * _EPS:
+            return _contraction(tf, norm, certify, engine)
+    axis = axis_reduction(A, tf)
+    obj = search(tf, engine, grid, starts, circle, axis=axis)
     limit = float(circle.proj_norms.max()) if circle is not None else 0.0
     pb = power_upper_from_status(A, status, circle, 1e-3, 20 * tf.n + 100, 1e-4) if upper else None
     lo = hi = None
@@ -313,7 +328,6 @@ def kreiss(
     certified = False
     reason = None
     if certify:
-        axis = axis_reduction(A, tf)
         run = BranchBound(tf, obj, circle, engine, axis=axis)
         lo, hi, R, stopped = run.run(rtol, max_evals, 64)
         if pb is not None:
@@ -338,7 +352,7 @@ def kreiss(
         lo=lo,
         hi=hi,
         certified=certified,
-        method="grid+L-BFGS-B" + ("+branch-and-bound" if certify else ""),
+        method=("real-axis grid+Brent" if axis else "grid+L-BFGS-B") + ("+branch-and-bound" if certify else ""),
         power_bound=pb,
         branch_bound=bb,
         uncertified_reason=reason,

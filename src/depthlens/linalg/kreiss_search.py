@@ -2,8 +2,10 @@
 certified branch and bound.
 
 * :func:`search`: a coarse grid in ``(log(|z|−1), arg z)``, then L-BFGS-B from the best grid
-  maxima with the analytic gradient from the singular vectors; its best point is the lower
-  ``value`` of :func:`~depthlens.linalg.kreiss.kreiss`.
+  maxima with the analytic gradient from the singular vectors; where :func:`axis_reduction`
+  holds, a grid in ``log(r−1)`` on the positive real axis, then bounded Brent (about 30
+  evaluations in place of 250); its best point is the lower ``value`` of
+  :func:`~depthlens.linalg.kreiss.kreiss`.
 * :class:`BranchBound`: annular sectors of ``1 < |z| < R`` (``R`` from the far-field bound
   ``(|z|−1)/(|z|−w)``, ``w`` the smaller of bounds on ``‖M‖`` and on the numerical radius),
   each bounded by the numerical range (:meth:`BranchBound._sector`), else by the
@@ -13,9 +15,9 @@ certified branch and bound.
   (:meth:`BranchBound.certified_ratio`).
 * :func:`axis_reduction`: an exactly checked condition (real triangular ``M``, ``ρ(M) ≤ 1``,
   ``DMD ≥ 0`` for a signature ``D``, as for every deflated causal stochastic matrix) under
-  which ``K(M)`` is the supremum over the positive real axis, so the branch and bound covers
-  segments of ``(1, R)`` only (about 20× fewer cells and Cholesky certificates on attention
-  matrices, n = 128).
+  which ``K(M)`` is the supremum over the positive real axis, so the value search is
+  one-dimensional and the branch and bound covers segments of ``(1, R)`` only (about 20×
+  fewer cells and Cholesky certificates on attention matrices, n = 128).
 
 The spectrum classification and the deflated matrix come from
 :mod:`depthlens.linalg.kreiss_bound`.
@@ -27,9 +29,11 @@ import math
 
 import numpy as np
 import scipy.optimize
-from scipy.linalg.lapack import zpotrf as _potrf
+from scipy.linalg.lapack import dpotrf as _dpotrf
+from scipy.linalg.lapack import zpotrf as _zpotrf
 
 from . import guarded
+from ._kernels import signature_proposal
 from .kreiss_bound import UnitCircle
 from .sigma import TriangularForm
 
@@ -66,6 +70,25 @@ class Objective:
         f = _ratio(np.abs(z) - 1.0, ev.sigma)
         self.record(z, f)
         return f
+
+    def refine_axis(self, lo: float, hi: float) -> None:
+        """Bounded Brent (SciPy's, stopping at ``|Δt| ≈ 1.5·10⁻⁸·|t| + 10⁻¹⁰``) for the largest
+        ``f(1 + e^t)``, ``t ∈ [lo, hi]``, each point started from the previous one's right
+        singular vector: the points close in on one maximiser, and a cold start costs tens of
+        steps where ``σ_min ≈ σ₂`` (large ``r``)."""
+        start = None
+
+        def neg(t: float) -> float:
+            nonlocal start
+            z = np.array([1.0 + math.exp(t)], dtype=np.complex128)
+            ev = self.tf.evaluate(z, vectors=True, engine=self.engine, residuals=False, start=start)
+            assert ev.VL is not None
+            start = ev.VL[0] if ev.converged[0] else None
+            f = _ratio(np.abs(z) - 1.0, ev.sigma)
+            self.record(z, f)
+            return -float(f[0])
+
+        scipy.optimize.minimize_scalar(neg, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
 
     def neg_log(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         """``−log f`` and its gradient in ``(t, θ)`` (``dσ = Re(c·dz)``, ``c = uᴴv``)."""
@@ -111,14 +134,47 @@ def radial_points(circle: UnitCircle | None) -> np.ndarray:
 
 
 def search(
-    tf: TriangularForm, engine: str, grid: tuple[int, int], starts: int, circle: UnitCircle | None
+    tf: TriangularForm, engine: str, grid: tuple[int, int], starts: int, circle: UnitCircle | None,
+    axis: bool = False,
 ) -> Objective:
-    """Coarse grid in ``(log(|z|−1), arg z)``, then L-BFGS-B from the best local maxima."""
+    """Coarse grid in ``t = log(|z|−1)`` over ``[log 10⁻³, log(2‖M‖+1)]`` (``grid[0]`` values)
+    and ``arg z`` (``grid[1]`` angles over ``[0, π]`` for real ``M``, twice as many over the
+    circle otherwise), then L-BFGS-B in ``(t, θ)`` from the ``starts`` best local maxima; plus
+    ``|z| = 10¹²(1+‖M‖)`` and the :func:`radial_points`.
+
+    With ``axis`` (only where :func:`axis_reduction` holds, the caller's responsibility) the
+    grid is ``r = 1 + e^t`` on the positive real axis (``grid[1]`` unused) and each of the
+    ``starts`` best local maxima ``t_i`` is refined by :meth:`Objective.refine_axis` on
+    ``[t_{i−1}, t_{i+1}]`` (``[log 10⁻¹², t_1]`` or ``[t_{nt−2}, log(2‖M‖+1) + 2]`` at an end of
+    the grid, the bounds of the L-BFGS-B search), to ``|Δt| ≲ 10⁻⁸``: the ratio is smooth at a
+    simple ``σ_min``, so that leaves ``f`` within about ``10⁻¹⁵`` relative of the local maximum.
+    A maximum at the top end of the grid is not refined where the numerical-abscissa bound
+    ``f(r) ≤ (r−1)/(r−h)``, ``h = λ_max(½(M+Mᵀ))`` (one eigensolve, only then; exact up to the
+    rounding of ``h``), shows that nothing past ``r_{nt−2}`` exceeds the best value or the
+    limit 1 at infinity (there, with ``σ_min ≈ σ₂``, every evaluation costs a hundred steps or
+    more).
+    """
     obj = Objective(tf, engine)
     N = max(tf.norm_upper, 1e-3)
     t_hi = math.log(2.0 * N + 1.0)
     t_lo = math.log(1e-3)
     nt, nth = grid
+    if axis:
+        ts = np.linspace(t_lo, t_hi, nt)
+        F = obj.values((1.0 + np.exp(ts)).astype(np.complex128), tol=1e-8)  # start points only
+        obj.values(np.concatenate([[1e12 * (1.0 + N)], radial_points(circle)]).astype(np.complex128))
+        for i, _ in _local_maxima(F[:, None], starts):
+            lo = ts[i - 1] if i > 0 else math.log(1e-12)
+            if i == nt - 1:
+                # f(r) ≤ (r−1)/(r−h) with h = λ_max(½(M+Mᵀ)), since σ_min(rI−M) ≥ r − h: for h ≤ 1
+                # f ≤ 1 = lim_{r→∞} f everywhere (K = 1, the far point holds the value); for h > 1
+                # the bound decreases in r, so past r_lo nothing beats its value there.
+                h = support_value(tf.L, 0.0)
+                r_lo = 1.0 + math.exp(lo)
+                if h <= 1.0 or (r_lo > h and (r_lo - 1.0) / (r_lo - h) <= obj.best):
+                    continue
+            obj.refine_axis(lo, ts[i + 1] if i < nt - 1 else t_hi + 2.0)
+        return obj
     th_hi = math.pi
     th_lo = 0.0 if tf.real_input else -math.pi
     if not tf.real_input:
@@ -141,33 +197,32 @@ def search(
     return obj
 
 
+def support_value(L: np.ndarray, phi: float) -> float:
+    """``h(φ) = λ_max(½(e^{−iφ}L + e^{iφ}Lᴴ))``, the support function of the numerical range of
+    ``L`` in direction ``φ`` (``h(0)`` is the numerical abscissa): the largest eigenvalue only,
+    by a dense eigensolve (``O(n³)``; real for ``φ = 0`` and a real ``L``), accurate to about
+    ``n·u·‖L‖``."""
+    H = 0.5 * (L + L.conj().T) if phi == 0.0 else 0.5 * (np.exp(-1j * phi) * L + np.exp(1j * phi) * L.conj().T)
+    n = L.shape[0]
+    return float(guarded.eigvalsh(H, subset_by_index=(n - 1, n - 1))[-1])
+
+
 # ----------------------------------------------------------------------------- positive real axis
 def signature_nonnegative(M: np.ndarray) -> bool:
     """Whether a real ``M`` has a signature matrix ``D = diag(±1)`` with ``DMD ≥ 0`` entrywise.
 
     ``D`` is proposed by a breadth-first 2-colouring of the graph of nonzero entries
-    (``d_j = d_i·sign(M_ij)``) and then verified on every entry; the verification is exact
-    (products with ±1 are exact in floating point), so True is a fact about ``M`` as stored.
+    (``d_j = d_i·sign(M_ij)``, compiled: :func:`~depthlens.linalg._kernels.signature_proposal`)
+    and then verified on every entry; the verification is exact (products with ±1 are exact in
+    floating point), so True is a fact about ``M`` as stored.
     A deflated causal row-stochastic matrix ``B = A − 1e₁ᵀ`` qualifies with
     ``D = diag(−1, 1, …, 1)``.
     """
     if np.iscomplexobj(M) or M.ndim != 2 or M.shape[0] != M.shape[1]:
         return False
-    n = M.shape[0]
     if np.any(np.diagonal(M) < 0.0):
         return False
-    S = np.where(M != 0.0, np.sign(M), np.sign(M.T))  # relation d_i d_j = S_ij where either entry ≠ 0
-    d = np.zeros(n)
-    for root in range(n):
-        if d[root]:
-            continue
-        d[root] = 1.0
-        queue = [root]
-        while queue:
-            i = queue.pop()
-            nb = np.flatnonzero((S[i] != 0.0) & (d == 0.0))
-            d[nb] = d[i] * S[i, nb]
-            queue.extend(nb.tolist())
+    d = signature_proposal(np.ascontiguousarray(M, dtype=np.float64))
     return bool(np.all((d[:, None] * M) * d[None, :] >= 0.0))
 
 
@@ -269,15 +324,14 @@ class BranchBound:
 
         ``SECTOR_DIRECTIONS`` directions over ``[0, π]`` for real ``M`` (``h(−φ) = h(φ)``), twice as
         many over the circle otherwise, only ``φ = 0`` in :attr:`axis` mode; each ``λ_max`` by a
-        dense eigensolve plus the rounding margin at 0 (``O(n³)`` each, computed once).
+        dense eigensolve of the largest eigenvalue only plus the rounding margin at 0
+        (``O(n³)`` each, computed once; real for ``φ = 0`` and a real ``M``).
         """
         if self._support is None:
             m = SECTOR_DIRECTIONS
             phi = (np.zeros(1) if self.axis else np.linspace(0.0, math.pi, m + 1) if self.tf.real_input
                    else np.linspace(-math.pi, math.pi, 2 * m, endpoint=False))
-            A = self.tf.L
-            h = np.array([float(guarded.eigvalsh(0.5 * (np.exp(-1j * t) * A + np.exp(1j * t) * A.conj().T))[-1])
-                          for t in phi])
+            h = np.array([support_value(self.tf.L, float(t)) for t in phi])
             self._support = (phi, h + self.margin(np.zeros(1))[0])
         return self._support
 
@@ -359,12 +413,18 @@ class BranchBound:
         rounding error, with that of the factorisation, is at most
         ``e = 4(n+2)u((‖L‖_F + √n|z|)² + 3γ²)`` in norm (``‖L‖_F + √n|z|`` bounds ``‖S‖_F``
         and every term's magnitude), so a successful factorisation certifies ``√(γ² − e)``,
-        stored as an anchor; both ``σ₂`` and ``σ_min`` are 1-Lipschitz in ``z``.
+        stored as an anchor; both ``σ₂`` and ``σ_min`` are 1-Lipschitz in ``z``. For a real ``L``
+        with real points and real vectors (the positive real axis) ``G`` and ``vvᵀ`` are real and
+        the factorisation runs in real arithmetic (``dpotrf``, a quarter of the work of
+        ``zpotrf``); ``G`` holds the same entries either way.
         """
         n = self.n
         idx = np.arange(n)
+        real = not (np.iscomplexobj(self.tf.L) or np.any(z.imag) or np.any(V.imag))
+        potrf = _dpotrf if real else _zpotrf
+        zs, V = (z.real, V.real) if real else (z, V)
         for k in range(z.size):
-            zk = complex(z[k])
+            zk = zs[k]
             G = self._gram - zk.conjugate() * self.tf.L
             G -= zk * self._LH
             G[idx, idx] += abs(zk) ** 2
@@ -377,7 +437,7 @@ class BranchBound:
                     break
                 H = G + (2.0 * gam * gam) * vv if second else G.copy()
                 H[idx, idx] -= gam * gam
-                _, info = _potrf(H, lower=True, clean=False, overwrite_a=True)
+                _, info = potrf(H.T, lower=True, clean=False, overwrite_a=True)  # Hᵀ = H̄, as definite as H; no copy
                 self.n_cholesky += 1
                 if info == 0:
                     cert = math.sqrt(max(gam * gam - 4.0 * (n + 2) * _EPS * (fro2 + 3.0 * gam * gam), 0.0))

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import InputError
 from ._checks import as_square
 from . import guarded
-from ._kernels import ENGINES, sigma_min_batch, sigma_min_batch_numpy
+from ._kernels import _WARM_MIX, ENGINES, sigma_min_batch, sigma_min_batch_numpy
 
 __all__ = ["Evaluation", "SigmaResult", "TriangularForm", "sigma_min", "triangular_form"]
 
@@ -100,17 +100,29 @@ class TriangularForm:
         maxiter: int = DEFAULT_MAXITER,
         warm: bool = True,
         residuals: bool = True,
+        start: np.ndarray | None = None,
     ) -> Evaluation:
         """Raw evaluation at a flat complex array ``z`` (no validation; used by the callers).
 
         Singular vectors, when requested, are those of ``zI − L`` (the triangular basis); map
         them with :meth:`to_m_basis`. ``c = uᴴv``, the residuals and ``σ`` are the same in
         both bases (zeros when ``residuals`` is False). Points where inverse iteration did not
-        converge are recomputed with a dense SVD of ``zI − L``.
+        converge are recomputed with a dense SVD of ``zI − L``. For a real ``L`` and real
+        points (and ``start``) the start vector is real, and so are the iterates and vectors
+        (real arithmetic, see :mod:`._kernels`).
+
+        ``start``, a unit right singular vector of a nearby point (triangular basis), replaces
+        the fixed start vector: mixed with it as warm starts within a batch are
+        (``start + 10⁻²·v0``, normalised), it starts the first point and is the admixture for
+        the others. Only the number of steps depends on it, not the stopping rule.
         """
         zs = np.ascontiguousarray(z, dtype=np.complex128).reshape(-1)
         Lr, Li = self._split()
-        v0 = _start_vector(self.n)
+        real = Li.size == 0 and not np.any(zs.imag) and (start is None or not np.any(start.imag))
+        v0 = _start_vector(self.n, real=real)
+        if start is not None:
+            v0 = start + _WARM_MIX * v0
+            v0 = v0 / np.linalg.norm(v0)
         run = sigma_min_batch if engine == "numba" else sigma_min_batch_numpy
         sig, UL, VL, iters, r1, r2, conv = run(
             Lr, Li, zs, v0, float(tol), int(maxiter), bool(warm), bool(vectors), bool(residuals)
@@ -146,11 +158,13 @@ class TriangularForm:
         return u, v
 
 
-@functools.lru_cache(maxsize=16)
-def _start_vector(n: int) -> np.ndarray:
-    """The fixed pseudo-random unit start vector for size ``n`` (cached, read-only)."""
+@functools.lru_cache(maxsize=32)
+def _start_vector(n: int, real: bool = False) -> np.ndarray:
+    """The fixed pseudo-random unit start vector for size ``n`` (cached, read-only), complex128;
+    with ``real`` its imaginary part is zero (the real part of the complex one, normalised)."""
     rng = np.random.default_rng(0x5EED)
-    v0 = rng.standard_normal(n) + 1j * rng.standard_normal(n)
+    v0 = rng.standard_normal(n) + (0.0 if real else 1j * rng.standard_normal(n))
+    v0 = v0.astype(np.complex128)
     v0 /= np.linalg.norm(v0)
     v0.setflags(write=False)
     return v0
