@@ -2,19 +2,27 @@
 observations): streaming correlation, top-k graph, resolution profile + signed Leiden,
 participation, 1000-permutation coupling test. Prints seconds per boundary, the projection
 to 60 boundaries, the vectorised permutation test against a naive loop measured in the same
-run, and a d = 4096 projection from the measured scaling in d.
+run, and a d = 4096 projection from the measured scaling in d. Leiden runs are timed twice in
+the same run: as shipped (moves scan the neighbours' communities, exact for γ > 0) and with
+every move scanning all communities (``ALL_COMMS``, the previous implementation; same
+partitions), and the d = 4096 projection is printed for both with their ratio;
+``--direct-4096`` also measures d = 4096 itself.
 
 Then the real stage: ``depthlens.topology.stage.run`` on SmolLM2 over 64 chunks × 128 tokens,
 all 60 boundaries with communities and 1000 permutations each (target < 3 min on 2 cores);
-the isolated mean operators and their metrics it reads are computed first, untimed."""
+the isolated mean operators and their metrics it reads are computed first, untimed
+(``--synthetic-only`` skips it)."""
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
+import leidenalg as la
 import numpy as np
 from scipy import stats
 
@@ -23,7 +31,8 @@ from depthlens.topology import (
     amplification,
     boundary_nodes,
     choose_plateau,
-    participation,
+    communities,
+    participation_coefficient,
     permutation_pvalue,
     resolution_profile,
     signed_leiden,
@@ -69,22 +78,37 @@ def _naive_pvalue(values: np.ndarray, labels: np.ndarray, rng: np.random.Generat
     return (1 + sum(dev(rng.permutation(labels)) >= observed for _ in range(N_PERM))) / (1 + N_PERM)
 
 
+def _all_comms() -> mock._patch:
+    """Context in which every Leiden move scans all communities (the previous implementation)."""
+    return mock.patch.object(communities, "_consider_comms", lambda resolution: la.ALL_COMMS)
+
+
 def _stages(d: int, rng: np.random.Generator, full: bool) -> dict[str, float]:
-    """Seconds per stage at width d; ``full`` runs the default profile and the naive loop."""
+    """Seconds per stage at width d; ``full`` runs the default profile and the naive loop.
+
+    Keys ending in ``_all_comms`` time the same Leiden runs with ``ALL_COMMS`` scans; the
+    profiles are checked to be identical.
+    """
     X = _activations(rng, d)
     t = {}
     t["correlation"], R = _timed(lambda: _stream(X), 2)
     t["topk_graph"], edges = _timed(lambda: topk_graph(R, 20), 3)
-    t["profile_8_runs"], _ = _timed(lambda: resolution_profile(edges, d, seed=0, max_evals=8))
+    t["profile_8_runs"], prof8 = _timed(lambda: resolution_profile(edges, d, seed=0, max_evals=8), 2)
+    with _all_comms():
+        t["profile_8_runs_all_comms"], prof8_old = _timed(lambda: resolution_profile(edges, d, seed=0, max_evals=8), 2)
+    assert prof8.table.equals(prof8_old.table) and np.array_equal(prof8.memberships, prof8_old.memberships)
     if full:
         t["profile+leiden"], prof = _timed(lambda: resolution_profile(edges, d, seed=0))
+        with _all_comms():
+            t["profile+leiden_all_comms"], prof_old = _timed(lambda: resolution_profile(edges, d, seed=0))
+        assert prof.table.equals(prof_old.table) and np.array_equal(prof.memberships, prof_old.memberships)
         plateau = choose_plateau(prof)
         print(f"  d={d}: default profile {len(prof.table)} Leiden runs, plateau gamma={plateau.gamma:.4g},"
               f" {plateau.n_communities} communities", flush=True)
         membership = plateau.membership
     else:
         membership = signed_leiden(edges, d, 0.01, seed=0)[0]
-    t["participation"], pc = _timed(lambda: participation(edges, d, membership), 3)
+    t["participation"], pc = _timed(lambda: participation_coefficient(edges, d, membership), 3)
     amp = amplification(np.eye(d) + rng.normal(scale=d**-0.5, size=(d, d)))
     labels = boundary_nodes(pc)
     t["permutations"], _ = _timed(lambda: permutation_pvalue(amp, labels, N_PERM, np.random.default_rng(0)), 3)
@@ -122,17 +146,67 @@ def real_stage() -> None:
           f"{int(coupling['significant'].sum())} FDR-significant boundaries")
 
 
+def _projection(timings: dict[int, dict[str, float]], leiden: str) -> tuple[float, float, dict[str, float]]:
+    """d = 4096 projection from the log-log slope over the measured d: (stage s, profile s, per stage s).
+
+    ``leiden`` is ``""`` for the shipped Leiden runs or ``"_all_comms"`` for ALL_COMMS scans.
+    The stage profiles γ once, then runs Leiden once per boundary (as one run of the 8-run
+    profile); the default profile is scaled from d = 576 like the 8-run profile.
+    """
+    ds = sorted(timings)
+    t576 = timings[576]
+    projected = {}
+    for name in ("correlation", "topk_graph", "profile_8_runs" + leiden, "participation", "permutations"):
+        slope = np.polyfit(np.log(ds), np.log([timings[d][name] for d in ds]), 1)[0]
+        projected[name] = t576[name] * (4096 / 576) ** slope
+    runs8 = projected.pop("profile_8_runs" + leiden)
+    profile = t576["profile+leiden" + leiden] * runs8 / t576["profile_8_runs" + leiden]
+    stage = profile + N_BOUNDARIES * (runs8 / 8 + sum(projected.values()))
+    return stage, profile, projected | {"profile_8_runs" + leiden: runs8}
+
+
+def direct_4096() -> None:
+    """Measure d = 4096 once: correlation, top-k graph, the default profile, and one Leiden run
+    at the plateau γ with neighbour scans and with ALL_COMMS scans (the ALL_COMMS profile would
+    take about ten minutes; the projection above estimates it)."""
+    d = 4096
+    X = _activations(np.random.default_rng(0), d)
+    t = {}
+    t["correlation"], R = _timed(lambda: _stream(X))
+    t["topk_graph"], edges = _timed(lambda: topk_graph(R, 20))
+    t["profile"], prof = _timed(lambda: resolution_profile(edges, d, seed=0))
+    gamma = choose_plateau(prof).gamma
+    t["leiden"], (membership, _) = _timed(lambda: signed_leiden(edges, d, gamma, seed=0))
+    with _all_comms():
+        t["leiden_all_comms"], (membership_old, _) = _timed(lambda: signed_leiden(edges, d, gamma, seed=0))
+    assert np.array_equal(membership, membership_old)
+    print(f"measured d=4096, {N_BATCHES}x{BATCH} observations, seconds:")
+    for name, sec in t.items():
+        print(f"  {name:26s} {sec:8.2f}")
+    per_boundary = t["correlation"] + t["topk_graph"] + t["leiden"]
+    stage = t["profile"] + N_BOUNDARIES * per_boundary
+    print(f"  the stage ≈ profile {t['profile']:.0f} s + {N_BOUNDARIES} x {per_boundary:.1f} s ≈ {stage / 60:.1f} min "
+          f"(participation and permutations are negligible); Leiden at gamma={gamma:.4g}: "
+          f"{t['leiden_all_comms'] / t['leiden']:.1f}x faster than ALL_COMMS, same partition")
+
+
 def main() -> None:
-    real_stage()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--synthetic-only", action="store_true", help="skip the real SmolLM2 stage")
+    parser.add_argument("--direct-4096", action="store_true", help="also measure d = 4096 directly (about 2 min)")
+    args = parser.parse_args()
+    if not args.synthetic_only:
+        real_stage()
     rng = np.random.default_rng(0)
     ds = [288, 576, 1152]
     timings = {d: _stages(d, rng, full=d == 576) for d in ds}
     t576 = timings[576]
-    per_boundary = sum(v for k, v in t576.items() if k not in ("profile_8_runs", "naive_permutations"))
+    per_boundary = sum(v for k, v in t576.items()
+                       if k not in ("naive_permutations", "profile+leiden_all_comms") and not k.startswith("profile_8"))
     print(f"d=576, {N_BATCHES}x{BATCH} observations, k=20, {N_PERM} permutations; seconds per boundary:")
     for name, sec in t576.items():
-        print(f"  {name:20s} {sec:8.3f}")
-    print(f"  {'total':20s} {per_boundary:8.3f}  (with a full resolution profile at every boundary)")
+        print(f"  {name:26s} {sec:8.3f}")
+    print(f"  {'total':26s} {per_boundary:8.3f}  (with a full resolution profile at every boundary)")
     one_run = t576["profile_8_runs"] / 8
     rest = sum(t576[k] for k in ("correlation", "topk_graph", "participation", "permutations"))
     stage = t576["profile+leiden"] + N_BOUNDARIES * (one_run + rest)
@@ -142,20 +216,21 @@ def main() -> None:
     ratio = t576["naive_permutations"] / t576["permutations"]
     print(f"permutation test: vectorised {t576['permutations']:.4f} s vs naive loop {t576['naive_permutations']:.2f} s"
           f" -> {ratio:.0f}x faster")
-    print("scaling in d (log-log slope over d = 288, 576, 1152) and projection to d = 4096:")
-    logd = np.log(ds)
-    projected = {}
-    for name in ("correlation", "topk_graph", "profile_8_runs", "participation", "permutations"):
-        slope = np.polyfit(logd, np.log([timings[d][name] for d in ds]), 1)[0]
-        projected[name] = t576[name] * (4096 / 576) ** slope
-        print(f"  {name:20s} slope {slope:5.2f}  576: {t576[name]:8.3f} s  4096: {projected[name]:9.2f} s")
-    profile_4096 = t576["profile+leiden"] * projected["profile_8_runs"] / t576["profile_8_runs"]
-    total_4096 = profile_4096 + sum(v for k, v in projected.items() if k != "profile_8_runs")
-    print(f"  default profile (same number of Leiden runs, scaled like the 8-run profile) 4096: {profile_4096:.1f} s")
-    rest_4096 = sum(v for k, v in projected.items() if k != "profile_8_runs")
-    stage_4096 = profile_4096 + N_BOUNDARIES * (projected["profile_8_runs"] / 8 + rest_4096)
-    print(f"projected d=4096: the stage (one profile, then one Leiden run per boundary) ≈ {stage_4096 / 60:.0f} min for "
-          f"{N_BOUNDARIES} boundaries; with a profile at every boundary ≈ {total_4096 * N_BOUNDARIES / 3600:.1f} h")
+    for d in ds:
+        t = timings[d]
+        print(f"Leiden, 8-run profile at d={d}: neighbour scans {t['profile_8_runs']:.2f} s vs ALL_COMMS "
+              f"{t['profile_8_runs_all_comms']:.2f} s -> {t['profile_8_runs_all_comms'] / t['profile_8_runs']:.1f}x "
+              f"(identical profiles)")
+    print("projection to d = 4096 (log-log slope over d = 288, 576, 1152), seconds:")
+    new, new_profile, parts = _projection(timings, "")
+    old, old_profile, old_parts = _projection(timings, "_all_comms")
+    for name, sec in (parts | old_parts).items():
+        print(f"  {name:26s} 576: {t576[name]:8.3f}  4096: {sec:9.2f}")
+    print(f"  default profile 4096: {new_profile:.1f} s (ALL_COMMS {old_profile:.1f} s)")
+    print(f"projected d=4096: the stage (one profile, then one Leiden run per boundary, {N_BOUNDARIES} boundaries) "
+          f"≈ {new / 60:.1f} min; with ALL_COMMS scans ≈ {old / 60:.1f} min -> {old / new:.1f}x faster")
+    if args.direct_4096:
+        direct_4096()
 
 
 if __name__ == "__main__":

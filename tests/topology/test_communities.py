@@ -10,6 +10,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from depthlens.errors import InputError
+from depthlens.topology import communities
 from depthlens.topology import (
     Edges,
     ResolutionProfile,
@@ -168,3 +169,45 @@ def test_bad_input_raises() -> None:
         resolution_profile(e, 2, gamma_range=(0.5, 0.1))
     with pytest.raises(InputError):
         choose_plateau(resolution_profile(e, 2, gammas=[0.01, 2.0]))  # only trivial rows
+
+
+def _residual_like(rng: np.random.Generator, d: int = 200, n_obs: int = 2000) -> Edges:
+    """Top-20 graph of d coordinates: d/12 latent groups with signed loadings, 3 global factors."""
+    group = np.arange(d) // 12
+    load = rng.uniform(0.3, 1.5, size=d) * rng.choice([-1.0, 1.0], size=d)
+    X = rng.normal(size=(n_obs, group.max() + 1))[:, group] * load
+    X += rng.normal(size=(n_obs, 3)) @ rng.normal(scale=0.3, size=(3, d)) + rng.normal(size=(n_obs, d))
+    return topk_graph(np.corrcoef(X, rowvar=False), 20)
+
+
+def _all_comms_leiden(edges: Edges, n: int, gamma: float, seed: int) -> np.ndarray:
+    """METHODS B5 by hand: positive layer at γ, negative layer at 0, ALL_COMMS, iterate to no gain."""
+    pos = edges.weight > 0
+    parts = [
+        la.CPMVertexPartition(ig.Graph(n=n, edges=list(zip(edges.i[m], edges.j[m]))),
+                              weights=np.abs(edges.weight[m]).tolist(), resolution_parameter=res)
+        for m, res in ((pos, gamma), (~pos, 0.0))
+    ]
+    opt = la.Optimiser()
+    opt.consider_comms = la.ALL_COMMS
+    opt.set_rng_seed(seed)
+    while opt.optimise_partition_multiplex(parts, layer_weights=[1, -1], n_iterations=1) > 0:
+        pass
+    return np.asarray(parts[0].membership, dtype=np.int64)
+
+
+def test_neighbour_scan_equals_all_communities(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The neighbour-community scan reproduces ALL_COMMS partitions, profile and plateau exactly."""
+    d = 200
+    edges = _residual_like(rng, d)
+    for gamma in (0.0, 1e-3, 0.01, 0.05, 0.2, 0.5):
+        for seed in (0, 7):
+            assert np.array_equal(signed_leiden(edges, d, gamma, seed=seed)[0], _all_comms_leiden(edges, d, gamma, seed))
+    new = resolution_profile(edges, d, seed=3)
+    monkeypatch.setattr(communities, "_consider_comms", lambda resolution: la.ALL_COMMS)
+    old = resolution_profile(edges, d, seed=3)
+    pd.testing.assert_frame_equal(new.table, old.table, check_exact=True)
+    assert np.array_equal(new.memberships, old.memberships)
+    a, b = choose_plateau(new), choose_plateau(old)
+    assert (a.gamma, a.row, a.n_communities) == (b.gamma, b.row, b.n_communities)
+    assert len(new.table) > 10 and 1 < a.n_communities < d
