@@ -236,13 +236,24 @@ def test_bad_dtype(dtype):
     assert "float32" in _one_line(excinfo)
 
 
-@pytest.mark.parametrize("device", ["tpu", "gpu0", "cuda:99"])
-def test_bad_device(device):
+@pytest.mark.parametrize("device", ["tpu", "gpu0", "cuda:99", "cuda", "mps"])
+def test_bad_device_names_the_devices_that_exist(device):
+    here = loading.available_devices()
+    if device in ("cuda", "mps") and any(d.startswith(device) for d in here):  # pragma: no cover
+        pytest.skip(f"this machine has {device}")
     if device == "cuda:99" and torch.cuda.device_count() > 99:  # pragma: no cover
         pytest.skip("a machine with 100 GPUs")
     with pytest.raises(InputError) as excinfo:
         load_model("random:llama", device=device)
-    _one_line(excinfo)
+    assert f"this machine has {', '.join(here)};" in _one_line(excinfo)
+
+
+def test_available_devices_match_torch():
+    here = loading.available_devices()
+    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert here[0] == "cpu" and [d for d in here if d.startswith("cuda")] == [f"cuda:{i}" for i in range(n_cuda)]
+    for d in here:
+        assert loading.resolve_device(d) == torch.device(d)
 
 
 @pytest.mark.parametrize("spec", ["random:nosuchfamily", "random:", "random:bert", "random:llama:bogus_key=3"])

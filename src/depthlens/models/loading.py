@@ -75,6 +75,7 @@ __all__ = [
     "load_model",
     "weights_sha256",
     "wrap_model",
+    "available_devices",
     "resolve_device",
     "resolve_dtype",
     "series_checkpoints",
@@ -181,32 +182,36 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     raise InputError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
 
 
+def available_devices() -> list[str]:
+    """The torch devices this machine has: ``cpu``, then ``cuda:0`` .. ``cuda:N-1``, then ``mps``."""
+    out = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0)]
+    if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+        out.append("mps")
+    return out
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """Validate ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``, a torch device).
 
     Raises
     ------
     InputError
-        If the string is not a device or the device is not available on this machine.
+        One line naming the devices that exist (:func:`available_devices`) if the string is
+        not a device or the device is not on this machine.
     """
     if device is None:
         return torch.device("cpu")
+    here = available_devices()
+    fix = f"this machine has {', '.join(here)}; pass one of them as --device."
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
-        raise InputError(f"device {device!r} is not a torch device; use 'cpu', 'cuda', 'cuda:N' or 'mps'.") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise InputError(f"device {device!r} is not available (no CUDA GPU here); use device='cpu'.")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise InputError(
-                f"device {device!r} does not exist ({torch.cuda.device_count()} CUDA devices); use 'cuda:0'."
-            )
-    elif dev.type == "mps":
-        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-            raise InputError(f"device {device!r} is not available here; use device='cpu'.")
-    elif dev.type != "cpu":
-        raise InputError(f"device {device!r} is not supported; use 'cpu', 'cuda', 'cuda:N' or 'mps'.")
+        raise InputError(f"device {device!r} is not a torch device; {fix}") from None
+    if dev.type == "cpu":
+        return dev
+    name = dev.type if dev.index is None else f"{dev.type}:{dev.index}"
+    if dev.type not in ("cuda", "mps") or not any(d == name or d.startswith(f"{name}:") for d in here):
+        raise InputError(f"device {device!r} does not exist here; {fix}")
     return dev
 
 
