@@ -33,6 +33,22 @@ def test_matches_corrcoef_for_any_batch_split(cuts: list[int]) -> None:
     np.testing.assert_allclose(rm.correlation(), np.corrcoef(X, rowvar=False), rtol=0, atol=1e-12)
 
 
+def test_many_batches_of_a_wide_matrix_match_corrcoef(rng: np.random.Generator) -> None:
+    # d above the BLAS block sizes, uneven batches: the in-place dsyrk/dsyr updates of the
+    # upper triangle against the two-pass float64 reference, to the documented 1e-12.
+    X = rng.normal(size=(700, 4)) @ rng.normal(size=(4, 150)) + rng.normal(size=(700, 150)) + 3.0
+    rm = _stream(X, [1, 2, 50, 51, *range(100, 700, 37)])
+    np.testing.assert_allclose(rm.covariance(ddof=0), np.cov(X, rowvar=False, ddof=0), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(rm.correlation(), np.corrcoef(X, rowvar=False), rtol=0, atol=1e-12)
+
+
+def test_covariance_and_correlation_are_exactly_symmetric(rng: np.random.Generator) -> None:
+    X = _mixed(rng, n=120, d=40) * rng.uniform(0.1, 10.0, size=40)
+    rm = _stream(X, [7, 64])
+    for M in (rm.covariance(), rm.correlation()):
+        np.testing.assert_array_equal(M, M.T)
+
+
 def test_large_offset_costs_no_accuracy(rng: np.random.Generator) -> None:
     X = _mixed(rng, n=2000, d=6) + 1e6
     rm = _stream(X, list(range(100, 2000, 100)))
@@ -103,6 +119,24 @@ def test_topk_ties_break_to_smaller_index() -> None:
     # node 0 nominates 1 (tie with 2 and 3); nodes 1, 2, 3, 4 nominate 0; zeros carry no edge.
     assert list(zip(e.i, e.j)) == [(0, 1), (0, 2), (0, 3), (0, 4)]
     assert sorted(_brute_topk(R, 1)) == list(zip(e.i.tolist(), e.j.tolist()))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), levels=st.integers(1, 6), k=st.integers(1, 12), zero_rows=st.integers(0, 3))
+def test_topk_ties_match_brute_force(seed: int, levels: int, k: int, zero_rows: int) -> None:
+    # A few distinct |R| values, so ties straddle the k-th place in most rows; rows of
+    # zeros stand for constant columns (all their entries tie and none is an edge).
+    rng = np.random.default_rng(seed)
+    d = 15
+    R = np.triu(rng.integers(-levels, levels + 1, size=(d, d)) / levels, 1)
+    R = R + R.T
+    R[:zero_rows, :] = R[:, :zero_rows] = 0.0
+    np.fill_diagonal(R, 1.0)
+    e = topk_graph(R, k)
+    got = list(zip(e.i.tolist(), e.j.tolist()))
+    assert got == sorted(_brute_topk(R, k))
+    np.testing.assert_array_equal(e.weight, [R[i, j] for i, j in got])
+    assert e.i.dtype == e.j.dtype == np.int64
 
 
 def test_topk_rejects_bad_input() -> None:
