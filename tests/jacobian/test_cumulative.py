@@ -11,7 +11,7 @@ import scipy.linalg
 from depthlens.errors import InputError
 from depthlens.jacobian.cumulative import cumulative_ranks, schur_funnel
 from depthlens.linalg.ranks import erank, erank_sigma, participation_ratio
-from depthlens.linalg.schur import SCHUR_ORDERS, schur_form, schur_split
+from depthlens.linalg.schur import SCHUR_ORDERS, schur_form, schur_forms, schur_split
 
 RANK_FNS = {"erank": erank, "erank_sigma": erank_sigma, "participation_ratio": participation_ratio}
 
@@ -183,6 +183,87 @@ def test_funnel_matches_schur_split(rng: np.random.Generator, order: str) -> Non
     assert not np.allclose(funnel[funnel["alpha"] == 0]["erank"], cumulative_ranks(ops)["erank"], rtol=1e-3)
 
 
+#: ``sort`` of ``scipy.linalg.schur`` that gives each complex order (LAPACK ``gees`` sorts with ``trsen``).
+SCIPY_SORT = {"lapack": None, "outside_first": "ouc", "inside_first": "iuc"}
+
+
+def independent_normal_part(J: np.ndarray, order: str) -> np.ndarray:
+    """``M₀ = QΛQ*`` built without depthlens: SciPy's complex Schur form, reordered by SciPy's own
+    ``sort`` for ``outside_first`` and ``inside_first`` (the same groups when no eigenvalue is
+    within rounding of the unit circle); for ``canonical`` the Schur vectors of that order as
+    the QR factor of the eigenvectors sorted by descending modulus (10 digits relative to the
+    spectral radius), imaginary part, real part."""
+    if order == "canonical":
+        lam, vectors = np.linalg.eig(J)
+        idx = np.lexsort((-lam.real, -lam.imag, -np.round(np.abs(lam) / np.abs(lam).max(), 10)))
+        q = np.linalg.qr(vectors[:, idx])[0]
+        return (q * lam[idx]) @ q.conj().T
+    t, q = scipy.linalg.schur(J.astype(np.complex128), output="complex", sort=SCIPY_SORT[order])[:2]
+    return (q * np.diagonal(t)) @ q.conj().T
+
+
+def test_funnel_against_independent_reference(rng: np.random.Generator) -> None:
+    """Every row of a full funnel (four orders, three α, two directions, exact and truncated)
+    against the explicit products of ``(1 − α) M₀ + α J``, with the normal parts built by
+    SciPy alone and the truncation applied literally (full SVD after every step): equal to
+    1e-8 relative. Curves share one Schur decomposition per operator across orders and write
+    the normal parts to files; the reference does neither. Rank 3 leaves a clear gap in the
+    singular values of the first operator of either direction (a normal part's conjugate
+    eigenvalues have equal moduli, and a truncation between them is not unique)."""
+    ops, d, r = nonnormal_ops(rng, 6, 9), 9, 3
+    assert min(np.abs(np.abs(np.linalg.eigvals(J)) - 1).min() for J in ops) > 1e-6  # ouc/iuc split as depthlens does
+    funnel = schur_funnel(ops, alphas=(0.0, 0.5, 1.0), ranks=(None, r), schur_orders=SCHUR_ORDERS)
+    assert len(funnel) == (3 + 3) * 2 * 2 * len(ops) and funnel["failure"].isna().all()
+    for (order, a, direction, cap), got in funnel.groupby(["schur_order", "alpha", "direction", "truncation"], sort=False):
+        split = [J if a == 1.0 else (1 - a) * independent_normal_part(J, order) + a * J for J in ops]
+        sv = np.linalg.svd(split[0 if direction == "forward" else -1], compute_uv=False)
+        assert sv[r - 1] - sv[r] > 1e-2 * sv[0]
+        assert_curve(got.reset_index(drop=True), reference(split, direction, rank=None if cap == d else cap), rel=1e-8)
+
+
+def test_schur_forms_share_one_complex_decomposition(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """All four orders from two decompositions (one complex for lapack, outside_first and
+    inside_first, the canonical form's own). The three complex orders are bit for bit what
+    ``scipy.linalg.schur(M, output="complex", sort=...)`` returns (LAPACK ``gees`` applies its
+    sort with the same ``trsen``; no eigenvalue here is within rounding of the unit circle),
+    and every form is bit for bit the one its order alone gives."""
+    from depthlens.linalg import guarded
+    from depthlens.linalg import schur as schur_module
+
+    calls = []
+    decompose = guarded.schur
+    monkeypatch.setattr(schur_module.guarded, "schur", lambda a, output: calls.append(output) or decompose(a, output))
+    for M in (nonnormal_ops(rng, 1, 12)[0], rng.standard_normal((7, 7)) + 1j * rng.standard_normal((7, 7))):
+        assert np.abs(np.abs(np.linalg.eigvals(M)) - 1).min() > 1e-6
+        calls.clear()
+        forms = schur_forms(M, SCHUR_ORDERS)
+        assert calls == ["complex", "real" if M.dtype.kind == "f" else "complex"]
+        for order, form in zip(SCHUR_ORDERS, forms):
+            assert form.order == order
+            if order in SCIPY_SORT:
+                t, q = scipy.linalg.schur(M, output="complex", sort=SCIPY_SORT[order])[:2]
+                np.testing.assert_array_equal(form.t, np.triu(t))
+                np.testing.assert_array_equal(form.q, q)
+            alone = schur_form(M, order)
+            np.testing.assert_array_equal(form.t, alone.t)
+            np.testing.assert_array_equal(form.q, alone.q)
+        np.testing.assert_allclose(forms[1].q @ forms[1].t @ forms[1].q.conj().T, M, atol=1e-12)
+    assert [f.order for f in schur_forms(M, ("inside_first", "lapack"))] == ["inside_first", "lapack"]
+
+
+def test_funnel_normal_parts_bit_for_bit(rng: np.random.Generator) -> None:
+    """The α = 0 curves of the complex orders are, bit for bit, :func:`cumulative_ranks` of the
+    normal parts ``QΛQ*`` of SciPy's own (sorted) Schur forms, computed per operator and order
+    without depthlens: sharing one decomposition across orders changes nothing."""
+    ops = nonnormal_ops(rng, 5, 8)
+    orders = ("inside_first", "lapack", "outside_first")
+    funnel = schur_funnel(ops, alphas=(0.0,), ranks=(None, 3), schur_orders=orders)
+    for (order, direction, cap), got in funnel.groupby(["schur_order", "direction", "truncation"], sort=False):
+        normal = [independent_normal_part(J, order) for J in ops]
+        want = cumulative_ranks(normal, direction, rank=None if cap == 8 else cap)
+        pd.testing.assert_frame_equal(got[want.columns].reset_index(drop=True), want, check_exact=True)
+
+
 def test_funnel_normal_input_unchanged(rng: np.random.Generator) -> None:
     """For normal operators (symmetric, orthogonal) α has nothing to scale."""
     sym = [np.eye(8) + (X + X.T) / 8 for X in rng.standard_normal((4, 8, 8))]
@@ -205,9 +286,10 @@ def test_funnel_reuses_schur_forms(rng: np.random.Generator, monkeypatch: pytest
     want = schur_funnel(ops, alphas=(0.0, 0.75), schur_orders=("canonical", "lapack"))
     assert sorted(want["schur_order"].unique()) == ["canonical", "lapack"]
     made = []
-    monkeypatch.setattr(cumulative, "_normal_part", lambda J, order: made.append(order) or schur_form(J, order).normal_part)
+    forms_of = cumulative.schur_forms
+    monkeypatch.setattr(cumulative, "schur_forms", lambda J, orders: made.append(list(orders)) or forms_of(J, orders))
     pd.testing.assert_frame_equal(schur_funnel(forms, alphas=(0.0, 0.75), schur_orders=("canonical", "lapack")), want)
-    assert made == ["lapack"] * len(ops)
+    assert made == [["lapack"]] * len(ops)
 
 
 def test_funnel_layout_and_errors(rng: np.random.Generator) -> None:
@@ -241,6 +323,32 @@ def test_funnel_in_worker_processes_equals_inline(rng: np.random.Generator) -> N
     with executor(2) as pool:
         pooled = schur_funnel(ops, alphas=(0.0, 0.5, 1.0), ranks=(None, 3), schur_orders=SCHUR_ORDERS, pool=pool)
     pd.testing.assert_frame_equal(pooled, schur_funnel(ops, alphas=(0.0, 0.5, 1.0), ranks=(None, 3), schur_orders=SCHUR_ORDERS))
+
+
+def test_funnel_with_tasks_elsewhere_equals_inline(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An executor whose tasks run on another machine (``local_files`` False, as Ray and SLURM):
+    the Schur tasks send their normal parts back, this process saves them, and the curve
+    tasks get them as arrays; the table is the inline one bit for bit."""
+    from concurrent.futures import Executor, Future
+
+    from depthlens.jacobian import cumulative
+
+    class Elsewhere(Executor):
+        local_files = False
+
+        def submit(self, fn, /, *args, **kwargs):
+            future: Future = Future()
+            future.set_result(fn(*args, **kwargs))
+            return future
+
+    sent = []
+    normal_part = cumulative._normal_part
+    monkeypatch.setattr(cumulative, "_normal_part", lambda J, orders, paths: sent.append(paths) or normal_part(J, orders, paths))
+    ops = nonnormal_ops(rng, 4, 7)
+    kwargs = {"alphas": (0.0, 0.5, 1.0), "ranks": (None, 3), "schur_orders": SCHUR_ORDERS}
+    elsewhere = schur_funnel(ops, pool=Elsewhere(), **kwargs)
+    assert sent == [None] * len(ops)
+    pd.testing.assert_frame_equal(elsewhere, schur_funnel(ops, **kwargs), check_exact=True)
 
 
 def test_funnel_order_layout(rng: np.random.Generator) -> None:

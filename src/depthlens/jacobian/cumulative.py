@@ -38,7 +38,7 @@ from ..errors import DecompositionError, InputError
 from ..linalg import guarded
 from ..linalg._checks import as_square
 from ..linalg.ranks import erank, erank_sigma, participation_ratio
-from ..linalg.schur import SCHUR_ORDERS, SchurForm, SchurOrder, check_schur_order, schur_form
+from ..linalg.schur import SCHUR_ORDERS, SchurForm, SchurOrder, check_schur_order, schur_forms
 from ..parallel import InlineExecutor
 
 __all__ = ["ALPHAS", "DIRECTIONS", "cumulative_ranks", "schur_funnel"]
@@ -214,11 +214,11 @@ def schur_funnel(
     progress : bool
         Show progress bars (tqdm); ``label`` (e.g. ``step-0 null``) follows their names.
     pool : Executor, optional
-        Worker processes (:func:`depthlens.parallel.executor`): the Schur forms and the
-        curves are computed there, the operators and normal parts handed over once as
-        memory-mapped ``.npy`` files in a temporary folder when the workers run on this
-        machine (``pool.local_files``), with every curve task otherwise (Ray, SLURM).
-        Results are the same bit for bit.
+        Worker processes (:func:`depthlens.parallel.executor`): the Schur forms (one task per
+        operator) and the curves (one task each) are computed there. The normal parts go to
+        ``.npy`` files in a temporary folder as they are computed; the workers memory-map
+        them and the operators when they run on this machine (``pool.local_files``), and get
+        them with every curve task otherwise (Ray, SLURM). Results are the same bit for bit.
 
     Returns
     -------
@@ -240,10 +240,13 @@ def schur_funnel(
 
     Notes
     -----
-    Cost: per order that is split, one Schur decomposition and one normal part per operator
-    (O(d³) each; only one order's normal parts are held at a time, L d² complex numbers),
-    then per (order, α, direction, truncation) one curve, O(L d³) each (complex arithmetic,
-    about 4× real, for α < 1).
+    Cost: per operator, one complex Schur decomposition for ``lapack``, ``outside_first``
+    and ``inside_first`` together (the latter two reorder it, :func:`depthlens.linalg.schur.
+    schur_forms`), the ``canonical`` form's own, and one normal part per order, O(d³) each;
+    then per (order, α, direction, truncation) one curve, O(L d³) (complex arithmetic, about
+    4× real, for α < 1), most of it the singular values at every depth. The normal parts
+    (L d² complex numbers per order) live in the temporary folder, not in memory. The α = 1
+    curves are started first: they need no Schur form.
     """
     alpha_values = np.asarray(alphas, dtype=np.float64)
     if alpha_values.ndim != 1 or alpha_values.size == 0 or not np.all(np.isfinite(alpha_values)):
@@ -262,44 +265,79 @@ def schur_funnel(
     caps = [_cap(r, d) for r in ranks]
     # (order, α) in row order: every α for the first order (α = 1 unsplit), α = 0 for the others
     plan = [(orders[0], float(a)) for a in alpha_values] + [(o, 0.0) for o in orders[1:] if np.any(alpha_values == 0)]
+    split = list(dict.fromkeys(o for o, a in plan if a != 1.0))  # the orders whose normal parts are needed
     pool = pool if pool is not None else InlineExecutor()
+    local = getattr(pool, "local_files", False)  # workers on this machine memory-map the arrays
     curves: dict[tuple[str, float], list[Future]] = {}
     with tempfile.TemporaryDirectory(prefix="depthlens-funnel-") as tmp:
-        shared = getattr(pool, "local_files", False)  # workers on this machine memory-map the arrays
-        ops_ref: Sequence[object] = _share(ops, Path(tmp) / "ops") if shared else ops
-        for order in orders:  # one order's normal parts at a time
-            split = list(dict.fromkeys(a for o, a in plan if o == order and a != 1.0))
-            if not split:
-                continue
-            todo = [i for i, form in enumerate(forms) if form is None or form.order != order]
-            parts = [pool.submit(_normal_part, ops[i], order) for i in todo]
-            normal = [form.normal_part if form is not None and form.order == order else None for form in forms]
-            desc = f"schur forms {order} {label}".strip()
-            for i, future in tqdm(zip(todo, parts), total=len(todo), desc=desc, unit="op", disable=not progress):
-                normal[i] = future.result()
-            normal_ref: Sequence[object] = _share(normal, Path(tmp) / f"normal_{order}") if shared else normal
-            del normal
-            for a in split:
-                curves[(order, a)] = [pool.submit(_split_curve, ops_ref, normal_ref, a, direction, cap, order)
-                                      for direction in directions for cap in caps]
-        if (orders[0], 1.0) in plan:
+        folder = Path(tmp)
+        ops_ref: Sequence[object] = _share(ops, folder / "ops") if local else ops
+        if (orders[0], 1.0) in plan:  # needs no Schur form, so it starts while they are computed
             curves[(orders[0], 1.0)] = [pool.submit(_split_curve, ops_ref, None, 1.0, direction, cap, orders[0])
                                         for direction in directions for cap in caps]
+        normal = _normal_parts(pool, forms, ops, split, folder, progress=progress, label=label)
+        for order, a in plan:
+            if a != 1.0:
+                refs = normal[order] if local else _load(normal[order])
+                curves[(order, a)] = [pool.submit(_split_curve, ops_ref, refs, a, direction, cap, order)
+                                      for direction in directions for cap in caps]
         futures = [f for key in plan for f in curves[key]]
         tables = [f.result() for f in tqdm(futures, desc=f"schur funnel {label}".strip(), unit="curve", disable=not progress)]
     table = pd.concat(tables, ignore_index=True)
     return table[["schur_order", "alpha", "direction", "truncation", *_COLUMNS, "failure"]]
 
 
-def _normal_part(J: np.ndarray, order: SchurOrder) -> np.ndarray:
-    """The normal part ``M₀ = QΛQ*`` of the Schur form of ``J`` in ``order``."""
-    return schur_form(J, order).normal_part
+def _normal_parts(pool: Executor, forms: Sequence[SchurForm | None], ops: Sequence[np.ndarray], orders: Sequence[SchurOrder],
+                  folder: Path, *, progress: bool, label: str) -> dict[str, list[Path]]:
+    """The normal parts of every operator in every order of ``orders`` as ``.npy`` files
+    ``folder/<order>/<index>.npy``; returns their paths by order, in depth order.
+
+    One task per operator computes all its orders from one complex Schur decomposition
+    (:func:`depthlens.linalg.schur.schur_forms`, bit for bit the parts of one
+    :func:`~depthlens.linalg.schur.schur_form` per order); a given Schur form supplies its own
+    order's part. Tasks that run on this machine (inline, ``pool.local_files``) write their
+    files themselves; tasks that run elsewhere send their parts back, and this process writes
+    them and drops each result once written.
+    """
+    for order in orders:
+        (folder / order).mkdir()
+    here = getattr(pool, "local_files", False) or isinstance(pool, InlineExecutor)
+    wanted = [[o for o in orders if form is None or form.order != o] for form in forms]
+    paths = [[_npy(folder / o, i) for o in todo] for i, todo in enumerate(wanted)]
+    tasks: list[Future | None] = [pool.submit(_normal_part, J, todo, where if here else None) if todo else None
+                                  for J, todo, where in zip(ops, wanted, paths, strict=True)]
+    desc = f"schur forms {label}".strip()
+    for i in tqdm(range(len(ops)), desc=desc, unit="op", disable=not progress or not orders):
+        task, tasks[i] = tasks[i], None  # drop each result once saved
+        returned = task.result() if task is not None else None
+        if returned is not None:  # the task ran elsewhere and sent its parts back
+            for path, part in zip(paths[i], returned, strict=True):
+                np.save(path, part)
+        if forms[i] is not None and forms[i].order in orders:
+            np.save(_npy(folder / forms[i].order, i), forms[i].normal_part)
+    return {order: [_npy(folder / order, i) for i in range(len(ops))] for order in orders}
+
+
+def _normal_part(J: np.ndarray, orders: Sequence[SchurOrder], paths: Sequence[Path] | None) -> list[np.ndarray] | None:
+    """The normal parts ``M₀ = QΛQ*`` of the Schur forms of ``J`` in ``orders``, from one
+    complex Schur decomposition (bit for bit those of :func:`depthlens.linalg.schur.schur_form`):
+    saved to ``paths`` (one per order; returns None), or returned when ``paths`` is None."""
+    parts = [form.normal_part for form in schur_forms(J, orders)]
+    if paths is None:
+        return parts
+    for path, part in zip(paths, parts, strict=True):
+        np.save(path, part)
+    return None
+
+
+def _npy(folder: Path, i: int) -> Path:
+    return folder / f"{i:04d}.npy"
 
 
 def _share(arrays: Sequence[np.ndarray], folder: Path) -> list[Path]:
     """Save arrays as ``.npy`` files (each keeps its dtype) that workers memory-map."""
     folder.mkdir()
-    paths = [folder / f"{i:04d}.npy" for i in range(len(arrays))]
+    paths = [_npy(folder, i) for i in range(len(arrays))]
     for path, arr in zip(paths, arrays, strict=True):
         np.save(path, arr)
     return paths

@@ -56,7 +56,8 @@ from ..errors import InputError
 from ._checks import as_square
 from . import guarded
 
-__all__ = ["SCHUR_ORDERS", "STRUCTURAL_TOL", "SchurForm", "SchurOrder", "check_schur_order", "schur_form", "schur_split"]
+__all__ = ["SCHUR_ORDERS", "STRUCTURAL_TOL", "SchurForm", "SchurOrder", "check_schur_order", "schur_form", "schur_forms",
+           "schur_split"]
 
 SchurOrder = Literal["lapack", "canonical", "outside_first", "inside_first"]
 #: The eigenvalue orders of a Schur form (module notes); ``lapack`` is the claims' protocol.
@@ -175,16 +176,57 @@ def schur_form(M: ArrayLike, order: SchurOrder = "canonical") -> SchurForm:
     conversion to complex form, O(n³), when it has 2×2 blocks), one complex Schur
     decomposition otherwise, then at most n − 1 reordering moves of O(n²) each. The other
     orders: one complex Schur decomposition (about 3× a real one), plus one ``trsen``
-    (O(n³) at most) for ``outside_first`` and ``inside_first``.
+    (O(n³) at most) for ``outside_first`` and ``inside_first``. :func:`schur_forms` gives
+    several orders for the price of one complex decomposition.
     """
-    check_schur_order(order)
+    return schur_forms(M, (check_schur_order(order),))[0]
+
+
+def schur_forms(M: ArrayLike, orders: Sequence[SchurOrder]) -> list[SchurForm]:
+    """:func:`schur_form` of one matrix in each of several orders, one complex Schur
+    decomposition serving ``lapack``, ``outside_first`` and ``inside_first`` together.
+
+    Parameters
+    ----------
+    M : array_like, shape (n, n)
+        A finite real or complex square matrix.
+    orders : sequence of {"canonical", "lapack", "outside_first", "inside_first"}
+        The orders wanted (module notes).
+
+    Returns
+    -------
+    list of SchurForm
+        One per order, in the order given, each bit for bit ``schur_form(M, order)``: the
+        ``outside_first`` and ``inside_first`` forms reorder the ``lapack`` form (LAPACK
+        ``trsen``), exactly as :func:`schur_form` does after its own decomposition.
+
+    Raises
+    ------
+    InputError
+        If ``M`` is not a finite square matrix or an order is unknown.
+
+    Notes
+    -----
+    Cost: one complex Schur decomposition when any order but ``canonical`` is asked for, one
+    ``trsen`` per ``outside_first`` and ``inside_first``, and the ``canonical`` form's own
+    decomposition and reordering (see :func:`schur_form`).
+    """
+    wanted = [check_schur_order(o) for o in orders]
     arr = as_square(M, "M")
-    if order != "canonical":
+    forms: dict[SchurOrder, SchurForm] = {}
+    if any(o != "canonical" for o in wanted):
         t, q = guarded.schur(arr, output="complex")
-        if order != "lapack":
-            outside = _outside_unit_circle(np.diagonal(t))
-            t, q = _leading(t, q, outside if order == "outside_first" else ~outside)
-        return SchurForm(matrix=arr, q=q, t=np.triu(t), order=order)
+        outside = _outside_unit_circle(np.diagonal(t))
+        for order in dict.fromkeys(o for o in wanted if o != "canonical"):
+            tt, qq = (t, q) if order == "lapack" else _leading(t, q, outside if order == "outside_first" else ~outside)
+            forms[order] = SchurForm(matrix=arr, q=qq, t=np.triu(tt), order=order)
+    if "canonical" in wanted:
+        forms["canonical"] = _canonical_form(arr)
+    return [forms[o] for o in wanted]
+
+
+def _canonical_form(arr: np.ndarray) -> SchurForm:
+    """The ``canonical`` Schur form of a checked square array (see :func:`schur_form`)."""
     if arr.dtype.kind == "c":
         t, q = guarded.schur(arr, output="complex")
     else:
@@ -192,7 +234,7 @@ def schur_form(M: ArrayLike, order: SchurOrder = "canonical") -> SchurForm:
         if np.any(np.diagonal(t, offset=-1) != 0):
             t, q = scipy.linalg.rsf2csf(t, q)
     t, q = _canonical_order(np.asfortranarray(np.triu(t)), np.asfortranarray(q))
-    return SchurForm(matrix=arr, q=np.ascontiguousarray(q), t=np.triu(t), order=order)
+    return SchurForm(matrix=arr, q=np.ascontiguousarray(q), t=np.triu(t), order="canonical")
 
 
 def schur_split(M: ArrayLike | SchurForm, alpha: float | Sequence[float], order: SchurOrder = "canonical") -> np.ndarray:
