@@ -86,6 +86,10 @@ class RunOptions:
         model weight dtype; the analyses are float64 regardless
     device : str
         torch device of the model
+    stream_layers : bool
+        keep one decoder layer's weights in memory at a time, for models larger than memory:
+        a folder of *.safetensors (memory-mapped) or random:<family>:init=layerwise; the model's
+        numbers do not change (its step-0 null is drawn layer by layer)
     trust_remote_code : bool
         allow a hub model's own code to run
     """
@@ -100,6 +104,7 @@ class RunOptions:
     batch_size: int = field(default=4, metadata={"min": 1})
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
+    stream_layers: bool = False
     trust_remote_code: bool = False
 
     def __post_init__(self) -> None:

@@ -22,8 +22,9 @@ from .context import Execution, StageContext
 from .environment import environment_block
 from .executors import check_execution
 from .errors import InputError, RunIncomplete, StorageError
-from .models import LoadedModel, load_model, random_config
-from .models.loading import series_checkpoints, spec_source
+from .models import LoadedModel, load_model
+from .models.loading import check_streamable, series_checkpoints, spec_source
+from .models.random_models import random_spec
 from .models.finite import check_finite_weights
 from .report import default_claims_path, load_claims, render_report
 from .report.claims import CLAIMS_COPY
@@ -76,7 +77,8 @@ def prepare(config: RunConfig, loaded: LoadedModel | None = None) -> Prepared:
     """
     if loaded is None:
         loaded = load_model(config.model, revision=config.revision, dtype=config.dtype, device=config.device,
-                            trust_remote_code=config.trust_remote_code, seed=config.seed)
+                            trust_remote_code=config.trust_remote_code, seed=config.seed,
+                            stream_layers=config.stream_layers)
     check_finite_weights(loaded.model, loaded.name)
     context = loaded.adapter.max_seq_len
     if context is not None and config.seq_len > context:
@@ -254,7 +256,7 @@ def _stopped(run_dir: RunDirectory, stage: str, error: StorageError) -> StorageE
 def _revision_loader(cfg: RunConfig) -> Callable[[str], LoadedModel]:
     def load_revision(revision: str) -> LoadedModel:
         loaded = load_model(cfg.model, revision=revision, dtype=cfg.dtype, device=cfg.device,
-                            trust_remote_code=cfg.trust_remote_code, seed=cfg.seed)
+                            trust_remote_code=cfg.trust_remote_code, seed=cfg.seed, stream_layers=cfg.stream_layers)
         check_finite_weights(loaded.model, f"{loaded.name}@{revision}")
         return loaded
 
@@ -288,10 +290,10 @@ def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False
         if config.revisions:
             raise InputError(f"--revisions {','.join(config.revisions)} only applies to hub ids, and {what}; "
                              "drop --revisions (the jacobian stage analyses the step-0 null with --null init).")
+    if config.stream_layers and not in_memory:
+        check_streamable(config.model)
     if source == "random":
-        _, _, rest = config.model.strip().partition(":")
-        family, _, overrides = rest.partition(":")
-        random_config(family.strip(), overrides.strip() or None)  # unknown keys, bad values: one line
+        random_spec(config.model.strip(), config.stream_layers)  # unknown keys, bad values: one line
     for stage in plan:
         stages_registry.get(stage).load().check(config)
     return plan

@@ -219,7 +219,8 @@ def _visit(run_dir: RunDirectory, spec: str, folder: str, ckpt: Checkpoint, conf
     loaded = None
     try:
         loaded = load_model(ckpt.spec, revision=ckpt.revision, dtype=config.dtype, device=config.device,
-                            trust_remote_code=config.trust_remote_code, seed=config.seed)
+                            trust_remote_code=config.trust_remote_code, seed=config.seed,
+                            stream_layers=config.stream_layers)
         check_finite_weights(loaded.model, f"{loaded.name}@{ckpt.revision}")
         prepared = prepare(config, loaded)
         loss = mean_loss(loaded, prepared.token_ids, config.batch_size)

@@ -24,12 +24,16 @@ def layer_ops(adapter: Adapter, layer: int, dtype: torch.dtype = torch.float64) 
     """The cached :class:`~depthlens.models.weights.LayerWeights` of ``layer`` in ``dtype`` on the adapter's device.
 
     Memory: about ``itemsize x (parameters of the layer)`` per cached layer (float64 copies of
-    all of SmolLM2-135M's layers take ~0.9 GB). :func:`clear_cache` drops them.
+    all of SmolLM2-135M's layers take ~0.9 GB). A layer-streamed model
+    (:mod:`depthlens.models.streaming`) keeps one cached layer, as it keeps one layer of
+    weights. :func:`clear_cache` drops them.
     """
     per = _CACHE.setdefault(adapter, {})
     key = (layer, dtype)
     ops = per.get(key)
     if ops is None:
+        if adapter.streamer is not None:
+            per.clear()
         ops = adapter.layer_weights(layer, dtype)
         per[key] = ops
     return ops

@@ -173,6 +173,8 @@ class Adapter(Captures, Interventions, ABC):
         self._rope = getattr(self.backbone, "rotary_emb", None)
         self._rotary_fn = getattr(sys.modules[type(self._attns[0]).__module__], "apply_rotary_pos_emb", None)
         self.has_rope: bool = self._rope is not None and self._rotary_fn is not None
+        #: The :class:`~depthlens.models.streaming.Streamer` of a layer-streamed model, else None.
+        self.streamer: Any = None
 
     # ------------------------------------------------------------------ family-specific
 
@@ -340,6 +342,8 @@ class Adapter(Captures, Interventions, ABC):
             If a module of the layer has an unexpected type, or a q/k norm an unexpected width.
         """
         self.check_layer(layer)
+        if self.streamer is not None:
+            self.streamer.ensure(layer)
         read = WeightReader(dtype, self.device if device is None else torch.device(device))
         with torch.no_grad():
             w = self._layer_weights(layer, read)

@@ -90,26 +90,32 @@ class Captures:
         return self._attention_probs(ids, wanted)
 
     def _attention_probs(self, ids: Tensor, wanted: list[int]) -> Iterator[tuple[int, Tensor]]:
-        captured = self.attention_inputs(ids, set(wanted))
+        # queries and keys are formed in the forward pass, while the layer's weights are in
+        # memory (a streamed model holds one layer at a time)
+        captured = self._attention_captures(ids, set(wanted), lambda layer, x: self.qkv(layer, x)[:2])
         for layer in wanted:
-            x = captured[layer]
+            q, k = captured[layer]
             with torch.no_grad():
-                q, k, _ = self.qkv(layer, x)
                 yield layer, self.probs_from_qk(layer, q, k)
 
     def attention_inputs(self, input_ids: Tensor, layers: Iterable[int] | None = None) -> dict[int, Tensor]:
         """The inputs of the attention modules of ``layers`` (B, T, d), from one (early-stopped) forward pass."""
         ids = self._ids(input_ids)
         wanted = set(range(self.n_layers)) if layers is None else {self.check_layer(i) for i in layers}
+        return self._attention_captures(ids, wanted, lambda layer, x: x)
+
+    def _attention_captures(self, ids: Tensor, wanted: set[int], keep: Callable[[int, Tensor], Any]) -> dict[int, Any]:
+        """``keep(layer, x)`` of the attention inputs ``x`` of the ``wanted`` layers, each taken
+        during one forward pass that stops after the last of them."""
         if not wanted:
             return {}
         last = max(wanted)
-        captured: dict[int, Tensor] = {}
+        captured: dict[int, Any] = {}
         handles = []
 
         def make(i: int) -> Callable:
             def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-                captured[i] = first_arg(args, kwargs).detach()
+                captured[i] = keep(i, first_arg(args, kwargs).detach())
                 if i == last:
                     raise _Stop
 

@@ -76,6 +76,7 @@ __all__ = [
     "weights_sha256",
     "wrap_model",
     "available_devices",
+    "check_streamable",
     "resolve_device",
     "resolve_dtype",
     "series_checkpoints",
@@ -282,17 +283,25 @@ def _finish(
     tokenizer: Any,
     name: str,
     provenance: dict[str, Any],
+    layers: Any,
     dtype: torch.dtype,
     device: torch.device,
 ) -> LoadedModel:
     """Finish what a loader read (a :class:`~depthlens.models.pretrained.Checkpoint`): move
     and cast it, eval mode, gradients off, eager attention, its adapter, and the provenance
-    completed with family, dtype, device, class, configuration hash and versions."""
+    completed with family, dtype, device, class, configuration hash and versions. With
+    ``layers`` (a :class:`~depthlens.models.streaming.LayerSource`) the model is a skeleton
+    whose layers the adapter's :class:`~depthlens.models.streaming.Streamer` fills on demand."""
     from .adapter import adapter_for
     from .families import family_of
 
     family = family_of(model.config)
-    model = model.to(device=device, dtype=dtype)
+    if layers is None:
+        model = model.to(device=device, dtype=dtype)
+    else:  # a skeleton: its parameters are filled in dtype on device by the streamer
+        from .streaming import move_buffers
+
+        move_buffers(model, device, dtype)
     model.eval()
     model.requires_grad_(False)
     try:
@@ -300,12 +309,17 @@ def _finish(
     except Exception:  # pragma: no cover - older transformers or models without the switch
         model.config._attn_implementation = "eager"
     adapter = adapter_for(model)
+    if layers is not None:
+        from .streaming import Streamer
+
+        adapter.streamer = Streamer(model, adapter.layers, layers, dtype, device, name)
     prov = {
         "name": name,
         **provenance,
         "family": family,
         "dtype": str(dtype).removeprefix("torch."),
         "device": str(device),
+        "streamed": layers is not None,
         "model_class": type(model).__name__,
         "config_sha256": config_sha256(model.config),
         **versions(),
@@ -316,6 +330,28 @@ def _finish(
 # ---------------------------------------------------------------------------------------
 # the entry points
 # ---------------------------------------------------------------------------------------
+
+
+#: What each source is, in the refusal of ``--stream-layers`` (:func:`check_streamable`).
+_UNSTREAMABLE = {"embedded": "an embedded GGUF model", "gguf": "a GGUF file",
+                 "hub": "a hub id (download it first: huggingface-cli download ID --local-dir FOLDER)"}
+
+
+def check_streamable(spec: str | os.PathLike | None) -> None:
+    """Refuse ``--stream-layers`` for a spec whose weights cannot be read one layer at a time
+    (embedded models, GGUF files, hub ids); folders and ``random:`` specs pass here (their
+    loaders check the rest: safetensors weights, ``init=layerwise``).
+
+    Raises
+    ------
+    ModelError
+        One line naming the kind of spec and the way out.
+    """
+    source = spec_source(spec)
+    if source in _UNSTREAMABLE:
+        raise ModelError(f"--stream-layers reads a folder of *.safetensors or a random:<family>:init=layerwise model, "
+                         f"and --model {os.fspath(spec)!r} is {_UNSTREAMABLE[source]}; save the model to a folder "
+                         "(save_pretrained) and pass that, or drop --stream-layers.")
 
 
 def spec_source(spec: str | os.PathLike | None) -> str | None:
@@ -358,6 +394,7 @@ def load_model(
     trust_remote_code: bool = False,
     seed: int = 0,
     cache_dir: str | os.PathLike | None = None,
+    stream_layers: bool = False,
 ) -> LoadedModel:
     """Load a causal LM from ``spec`` (see the module docstring for the accepted forms).
 
@@ -380,6 +417,10 @@ def load_model(
         Seed of random initialisation (``random:`` specs only).
     cache_dir : path-like, optional
         Folder for converted GGUF models (default: :func:`cache_root`).
+    stream_layers : bool
+        Keep one decoder layer in memory at a time (:mod:`depthlens.models.streaming`): for a
+        folder of ``*.safetensors`` (memory-mapped) and for ``random:<family>:init=layerwise``
+        specs. Changes no number.
 
     Returns
     -------
@@ -393,7 +434,8 @@ def load_model(
         nor a series.
     ModelError
         Unknown spec, missing or corrupt file, unavailable hub, unsupported architecture,
-        missing embedded package. Every message is one line.
+        missing embedded package, ``stream_layers`` for a source that cannot stream. Every
+        message is one line.
 
     Examples
     --------
@@ -419,6 +461,8 @@ def load_model(
                 "drop --revision."
             )
 
+    if stream_layers:
+        check_streamable(spec)
     key = spec.lower()
     if key in EMBEDDED:
         no_revision("an embedded model")
@@ -435,7 +479,7 @@ def load_model(
         return _finish(*checkpoint, dtype, device)
     if key.startswith("random:"):
         no_revision("a random model")
-        return _finish(*load_random(spec, seed=seed), dtype, device)
+        return _finish(*load_random(spec, seed=seed, stream_layers=stream_layers), dtype, device)
 
     path = Path(spec).expanduser()
     if path.exists():
@@ -451,16 +495,18 @@ def load_model(
         if path.is_dir():
             if series_checkpoints(path):
                 folder = series_checkpoint(path.resolve(), revision)
-                checkpoint = load_local(folder, spec=spec, dtype=dtype, trust_remote_code=trust_remote_code)
+                checkpoint = load_local(folder, spec=spec, dtype=dtype, trust_remote_code=trust_remote_code,
+                                        stream_layers=stream_layers)
                 provenance = {**checkpoint.provenance, "revision": folder.name, "series": str(folder.parent)}
                 return _finish(checkpoint.model, checkpoint.tokenizer, f"{path.resolve().name}@{folder.name}",
-                               provenance, dtype, device)
+                               provenance, checkpoint.layers, dtype, device)
             no_revision("a local folder")
             if not (path / "config.json").is_file():
                 ggufs = sorted(p.name for p in path.glob("*.gguf"))
                 hint = f"; to load a GGUF file pass its path, e.g. {path / ggufs[0]}" if ggufs else ""
                 raise ModelError(f"folder {path} has no config.json, so it is not a saved model{hint}.")
-            checkpoint = load_local(path.resolve(), spec=spec, dtype=dtype, trust_remote_code=trust_remote_code)
+            checkpoint = load_local(path.resolve(), spec=spec, dtype=dtype, trust_remote_code=trust_remote_code,
+                                    stream_layers=stream_layers)
             return _finish(*checkpoint, dtype, device)
     if key.endswith(".gguf"):
         raise ModelError(f"GGUF file {path} does not exist; check the path.")
@@ -478,6 +524,9 @@ def init_like(loaded: LoadedModel, seed: int = 0) -> LoadedModel:
     The weights come from the model class's own initialisation under ``seed`` (what
     training would have started from), so the result is the step-0 null of ``loaded``.
     The global torch RNG state is left as it was; the same seed gives identical weights.
+    For a layer-streamed model, and for a ``random:...:init=layerwise`` one, each layer is
+    drawn on its own (:class:`~depthlens.models.streaming.LayerwiseInit`; streamed again for a
+    streamed model), so these nulls differ from the whole-model draw of the same seed.
 
     Parameters
     ----------
@@ -502,24 +551,36 @@ def init_like(loaded: LoadedModel, seed: int = 0) -> LoadedModel:
         dtype, device = param.dtype, param.device
     except StopIteration:  # pragma: no cover
         dtype, device = torch.float32, torch.device("cpu")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        with quiet_transformers():
-            fresh = type(original)(config)
+    streamer = loaded.adapter.streamer
+    if streamer is not None or loaded.provenance.get("init") == "layerwise":
+        from .streaming import LayerwiseInit, materialize_all, skeleton
+
+        fresh, layers = skeleton(config), LayerwiseInit(int(seed))
+        how = f"each layer of {type(original).__name__}(config) drawn on its own (init=layerwise) under seed {int(seed)}"
+        if streamer is None:
+            fresh, layers = materialize_all(fresh, layers), None
+        else:
+            dtype, device = streamer.dtype, streamer.device
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            with quiet_transformers():
+                fresh = type(original)(config)
+        layers, how = None, f"{type(original).__name__}(config) under torch.manual_seed({int(seed)})"
     prov = loaded.provenance
     provenance = {
         "spec": prov.get("spec"),
         "revision": prov.get("revision"),
         "source": "random",
         "seed": int(seed),
-        "init": f"{type(original).__name__}(config) under torch.manual_seed({int(seed)})",
+        "init": how,
         "null_of": {k: prov.get(k) for k in ("name", "spec", "revision", "source", "sha256", "commit") if k in prov},
         "sha256": config_sha256(fresh.config),
         "files": {},
         "weights_format": "random",
     }
     name = f"{loaded.name}@init{int(seed)}"
-    return _finish(fresh, loaded.tokenizer, name, provenance, dtype, device)
+    return _finish(fresh, loaded.tokenizer, name, provenance, layers, dtype, device)
 
 
 def weights_sha256(model: torch.nn.Module) -> str:
@@ -575,5 +636,5 @@ def wrap_model(model: torch.nn.Module, tokenizer: Any = None, name: str | None =
     name = name or f"memory:{label}@{sha[:12]}"
     provenance = {"spec": name, "revision": None, "source": "memory", "sha256": sha, "files": {},
                   "weights_format": "memory"}
-    return _finish(model, tokenizer if tokenizer is not None else random_tokenizer(model), name, provenance,
+    return _finish(model, tokenizer if tokenizer is not None else random_tokenizer(model), name, provenance, None,
                    dtype, device)

@@ -73,8 +73,13 @@ def _weight_files(folder: Path) -> tuple[list[Path], bool]:
     return pickles, False
 
 
-def load_local(folder: Path, *, spec: str, dtype: torch.dtype, trust_remote_code: bool) -> Checkpoint:
+def load_local(folder: Path, *, spec: str, dtype: torch.dtype, trust_remote_code: bool,
+               stream_layers: bool = False) -> Checkpoint:
     """Load the model, tokenizer and weights saved in ``folder`` (which has ``config.json``).
+
+    With ``stream_layers`` the model is a skeleton (:func:`~depthlens.models.streaming.skeleton`)
+    whose weights are read from the ``*.safetensors`` files when used, one decoder layer at a
+    time (:class:`~depthlens.models.streaming.SafetensorsLayers`).
 
     Parameters
     ----------
@@ -86,6 +91,8 @@ def load_local(folder: Path, *, spec: str, dtype: torch.dtype, trust_remote_code
         The dtype the weights are read in.
     trust_remote_code : bool
         Passed to transformers.
+    stream_layers : bool
+        Stream the decoder layers (needs ``*.safetensors`` weights).
 
     Returns
     -------
@@ -96,7 +103,8 @@ def load_local(folder: Path, *, spec: str, dtype: torch.dtype, trust_remote_code
     ------
     ModelError
         No weights, an unreadable configuration, tokenizer or weights, an unsupported
-        architecture, or a checkpoint that needs its own code.
+        architecture, a checkpoint that needs its own code, or ``stream_layers`` without
+        safetensors weights.
     """
     from .families import family_of
 
@@ -122,13 +130,23 @@ def load_local(folder: Path, *, spec: str, dtype: torch.dtype, trust_remote_code
             f"folder {folder} has no usable tokenizer ({one_line(exc)}); save the tokenizer there too "
             "(tokenizer.save_pretrained)."
         ) from None
-    try:
-        with quiet_transformers():
-            model = model_from_folder(folder, dtype, trust_remote_code, use_safetensors=safe)
-    except Exception as exc:
-        raise remote_code_error(spec, exc) or ModelError(
-            f"cannot load the weights in {folder} ({one_line(exc)}); check the files."
-        ) from None
+    layers = None
+    if stream_layers:
+        from .streaming import SafetensorsLayers, skeleton
+
+        if not safe:
+            raise ModelError(f"--stream-layers reads *.safetensors weights and {folder} holds only pytorch_model*.bin; "
+                             "save the model with save_pretrained(safe_serialization=True).")
+        model = skeleton(config)
+        layers = SafetensorsLayers(files, model)
+    else:
+        try:
+            with quiet_transformers():
+                model = model_from_folder(folder, dtype, trust_remote_code, use_safetensors=safe)
+        except Exception as exc:
+            raise remote_code_error(spec, exc) or ModelError(
+                f"cannot load the weights in {folder} ({one_line(exc)}); check the files."
+            ) from None
     hashes = hash_files(files)
     provenance = {
         "spec": spec,
@@ -139,4 +157,4 @@ def load_local(folder: Path, *, spec: str, dtype: torch.dtype, trust_remote_code
         "files": hashes,
         "weights_format": "safetensors" if safe else "pytorch_bin(weights_only=True)",
     }
-    return Checkpoint(model, tokenizer, folder.name, provenance)
+    return Checkpoint(model, tokenizer, folder.name, provenance, layers)

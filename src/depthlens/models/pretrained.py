@@ -30,6 +30,9 @@ class Checkpoint(NamedTuple):
     tokenizer: Any
     name: str
     provenance: dict[str, Any]
+    #: Where a streamed model's decoder layers come from (:mod:`depthlens.models.streaming`);
+    #: None for a model held in memory.
+    layers: Any = None
 
 
 @contextlib.contextmanager
