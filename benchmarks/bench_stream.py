@@ -1,0 +1,92 @@
+"""Layer streaming (``--stream-layers``): what it costs, and a model of Llama-3.1-8B's shape in
+little memory.
+
+1. A layerwise random Llama (d = 1024, 8 layers) in memory and streamed, same run: one forward
+   pass with attention probabilities, residual states and a layer's float64 weights; prints
+   both times, their ratio (streaming's overhead: every layer is filled again per pass), the
+   layer fills, and whether the numbers are equal bit for bit.
+2. ``depthlens attention`` on ``random:llama:init=layerwise`` of Llama-3.1-8B's shape (d = 4096,
+   32 layers, 32 query / 8 key-value heads, d_ff 14336), streamed: one chunk of 64 tokens, a
+   probe of 8 sequences of block length 16 (the default probe, 128 × 129 tokens, is about
+   2.5e14 flops of forward passes: over an hour on 2 cores), in a child process whose peak
+   resident memory is read from ``getrusage``. Prints the wall time, the peak (target
+   < 8 GiB) and the float32 weights the model would need in memory (the naive method, not
+   run: 32 GB). ``--skip-8b`` leaves it out.
+
+``python benchmarks/bench_stream.py [--skip-8b]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from depthlens.models import load_model
+
+SMALL = "random:llama:init=layerwise,hidden_size=1024,num_attention_heads=16,num_key_value_heads=4," \
+        "intermediate_size=4096,num_hidden_layers=8"
+LLAMA_8B = ("random:llama:init=layerwise,hidden_size=4096,num_hidden_layers=32,num_attention_heads=32,"
+            "num_key_value_heads=8,intermediate_size=14336,max_position_embeddings=8192")
+#: Parameters of one decoder layer and of the embeddings + LM head of Llama-3.1-8B (vocabulary 128256).
+LAYER_8B = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+OUTSIDE_8B = 2 * 128256 * 4096 + 4096
+
+
+def _pass(loaded, ids: torch.Tensor) -> tuple[float, list[torch.Tensor]]:
+    """Seconds of one probabilities pass, one residual pass and one layer's weights; the results."""
+    start = time.perf_counter()
+    probs = [p for _, p in loaded.adapter.attention_probs(ids)]
+    states = loaded.adapter.residual_states(ids)
+    weights = loaded.adapter.layer_weights(3).Wd
+    return time.perf_counter() - start, [*probs, states, weights]
+
+
+def overhead() -> None:
+    """Part 1: in memory against streamed on the same weights."""
+    ids = torch.randint(0, 256, (4, 128), generator=torch.Generator().manual_seed(0))
+    memory, streamed = load_model(SMALL), load_model(SMALL, stream_layers=True)
+    t_mem, out_mem = min((_pass(memory, ids) for _ in range(2)), key=lambda r: r[0])
+    fills = streamed.adapter.streamer.loads
+    t_str, out_str = min((_pass(streamed, ids) for _ in range(2)), key=lambda r: r[0])
+    fills = (streamed.adapter.streamer.loads - fills) / 2
+    equal = all(torch.equal(a, b) for a, b in zip(out_mem, out_str))
+    print(f"bench_stream: {SMALL} (4 x 128 tokens)")
+    print(f"  in memory: {t_mem:7.2f} s   streamed: {t_str:7.2f} s   ratio {t_str / t_mem:5.2f}x "
+          f"({fills:.0f} layer fills per round of 2 forward passes + 1 weight copy); equal bit for bit: {equal}")
+
+
+def llama_8b() -> None:
+    """Part 2: the streamed attention stage of the 8B-shaped model in a child process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [str(Path(sys.executable).with_name("depthlens")), "attention", "--model", LLAMA_8B, "--stream-layers",
+                "--chunks", "1", "--seq-len", "64", "--batch-size", "1", "--probe-seqs", "8", "--probe-len", "16",
+                "--jobs", "1", "--quiet", "--out", str(Path(tmp) / "run")]
+        start = time.perf_counter()
+        done = subprocess.run(argv, check=False)
+        elapsed = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 2**30  # Linux: KiB
+    print("bench_stream: Llama-3.1-8B shape, streamed, attention stage (1 chunk x 64 tokens, probe 8 x 16)")
+    print(f"  exit {done.returncode}; {elapsed / 60:6.1f} min; peak resident memory {peak:5.2f} GiB (target < 8 GiB)")
+    print(f"  naive (all float32 weights in memory, not run): {(32 * LAYER_8B + OUTSIDE_8B) * 4 / 2**30:5.1f} GiB of "
+          f"weights alone; streamed holds {(LAYER_8B + OUTSIDE_8B) * 4 / 2**30:4.1f} GiB with the real vocabulary "
+          f"(this random model's is 256)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-8b", action="store_true", help="only the in-memory / streamed comparison")
+    args = parser.parse_args()
+    overhead()
+    if not args.skip_8b:
+        llama_8b()
+
+
+if __name__ == "__main__":
+    main()
