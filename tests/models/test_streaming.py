@@ -137,6 +137,7 @@ def test_a_missing_tensor_names_the_layer_and_the_file(tmp_path):
         streamed.adapter.logits(torch.randint(0, 256, (1, 4)))
     message = _one_line(excinfo)
     assert "layer 2" in message and "model.layers.2.mlp.up_proj.weight" in message and str(path) in message
+    assert _resident_layers(streamed) == [] and streamed.adapter.streamer.resident is None  # nothing half-filled
 
 
 def test_a_tensor_of_the_wrong_shape_names_the_layer_and_the_file(tmp_path):

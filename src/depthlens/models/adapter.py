@@ -375,13 +375,17 @@ class Adapter(Captures, Interventions, ABC):
 
     @property
     def device(self) -> torch.device:
-        """The device of the model's parameters."""
-        return next(self.model.parameters()).device
+        """The device of the model's parameters (those held in memory, for a streamed model)."""
+        return self._held_parameter().device
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype of the model's parameters."""
-        return next(self.model.parameters()).dtype
+        """The dtype of the model's parameters (those held in memory, for a streamed model)."""
+        return self._held_parameter().dtype
+
+    def _held_parameter(self) -> nn.Parameter:
+        """The first parameter that is not on ``meta`` (a streamed model's released layers are)."""
+        return next(p for p in self.model.parameters() if not p.is_meta)
 
     def check_layer(self, layer: int, *, allow_end: bool = False) -> int:
         """``layer`` as an int if it is a layer index (``allow_end``: or ``n_layers``, the final state).

@@ -364,8 +364,12 @@ class Streamer:
             return
         if self.resident is not None:
             self.release()
-        self._fill(self.layers[layer], layer)
         self.resident = layer
+        try:
+            self._fill(self.layers[layer], layer)
+        except BaseException:
+            self.release()  # a failed fill leaves nothing of the layer behind
+            raise
         self.loads += 1
 
     def release(self) -> None:
