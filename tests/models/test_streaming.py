@@ -4,6 +4,7 @@ stream or shards that do not match."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -138,6 +139,30 @@ def test_a_missing_tensor_names_the_layer_and_the_file(tmp_path):
     message = _one_line(excinfo)
     assert "layer 2" in message and "model.layers.2.mlp.up_proj.weight" in message and str(path) in message
     assert _resident_layers(streamed) == [] and streamed.adapter.streamer.resident is None  # nothing half-filled
+
+
+def test_a_missing_shard_names_the_layer_and_the_shard(tmp_path):
+    """A sharded checkpoint (save_pretrained with a small max_shard_size) missing one shard:
+    the layers in the other shards work, the first layer in the missing one names it."""
+    loaded = load_model("random:llama:num_hidden_layers=3")
+    folder = tmp_path / "sharded"
+    loaded.model.save_pretrained(folder, max_shard_size="100KB")
+    random_tokenizer(loaded.model).save_pretrained(folder)
+    weight_map = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    shards = {}
+    for key, name in weight_map.items():
+        shards.setdefault(name, set()).add(key)
+    # a shard that holds only tensors of layer 2
+    shard = next(name for name, keys in shards.items() if all(k.startswith("model.layers.2.") for k in keys))
+    intact = load_model(folder, stream_layers=True)
+    assert torch.equal(intact.adapter.logits(torch.arange(6)[None]), loaded.adapter.logits(torch.arange(6)[None]))
+    (folder / shard).unlink()
+    streamed = load_model(folder, stream_layers=True)
+    streamed.adapter.layer_weights(0)
+    with pytest.raises(ModelError) as excinfo:
+        streamed.adapter.layer_weights(2)
+    message = _one_line(excinfo)
+    assert "layer 2" in message and shard in message and "missing" in message
 
 
 def test_a_tensor_of_the_wrong_shape_names_the_layer_and_the_file(tmp_path):

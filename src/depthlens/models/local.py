@@ -138,7 +138,8 @@ def load_local(folder: Path, *, spec: str, dtype: torch.dtype, trust_remote_code
             raise ModelError(f"--stream-layers reads *.safetensors weights and {folder} holds only pytorch_model*.bin; "
                              "save the model with save_pretrained(safe_serialization=True).")
         model = skeleton(config)
-        layers = SafetensorsLayers(files, model)
+        index = folder / "model.safetensors.index.json"
+        layers = SafetensorsLayers(files, model, index if index.is_file() else None)
     else:
         try:
             with quiet_transformers():

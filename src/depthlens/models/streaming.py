@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
@@ -232,18 +233,29 @@ class SafetensorsLayers(LayerSource):
         The ``*.safetensors`` files (read lazily, through memory maps).
     model : nn.Module
         The skeleton the files are for (its key renamings).
+    index : Path, optional
+        A sharded checkpoint's ``model.safetensors.index.json``: its ``weight_map`` names the
+        shard of every tensor, so a missing shard is named in the error.
 
     Raises
     ------
     ModelError
-        An unreadable file; from :meth:`fill`: a tensor the files do not hold, or one of
-        another shape, naming the layer and the file.
+        An unreadable file or index; from :meth:`fill`: a tensor the files do not hold (with
+        the missing shard that should hold it, when the index names one), or one of another
+        shape, naming the layer and the file.
     """
 
-    def __init__(self, files: Sequence[Path], model: nn.Module) -> None:
+    def __init__(self, files: Sequence[Path], model: nn.Module, index: Path | None = None) -> None:
         from safetensors import safe_open
 
         self.files = [Path(f) for f in files]
+        self._shard_of: dict[str, str] = {}  # the model's key -> the shard the index names
+        if index is not None:
+            try:
+                weight_map = json.loads(Path(index).read_text())["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ModelError(f"cannot read the shard index {index} ({type(exc).__name__}: {exc}); check the file "
+                                 "or download it again.") from None
         self._where: dict[str, Path] = {}
         self._open: dict[Path, Any] = {}
         for path in self.files:
@@ -256,18 +268,25 @@ class SafetensorsLayers(LayerSource):
             for key in handle.keys():
                 self._where.setdefault(key, path)
         renames = _renamings(model)
+
+        def renamed(key: str) -> str:
+            for pattern, target in renames:
+                key = pattern.sub(target, key)
+            return key
+
         self._stored: dict[str, str] = {}  # the model's key -> the file's key
         for key in self._where:
-            new = key
-            for pattern, target in renames:
-                new = pattern.sub(target, new)
-            self._stored.setdefault(new, key)
+            self._stored.setdefault(renamed(key), key)
+        if index is not None:
+            self._shard_of = {renamed(str(key)): str(shard) for key, shard in weight_map.items()}
 
-    def _key(self, name: str, prefix: str) -> str | None:
-        """The file's key of the model's tensor ``name``, or None when no file holds it."""
+    def _key(self, name: str, prefix: str, table: dict[str, str] | None = None) -> str | None:
+        """The file's key of the model's tensor ``name`` (or its entry in ``table``), or None
+        when no file holds it."""
+        table = self._stored if table is None else table
         for key in (name, name.removeprefix(f"{prefix}.") if prefix else name):
-            if key in self._stored:
-                return self._stored[key]
+            if key in table:
+                return table[key]
         return None
 
     def fill(self, model: nn.Module, part: nn.Module, layer: int | None, names: dict[tuple[int, str], str]) -> None:
@@ -280,6 +299,11 @@ class SafetensorsLayers(LayerSource):
             if key is None:
                 if layer is None and tied and name.endswith("lm_head.weight"):
                     continue  # tied to the embeddings below
+                shard = self._key(name, prefix, self._shard_of)
+                if shard is not None:
+                    folder = self.files[0].parent if self.files else "the folder"
+                    raise ModelError(f"{self._part(layer)}: tensor {name} is in the shard {shard}, which is missing "
+                                     f"from {folder}; download that file again.")
                 raise ModelError(f"{self._part(layer)}: tensor {name} is in none of {self._listing()}; the checkpoint "
                                  "does not match its config.json (use the files saved with it).")
             path = self._where[key]
