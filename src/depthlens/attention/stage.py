@@ -205,7 +205,7 @@ def _probe_phase(run_dir, loaded, opts, pool, quiet, checkpoint) -> pd.DataFrame
         for start in range(0, ids.shape[0], PROBE_BATCH):
             batch = ids[start : start + PROBE_BATCH]
             for layer, probs in adapter.attention_probs(batch):
-                for name, value in probe_scores(probs.numpy(), opts.probe_len).items():
+                for name, value in probe_scores(probs.cpu().numpy(), opts.probe_len).items():
                     sums[(layer, name)] = sums.get((layer, name), 0.0) + value.sum(axis=0)
             bar.update(batch.shape[0])
         bar.close()
@@ -229,7 +229,7 @@ def _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, chec
             rows = []
             batch = token_ids[start : start + batch_size]
             for layer, probs in loaded.adapter.attention_probs(batch):
-                A = probs.numpy()
+                A = probs.cpu().numpy()
                 tasks = [(A[b, h], layer, h, start + b, opts, start + b < opts.null_chunks,
                           start + b < opts.extras_chunks, opts.certify == "all")
                          for b in range(A.shape[0]) for h in range(A.shape[1])]
@@ -278,7 +278,7 @@ def _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, q
         wanted = targets[targets["chunk"].isin(group)]
         futures = []
         for layer, probs in loaded.adapter.attention_probs(token_ids[group], layers=sorted(wanted["layer"].unique())):
-            A = probs.numpy()
+            A = probs.cpu().numpy()
             for head, chunk in wanted.loc[wanted["layer"] == layer, ["head", "chunk"]].itertuples(index=False):
                 matrix = A[group.index(int(chunk)), int(head)].copy()
                 futures.append(pool.submit(an.certify_row, matrix, layer, int(head), int(chunk), opts))
@@ -309,7 +309,7 @@ def _induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint) -> p
                 seqs = range(start, min(start + PROBE_BATCH // 2, probe.shape[0]))
                 batch = torch.cat([probe[seqs.start : seqs.stop], control[seqs.start : seqs.stop]])
                 for layer, probs in loaded.adapter.attention_probs(batch, layers=layers):
-                    A = probs.numpy()
+                    A = probs.cpu().numpy()
                     tasks = [(A[i, h], A[len(seqs) + i, h], layer, int(h), s, opts.probe_len, opts)
                              for h in routing.loc[routing["layer"] == layer, "head"] for i, s in enumerate(seqs)]
                     rows.extend(ordered_map(pool, an.induction_row, tasks))
@@ -335,7 +335,7 @@ def _pseudospectra_phase(run_dir, loaded, token_ids, heads, chunks) -> None:
         layer, head = int(row["layer"]), int(row["head"])
         chunk = int(medians.loc[(layer, head)])
         probs = next(loaded.adapter.attention_probs(token_ids[chunk : chunk + 1], layers=[layer]))[1]
-        B = deflate(probs[0, head].numpy())
+        B = deflate(probs[0, head].cpu().numpy())
         grid = pseudospectrum(B, PSEUDO_GRID, PSEUDO_GRID, tol=PSEUDO_TOL)
         arrays.update({f"{role}.x": grid.x, f"{role}.y": grid.y, f"{role}.sigma": grid.sigma,
                        f"{role}.eig": np.diagonal(B).copy()})
@@ -351,7 +351,7 @@ def _depth_phase(run_dir, loaded, token_ids, chains, opts, pool, batch_size, qui
     bar = _bar(len(keys), len(keys) - len(todo), _desc("depth", checkpoint), quiet)
     for start in range(0, len(todo), batch_size):
         group = todo[start : start + batch_size]
-        probs = np.stack([p.numpy() for _, p in loaded.adapter.attention_probs(token_ids[group])], axis=1)
+        probs = np.stack([p.cpu().numpy() for _, p in loaded.adapter.attention_probs(token_ids[group])], axis=1)
         futures = [pool.submit(an.depth_chunk_rows, probs[i], chains, c, opts, c < opts.null_chunks) for i, c in enumerate(group)]
         del probs
         for chunk, future in zip(group, futures):

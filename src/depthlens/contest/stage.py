@@ -138,7 +138,7 @@ def _features_phase(run_dir: RunDirectory, adapter, token_ids: torch.Tensor, poo
     for key, start in todo:
         with run_dir.failures.unit(STAGE, key):
             batch = token_ids[start : start + batch_size]
-            probs = np.stack([p.numpy() for _, p in adapter.attention_probs(batch)], axis=1)  # (B, L, H, n, n)
+            probs = np.stack([p.cpu().numpy() for _, p in adapter.attention_probs(batch)], axis=1)  # (B, L, H, n, n)
             futures = [pool.submit(chunk_features, probs[i], start + i) for i in range(probs.shape[0])]
             del probs
             run_dir.write_unit(STAGE, key, {"rows": pd.concat([f.result() for f in futures], ignore_index=True)})

@@ -370,14 +370,14 @@ def layer_rows(
         ``ce_clean_sum`` that of ``CE_clean``, ``n_tokens = T − 1``.
     """
     B, T = clean.ids.shape
-    clean_sum = clean.nll.sum(dim=1).numpy()
+    clean_sum = clean.nll.sum(dim=1).cpu().numpy()
     frames = []
     for head in range(adapter.n_heads):
         for method in methods:
             nll = ablated_nll(adapter, clean, layer, head, method, _value(method, layer, head, means, sources))
             frames.append(pd.DataFrame({
                 "layer": layer, "head": head, "method": method, "chunk": clean.chunks,
-                "delta_ce_sum": (nll - clean.nll).sum(dim=1).numpy(), "ce_clean_sum": clean_sum,
+                "delta_ce_sum": (nll - clean.nll).sum(dim=1).cpu().numpy(), "ce_clean_sum": clean_sum,
                 "n_tokens": T - 1,
             }))
         if progress is not None:

@@ -50,7 +50,13 @@ def _axis(v: object, name: str) -> np.ndarray:
 
 
 def pseudospectrum(
-    M: object, grid_x: object, grid_y: object, *, engine: str = "numba", tol: float = DEFAULT_TOL
+    M: object,
+    grid_x: object,
+    grid_y: object,
+    *,
+    engine: str = "numba",
+    tol: float = DEFAULT_TOL,
+    device: str = "cpu",
 ) -> SigmaGrid:
     """``σ_min(zI − M)`` on a rectangular grid (contour it at ε for ``Λ_ε``).
 
@@ -68,9 +74,15 @@ def pseudospectrum(
     M : array_like, shape (n, n)
     grid_x, grid_y : array_like, 1-D
         Real and imaginary axes.
-    engine : {"numba", "numpy"}
+    engine : {"numba", "numpy", "torch"}
+        ``"torch"``: every point at once with batched triangular solves on ``device``
+        (:func:`~depthlens.linalg.sigma_torch.sigma_min_torch`; same stopping rule, no warm
+        starts, loads torch).
     tol : float
         Relative stopping tolerance of the inverse iteration, in ``(0, 1)``.
+    device : str
+        The torch device of ``engine="torch"`` (``"cpu"``, ``"cuda"``, ...); only ``"cpu"``
+        with the other engines.
 
     Returns
     -------
@@ -90,11 +102,19 @@ def pseudospectrum(
     [[0.5, 0.5]]
     """
     A = as_square(M)
-    check_engine(engine)
+    if engine != "torch":
+        check_engine(engine)
+        if device != "cpu":
+            raise InputError(f"device={device!r} needs engine='torch'; the {engine} engine runs on the CPU.")
     x, y = _axis(grid_x, "grid_x"), _axis(grid_y, "grid_y")
     if not 0.0 < tol < 1.0:
         raise InputError(f"tol={tol} is out of range; pass a relative tolerance in (0, 1).")
     tf = triangular_form(A)
+    if engine == "torch":
+        from .sigma_torch import sigma_min_torch  # torch loads only here
+
+        r = sigma_min_torch(tf, x[None, :] + 1j * y[:, None], device=device, tol=tol)
+        return SigmaGrid(x, y, r.sigma, r.method, r.n_fallback)
     Z = x[None, :] + 1j * y[:, None]
     Z[1::2] = Z[1::2, ::-1]
     ev = tf.evaluate(Z.reshape(-1), engine=engine, tol=tol, residuals=False)

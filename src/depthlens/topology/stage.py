@@ -83,7 +83,7 @@ def boundary_moments(adapter, token_ids: torch.Tensor, opts: TopologyOptions, ba
                          f"pass --seq-len {opts.skip_positions + 1} or more.")
     bar = tqdm(total=token_ids.shape[0], desc=f"topology correlations {label}".strip(), unit="chunk", disable=quiet)
     for start in range(0, token_ids.shape[0], batch_size):
-        states = adapter.residual_states(token_ids[start : start + batch_size]).to(torch.float64).numpy()
+        states = adapter.residual_states(token_ids[start : start + batch_size]).to(torch.float64).cpu().numpy()
         for b in range(n_bound):
             h = states[b, :, opts.skip_positions :, :]
             moments[b].update(h.reshape(-1, h.shape[-1]))
