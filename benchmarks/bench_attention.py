@@ -1,7 +1,9 @@
 """The default attention stage on SmolLM2 (32 chunks × 128 tokens, nulls on 8 chunks), 2 worker
 processes: wall time (target < 10 min on 2 cores), peak memory (target < 4 GiB), time per
-head-chunk for the resolvent features and for the nulls, the same per-matrix features against
-the brute-force Kreiss reference measured in this run, and the per-matrix scaling in n.
+head-chunk for the resolvent features and for the nulls, the power-norm upper bound against
+its naive reference (``bench_kreiss.naive_power_upper``, alternately in this run), the same
+per-matrix features against the brute-force Kreiss reference measured in this run, and the
+per-matrix scaling in n.
 """
 
 from __future__ import annotations
@@ -16,14 +18,20 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import sys  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from depthlens.attention import features  # noqa: E402
 from depthlens.config import RunConfig  # noqa: E402
 from depthlens.linalg.causal import deflate, random_causal_attention  # noqa: E402
+from depthlens.linalg.kreiss_bound import power_upper_bound  # noqa: E402
 from depthlens.linalg.reference import kreiss_bruteforce  # noqa: E402
 from depthlens.workflow import Execution, run  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_kreiss import cpu_pair, naive_power_upper  # noqa: E402
 
 
 def _peak_rss_gib() -> float:
@@ -82,6 +90,13 @@ def main() -> None:
           f"features with pseudospectral radii and numerical range {t_extra * 1e3:.0f} ms")
     print(f"  brute-force Kreiss reference {t_ref:.2f} s per matrix: features {t_ref / t_feat:.0f}x faster, "
           f"K(B) agrees to {abs(k - ref) / ref:.1e}")
+    pairs = [cpu_pair(lambda: naive_power_upper(B), lambda: power_upper_bound(B))
+             for B in deflate(np.stack([random_causal_attention(config.seq_len, rng, sink=s, prev=p, scale=2.0)
+                                        for s in (0.0, 3.0) for p in (0.0, 2.0) for _ in range(3)]))]
+    t_old, t_new = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+    print(f"  power-norm upper bound (the bulk of the features) on {len(pairs)} heads, CPU, alternating: naive "
+          f"{np.median(t_old) * 1e3:.1f} ms, current {np.median(t_new) * 1e3:.1f} ms (median), ratio "
+          f"{np.median(t_old / t_new):.2f}x; bit-identical on {sum(p[2] == p[3].value for p in pairs)}/{len(pairs)}")
     for n in (128, 256, 512):
         A = random_causal_attention(n, rng, sink=3.0, prev=2.0, scale=2.0)
         t = time.perf_counter()

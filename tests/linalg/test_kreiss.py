@@ -405,3 +405,45 @@ def test_real_cholesky_certificates_match_complex(rng: np.random.Generator) -> N
     np.testing.assert_array_equal(real.za, cplx.za)
     np.testing.assert_allclose(real.ga, cplx.ga, rtol=1e-14)
     np.testing.assert_allclose(real.gb, cplx.gb, rtol=1e-14)
+
+
+def _whole_grid_sup(fn, rtol_r: float) -> tuple[float, float]:
+    """The bisected-grid sup of a power bound function evaluated the plain way: the series on
+    the whole grid, for the point values and the interval bounds separately, every pass."""
+    edges = 1.0 + np.logspace(-10, 8, 361)
+    while True:
+        U = (edges[1:] - 1.0) * fn.H(edges[:-1]) + fn.circle(edges[:-1])
+        g = (edges - 1.0) * fn.H(edges) + fn.circle(edges)
+        split = U > g.max() * (1.0 + rtol_r)
+        if not split.any() or edges.size > 20_000:
+            break
+        lo, hi = edges[:-1][split] - 1.0, edges[1:][split] - 1.0
+        edges = np.sort(np.concatenate([edges, 1.0 + np.sqrt(lo * hi)]))
+    return max(float(U.max()), fn.ends(float(edges[0]), float(edges[-1]))), float(edges[int(np.argmax(g))])
+
+
+@pytest.mark.parametrize("kind", [dict(sink=3.0, prev=2.0), dict(prev=6.0), dict(scale=3.0), "perron"])
+def test_sup_bound_matches_whole_grid_scan_and_bruteforce(kind: object, rng: np.random.Generator) -> None:
+    """The incremental sup over ``r`` gives the whole-grid scan's numbers bit for bit, lies within
+    ``rtol_r`` above the largest sampled ``g(r)`` (an independent float64 evaluation of the
+    truncated series), and the bound is above the brute-force ``K``."""
+    from depthlens.linalg.causal import deflate
+    from depthlens.linalg.kreiss_bound import _norm_sequences, _sup_bound, spectrum_status
+    from depthlens.linalg.sigma import triangular_form
+
+    A = causal_softmax(10, rng, **(kind if isinstance(kind, dict) else dict(sink=1.0, prev=1.0)))
+    M = A if kind == "perron" else deflate(A)  # A: the Perron root 1 on the circle (Π = ‖P‖ = √n)
+    status, _, circle = spectrum_status(M, triangular_form(M))
+    assert status == ("circle" if kind == "perron" else "inside")
+    deflated, pi = (circle.deflated, float(circle.proj_norms.sum())) if circle is not None else (None, 0.0)
+    fn = _norm_sequences(M, deflated, pi, 1e-3, 300)
+    assert fn.tail == "geometric"
+    best, r_best = _sup_bound(fn, 1e-4)
+    assert (best, r_best) == _whole_grid_sup(fn, 1e-4)
+    r = 1.0 + np.logspace(-6, 4, 4001)
+    k = np.arange(fn.a.size)
+    sampled = np.array([(x - 1.0) * np.sum(fn.a * x ** (-k - 1.0)) + pi * x ** (-fn.k0 - 1.0) for x in r])
+    assert sampled.max() <= best <= sampled.max() * (1.0 + 2e-4) + fn.tail_part(np.array([r_best]))[0]
+    # K(A) = √n exactly (METHODS A2); the brute force overshoots it by its rounding next to z = 1
+    ref = math.sqrt(10) if kind == "perron" else kreiss_bruteforce(M, n_t=30, n_theta=36)[0]
+    assert power_upper_bound(M).value >= ref * (1 - 1e-12)

@@ -78,3 +78,27 @@ def test_bad_input() -> None:
         peak_transient(np.array([[np.inf]]))
     with pytest.raises(InputError):
         spijker_check(-1.0, np.eye(2))
+
+
+def test_iter_power_norms_exact_first(rng: np.random.Generator) -> None:
+    """Powers ``k ≤ exact_first`` are exact without consulting ``exact_if`` (the same numbers as
+    :func:`power_norms`); later ones follow ``exact_if`` and bound the dense norm from above."""
+    from depthlens.linalg.causal import deflate
+    from depthlens.linalg.transients import iter_power_norms
+
+    B = deflate(causal_softmax(16, rng, sink=1.0, prev=3.0))
+    asked: list[int] = []
+
+    def exact_if(k: int, bound: float) -> bool:
+        asked.append(k)
+        return k % 2 == 0
+
+    it = iter_power_norms(B, exact_if, 4)
+    got = np.array([next(it) for _ in range(8)])
+    assert asked == [5, 6, 7, 8]
+    np.testing.assert_array_equal(got[:4], power_norms(B, 4)[1:])
+    np.testing.assert_array_equal(got[[5, 7]], power_norms(B, 8)[[6, 8]])
+    dense = np.array([np.linalg.norm(np.linalg.matrix_power(B, k), 2) for k in range(1, 9)])
+    np.testing.assert_allclose(got[:4], dense[:4], rtol=1e-12)
+    assert np.all(got >= dense * (1 - 1e-12))
+    assert got[4] > dense[4] * (1 + 1e-9)  # a cheap bound, not the exact norm

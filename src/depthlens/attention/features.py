@@ -148,7 +148,7 @@ def matrix_features(
 def null_reserves(A: np.ndarray, null_mode: str, n_samples: int, rng: np.random.Generator) -> np.ndarray:
     """``TR1 = log K(B̃)`` of ``n_samples`` matched shuffle nulls of ``A`` (METHODS A4)."""
     nulls = shuffle_null(A, null_mode, n_samples, rng=rng)
-    return np.array([math.log(kreiss_b(deflate(N), upper=False).value) for N in nulls])
+    return np.array([math.log(kreiss_b(B, upper=False).value) for B in deflate(nulls)])
 
 
 def _certified_kreiss_b(B: np.ndarray, rtol: float, max_evals: int) -> KreissResult:

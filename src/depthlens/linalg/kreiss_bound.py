@@ -205,14 +205,14 @@ def _norm_sequences(
     top = [0.0]
     chose = [True]
 
-    def need_exact(k: int, bound: float) -> bool:
-        chose[0] = k <= EXACT_POWERS or bound > top[0]
+    def need_exact(_: int, bound: float) -> bool:  # asked for powers beyond EXACT_POWERS only
+        chose[0] = bound > top[0]
         return chose[0]
 
     rel = 1.0 + NORM_ROUNDING * A.shape[0] * _EPS
-    a_it, da_it = iter_power_norms(A, need_exact), power_allowances(A)
+    a_it, da_it = iter_power_norms(A, need_exact, EXACT_POWERS), power_allowances(A)
     if deflated is not None:
-        b_it, db_it = iter_power_norms(deflated, need_exact), power_allowances(deflated)
+        b_it, db_it = iter_power_norms(deflated, need_exact, EXACT_POWERS), power_allowances(deflated)
     a, da, b, exact = [1.0], [0.0], [1.0], [True]  # computed norms, their allowances, bounds on ‖M'^k‖
     best_m, best_rate = 0, 0.0  # the m with b_m < 1 minimising log(b_m)/m
     # The stopping test runs on a fixed grid of r with running sums, O(grid) per power:
@@ -224,6 +224,7 @@ def _norm_sequences(
     h = pw.copy()
     cum = [pw.copy()]
     while len(a) - 1 < cap:
+        chose[0] = True  # stays True for k ≤ EXACT_POWERS (exact without asking need_exact)
         a.append(next(a_it))
         da.append((rel - 1.0) * a[-1] + next(da_it))
         exact.append(a[-1] == 0.0 or chose[0])
@@ -283,13 +284,6 @@ class _BoundFunction:
     def circle(self, r: np.ndarray) -> np.ndarray:
         return self.pi * np.exp(-(self.k0 + 1) * np.log(r)) if self.pi else np.zeros_like(r)
 
-    def at(self, r: np.ndarray) -> np.ndarray:
-        return (r - 1.0) * self.H(r) + self.circle(r)
-
-    def on(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """Upper bound of ``g`` on ``[lo, hi]``: ``(hi−1)·H(lo) + Π·lo^{−k0−1}``."""
-        return (hi - 1.0) * self.H(lo) + self.circle(lo)
-
     def ends(self, r_first: float, r_last: float) -> float:
         """Bounds on ``(1, r_first]`` and ``[r_last, ∞)``."""
         near = (r_first - 1.0) * float(self.H(np.array([1.0]))[0]) + self.pi
@@ -327,7 +321,7 @@ def power_upper_bound(M: object, *, share: float = 1e-3, cap: int | None = None,
     dense SVD) and taken as exact. Not interval-verified.
 
     Cost: ``k0`` products and partial eigensolves, ``O(k0·n³)``, plus ``O(k0)`` vector work
-    per refinement pass.
+    per point of the final grid in ``r`` (each evaluated once, :func:`_sup_bound`).
 
     Parameters
     ----------
@@ -374,15 +368,33 @@ def power_upper_from_status(
     if fn.tail == "none":
         return PowerBound(math.inf, math.nan, fn.k0, "none", 0, fn.norms, fn.exact, fn.allowance)
     label = "unit-circle" if status == "circle" else fn.tail
+    best, r_best = _sup_bound(fn, rtol_r)
+    value = float(best * (1.0 + 4.0 * (fn.k0 + 1) * n * _EPS))
+    return PowerBound(value, r_best, fn.k0, label, fn.m, fn.norms, fn.exact, fn.allowance)
+
+
+def _sup_bound(fn: _BoundFunction, rtol_r: float) -> tuple[float, float]:
+    """Upper bound on ``sup_{r>1} g(r)`` and the grid point where ``g`` was largest, by the
+    bisected grid of :func:`power_upper_bound`.
+
+    ``H`` and the circle term are evaluated once per grid point (at the new points only as the
+    grid is bisected; both are evaluated point by point, so a point's value does not depend on
+    when it is computed) and shared by the point values ``g(r_i) = (r_i−1)H(r_i) + Π r_i^{−k0−1}``
+    and the interval bounds ``(r_{i+1}−1)H(r_i) + Π r_i^{−k0−1}`` of ``g`` on ``[r_i, r_{i+1}]``
+    (``H`` decreasing): ``O(final grid)`` series evaluations instead of ``O(passes × grid)``.
+    """
     edges = 1.0 + np.logspace(-10, 8, 361)
+    H, C = fn.H(edges), fn.circle(edges)
     while True:
-        U = fn.on(edges[:-1], edges[1:])
-        g = fn.at(edges)
+        U = (edges[1:] - 1.0) * H[:-1] + C[:-1]
+        g = (edges - 1.0) * H + C
         split = U > g.max() * (1.0 + rtol_r)
         if not split.any() or edges.size > 20_000:
             break
         lo, hi = edges[:-1][split] - 1.0, edges[1:][split] - 1.0
-        edges = np.sort(np.concatenate([edges, 1.0 + np.sqrt(lo * hi)]))
+        new = 1.0 + np.sqrt(lo * hi)
+        order = np.argsort(np.concatenate([edges, new]), kind="stable")
+        edges = np.concatenate([edges, new])[order]
+        H, C = np.concatenate([H, fn.H(new)])[order], np.concatenate([C, fn.circle(new)])[order]
     best = max(float(U.max()), fn.ends(float(edges[0]), float(edges[-1])))
-    value = float(best * (1.0 + 4.0 * (fn.k0 + 1) * n * _EPS))
-    return PowerBound(value, float(edges[int(np.argmax(g))]), fn.k0, label, fn.m, fn.norms, fn.exact, fn.allowance)
+    return best, float(edges[int(np.argmax(g))])

@@ -47,12 +47,15 @@ def cheap_norm_bound(X: np.ndarray) -> float:
     return min(fro, math.sqrt(one * inf)) * (1.0 + 4.0 * X.shape[0] * _EPS)
 
 
-def iter_power_norms(A: np.ndarray, exact_if: Callable[[int, float], bool] | None = None) -> Iterator[float]:
+def iter_power_norms(
+    A: np.ndarray, exact_if: Callable[[int, float], bool] | None = None, exact_first: int = 0
+) -> Iterator[float]:
     """Yield ``‖A^k‖₂`` (or a rigorous upper bound on it) for ``k = 1, 2, …``; zeros forever
     once a power is 0 (``A`` validated).
 
     With ``exact_if=None`` every value is exact (a dense eigensolve per power). Otherwise
-    :func:`cheap_norm_bound` is computed first and the exact norm only when
+    powers ``k ≤ exact_first`` are exact (no cheap bound is formed for them) and for later
+    ones :func:`cheap_norm_bound` is computed first and the exact norm only when
     ``exact_if(k, bound)`` is true, so callers that need exact values only near a peak pay
     ``O(n²)`` instead of ``O(n³)`` for the other powers (the product itself stays ``O(n³)``).
 
@@ -66,7 +69,7 @@ def iter_power_norms(A: np.ndarray, exact_if: Callable[[int, float], bool] | Non
     while True:
         if not np.all(np.isfinite(X)):
             raise InputError(f"M^{k} overflows float64; ask for fewer powers (spectral radius > 1).")
-        if exact_if is None:
+        if exact_if is None or k <= exact_first:
             a = spectral_norm(X)
         else:
             a = cheap_norm_bound(X)
