@@ -13,11 +13,12 @@
 #   coretype-auto   OPENBLAS_CORETYPE unset (OpenBLAS picks its kernel  fast tier + e2e run
 #                   for this CPU: SkylakeX on AVX-512); skipped when the
 #                   caller has it unset, as the full leg then is this one
-#   haswell         OPENBLAS_CORETYPE=Haswell (the AVX2 kernel OpenBLAS fast tier + e2e run
-#                   picks on AMD EPYC Zen 2/3 and other AVX2-only CPUs)
-#   mkl-avx2        MKL_ENABLE_INSTRUCTIONS=AVX2 (torch's MKL on its     fast tier
-#                   AVX2 path, as on AMD EPYC: float32 forwards then
-#                   depend on batch size and thread count)
+#   haswell         OPENBLAS_CORETYPE=Haswell and                       fast tier + e2e run
+#                   MKL_ENABLE_INSTRUCTIONS=AVX2: the AVX2 paths both
+#                   libraries take on AMD EPYC Zen 2/3 and other
+#                   AVX2-only CPUs (OpenBLAS's Haswell kernel; torch's
+#                   MKL on AVX2, where float32 forwards depend on batch
+#                   size and thread count)
 #
 # Fast tier: `pytest -m "not real and not slow"` (everything except the tests marked `real`, which
 # load the embedded SmolLM2, and those marked `slow`: training and censuses of tiny models, which
@@ -38,7 +39,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
 DEPTHLENS="$VENV/bin/depthlens"
-ALL_LEGS="full omp1 coretype-auto haswell mkl-avx2"
+ALL_LEGS="full omp1 coretype-auto haswell"
 LEGS=${MATRIX_LEGS:-$ALL_LEGS}
 # SmolLM2 end to end, every stage and the report, a few minutes on 2 cores: small sizes, one
 # Jacobian mode, exact funnel curves only (a rank above d = 576), no step-0 null checkpoint
@@ -80,8 +81,7 @@ settings_of() {  # the `env` arguments of a leg
         full) echo "-u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS -u MKL_NUM_THREADS" ;;
         omp1) echo "OMP_NUM_THREADS=1" ;;
         coretype-auto) echo "-u OPENBLAS_CORETYPE" ;;
-        haswell) echo "OPENBLAS_CORETYPE=Haswell" ;;
-        mkl-avx2) echo "MKL_ENABLE_INSTRUCTIONS=AVX2" ;;
+        haswell) echo "OPENBLAS_CORETYPE=Haswell MKL_ENABLE_INSTRUCTIONS=AVX2" ;;
         *) return 1 ;;
     esac
 }
@@ -119,7 +119,7 @@ for leg in $LEGS; do
     described=${settings:-no change}
     e2e=("${E2E[@]}")
     case $leg in
-        omp1|mkl-avx2) e2e=() ;;
+        omp1) e2e=() ;;
     esac
     echo "=== leg $leg: $described; $tier_name tier$([[ ${#e2e[@]} == 0 ]] || echo " + e2e run")"
     "${run_env[@]}" "$PY" -c "$KERNELS" "$(expect_of "$leg")"
