@@ -17,14 +17,9 @@ from depthlens.models import init_like, load_model
 from depthlens.models.streaming import LayerwiseInit
 from depthlens.models.tokenizer import random_tokenizer
 
+from .test_loading import _one_line
+
 LAYERWISE = "random:llama:init=layerwise,num_hidden_layers=3"
-
-
-def _one_line(excinfo: pytest.ExceptionInfo) -> str:
-    message = str(excinfo.value)
-    assert isinstance(excinfo.value, DepthlensError)
-    assert "\n" not in message and message.strip() == message and message
-    return message
 
 
 def _resident_layers(loaded) -> list[int]:
