@@ -279,6 +279,20 @@ def check_points(z: object, name: str = "z") -> np.ndarray:
     return arr
 
 
+def check_iteration(tol: float, maxiter: int) -> None:
+    """Refuse a stopping tolerance outside ``(0, 1)`` or a step budget below 1.
+
+    Raises
+    ------
+    InputError
+        Naming the value and the range.
+    """
+    if not 0.0 < tol < 1.0:
+        raise InputError(f"tol={tol} is out of range; pass a relative tolerance in (0, 1).")
+    if int(maxiter) < 1:
+        raise InputError(f"maxiter={maxiter} is out of range; pass a positive integer.")
+
+
 def check_engine(engine: str) -> str:
     """Validate an engine name."""
     if engine not in ENGINES:
@@ -343,10 +357,7 @@ def sigma_min(
     True
     """
     check_engine(engine)
-    if not 0.0 < tol < 1.0:
-        raise InputError(f"tol={tol} is out of range; pass a relative tolerance in (0, 1).")
-    if int(maxiter) < 1:
-        raise InputError(f"maxiter={maxiter} is out of range; pass a positive integer.")
+    check_iteration(tol, maxiter)
     tf = triangular_form(M)
     zz = check_points(z)
     ev = tf.evaluate(zz, vectors=vectors, engine=engine, tol=tol, maxiter=maxiter)

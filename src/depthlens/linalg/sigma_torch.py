@@ -30,6 +30,7 @@ from .sigma import (
     DEFAULT_TOL,
     SigmaResult,
     _start_vector,
+    check_iteration,
     check_points,
     triangular_form,
 )
@@ -201,10 +202,7 @@ def sigma_min_torch(
     >>> bool(np.allclose(r.sigma, ref, rtol=1e-12)), r.engine
     (True, 'torch')
     """
-    if not 0.0 < tol < 1.0:
-        raise InputError(f"tol={tol} is out of range; pass a relative tolerance in (0, 1).")
-    if int(maxiter) < 1:
-        raise InputError(f"maxiter={maxiter} is out of range; pass a positive integer.")
+    check_iteration(tol, maxiter)
     dev = _device(device)
     tf = triangular_form(M)
     zz = check_points(z)
