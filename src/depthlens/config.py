@@ -88,7 +88,8 @@ class RunOptions:
         torch device of the model
     stream_layers : bool
         keep one decoder layer's weights in memory at a time, for models larger than memory:
-        a folder of *.safetensors (memory-mapped) or random:<family>:init=layerwise; the model's
+        a folder of *.safetensors (memory-mapped), a GGUF file (from its converted cache) or
+        random:<family>:init=layerwise; the model's
         numbers do not change (its step-0 null is drawn layer by layer)
     trust_remote_code : bool
         allow a hub model's own code to run

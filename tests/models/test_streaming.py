@@ -185,7 +185,7 @@ def test_non_finite_weights_of_a_streamed_layer_are_refused(tmp_path):
 
 def test_sources_that_cannot_stream(tmp_path):
     for spec, words in (("random:llama", "init=layerwise"), ("random:llama:init=bogus", "init=bogus"),
-                        ("smollm2-135m", "embedded"), ("org/name", "hub id")):
+                        ("org/name", "hub id")):
         with pytest.raises(DepthlensError) as excinfo:
             load_model(spec, stream_layers=spec != "random:llama:init=bogus")
         assert words in _one_line(excinfo)

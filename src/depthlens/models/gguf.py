@@ -1,8 +1,9 @@
 """GGUF files (embedded or local): check the header, dequantise once, cache as safetensors.
 
-GGUF files are dequantised to float32 by transformers' GGUF support (about 20 s for
-SmolLM2-135M on two cores) and the result is cached as safetensors, keyed by the GGUF
-file's sha256, so later loads take about a second. The cache lives in ``$DEPTHLENS_CACHE``,
+GGUF files are dequantised to float32 one tensor at a time with transformers' GGUF steps
+(:func:`_write_weights`; memory holds one tensor, so models larger than memory convert too)
+and the result is cached as safetensors, keyed by the GGUF file's sha256, so later loads
+read the cache (and ``--stream-layers`` reads it one decoder layer at a time). The cache lives in ``$DEPTHLENS_CACHE``,
 else ``$XDG_CACHE_HOME/depthlens``, else ``~/.cache/depthlens`` (``cache_dir=`` overrides
 all three; see :func:`cache_root`)::
 
@@ -18,13 +19,17 @@ discards its own copy and uses the winner's.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import shutil
 import struct
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,7 +40,9 @@ from .tokenizer import tokenizer_from
 
 __all__ = ["cache_root", "load_gguf"]
 
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
+#: GGUF architectures whose expert tensors transformers merges across several file tensors.
+_MERGED_ARCHITECTURES = frozenset({"qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss", "minimax-m2"})
 _MARKER = "depthlens.json"
 
 
@@ -69,44 +76,25 @@ def _check_gguf_header(path: Path) -> None:
 
 
 def _convert_gguf(path: Path, target: Path, sha: str, trust_remote_code: bool) -> None:
-    """Dequantise ``path`` with transformers and write a complete cache entry at ``target``."""
-    from transformers import AutoModelForCausalLM
-
-    try:
-        from transformers import GgufConfig
-
-        extra = {"quantization_config": GgufConfig(dequantize=True)}  # plain nn.Linear, never packed
-    except ImportError:  # pragma: no cover - older transformers always dequantise
-        extra = {}
+    """Dequantise ``path`` tensor by tensor and write a complete cache entry at ``target``."""
     folder, fname = str(path.parent), path.name
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{sha[:16]}-", dir=target.parent))
     try:
         try:
             with quiet_transformers():
+                from transformers import AutoConfig
+
                 tokenizer = tokenizer_from(folder, gguf_file=fname, local_files_only=True)
-                model = AutoModelForCausalLM.from_pretrained(
-                    folder,
-                    gguf_file=fname,
-                    dtype=torch.float32,
-                    attn_implementation="eager",
-                    local_files_only=True,
-                    trust_remote_code=trust_remote_code,
-                    **extra,
-                )
-        except ModelError:
-            raise
+                config = AutoConfig.from_pretrained(folder, gguf_file=fname, local_files_only=True,
+                                                    trust_remote_code=trust_remote_code)
         except Exception as exc:
             raise ModelError(
                 f"cannot read GGUF file {path} ({one_line(exc)}); "
                 "the file may be truncated or of an architecture transformers cannot dequantise."
             ) from None
-        quantizer = getattr(model, "hf_quantizer", None)
-        if quantizer is not None:
-            quantizer.remove_quantization_config(model)
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(str(tmp))  # safetensors (the only format of transformers 5)
+        _write_weights(path, config, tmp / "model.safetensors")
+        config.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         marker = {
             "format": _CACHE_FORMAT,
@@ -126,6 +114,91 @@ def _convert_gguf(path: Path, target: Path, sha: str, trust_remote_code: bool) -
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _cached_name_maps() -> Iterator[None]:
+    """While active, ``gguf.get_tensor_name_map`` (a pure function of the architecture and the
+    depth) is memoised: transformers' ``get_gguf_hf_weights_map`` rebuilds it for every
+    submodule, which costs seconds per conversion and grows with depth."""
+    import gguf
+
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = original
+
+
+def _write_weights(path: Path, config: Any, out: Path) -> None:
+    """Write the float32 parameters of ``config``'s causal LM, dequantised from the GGUF file
+    ``path``, as one safetensors file ``out``, one tensor at a time.
+
+    Each tensor goes through transformers' own GGUF steps (``gguf.dequantize``, the
+    architecture's tensor processor, e.g. the inverse of llama.cpp's q/k permutation, and its
+    name map), so the values are those transformers' whole-model GGUF load gives, bit for bit;
+    but only one dequantised tensor is in memory at a time (the file is memory-mapped), so a
+    model larger than memory converts too. The header is laid out first from the model's
+    parameters (the tied LM head left out, as ``save_pretrained`` does) and every tensor is
+    written at its offset as it is read.
+
+    Raises
+    ------
+    ModelError
+        An architecture whose GGUF tensors transformers merges across tensors (mixtures of
+        experts), a tensor of the wrong shape, or a parameter the file does not hold.
+    """
+    import numpy as np
+    from gguf import GGUFReader, dequantize
+    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map,
+                                                          read_field)
+
+    from .streaming import skeleton
+
+    reader = GGUFReader(str(path))
+    architecture = read_field(reader, "general.architecture")[0]
+    if architecture in _MERGED_ARCHITECTURES:
+        raise ModelError(f"{path} is a {architecture} GGUF file, whose expert tensors depthlens cannot convert; "
+                         "pass the model's safetensors folder instead.")
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    model = skeleton(config)
+    with _cached_name_maps():
+        names = get_gguf_hf_weights_map(model, processor)
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}  # tied ones once
+    layout: dict[str, dict] = {}
+    offset = 0
+    for name, shape in shapes.items():
+        size = 4 * int(np.prod(shape, dtype=np.int64))
+        layout[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    header = json.dumps({"__metadata__": {"format": "pt"}, **layout}, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    written: set[str] = set()
+    with open(out, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + offset)
+        for tensor in reader.tensors:
+            parsed: dict[str, dict] = {"tensors": {}}
+            result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
+                                       tensor_key_mapping=names, parsed_parameters=parsed)
+            produced = dict(parsed["tensors"])
+            if result.name in names:
+                produced[names[result.name]] = result.weights
+            for name, value in produced.items():
+                if name not in layout:
+                    continue  # a buffer, or the tied LM head
+                data = np.ascontiguousarray(np.asarray(value), dtype="<f4")
+                if data.shape != shapes[name]:
+                    raise ModelError(f"{path}: tensor {tensor.name} has shape {data.shape} as {name}, the model expects "
+                                     f"{shapes[name]}; the file does not match its own metadata.")
+                f.seek(8 + len(header) + layout[name]["data_offsets"][0])
+                f.write(data.tobytes())
+                written.add(name)
+    missing = [name for name in layout if name not in written]
+    if missing:
+        raise ModelError(f"{path} holds no tensor for {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1
+                         else "") + "; the file is incomplete or of an architecture depthlens cannot convert.")
 
 
 def _cache_complete(entry: Path) -> bool:
@@ -148,6 +221,7 @@ def load_gguf(
     dtype: torch.dtype,
     trust_remote_code: bool,
     cache_dir: str | os.PathLike | None,
+    stream_layers: bool = False,
 ) -> Checkpoint:
     """Load a GGUF file through its cache entry, converting it first when the entry is missing.
 
@@ -163,6 +237,9 @@ def load_gguf(
         Passed to transformers.
     cache_dir : path-like, optional
         Overrides :func:`cache_root`.
+    stream_layers : bool
+        Return a skeleton whose decoder layers are read from the cache entry one at a time
+        (:class:`~depthlens.models.streaming.SafetensorsLayers`) instead of the whole model.
 
     Returns
     -------
@@ -186,8 +263,18 @@ def load_gguf(
         _convert_gguf(path, entry, sha, trust_remote_code)
     try:
         with quiet_transformers():
-            model = model_from_folder(entry, dtype, trust_remote_code, use_safetensors=True)
             tokenizer = tokenizer_from(str(entry), local_files_only=True)
+            if stream_layers:
+                from transformers import AutoConfig
+
+                from .streaming import SafetensorsLayers, skeleton
+
+                model = skeleton(AutoConfig.from_pretrained(str(entry), trust_remote_code=trust_remote_code))
+                layers = SafetensorsLayers([entry / "model.safetensors"], model)
+            else:
+                model, layers = model_from_folder(entry, dtype, trust_remote_code, use_safetensors=True), None
+    except ModelError:
+        raise
     except Exception as exc:
         raise ModelError(
             f"the converted cache {entry} cannot be read ({one_line(exc)}); delete that folder and load again."
@@ -203,4 +290,4 @@ def load_gguf(
         "cache": str(entry),
         "cached": cached,
     }
-    return Checkpoint(model, tokenizer, name, provenance)
+    return Checkpoint(model, tokenizer, name, provenance, layers)

@@ -45,7 +45,9 @@ def combined_sha256(files: dict[str, str]) -> str:
 
 def config_sha256(config: Any) -> str:
     """The sha256 of a transformers configuration: its full JSON (defaults included) with
-    ``transformers_version`` dropped and keys sorted, so it does not depend on the version."""
+    ``transformers_version`` and ``_name_or_path`` (the folder it was read from) dropped and
+    keys sorted, so it depends neither on the version nor on where the model lies."""
     data = json.loads(config.to_json_string(use_diff=False))
     data.pop("transformers_version", None)
+    data.pop("_name_or_path", None)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()

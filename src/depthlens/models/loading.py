@@ -333,14 +333,14 @@ def _finish(
 
 
 #: What each source is, in the refusal of ``--stream-layers`` (:func:`check_streamable`).
-_UNSTREAMABLE = {"embedded": "an embedded GGUF model", "gguf": "a GGUF file",
-                 "hub": "a hub id (download it first: huggingface-cli download ID --local-dir FOLDER)"}
+_UNSTREAMABLE = {"hub": "a hub id (download it first: huggingface-cli download ID --local-dir FOLDER)"}
 
 
 def check_streamable(spec: str | os.PathLike | None) -> None:
     """Refuse ``--stream-layers`` for a spec whose weights cannot be read one layer at a time
-    (embedded models, GGUF files, hub ids); folders and ``random:`` specs pass here (their
-    loaders check the rest: safetensors weights, ``init=layerwise``).
+    (hub ids, until downloaded); folders, GGUF files (read through their converted cache) and
+    ``random:`` specs pass here (their loaders check the rest: safetensors weights,
+    ``init=layerwise``).
 
     Raises
     ------
@@ -349,7 +349,8 @@ def check_streamable(spec: str | os.PathLike | None) -> None:
     """
     source = spec_source(spec)
     if source in _UNSTREAMABLE:
-        raise ModelError(f"--stream-layers reads a folder of *.safetensors or a random:<family>:init=layerwise model, "
+        raise ModelError(f"--stream-layers reads a folder of *.safetensors, a GGUF file or a random:<family>:init=layerwise "
+                         f"model, "
                          f"and --model {os.fspath(spec)!r} is {_UNSTREAMABLE[source]}; save the model to a folder "
                          "(save_pretrained) and pass that, or drop --stream-layers.")
 
@@ -474,7 +475,7 @@ def load_model(
             )
         checkpoint = load_gguf(
             path, spec=key, name=key, source="embedded", dtype=dtype,
-            trust_remote_code=trust_remote_code, cache_dir=cache_dir,
+            trust_remote_code=trust_remote_code, cache_dir=cache_dir, stream_layers=stream_layers,
         )
         return _finish(*checkpoint, dtype, device)
     if key.startswith("random:"):
@@ -489,7 +490,7 @@ def load_model(
             no_revision("a local file")
             checkpoint = load_gguf(
                 path.resolve(), spec=spec, name=path.stem, source="gguf", dtype=dtype,
-                trust_remote_code=trust_remote_code, cache_dir=cache_dir,
+                trust_remote_code=trust_remote_code, cache_dir=cache_dir, stream_layers=stream_layers,
             )
             return _finish(*checkpoint, dtype, device)
         if path.is_dir():
