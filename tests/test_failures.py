@@ -5,6 +5,7 @@ one line per failure, never a traceback on the terminal."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,9 @@ def test_unit_failure_isolated_reported_and_retried_on_resume(text_file: Path, t
 
     monkeypatch.setattr(jacobian_stage, "schur_funnel", init_funnel_fails)
     out = tmp_path / "run"
+    start = time.perf_counter()
     assert _cli("run", text_file, out) == EXIT_FAILED_UNITS
+    elapsed = time.perf_counter() - start
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert lines == [f"depthlens: error: jacobian unit funnel_init failed: RuntimeError: simulated funnel crash; "
@@ -76,6 +79,9 @@ def test_unit_failure_isolated_reported_and_retried_on_resume(text_file: Path, t
     assert stages["capture"]["status"] == stages["attention"]["status"] == "done"
     assert stages["jacobian"]["status"] == "failed" and set(stages["jacobian"]["failed_units"]) == {"funnel_init"}
     assert stages["topology"]["status"] == "skipped" and "jacobian" in stages["topology"]["reason"]
+    # every finished or failed stage records its wall time; together they fit inside the run's
+    timed = [stages[s]["seconds"] for s in ("capture", "attention", "jacobian")]
+    assert all(t > 0 for t in timed) and sum(timed) <= elapsed and "seconds" not in stages["topology"]
     assert (out / "report.html").is_file() and (out / "claims.json").is_file()
     assert any(lib["internal_api"] == "openblas" for lib in _manifest(out)["environment"]["blas"])
     cumulative = pd.read_parquet(out / "tables" / "cumulative.parquet")

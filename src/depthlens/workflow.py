@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import platform
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,6 +219,7 @@ def _run_stage(run_dir: RunDirectory, stage: str, prepared: Prepared, execution:
         run_dir.mark_stage(stage, "skipped", reason=f"needs the {blocked[0]} stage, which did not finish")
         return
     run_dir.mark_stage(stage, "running")
+    start = time.perf_counter()
     context = StageContext(stage, run_dir, prepared.config, prepared.loaded, prepared.token_ids, execution,
                            _revision_loader(prepared.config))
     try:
@@ -233,11 +235,12 @@ def _run_stage(run_dir: RunDirectory, stage: str, prepared: Prepared, execution:
         run_dir.mark_stage(stage, "failed", error="interrupted")
         raise
     failed = run_dir.failures.of(stage)
+    seconds = round(time.perf_counter() - start, 1)  # this session's wall time (a resumed stage: the rest only)
     if failed:
         run_dir.mark_stage(stage, "failed", error=f"{len(failed)} unit(s) failed", log=str(failed[0].log),
-                           failed_units={f.unit: f.error for f in failed})
+                           failed_units={f.unit: f.error for f in failed}, seconds=seconds)
     else:
-        run_dir.mark_stage(stage, "done")
+        run_dir.mark_stage(stage, "done", seconds=seconds)
 
 
 def _stopped(run_dir: RunDirectory, stage: str, error: StorageError) -> StorageError:
