@@ -235,7 +235,7 @@ def _run_stage(run_dir: RunDirectory, stage: str, prepared: Prepared, execution:
         run_dir.mark_stage(stage, "failed", error="interrupted")
         raise
     failed = run_dir.failures.of(stage)
-    seconds = round(time.perf_counter() - start, 1)  # this session's wall time (a resumed stage: the rest only)
+    seconds = round(time.perf_counter() - start, 3)  # this session's wall time (a resumed stage: the rest only)
     if failed:
         run_dir.mark_stage(stage, "failed", error=f"{len(failed)} unit(s) failed", log=str(failed[0].log),
                            failed_units={f.unit: f.error for f in failed}, seconds=seconds)

@@ -288,6 +288,28 @@ def test_mean_operators_all_positions_and_accumulator_resume():
     np.testing.assert_allclose(means[(1, "attn")], stack.mean(0).numpy(), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", ["isolated", "in_context"])
+def test_mean_operators_into_memory_maps_equal_the_accumulator(tmp_path, mode):
+    """Summed batch by batch into the memory maps of a safetensors file and divided in place:
+    the accumulator's numbers bit for bit, and the file reads back the same."""
+    from depthlens.runs import atomic
+
+    ad = load_model("random:llama").adapter
+    ids = torch.randint(0, 256, (5, T), generator=torch.Generator().manual_seed(3))
+    reference = mean_operators(ad, ids, jacobian_mode=mode, positions="all", batch_size=2)
+    d = ad.d_model
+    store = atomic.create_safetensors(tmp_path / "ops.safetensors", {f"{l}.{k}": (d, d) for l, k in reference},
+                                      np.float64)
+    out = mean_operators(ad, ids, jacobian_mode=mode, positions="all", batch_size=2,
+                         out={(l, k): store[f"{l}.{k}"] for l, k in reference})
+    atomic.flush(store)
+    back = atomic.map_safetensors(tmp_path / "ops.safetensors")
+    for (l, k), M in reference.items():
+        assert np.array_equal(out[(l, k)], M) and np.array_equal(back[f"{l}.{k}"], M)
+    with pytest.raises(InputError, match="not both"):
+        mean_operators(ad, ids, out=out, accumulator=MeanAccumulator())
+
+
 def test_mean_accumulator_add_merge_and_errors():
     rng = np.random.default_rng(0)
     X = torch.from_numpy(rng.standard_normal((7, 4, 4)))

@@ -200,3 +200,31 @@ def test_temporaries_of_killed_writes_are_removed(tmp_path: Path, mode: RunMode)
     resumed = _open(root, mode)
     assert not any(t.exists() for t in tmps) and foreign.read_text() == "mine"
     assert resumed.has_unit("s", "u0") == (mode is RunMode.RESUME)
+
+
+def test_safetensors_laid_out_and_mapped_agree_with_the_safetensors_library(tmp_path: Path) -> None:
+    """A file laid out by create_safetensors and filled through its maps reads back with the
+    safetensors library (values, dtypes, metadata), and map_safetensors reads a file the
+    library wrote."""
+    from safetensors.numpy import save_file
+
+    from depthlens.runs.atomic import create_safetensors, flush, map_safetensors
+
+    rng = np.random.default_rng(0)
+    values = {"b.first": rng.standard_normal((3, 5)), "a.second": rng.standard_normal(7), "empty": np.zeros((0, 4))}
+    for dtype in (np.float64, np.float32):
+        path = tmp_path / f"{np.dtype(dtype).name}.safetensors"
+        store = create_safetensors(path, {k: v.shape for k, v in values.items()}, dtype, {"note": "x"})
+        assert all(not s.any() for s in store.values())  # zeros until written
+        for k, v in values.items():
+            store[k][...] = v
+        flush(store)
+        with safe_open(str(path), framework="numpy") as f:
+            assert f.metadata() == {"note": "x"} and set(f.keys()) == set(values)
+            for k, v in values.items():
+                assert f.get_tensor(k).dtype == dtype and np.array_equal(f.get_tensor(k), v.astype(dtype))
+    save_file({k: v for k, v in values.items()}, str(tmp_path / "lib.safetensors"))
+    mapped = map_safetensors(tmp_path / "lib.safetensors")
+    assert all(np.array_equal(mapped[k], v) for k, v in values.items())
+    with pytest.raises(ValueError, match="int8"):
+        create_safetensors(tmp_path / "bad.safetensors", {"x": (2,)}, np.int8)

@@ -147,3 +147,27 @@ def test_topk_rejects_bad_input() -> None:
     with pytest.raises(InputError):
         topk_graph(np.ones((2, 3)))
     assert isinstance(topk_graph(np.eye(1)), Edges)
+
+
+def test_boundary_moments_in_a_memory_mapped_file_are_the_same(tmp_path):
+    """The co-moments of every boundary kept in a scratch .npy file (as the topology stage
+    does, so 65 boundaries of width 4096 need not fit in memory) give the in-memory
+    correlations bit for bit, and the file is what holds them."""
+    import torch
+
+    from depthlens.models import load_model
+    from depthlens.topology.options import TopologyOptions
+    from depthlens.topology.stage import boundary_moments
+
+    adapter = load_model("random:llama").adapter
+    ids = torch.randint(0, 256, (5, 12), generator=torch.Generator().manual_seed(2))
+    opts = TopologyOptions()
+    plain, massive = boundary_moments(adapter, ids, opts, batch_size=2, quiet=True)
+    spilled, massive2 = boundary_moments(adapter, ids, opts, batch_size=2, quiet=True, scratch=tmp_path / "m.npy")
+    backing = np.load(tmp_path / "m.npy", mmap_mode="r")
+    assert backing.shape == (len(plain), adapter.d_model, adapter.d_model) and backing.any()
+    assert np.array_equal(massive, massive2)
+    for a, b in zip(plain, spilled, strict=True):
+        assert np.array_equal(a.correlation(), b.correlation())
+    with pytest.raises(InputError, match="Fortran-ordered"):
+        RunningMoments(4, out=np.zeros((4, 4)))

@@ -7,7 +7,7 @@ the engines' per-batch sums (:func:`~depthlens.jacobian.sublayer.sublayer_jacobi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -87,7 +87,8 @@ def mean_operators(
     dtype: torch.dtype = torch.float64,
     accumulator: MeanAccumulator | None = None,
     label: str = "",
-) -> dict[tuple[int, Sublayer], np.ndarray]:
+    out: Mapping[tuple[int, Sublayer], np.ndarray] | None = None,
+) -> Mapping[tuple[int, Sublayer], np.ndarray]:
     """Mean operators ``J̄ = (1/N) sum J`` of every layer's ``attn`` and ``mlp`` over chunks.
 
     One forward pass per batch of chunks gives the residual states; then, per layer, the
@@ -110,10 +111,17 @@ def mean_operators(
         Accumulate into this one (e.g. to continue or merge runs); a new one otherwise.
     label : str
         Names the model in the progress bar (``jacobians <label> (<jacobian_mode>)``), e.g. ``step-0 null``.
+    out : mapping, optional
+        Writable float64 arrays of zeros, one per ``(layer, kind)`` computed (e.g. memory maps
+        of a file laid out by :func:`depthlens.runs.atomic.create_safetensors`): the sums go
+        there batch by batch and are divided in place at the end, so no operator is held in
+        memory beyond the one being added (models of width 4096 have 8.6 GB of them). The same
+        float64 arithmetic as the accumulator, so the same numbers; not with ``accumulator``.
 
     Returns
     -------
-    dict ``{(layer, kind): ndarray (d, d)}`` in float64, layers in order, ``attn`` before ``mlp``.
+    dict ``{(layer, kind): ndarray (d, d)}`` in float64, layers in order, ``attn`` before ``mlp``
+    (``out`` itself when given).
 
     Raises
     ------
@@ -131,7 +139,10 @@ def mean_operators(
         raise InputError(f"batch_size {batch_size!r} must be a positive integer.")
     select_positions(positions, ids.shape[1])
     wanted = list(range(adapter.n_layers)) if layers is None else [adapter.check_layer(int(x)) for x in layers]
+    if out is not None and accumulator is not None:
+        raise InputError("pass either an accumulator or out arrays to mean_operators, not both.")
     acc = MeanAccumulator() if accumulator is None else accumulator
+    counts: dict[tuple[int, Sublayer], int] = {}
     starts = range(0, ids.shape[0], int(batch_size))
     bar = tqdm(total=len(starts) * len(wanted), desc=f"jacobians {label} ({jacobian_mode})" if label else f"jacobians ({jacobian_mode})", unit="layer", disable=not progress)
     try:
@@ -143,10 +154,19 @@ def mean_operators(
                         adapter, states[input_state(adapter, layer, kind, jacobian_mode)], layer, kind, jacobian_mode,
                         positions, dtype
                     )
-                    acc.add_sum(layer, kind, total, count)
+                    if out is None:
+                        acc.add_sum(layer, kind, total, count)
+                    else:
+                        target = out[(layer, kind)]
+                        target += total.to(torch.float64).cpu().numpy()
+                        counts[(layer, kind)] = counts.get((layer, kind), 0) + int(count)
                 bar.update(1)
             del states
     finally:
         bar.close()
-    out = acc.mean()
-    return {k: out[k] for k in out if k[0] in set(wanted)} if layers is not None else out
+    if out is not None:
+        for key, count in counts.items():
+            out[key] /= count
+        return out
+    means = acc.mean()
+    return {k: means[k] for k in means if k[0] in set(wanted)} if layers is not None else means

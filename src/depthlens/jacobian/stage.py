@@ -16,13 +16,14 @@ to the Jacobian mode).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from safetensors.numpy import load_file
 
 from ..config import RunConfig
 from ..context import StageContext
@@ -88,8 +89,13 @@ def with_layer_operators(ops: dict[tuple[int, str], np.ndarray], parallel_residu
     for layer in sorted({k[0] for k in ops}):
         attn, mlp = ops[(layer, "attn")], ops[(layer, "mlp")]
         out[(layer, "attn")], out[(layer, "mlp")] = attn, mlp
-        out[(layer, LAYER)] = attn + mlp - np.eye(attn.shape[0]) if parallel_residual else mlp @ attn
+        out[(layer, LAYER)] = layer_operator(attn, mlp, parallel_residual)
     return out
+
+
+def layer_operator(attn: np.ndarray, mlp: np.ndarray, parallel_residual: bool) -> np.ndarray:
+    """One layer's operator from its two mean sub-layer operators (see :func:`with_layer_operators`)."""
+    return attn + mlp - np.eye(attn.shape[0]) if parallel_residual else mlp @ attn
 
 
 def label(name: str) -> str:
@@ -103,30 +109,66 @@ def _paths(run_dir: RunDirectory, name: str, mode: str) -> tuple[Path, Path]:
             run_dir.root / "units" / STAGE / f"ops_{name}_{mode}{PRIVATE}")
 
 
-def _save(run_dir: RunDirectory, name: str, mode: str, ops: dict[tuple[int, str], np.ndarray],
-          opts: JacobianOptions, n_chunks: int) -> None:
-    """Write the mean operators as ``opts.save_arrays`` asks, and a unit-private float64 copy
-    when the saved array is not float64 (so nothing downstream reads reduced precision)."""
-    arrays = {f"{l}.{k}": J for (l, k), J in ops.items()}
-    meta = {"checkpoint": name, "jacobian_mode": mode, "positions": opts.positions, "n_chunks": str(n_chunks)}
+def _compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: torch.Tensor, opts: JacobianOptions,
+             *, batch_size: int, quiet: bool, label_suffix: str = "", copy: bool = True) -> dict[tuple[int, str], np.ndarray]:
+    """Compute the mean operators and the layer operators of checkpoint ``name`` and ``mode``
+    straight into their float64 file (``arrays/`` when ``save_arrays`` is float64, else the
+    unit-private copy), one operator in memory at a time, then (with ``copy``) write the
+    float32 ``arrays/`` copy when ``save_arrays`` asks for it; returns read-only memory maps
+    of the float64 file, in layer order. The numbers are those of
+    :func:`engines.mean_operators` and :func:`with_layer_operators` held in memory, bit for bit."""
+    d, keys = adapter.d_model, [(layer, kind) for layer in range(adapter.n_layers) for kind in (*SUBLAYERS, LAYER)]
+    shapes = {f"{l}.{k}": (d, d) for l, k in keys}
+    meta = {"checkpoint": name, "jacobian_mode": mode, "positions": opts.positions, "n_chunks": str(token_ids.shape[0])}
     public, private = _paths(run_dir, name, mode)
-    if opts.save_arrays != "float64":
-        atomic.write_safetensors(private, arrays, {"config_hash": str(run_dir.manifest["config_hash"]), **meta})
-    if opts.save_arrays != "none":
-        dtype = np.dtype(opts.save_arrays)
-        run_dir.write_arrays(public.stem, {k: v.astype(dtype, copy=False) for k, v in arrays.items()}, **meta)
+    path = public if opts.save_arrays == "float64" else private
+    if path == public:
+        writer = run_dir.array_writer(public.stem, shapes, np.float64, **meta)
+    else:
+        writer = _private_writer(private, shapes, {"config_hash": str(run_dir.manifest["config_hash"]), **meta})
+    with writer as store:
+        ops = {(l, k): store[f"{l}.{k}"] for l, k in keys}
+        engines.mean_operators(adapter, token_ids, jacobian_mode=mode, positions=opts.positions, batch_size=batch_size,
+                               progress=not quiet, label=label(name) + label_suffix,
+                               out={k: v for k, v in ops.items() if k[1] != LAYER})
+        for layer in range(adapter.n_layers):
+            ops[(layer, LAYER)][...] = layer_operator(ops[(layer, "attn")], ops[(layer, "mlp")], adapter.parallel_residual)
+    found = _mapped(path)
+    if copy and opts.save_arrays == "float32":
+        with run_dir.array_writer(public.stem, shapes, np.float32, **meta) as copy:
+            for (l, k), J in found.items():
+                copy[f"{l}.{k}"][...] = J
+    return found
+
+
+@contextlib.contextmanager
+def _private_writer(path: Path, shapes: dict[str, tuple[int, int]], metadata: dict[str, str]) -> Iterator[dict]:
+    """Memory maps of a new float64 file at ``path`` (the unit-private copy), renamed into
+    place when the body ends without raising."""
+    with atomic.atomic_path(path) as tmp:
+        store = atomic.create_safetensors(tmp, shapes, np.float64, metadata)
+        yield store
+        atomic.flush(store)
 
 
 def saved_operators(run_dir: RunDirectory, name: str, mode: str) -> dict[tuple[int, str], np.ndarray] | None:
-    """The float64 mean operators of checkpoint ``name`` and ``mode`` that the run holds: the
-    float64 ``arrays/`` file, else the unit-private copy; None when there is neither (the
-    array is float32 or absent and the copy was deleted at the end of an earlier session)."""
+    """The float64 mean operators of checkpoint ``name`` and ``mode`` that the run holds, as
+    read-only memory maps in layer order (``attn``, ``mlp``, ``layer``): the float64
+    ``arrays/`` file, else the unit-private copy; None when there is neither (the array is
+    float32 or absent and the copy was deleted at the end of an earlier session)."""
     for path in _paths(run_dir, name, mode):
         if path.is_file():
-            arrays = load_file(str(path))
-            if arrays and all(a.dtype == np.float64 for a in arrays.values()):
-                return {(int(k.split(".")[0]), k.split(".")[1]): v for k, v in arrays.items()}
+            found = _mapped(path)
+            if found and all(a.dtype == np.float64 for a in found.values()):
+                return found
     return None
+
+
+def _mapped(path: Path) -> dict[tuple[int, str], np.ndarray]:
+    """Read-only memory maps of an operator file, keyed ``(layer, kind)`` in layer order."""
+    found = {(int(k.split(".")[0]), k.split(".")[1]): v for k, v in atomic.map_safetensors(path).items()}
+    order = (*SUBLAYERS, LAYER)
+    return {k: found[k] for k in sorted(found, key=lambda k: (k[0], order.index(k[1])))}
 
 
 def operators(run_dir: RunDirectory, name: str, mode: str, get: Callable, token_ids: torch.Tensor,
@@ -135,11 +177,9 @@ def operators(run_dir: RunDirectory, name: str, mode: str, get: Callable, token_
     unit: as saved (:func:`saved_operators`), or computed again from the checkpoint (``get()``)
     the same way, which gives the same numbers. Never a reduced-precision copy."""
     found = saved_operators(run_dir, name, mode)
-    if found is None:
-        adapter = get().adapter
-        found = with_layer_operators(
-            engines.mean_operators(adapter, token_ids, jacobian_mode=mode, positions=opts.positions, batch_size=batch_size,
-                                   progress=not quiet, label=f"{label(name)}, recomputed"), adapter.parallel_residual)
+    if found is None:  # into the unit-private copy (deleted again when the run ends)
+        found = _compute(run_dir, name, mode, get().adapter, token_ids, replace(opts, save_arrays="none"),
+                         batch_size=batch_size, quiet=quiet, label_suffix=", recomputed", copy=False)
     return found
 
 
@@ -176,10 +216,8 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
             if not run_dir.has_unit(STAGE, key):
                 with run_dir.failures.unit(STAGE, key):
                     model = model or get()
-                    ops = engines.mean_operators(model.adapter, token_ids, jacobian_mode=mode, positions=opts.positions,
-                                                 batch_size=batch_size, progress=not quiet, label=label(name))
-                    ops = with_layer_operators(ops, model.adapter.parallel_residual)
-                    _save(run_dir, name, mode, ops, opts, token_ids.shape[0])
+                    ops = _compute(run_dir, name, mode, model.adapter, token_ids, opts, batch_size=batch_size,
+                                   quiet=quiet)
                     op_table, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool,
                                                                    label=f"{label(name)} ({mode})")
                     run_dir.write_unit(STAGE, key, {"metrics": op_table, "eigen": eigen_rows})

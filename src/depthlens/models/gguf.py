@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ..errors import ModelError, one_line
+from ..runs.atomic import create_safetensors, flush
 from .hashing import sha256_file
 from .pretrained import Checkpoint, model_from_folder, quiet_transformers, versions
 from .tokenizer import tokenizer_from
@@ -166,36 +167,27 @@ def _write_weights(path: Path, config: Any, out: Path) -> None:
     with _cached_name_maps():
         names = get_gguf_hf_weights_map(model, processor)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}  # tied ones once
-    layout: dict[str, dict] = {}
-    offset = 0
-    for name, shape in shapes.items():
-        size = 4 * int(np.prod(shape, dtype=np.int64))
-        layout[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    header = json.dumps({"__metadata__": {"format": "pt"}, **layout}, separators=(",", ":")).encode()
-    header += b" " * (-len(header) % 8)
+    layout = create_safetensors(out, shapes, np.float32, {"format": "pt"})
     written: set[str] = set()
-    with open(out, "wb") as f:
-        f.write(struct.pack("<Q", len(header)) + header)
-        f.truncate(8 + len(header) + offset)
-        for tensor in reader.tensors:
-            parsed: dict[str, dict] = {"tensors": {}}
-            result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
-                                       tensor_key_mapping=names, parsed_parameters=parsed)
-            produced = dict(parsed["tensors"])
-            if result.name in names:
-                produced[names[result.name]] = result.weights
-            for name, value in produced.items():
-                if name not in layout:
-                    continue  # a buffer, or the tied LM head
-                data = np.ascontiguousarray(np.asarray(value), dtype="<f4")
-                if data.shape != shapes[name]:
-                    raise ModelError(f"{path}: tensor {tensor.name} has shape {data.shape} as {name}, the model expects "
-                                     f"{shapes[name]}; the file does not match its own metadata.")
-                f.seek(8 + len(header) + layout[name]["data_offsets"][0])
-                f.write(data.tobytes())
-                written.add(name)
-    missing = [name for name in layout if name not in written]
+    for tensor in reader.tensors:
+        parsed: dict[str, dict] = {"tensors": {}}
+        result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
+                                   tensor_key_mapping=names, parsed_parameters=parsed)
+        produced = dict(parsed["tensors"])
+        if result.name in names:
+            produced[names[result.name]] = result.weights
+        for name, value in produced.items():
+            if name not in layout:
+                continue  # a buffer, or the tied LM head
+            data = np.asarray(value)
+            if data.shape != shapes[name]:
+                raise ModelError(f"{path}: tensor {tensor.name} has shape {data.shape} as {name}, the model expects "
+                                 f"{shapes[name]}; the file does not match its own metadata.")
+            layout[name][...] = data
+            written.add(name)
+    flush(layout)
+    del layout
+    missing = [name for name in shapes if name not in written]
     if missing:
         raise ModelError(f"{path} holds no tensor for {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1
                          else "") + "; the file is incomplete or of an architecture depthlens cannot convert.")

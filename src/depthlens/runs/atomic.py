@@ -19,7 +19,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +165,73 @@ def write_safetensors(
 
     with atomic_path(path) as tmp:
         save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp), metadata=metadata)
+
+
+#: numpy dtypes and their safetensors names, for the files :func:`create_safetensors` lays out.
+_SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64", "int32": "I32"}
+
+
+def create_safetensors(path: str | os.PathLike[str], shapes: Mapping[str, tuple[int, ...]], dtype: np.dtype | str,
+                       metadata: Mapping[str, str] | None = None) -> dict[str, np.memmap]:
+    """Lay out a safetensors file of zeros for the tensors ``shapes`` (in that order, all of
+    ``dtype``) and return a writable memory map of each, so tensors larger than memory
+    together can be written, or summed into, one at a time. The header is written first and
+    the data area is sparse until written. Not atomic by itself: create it at the temporary
+    path of :func:`atomic_path` and flush and drop the maps before that renames it.
+
+    Raises
+    ------
+    ValueError
+        A dtype safetensors files here do not hold (float64, float32, float16, int64, int32).
+    """
+    dt = np.dtype(dtype)
+    if dt.name not in _SAFETENSORS_DTYPES:
+        raise ValueError(f"dtype {dt.name} is not one of {', '.join(_SAFETENSORS_DTYPES)}.")
+    layout: dict[str, Any] = {}
+    offset = 0
+    for name, shape in shapes.items():
+        size = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+        layout[name] = {"dtype": _SAFETENSORS_DTYPES[dt.name], "shape": [int(n) for n in shape],
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    header = json.dumps({"__metadata__": dict(metadata or {}), **layout}, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(8 + len(header) + offset)
+    return map_safetensors(path, mode="r+")
+
+
+def flush(arrays: Mapping[str, np.ndarray]) -> None:
+    """Write the changes of every memory map among ``arrays`` to its file."""
+    for array in arrays.values():
+        if isinstance(array, np.memmap):
+            array.flush()
+
+
+def map_safetensors(path: str | os.PathLike[str], mode: str = "r") -> dict[str, np.memmap]:
+    """Memory maps of the tensors of a safetensors file, in its header's order, read from its
+    header alone (``mode`` ``"r"`` or ``"r+"``); nothing is read into memory until used.
+    Tensors of no dtype in :data:`_SAFETENSORS_DTYPES` raise ``ValueError``."""
+    names = {v: k for k, v in _SAFETENSORS_DTYPES.items()}
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    start = 8 + size
+    out: dict[str, np.memmap] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in names:
+            raise ValueError(f"tensor {name} of {path} is {info['dtype']}, which cannot be memory-mapped here.")
+        begin, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        if end == begin:
+            out[name] = np.zeros(shape, dtype=names[info["dtype"]])  # np.memmap refuses empty maps
+            continue
+        out[name] = np.memmap(path, dtype=np.dtype(names[info["dtype"]]).newbyteorder("<"), mode=mode,
+                              offset=start + begin, shape=shape)
+    return out
 
 
 def read_safetensors(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, str]]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 from collections import Counter
+from collections.abc import Iterator, Mapping
 import json
 import os
 import re
@@ -430,10 +431,27 @@ class RunDirectory:
     def write_arrays(self, name: str, arrays: dict[str, np.ndarray], **metadata: str) -> Path:
         """Atomically write ``arrays/NAME.safetensors``; the config hash and dtypes go in the metadata."""
         path = self.root / "arrays" / f"{name}.safetensors"
-        meta = {"config_hash": str(self.manifest["config_hash"]), **{k: str(v) for k, v in metadata.items()}}
-        meta["dtypes"] = json.dumps({k: str(np.asarray(v).dtype) for k, v in arrays.items()}, sort_keys=True)
-        atomic.write_safetensors(path, arrays, meta)
+        atomic.write_safetensors(path, arrays, self._array_metadata({k: np.asarray(v).dtype for k, v in arrays.items()},
+                                                                    metadata))
         return path
+
+    @contextlib.contextmanager
+    def array_writer(self, name: str, shapes: Mapping[str, tuple[int, ...]], dtype: np.dtype | str,
+                     **metadata: str) -> Iterator[dict[str, np.memmap]]:
+        """Write ``arrays/NAME.safetensors`` (the same file and metadata as :meth:`write_arrays`)
+        one array at a time: yields writable memory maps of zeros of the given shapes, all of
+        ``dtype``; the file appears, atomically, when the body ends without raising."""
+        path = self.root / "arrays" / f"{name}.safetensors"
+        with atomic.atomic_path(path) as tmp:
+            store = atomic.create_safetensors(tmp, shapes, dtype,
+                                              self._array_metadata({k: np.dtype(dtype) for k in shapes}, metadata))
+            yield store
+            atomic.flush(store)
+
+    def _array_metadata(self, dtypes: Mapping[str, np.dtype], metadata: Mapping[str, object]) -> dict[str, str]:
+        meta = {"config_hash": str(self.manifest["config_hash"]), **{k: str(v) for k, v in metadata.items()}}
+        meta["dtypes"] = json.dumps({k: str(v) for k, v in dtypes.items()}, sort_keys=True)
+        return meta
 
     def read_arrays(self, name: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """Read ``arrays/NAME.safetensors`` as written by :meth:`write_arrays`: its arrays (in

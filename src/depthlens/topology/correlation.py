@@ -47,6 +47,10 @@ class RunningMoments:
     ----------
     d : int
         Number of variables (columns of every batch).
+    out : ndarray, optional
+        A Fortran-ordered ``(d, d)`` float64 array of zeros that holds the co-moment, updated
+        in place (e.g. the transpose of a memory map's ``(d, d)`` slice, so that the moments of
+        many boundaries at ``d = 4096``, 134 MB each, need not fit in memory together).
 
     Attributes
     ----------
@@ -71,14 +75,18 @@ class RunningMoments:
     (3, 3)
     """
 
-    def __init__(self, d: int) -> None:
+    def __init__(self, d: int, out: np.ndarray | None = None) -> None:
         if int(d) != d or d < 1:
             raise InputError(f"RunningMoments needs a positive integer d, got {d!r}; pass the number of columns.")
         self._d = int(d)
         self._n = 0
         self._shift = np.zeros(self._d)
         self._mean = np.zeros(self._d)
-        self._comoment = np.zeros((self._d, self._d), order="F")  # upper triangle, in place for BLAS
+        if out is not None and (out.shape != (self._d, self._d) or out.dtype != np.float64 or not out.flags.f_contiguous
+                                or not out.flags.writeable):
+            raise InputError(f"out must be a writable Fortran-ordered ({self._d}, {self._d}) float64 array of zeros.")
+        # the upper triangle, updated in place by BLAS
+        self._comoment = np.zeros((self._d, self._d), order="F") if out is None else out
         self._min = np.full(self._d, np.inf)
         self._max = np.full(self._d, -np.inf)
 
