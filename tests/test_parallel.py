@@ -128,6 +128,41 @@ def test_pool_results_in_order() -> None:
         assert ordered_map(pool, _square, [(3,)]) == [9]
 
 
+def test_ordered_map_draws_lazy_tasks_within_the_window() -> None:
+    """With max_pending, a generator of tasks is drawn only as results come in: when task i
+    is drawn, at most max_pending earlier tasks are unfinished; results stay in order."""
+    drawn: list[int] = []
+    done: list[int] = []
+
+    def tasks():
+        for i in range(20):
+            assert i - len(done) < 3, (i, done)  # fewer than max_pending submitted and unfinished
+            drawn.append(i)
+            yield (i,)
+
+    class Recording:
+        """An executor whose futures record when their result is taken."""
+
+        def __init__(self, pool) -> None:
+            self.pool = pool
+
+        def submit(self, fn, *args):
+            future = self.pool.submit(fn, *args)
+            original = future.result
+
+            def result(timeout=None):
+                value = original(timeout)
+                done.append(args[0])
+                return value
+
+            future.result = result
+            return future
+
+    with executor(2) as pool:
+        assert ordered_map(Recording(pool), _square, tasks(), max_pending=3) == [i * i for i in range(20)]
+    assert drawn == list(range(20)) and done == list(range(20))
+
+
 def test_install_sigterm_handler_returns_the_previous_one() -> None:
     import signal as _signal
     import threading

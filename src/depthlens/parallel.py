@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import types
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -302,7 +303,18 @@ def executor(execution: Execution | int, run_root: str | Path | None = None) -> 
         yield TaskExecutor(backend)
 
 
-def ordered_map(pool: Executor, fn: Callable[..., T], tasks: Iterable[tuple]) -> list[T]:
-    """Submit ``fn(*task)`` for every task and return the results in task order."""
-    futures = [pool.submit(fn, *task) for task in tasks]
-    return [f.result() for f in futures]
+def ordered_map(pool: Executor, fn: Callable[..., T], tasks: Iterable[tuple], max_pending: int | None = None) -> list[T]:
+    """Submit ``fn(*task)`` for every task and return the results in task order.
+
+    ``tasks`` may be lazy: with ``max_pending`` at most that many tasks are submitted and
+    unfinished at once (the oldest result is awaited before the next task is drawn), so the
+    workers stay busy across the groups a generator yields (e.g. one layer's matrices after
+    another) without a barrier between groups, and the arguments in flight stay bounded."""
+    results: list[T] = []
+    pending: deque[Future] = deque()
+    for task in tasks:
+        pending.append(pool.submit(fn, *task))
+        if max_pending is not None and len(pending) >= max_pending:
+            results.append(pending.popleft().result())
+    results.extend(f.result() for f in pending)
+    return results

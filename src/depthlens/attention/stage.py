@@ -21,7 +21,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,10 @@ from .options import AttentionOptions
 from .roles import assign_roles, probe_scores, role_overlap
 
 PROBE_BATCH = 16
+#: Matrices submitted to the workers and not yet finished, at most: the next layer's go out while
+#: the last ones of this layer finish (no idle worker at a layer's end), and the matrices in
+#: flight stay bounded (256 of 128 × 128 float64: 34 MB).
+MAX_PENDING = 256
 #: Grid axis of the saved pseudospectra (the square [−1.5, 1.5]², 121 points a side).
 PSEUDO_GRID = np.linspace(-1.5, 1.5, 121)
 #: Relative tolerance of σ_min on that grid: contours need far less than the default 1e-14,
@@ -226,14 +230,16 @@ def _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, chec
     bar = _bar(len(keys), len(keys) - len(todo), _desc("heads", checkpoint), quiet)
     for key, start in todo:
         with run_dir.failures.unit(an.STAGE, key):
-            rows = []
             batch = token_ids[start : start + batch_size]
-            for layer, probs in loaded.adapter.attention_probs(batch):
-                A = probs.cpu().numpy()
-                tasks = [(A[b, h], layer, h, start + b, opts, start + b < opts.null_chunks,
-                          start + b < opts.extras_chunks, opts.certify == "all")
-                         for b in range(A.shape[0]) for h in range(A.shape[1])]
-                rows.extend(ordered_map(pool, an.head_chunk_row, tasks))
+
+            def tasks(batch: torch.Tensor = batch, start: int = start) -> Iterator[tuple]:
+                for layer, probs in loaded.adapter.attention_probs(batch):
+                    A = probs.cpu().numpy()
+                    yield from ((A[b, h], layer, h, start + b, opts, start + b < opts.null_chunks,
+                                 start + b < opts.extras_chunks, opts.certify == "all")
+                                for b in range(A.shape[0]) for h in range(A.shape[1]))
+
+            rows = ordered_map(pool, an.head_chunk_row, tasks(), max_pending=MAX_PENDING)
             run_dir.write_unit(an.STAGE, key, {"rows": pd.DataFrame(rows)})
         bar.update()
     bar.close()
@@ -308,11 +314,14 @@ def _induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint) -> p
             for start in range(0, probe.shape[0], PROBE_BATCH // 2):
                 seqs = range(start, min(start + PROBE_BATCH // 2, probe.shape[0]))
                 batch = torch.cat([probe[seqs.start : seqs.stop], control[seqs.start : seqs.stop]])
-                for layer, probs in loaded.adapter.attention_probs(batch, layers=layers):
-                    A = probs.cpu().numpy()
-                    tasks = [(A[i, h], A[len(seqs) + i, h], layer, int(h), s, opts.probe_len, opts)
-                             for h in routing.loc[routing["layer"] == layer, "head"] for i, s in enumerate(seqs)]
-                    rows.extend(ordered_map(pool, an.induction_row, tasks))
+
+                def tasks(batch: torch.Tensor = batch, seqs: range = seqs) -> Iterator[tuple]:
+                    for layer, probs in loaded.adapter.attention_probs(batch, layers=layers):
+                        A = probs.cpu().numpy()
+                        yield from ((A[i, h], A[len(seqs) + i, h], layer, int(h), s, opts.probe_len, opts)
+                                    for h in routing.loc[routing["layer"] == layer, "head"] for i, s in enumerate(seqs))
+
+                rows.extend(ordered_map(pool, an.induction_row, tasks(), max_pending=MAX_PENDING))
                 bar.update(len(seqs))
             bar.close()
         table = pd.DataFrame(rows, columns=["layer", "head", "seq", *an.INDUCTION, "failure"])
