@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from depthlens.parallel import executor, install_sigterm_handler, ordered_map
+from depthlens.parallel import executor, install_sigterm_handler, ordered_map, submitted
 
 PARENT = textwrap.dedent(
     """
@@ -161,6 +161,15 @@ def test_ordered_map_draws_lazy_tasks_within_the_window() -> None:
     with executor(2) as pool:
         assert ordered_map(Recording(pool), _square, tasks(), max_pending=3) == [i * i for i in range(20)]
     assert drawn == list(range(20)) and done == list(range(20))
+    # inline, every task is done when submitted: each result is handed over before the next task
+    # is drawn, whatever the window (so progress bars move with every result)
+    drawn.clear()
+    done.clear()
+    with executor(1) as pool:
+        futures = submitted(pool, _square, tasks(), max_pending=10)
+        for i, future in enumerate(futures):
+            assert future.result() == i * i and drawn[-1] == i
+            done.append(i)
 
 
 def test_install_sigterm_handler_returns_the_previous_one() -> None:

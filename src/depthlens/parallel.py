@@ -303,18 +303,27 @@ def executor(execution: Execution | int, run_root: str | Path | None = None) -> 
         yield TaskExecutor(backend)
 
 
-def ordered_map(pool: Executor, fn: Callable[..., T], tasks: Iterable[tuple], max_pending: int | None = None) -> list[T]:
-    """Submit ``fn(*task)`` for every task and return the results in task order.
+def submitted(pool: Executor, fn: Callable[..., T], tasks: Iterable[tuple], max_pending: int | None = None
+              ) -> Iterator[Future]:
+    """The futures of ``fn(*task)`` for every task, in task order, each yielded once submitted.
 
-    ``tasks`` may be lazy: with ``max_pending`` at most that many tasks are submitted and
-    unfinished at once (the oldest result is awaited before the next task is drawn), so the
+    ``tasks`` may be lazy: with ``max_pending``, once that many futures are out the oldest is
+    yielded before the next task is drawn, and a consumer that takes each result before
+    asking for the next future keeps at most ``max_pending`` tasks unfinished at once. So the
     workers stay busy across the groups a generator yields (e.g. one layer's matrices after
-    another) without a barrier between groups, and the arguments in flight stay bounded."""
-    results: list[T] = []
+    another) without a barrier between groups, the arguments in flight stay bounded, and with
+    the inline executor (which runs a task when it is submitted) every result arrives as soon
+    as it is computed, so progress bars move."""
+    if isinstance(pool, InlineExecutor):  # each task is done when submitted: hand it over at once
+        max_pending = 1
     pending: deque[Future] = deque()
     for task in tasks:
         pending.append(pool.submit(fn, *task))
         if max_pending is not None and len(pending) >= max_pending:
-            results.append(pending.popleft().result())
-    results.extend(f.result() for f in pending)
-    return results
+            yield pending.popleft()
+    yield from pending
+
+
+def ordered_map(pool: Executor, fn: Callable[..., T], tasks: Iterable[tuple], max_pending: int | None = None) -> list[T]:
+    """The results of ``fn(*task)`` for every task, in task order (:func:`submitted`)."""
+    return [future.result() for future in submitted(pool, fn, tasks, max_pending)]

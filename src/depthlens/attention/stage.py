@@ -278,7 +278,6 @@ def _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, q
         while pending and (block or all(f.done() for f in pending[0][1])):
             key, futures = pending.pop(0)
             run_dir.write_unit(an.STAGE, key, {"rows": pd.DataFrame([f.result() for f in futures])})
-            bar.update(len(futures))
 
     for key, group in todo:
         wanted = targets[targets["chunk"].isin(group)]
@@ -287,7 +286,9 @@ def _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, q
             A = probs.cpu().numpy()
             for head, chunk in wanted.loc[wanted["layer"] == layer, ["head", "chunk"]].itertuples(index=False):
                 matrix = A[group.index(int(chunk)), int(head)].copy()
-                futures.append(pool.submit(an.certify_row, matrix, layer, int(head), int(chunk), opts))
+                future = pool.submit(an.certify_row, matrix, layer, int(head), int(chunk), opts)
+                future.add_done_callback(lambda _: bar.update())  # as each bracket ends (inline: at once)
+                futures.append(future)
         pending.append((key, futures))
         flush(block=False)
     flush(block=True)

@@ -31,9 +31,13 @@ from ..linalg._checks import as_square
 from ..linalg.normality import complex_fraction, expansion_fraction, henrici, rotation_angle_mean, symmetry_index
 from ..linalg.ranks import erank, erank_sigma, participation_ratio, self_alignment_svd, stable_rank
 from ..linalg.schur import STRUCTURAL_TOL
-from ..parallel import InlineExecutor
+from ..parallel import InlineExecutor, submitted
 
 __all__ = ["METRICS", "SELF_ALIGN_K", "TRIVIAL_TOL", "OperatorSpectra", "metrics_and_eigenvalues", "metrics_table", "operator_metrics", "spectra"]
+
+#: Operators submitted and unfinished at once, at most: enough to keep the workers of a large
+#: machine busy, while operators read from memory maps (134 MB each at d = 4096) stay on disk.
+PENDING = 16
 
 SELF_ALIGN_K: tuple[int, ...] = (1, 8, 64)
 """Subspace sizes of the ``self_align_k`` columns (capped at d)."""
@@ -292,7 +296,9 @@ def metrics_and_eigenvalues(
         if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], (int, np.integer)) and isinstance(key[1], str)):
             raise InputError(f"operator key {key!r} is not a (layer, sublayer) pair; key operators as (int, str).")
     pool = pool if pool is not None else InlineExecutor()
-    futures = [pool.submit(_analyse, J) for J in operators.values()]
+    # a bounded window: operators are read (e.g. from memory maps) only as the workers need them,
+    # and inline ones report progress one by one
+    futures = submitted(pool, _analyse, ((J,) for J in operators.values()), max_pending=PENDING)
     rows, eigen = [], []
     for key, future in tqdm(zip(operators, futures), total=len(operators), desc=f"operator metrics {label}".strip(), unit="op", disable=not progress):
         ident = {"layer": int(key[0]), "sublayer": str(key[1])}
