@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import itertools
 import re
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -228,20 +230,27 @@ def _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, chec
     keys = [f"{unit_prefix(checkpoint)}heads{s // batch_size:05d}" for s in starts]
     todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(an.STAGE, k)]
     bar = _bar(len(keys), len(keys) - len(todo), _desc("heads", checkpoint), quiet)
-    for key, start in todo:
-        with run_dir.failures.unit(an.STAGE, key):
-            batch = token_ids[start : start + batch_size]
 
-            def tasks(batch: torch.Tensor = batch, start: int = start) -> Iterator[tuple]:
-                for layer, probs in loaded.adapter.attention_probs(batch):
-                    A = probs.cpu().numpy()
-                    yield from ((A[b, h], layer, h, start + b, opts, start + b < opts.null_chunks,
-                                 start + b < opts.extras_chunks, opts.certify == "all")
-                                for b in range(A.shape[0]) for h in range(A.shape[1]))
+    def matrices(start: int) -> Iterator[tuple[int, np.ndarray]]:
+        """Every layer's matrices of one unit; the forward pass runs here, and each layer's
+        float64 matrices are formed when the iterator reaches it (one layer at a time)."""
+        layers = loaded.adapter.attention_probs(token_ids[start : start + batch_size])
+        first = next(layers)  # the forward pass
+        return ((layer, p.cpu().numpy()) for layer, p in itertools.chain([first], layers))
 
-            rows = ordered_map(pool, an.head_chunk_row, tasks(), max_pending=MAX_PENDING)
-            run_dir.write_unit(an.STAGE, key, {"rows": pd.DataFrame(rows)})
-        bar.update()
+    # the next unit's forward pass runs in a thread while the workers take this unit's matrices
+    # (torch releases the GIL; no other thread runs the model during this phase)
+    with ThreadPoolExecutor(1, thread_name_prefix="depthlens-ahead") as ahead:
+        following = ahead.submit(matrices, todo[0][1]) if todo else None
+        for i, (key, start) in enumerate(todo):
+            current, following = following, ahead.submit(matrices, todo[i + 1][1]) if i + 1 < len(todo) else None
+            with run_dir.failures.unit(an.STAGE, key):
+                tasks = ((A[b, h], layer, h, start + b, opts, start + b < opts.null_chunks, start + b < opts.extras_chunks,
+                          opts.certify == "all")
+                         for layer, A in current.result() for b in range(A.shape[0]) for h in range(A.shape[1]))
+                rows = ordered_map(pool, an.head_chunk_row, tasks, max_pending=MAX_PENDING)
+                run_dir.write_unit(an.STAGE, key, {"rows": pd.DataFrame(rows)})
+            bar.update()
     bar.close()
     return run_dir.read_units(an.STAGE, _finished(run_dir, keys), "rows")
 
@@ -355,18 +364,28 @@ def _pseudospectra_phase(run_dir, loaded, token_ids, heads, chunks) -> None:
 
 def _depth_phase(run_dir, loaded, token_ids, chains, opts, pool, batch_size, quiet, checkpoint) -> pd.DataFrame:
     """Depth products per chunk, computed by the workers from every layer's matrices of one
-    batch (the one phase that holds all layers at once: the product runs over depth)."""
+    batch (the one phase that holds all layers at once: the product runs over depth). The
+    next batch's forward pass runs while the workers compute the previous batch's products."""
     keys = [f"{unit_prefix(checkpoint)}depth{c:05d}" for c in range(token_ids.shape[0])]
     todo = [c for c, k in enumerate(keys) if not run_dir.has_unit(an.STAGE, k)]
     bar = _bar(len(keys), len(keys) - len(todo), _desc("depth", checkpoint), quiet)
+
+    def finish(group: list[int], futures: list) -> None:
+        for chunk, future in zip(group, futures):
+            with run_dir.failures.unit(an.STAGE, keys[chunk]):
+                run_dir.write_unit(an.STAGE, keys[chunk], {"rows": future.result()})
+            bar.update()
+
+    previous: tuple[list[int], list] | None = None
     for start in range(0, len(todo), batch_size):
         group = todo[start : start + batch_size]
         probs = np.stack([p.cpu().numpy() for _, p in loaded.adapter.attention_probs(token_ids[group])], axis=1)
         futures = [pool.submit(an.depth_chunk_rows, probs[i], chains, c, opts, c < opts.null_chunks) for i, c in enumerate(group)]
         del probs
-        for chunk, future in zip(group, futures):
-            with run_dir.failures.unit(an.STAGE, keys[chunk]):
-                run_dir.write_unit(an.STAGE, keys[chunk], {"rows": future.result()})
-            bar.update()
+        if previous is not None:
+            finish(*previous)
+        previous = (group, futures)
+    if previous is not None:
+        finish(*previous)
     bar.close()
     return run_dir.read_units(an.STAGE, _finished(run_dir, keys), "rows")
