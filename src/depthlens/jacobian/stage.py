@@ -16,8 +16,7 @@ to the Jacobian mode).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -125,7 +124,8 @@ def _compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: to
     if path == public:
         writer = run_dir.array_writer(public.stem, shapes, np.float64, **meta)
     else:
-        writer = _private_writer(private, shapes, {"config_hash": str(run_dir.manifest["config_hash"]), **meta})
+        writer = atomic.safetensors_writer(private, shapes, np.float64,
+                                           {"config_hash": str(run_dir.manifest["config_hash"]), **meta})
     with writer as store:
         ops = {(l, k): store[f"{l}.{k}"] for l, k in keys}
         engines.mean_operators(adapter, token_ids, jacobian_mode=mode, positions=opts.positions, batch_size=batch_size,
@@ -135,20 +135,10 @@ def _compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: to
             ops[(layer, LAYER)][...] = layer_operator(ops[(layer, "attn")], ops[(layer, "mlp")], adapter.parallel_residual)
     found = _mapped(path)
     if copy and opts.save_arrays == "float32":
-        with run_dir.array_writer(public.stem, shapes, np.float32, **meta) as copy:
+        with run_dir.array_writer(public.stem, shapes, np.float32, **meta) as rounded:
             for (l, k), J in found.items():
-                copy[f"{l}.{k}"][...] = J
+                rounded[f"{l}.{k}"][...] = J
     return found
-
-
-@contextlib.contextmanager
-def _private_writer(path: Path, shapes: dict[str, tuple[int, int]], metadata: dict[str, str]) -> Iterator[dict]:
-    """Memory maps of a new float64 file at ``path`` (the unit-private copy), renamed into
-    place when the body ends without raising."""
-    with atomic.atomic_path(path) as tmp:
-        store = atomic.create_safetensors(tmp, shapes, np.float64, metadata)
-        yield store
-        atomic.flush(store)
 
 
 def saved_operators(run_dir: RunDirectory, name: str, mode: str) -> dict[tuple[int, str], np.ndarray] | None:

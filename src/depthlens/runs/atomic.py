@@ -202,6 +202,18 @@ def create_safetensors(path: str | os.PathLike[str], shapes: Mapping[str, tuple[
     return map_safetensors(path, mode="r+")
 
 
+@contextlib.contextmanager
+def safetensors_writer(path: str | os.PathLike[str], shapes: Mapping[str, tuple[int, ...]], dtype: np.dtype | str,
+                       metadata: Mapping[str, str] | None = None) -> Iterator[dict[str, np.memmap]]:
+    """Write a safetensors file one tensor at a time: yields the writable memory maps of
+    :func:`create_safetensors`, laid out at the temporary path of :func:`atomic_path`; they are
+    flushed and the file renamed onto ``path`` when the body ends without raising."""
+    with atomic_path(path) as tmp:
+        store = create_safetensors(tmp, shapes, dtype, metadata)
+        yield store
+        flush(store)
+
+
 def flush(arrays: Mapping[str, np.ndarray]) -> None:
     """Write the changes of every memory map among ``arrays`` to its file."""
     for array in arrays.values():

@@ -442,11 +442,9 @@ class RunDirectory:
         one array at a time: yields writable memory maps of zeros of the given shapes, all of
         ``dtype``; the file appears, atomically, when the body ends without raising."""
         path = self.root / "arrays" / f"{name}.safetensors"
-        with atomic.atomic_path(path) as tmp:
-            store = atomic.create_safetensors(tmp, shapes, dtype,
-                                              self._array_metadata({k: np.dtype(dtype) for k in shapes}, metadata))
+        with atomic.safetensors_writer(path, shapes, dtype,
+                                       self._array_metadata({k: np.dtype(dtype) for k in shapes}, metadata)) as store:
             yield store
-            atomic.flush(store)
 
     def _array_metadata(self, dtypes: Mapping[str, np.dtype], metadata: Mapping[str, object]) -> dict[str, str]:
         meta = {"config_hash": str(self.manifest["config_hash"]), **{k: str(v) for k, v in metadata.items()}}
