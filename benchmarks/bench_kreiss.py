@@ -55,7 +55,7 @@ from depthlens.linalg.kreiss_bound import (EXACT_POWERS, NORM_ROUNDING, _BoundFu
                                            power_allowances, spectrum_status)
 from depthlens.linalg.transients import iter_power_norms  # noqa: E402
 from depthlens.linalg.kreiss_search import search  # noqa: E402
-from depthlens.linalg.reference import kreiss_bruteforce  # noqa: E402
+from depthlens.linalg.reference import kreiss_bruteforce, whole_grid_sup  # noqa: E402
 from depthlens.linalg.sigma import triangular_form  # noqa: E402
 
 
@@ -126,16 +126,7 @@ def naive_power_upper(B: np.ndarray, share: float = 1e-3, rtol_r: float = 1e-4) 
         return np.inf
     na, nda = np.asarray(a), np.asarray(da)
     fn = _BoundFunction(na, nda, na + nda, tail, best_m if tail == "geometric" else 0, 0.0, np.asarray(exact))
-    edges = 1.0 + np.logspace(-10, 8, 361)
-    while True:  # every pass evaluates the series on the whole grid, twice
-        U = (edges[1:] - 1.0) * fn.H(edges[:-1]) + fn.circle(edges[:-1])
-        g = (edges - 1.0) * fn.H(edges) + fn.circle(edges)
-        split = U > g.max() * (1.0 + rtol_r)
-        if not split.any() or edges.size > 20_000:
-            break
-        lo, hi = edges[:-1][split] - 1.0, edges[1:][split] - 1.0
-        edges = np.sort(np.concatenate([edges, 1.0 + np.sqrt(lo * hi)]))
-    best = max(float(U.max()), fn.ends(float(edges[0]), float(edges[-1])))
+    best, _ = whole_grid_sup(fn, rtol_r)  # every pass evaluates the series on the whole grid, twice
     return float(best * (1.0 + 4.0 * (fn.k0 + 1) * n * eps))
 
 

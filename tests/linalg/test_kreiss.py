@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from depthlens.errors import InputError
 from depthlens.linalg import kreiss, power_upper_bound
-from depthlens.linalg.reference import kreiss_bruteforce
+from depthlens.linalg.reference import kreiss_bruteforce, whole_grid_sup
 
 from ._make import causal_softmax
 
@@ -407,21 +407,6 @@ def test_real_cholesky_certificates_match_complex(rng: np.random.Generator) -> N
     np.testing.assert_allclose(real.gb, cplx.gb, rtol=1e-14)
 
 
-def _whole_grid_sup(fn, rtol_r: float) -> tuple[float, float]:
-    """The bisected-grid sup of a power bound function evaluated the plain way: the series on
-    the whole grid, for the point values and the interval bounds separately, every pass."""
-    edges = 1.0 + np.logspace(-10, 8, 361)
-    while True:
-        U = (edges[1:] - 1.0) * fn.H(edges[:-1]) + fn.circle(edges[:-1])
-        g = (edges - 1.0) * fn.H(edges) + fn.circle(edges)
-        split = U > g.max() * (1.0 + rtol_r)
-        if not split.any() or edges.size > 20_000:
-            break
-        lo, hi = edges[:-1][split] - 1.0, edges[1:][split] - 1.0
-        edges = np.sort(np.concatenate([edges, 1.0 + np.sqrt(lo * hi)]))
-    return max(float(U.max()), fn.ends(float(edges[0]), float(edges[-1]))), float(edges[int(np.argmax(g))])
-
-
 @pytest.mark.parametrize("kind", [dict(sink=3.0, prev=2.0), dict(prev=6.0), dict(scale=3.0), "perron"])
 def test_sup_bound_matches_whole_grid_scan_and_bruteforce(kind: object, rng: np.random.Generator) -> None:
     """The incremental sup over ``r`` gives the whole-grid scan's numbers bit for bit, lies within
@@ -439,7 +424,7 @@ def test_sup_bound_matches_whole_grid_scan_and_bruteforce(kind: object, rng: np.
     fn = _norm_sequences(M, deflated, pi, 1e-3, 300)
     assert fn.tail == "geometric"
     best, r_best = _sup_bound(fn, 1e-4)
-    assert (best, r_best) == _whole_grid_sup(fn, 1e-4)
+    assert (best, r_best) == whole_grid_sup(fn, 1e-4)
     r = 1.0 + np.logspace(-6, 4, 4001)
     k = np.arange(fn.a.size)
     sampled = np.array([(x - 1.0) * np.sum(fn.a * x ** (-k - 1.0)) + pi * x ** (-fn.k0 - 1.0) for x in r])

@@ -15,7 +15,7 @@ from ._checks import as_square
 from . import guarded
 from .sigma import check_points
 
-__all__ = ["kreiss_bruteforce", "pseudospectral_radius_bruteforce", "sigma_min_dense"]
+__all__ = ["kreiss_bruteforce", "pseudospectral_radius_bruteforce", "sigma_min_dense", "whole_grid_sup"]
 
 
 def sigma_min_dense(M: object, z: object) -> np.ndarray:
@@ -105,3 +105,22 @@ def pseudospectral_radius_bruteforce(M: object, eps: float, *, n_r: int = 400, n
             lo, hi = (mid, hi) if s(mid * d) <= eps else (lo, mid)
         best = max(best, lo)
     return best
+
+
+def whole_grid_sup(fn: object, rtol_r: float) -> tuple[float, float]:
+    """The bisected-grid supremum of a power-bound function ``fn`` (a
+    :class:`~depthlens.linalg.kreiss_bound._BoundFunction`) evaluated the plain way: its series
+    on the whole grid, for the point values and the interval bounds separately, every pass
+    (the method the bound used before it reused its series values). Returns the supremum
+    bound and the grid point of the largest value."""
+    edges = 1.0 + np.logspace(-10, 8, 361)
+    while True:
+        U = (edges[1:] - 1.0) * fn.H(edges[:-1]) + fn.circle(edges[:-1])  # type: ignore[attr-defined]
+        g = (edges - 1.0) * fn.H(edges) + fn.circle(edges)  # type: ignore[attr-defined]
+        split = U > g.max() * (1.0 + rtol_r)
+        if not split.any() or edges.size > 20_000:
+            break
+        lo, hi = edges[:-1][split] - 1.0, edges[1:][split] - 1.0
+        edges = np.sort(np.concatenate([edges, 1.0 + np.sqrt(lo * hi)]))
+    best = max(float(U.max()), fn.ends(float(edges[0]), float(edges[-1])))  # type: ignore[attr-defined]
+    return best, float(edges[int(np.argmax(g))])
