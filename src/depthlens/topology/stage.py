@@ -78,8 +78,8 @@ def boundary_moments(adapter, token_ids: torch.Tensor, opts: TopologyOptions, ba
     """Streaming correlations of residual coordinates at every operator input boundary, and
     a (boundaries, d) mask of dimensions holding a massive activation in some chunk.
     ``label`` names the model in the progress bar (e.g. ``step-0 null``). With ``scratch`` (a
-    new ``.npy`` path) the co-moments live in that memory-mapped file, not in memory (65
-    boundaries of d = 4096 hold 8.7 GB); the numbers are the same bit for bit."""
+    new ``.npy`` path) the co-moments live in that memory-mapped file, not in memory (64
+    boundaries of d = 4096 hold 8.6 GB); the numbers are the same bit for bit."""
     n_bound, d = 2 * adapter.n_layers, adapter.d_model
     backing = None if scratch is None else np.lib.format.open_memmap(scratch, mode="w+", dtype=np.float64,
                                                                      shape=(n_bound, d, d))
