@@ -88,7 +88,8 @@ class RunOptions:
         torch device of the model
     stream_layers : bool
         keep one decoder layer's weights in memory at a time, for models larger than memory:
-        a folder of *.safetensors (memory-mapped), a GGUF file (from its converted cache) or
+        a folder of *.safetensors (memory-mapped), a hub id (its snapshot, downloaded to the
+        Hugging Face cache first), a GGUF file (from its converted cache) or
         random:<family>:init=layerwise; the model's
         numbers do not change (its step-0 null is drawn layer by layer)
     trust_remote_code : bool

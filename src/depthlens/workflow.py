@@ -24,7 +24,7 @@ from .environment import environment_block
 from .executors import check_execution
 from .errors import InputError, RunIncomplete, StorageError
 from .models import LoadedModel, load_model
-from .models.loading import check_streamable, series_checkpoints, spec_source
+from .models.loading import series_checkpoints, spec_source
 from .models.random_models import random_spec
 from .models.finite import check_finite_weights
 from .report import default_claims_path, load_claims, render_report
@@ -293,8 +293,6 @@ def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False
         if config.revisions:
             raise InputError(f"--revisions {','.join(config.revisions)} only applies to hub ids, and {what}; "
                              "drop --revisions (the jacobian stage analyses the step-0 null with --null init).")
-    if config.stream_layers and not in_memory:
-        check_streamable(config.model)
     if source == "random":
         random_spec(config.model.strip(), config.stream_layers)  # unknown keys, bad values: one line
     for stage in plan:

@@ -184,8 +184,7 @@ def test_non_finite_weights_of_a_streamed_layer_are_refused(tmp_path):
 
 
 def test_sources_that_cannot_stream(tmp_path):
-    for spec, words in (("random:llama", "init=layerwise"), ("random:llama:init=bogus", "init=bogus"),
-                        ("org/name", "hub id")):
+    for spec, words in (("random:llama", "init=layerwise"), ("random:llama:init=bogus", "init=bogus")):
         with pytest.raises(DepthlensError) as excinfo:
             load_model(spec, stream_layers=spec != "random:llama:init=bogus")
         assert words in _one_line(excinfo)
@@ -201,6 +200,38 @@ def test_sources_that_cannot_stream(tmp_path):
     with pytest.raises(ModelError) as excinfo:
         load_model(folder, stream_layers=True)
     assert "safetensors" in _one_line(excinfo)
+
+
+def test_a_hub_id_streams_from_its_snapshot_in_the_hf_cache(tmp_path, monkeypatch):
+    """Offline, a hub id at a revision streams from the snapshot the Hugging Face cache holds
+    (laid out as huggingface_hub lays it out): the in-memory numbers, one layer resident, the
+    commit recorded; a snapshot with only a .bin pickle is refused in one line."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    repo, commit = tmp_path / "hf" / "models--depthlens-tests--tiny", "fade" * 10
+    snapshot = repo / "snapshots" / commit
+    snapshot.parent.mkdir(parents=True)
+    folder, loaded = _saved(tmp_path, "random:llama:num_hidden_layers=3")
+    folder.rename(snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "step1000").write_text(commit)
+    memory = load_model("depthlens-tests/tiny", revision="step1000")
+    streamed = load_model("depthlens-tests/tiny", revision="step1000", stream_layers=True)
+    assert streamed.adapter.streamer is not None and streamed.name == "depthlens-tests/tiny"
+    prov = streamed.provenance
+    assert prov["source"] == "hub" and prov["revision"] == "step1000" and prov["commit"] == commit
+    assert prov["streamed"] and prov["sha256"] == memory.provenance["sha256"]
+    _same_everything(memory, streamed, torch.randint(0, 256, (2, 10)))
+    assert len(_resident_layers(streamed)) == 1
+
+    (snapshot / "model.safetensors").unlink()
+    torch.save(loaded.model.state_dict(), snapshot / "pytorch_model.bin")
+    with pytest.raises(ModelError) as excinfo:
+        load_model("depthlens-tests/tiny", revision="step1000", stream_layers=True)
+    message = _one_line(excinfo)
+    assert "*.safetensors" in message and "depthlens-tests/tiny" in message and "step1000" in message
 
 
 def test_a_streamed_run_writes_the_same_tables(tmp_path):

@@ -3,6 +3,10 @@
 Whether the hub can be reached is decided once by :mod:`depthlens.models.hub`; offline, only
 the local Hugging Face cache is read (``local_files_only=True``). The safetensors
 auto-conversion of transformers is switched off while loading (depthlens only reads).
+
+A streamed hub model (``stream_layers``) is a snapshot of the repository in the Hugging Face
+cache (configuration, tokenizer and ``*.safetensors`` files, downloaded once, on disk) read
+one decoder layer at a time as a local folder (:func:`depthlens.models.local.load_local`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from ..errors import ModelError
 from . import hub
 from .hashing import combined_sha256, hash_files
+from .local import load_local
 from .pretrained import Checkpoint, load_config, model_from_folder, quiet_transformers, remote_code_error
 from .tokenizer import tokenizer_from
 
@@ -65,7 +70,30 @@ def _hub_cached(spec: str, revision: str | None) -> bool:
     return isinstance(got, str) and os.path.isfile(got)
 
 
-def load_hub(spec: str, *, revision: str | None, dtype: torch.dtype, trust_remote_code: bool) -> Checkpoint:
+#: The files of a repository a streamed model needs: configuration and shard index, tokenizer, weights.
+_SNAPSHOT_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken")
+
+
+def _snapshot(spec: str, revision: str | None, local: bool) -> Path:
+    """The folder of ``spec`` at ``revision`` in the Hugging Face cache, with the files of
+    :data:`_SNAPSHOT_FILES` downloaded (``local``: what the cache already holds)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = Path(snapshot_download(spec, revision=revision, allow_patterns=list(_SNAPSHOT_FILES),
+                                        local_files_only=local))
+    except Exception as exc:
+        raise _hub_error(spec, revision, exc) from None
+    if not any(folder.glob("*.safetensors")):
+        rev = f" at revision {revision!r}" if revision else ""
+        where = "the local Hugging Face cache holds" if local else "the repository has"
+        raise ModelError(f"--stream-layers reads *.safetensors weights and {where} none for --model {spec!r}{rev} "
+                         f"(in {folder}); download them (huggingface-cli download {spec}), or drop --stream-layers.")
+    return folder
+
+
+def load_hub(spec: str, *, revision: str | None, dtype: torch.dtype, trust_remote_code: bool,
+             stream_layers: bool = False) -> Checkpoint:
     """Load a hub id at ``revision``: from the hub, or from the local Hugging Face cache alone
     when the hub is offline (:func:`depthlens.models.hub.offline_reason`).
 
@@ -83,18 +111,22 @@ def load_hub(spec: str, *, revision: str | None, dtype: torch.dtype, trust_remot
         The dtype the weights are read in.
     trust_remote_code : bool
         Passed to transformers.
+    stream_layers : bool
+        Download the repository's snapshot (configuration, tokenizer, ``*.safetensors``) to the
+        Hugging Face cache and stream its decoder layers from there, one at a time.
 
     Returns
     -------
     Checkpoint
         ``provenance`` records the commit and the cached weight files with their sha256
-        (when they can be found).
+        (when they can be found); a streamed one also the snapshot folder (``path``).
 
     Raises
     ------
     ModelError
-        Offline and not cached, hub or network failures, an unsupported architecture, or a
-        checkpoint that needs its own code.
+        Offline and not cached, hub or network failures, an unsupported architecture, a
+        checkpoint that needs its own code, or ``stream_layers`` for a repository (or offline
+        cache) without ``*.safetensors`` weights.
     """
     from .families import family_of
 
@@ -110,6 +142,11 @@ def load_hub(spec: str, *, revision: str | None, dtype: torch.dtype, trust_remot
     except Exception as exc:
         raise remote_code_error(spec, exc) or _hub_error(spec, revision, exc) from None
     family_of(config)  # an unsupported architecture fails before any weights download
+    if stream_layers:
+        folder = _snapshot(spec, revision, local)
+        streamed = load_local(folder, spec=spec, dtype=dtype, trust_remote_code=trust_remote_code, stream_layers=True)
+        provenance = {**streamed.provenance, "revision": revision, "commit": folder.name, "source": "hub"}
+        return Checkpoint(streamed.model, streamed.tokenizer, spec, provenance, streamed.layers)
     try:
         with quiet_transformers():
             tokenizer = tokenizer_from(spec, revision=revision, trust_remote_code=trust_remote_code,

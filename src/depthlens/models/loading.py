@@ -76,7 +76,6 @@ __all__ = [
     "weights_sha256",
     "wrap_model",
     "available_devices",
-    "check_streamable",
     "resolve_device",
     "resolve_dtype",
     "series_checkpoints",
@@ -332,29 +331,6 @@ def _finish(
 # ---------------------------------------------------------------------------------------
 
 
-#: What each source is, in the refusal of ``--stream-layers`` (:func:`check_streamable`).
-_UNSTREAMABLE = {"hub": "a hub id (download it first: huggingface-cli download ID --local-dir FOLDER)"}
-
-
-def check_streamable(spec: str | os.PathLike | None) -> None:
-    """Refuse ``--stream-layers`` for a spec whose weights cannot be read one layer at a time
-    (hub ids, until downloaded); folders, GGUF files (read through their converted cache) and
-    ``random:`` specs pass here (their loaders check the rest: safetensors weights,
-    ``init=layerwise``).
-
-    Raises
-    ------
-    ModelError
-        One line naming the kind of spec and the way out.
-    """
-    source = spec_source(spec)
-    if source in _UNSTREAMABLE:
-        raise ModelError(f"--stream-layers reads a folder of *.safetensors, a GGUF file or a random:<family>:init=layerwise "
-                         f"model, "
-                         f"and --model {os.fspath(spec)!r} is {_UNSTREAMABLE[source]}; save the model to a folder "
-                         "(save_pretrained) and pass that, or drop --stream-layers.")
-
-
 def spec_source(spec: str | os.PathLike | None) -> str | None:
     """What :func:`load_model` would load ``spec`` from, without loading anything: one of
     :data:`SOURCES` (``embedded``, ``hub``, ``local``, ``gguf``, ``random``), or None for a
@@ -420,8 +396,9 @@ def load_model(
         Folder for converted GGUF models (default: :func:`cache_root`).
     stream_layers : bool
         Keep one decoder layer in memory at a time (:mod:`depthlens.models.streaming`): for a
-        folder of ``*.safetensors`` (memory-mapped) and for ``random:<family>:init=layerwise``
-        specs. Changes no number.
+        folder of ``*.safetensors`` (memory-mapped), a hub id (its snapshot in the Hugging
+        Face cache, downloaded first), a GGUF file (its converted cache) and
+        ``random:<family>:init=layerwise`` specs. Changes no number.
 
     Returns
     -------
@@ -435,7 +412,8 @@ def load_model(
         nor a series.
     ModelError
         Unknown spec, missing or corrupt file, unavailable hub, unsupported architecture,
-        missing embedded package, ``stream_layers`` for a source that cannot stream. Every
+        missing embedded package, ``stream_layers`` for weights that cannot stream (no
+        ``*.safetensors``, a ``random:`` spec without ``init=layerwise``). Every
         message is one line.
 
     Examples
@@ -462,8 +440,6 @@ def load_model(
                 "drop --revision."
             )
 
-    if stream_layers:
-        check_streamable(spec)
     key = spec.lower()
     if key in EMBEDDED:
         no_revision("an embedded model")
@@ -514,7 +490,8 @@ def load_model(
     if spec.startswith(("/", "./", "../", "~", ".\\")) or os.sep + os.sep in spec:
         raise ModelError(f"no file or folder at {path}; check the path, or pass one of: {_FORMS}.")
     if _HUB_ID.match(spec):
-        checkpoint = load_hub(spec, revision=revision, dtype=dtype, trust_remote_code=trust_remote_code)
+        checkpoint = load_hub(spec, revision=revision, dtype=dtype, trust_remote_code=trust_remote_code,
+                              stream_layers=stream_layers)
         return _finish(*checkpoint, dtype, device)
     raise ModelError(f"unknown model spec {spec!r}; pass one of: {_FORMS}.")
 
