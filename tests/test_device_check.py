@@ -26,13 +26,13 @@ def test_cpu_half_runs_and_prints_its_checks() -> None:
     out = done.stdout
     expected = ["tiny random llama float64 logits", "tiny random llama float32 attention probs",
                 *(f"jacobian mean operators {mode}" for mode in JACOBIAN_MODES), "sigma_min grid (torch vs numba)",
-                "8B-layer-shape streamed float32 logits"]
+                "schur funnel curves (device vs LAPACK)", "8B-layer-shape streamed float32 logits"]
     checks = [line for line in out.splitlines() if line.startswith("check ")]
     for name in expected:
         assert any(line.startswith(f"check {name}: max diff") for line in checks), name
     assert all(line.endswith(" ok") for line in checks), checks
-    assert "time sigma_min grid n=128" in out and "time forward" in out
-    assert "skip depthlens run --device and the 8B-shape attention stage: GPU only" in out
+    assert "time sigma_min grid n=128" in out and "time forward" in out and "time funnel curve" in out
+    assert "skip depthlens run --device and the 8B-shape attention and jacobian stages: GPU only" in out
     assert out.rstrip().endswith("device_check: all checks passed")
 
 

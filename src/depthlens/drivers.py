@@ -19,7 +19,7 @@ _LOCK = threading.Lock()
 
 #: The default (first) driver of each decomposition; any other driver is a fallback.
 PRIMARY: dict[str, str] = {"svd": "gesdd", "eigvals": "geev", "eigh": "heevd", "eigh_subset": "heevr", "schur": "gees",
-                           "solve": "gesv"}
+                           "solve": "gesv", "svd_torch": "torch"}
 
 
 def driver_counts() -> dict[str, int]:

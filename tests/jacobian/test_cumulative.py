@@ -202,17 +202,19 @@ def independent_normal_part(J: np.ndarray, order: str) -> np.ndarray:
     return (q * np.diagonal(t)) @ q.conj().T
 
 
-def test_funnel_against_independent_reference(rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_funnel_against_independent_reference(rng: np.random.Generator, device: str | None) -> None:
     """Every row of a full funnel (four orders, three α, two directions, exact and truncated)
     against the explicit products of ``(1 − α) M₀ + α J``, with the normal parts built by
     SciPy alone and the truncation applied literally (full SVD after every step): equal to
     1e-8 relative. Curves share one Schur decomposition per operator across orders and write
     the normal parts to files; the reference does neither. Rank 3 leaves a clear gap in the
     singular values of the first operator of either direction (a normal part's conjugate
-    eigenvalues have equal moduli, and a truncation between them is not unique)."""
+    eigenvalues have equal moduli, and a truncation between them is not unique). With a
+    torch ``device`` (here the CPU, the code path of a GPU) the products and SVDs are torch's."""
     ops, d, r = nonnormal_ops(rng, 6, 9), 9, 3
     assert min(np.abs(np.abs(np.linalg.eigvals(J)) - 1).min() for J in ops) > 1e-6  # ouc/iuc split as depthlens does
-    funnel = schur_funnel(ops, alphas=(0.0, 0.5, 1.0), ranks=(None, r), schur_orders=SCHUR_ORDERS)
+    funnel = schur_funnel(ops, alphas=(0.0, 0.5, 1.0), ranks=(None, r), schur_orders=SCHUR_ORDERS, device=device)
     assert len(funnel) == (3 + 3) * 2 * 2 * len(ops) and funnel["failure"].isna().all()
     for (order, a, direction, cap), got in funnel.groupby(["schur_order", "alpha", "direction", "truncation"], sort=False):
         split = [J if a == 1.0 else (1 - a) * independent_normal_part(J, order) + a * J for J in ops]
@@ -323,6 +325,55 @@ def test_funnel_in_worker_processes_equals_inline(rng: np.random.Generator) -> N
     with executor(2) as pool:
         pooled = schur_funnel(ops, alphas=(0.0, 0.5, 1.0), ranks=(None, 3), schur_orders=SCHUR_ORDERS, pool=pool)
     pd.testing.assert_frame_equal(pooled, schur_funnel(ops, alphas=(0.0, 0.5, 1.0), ranks=(None, 3), schur_orders=SCHUR_ORDERS))
+
+
+def test_funnel_on_a_torch_device_equals_lapack_to_rounding(rng: np.random.Generator,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The torch path (device "cpu", the code a GPU runs) against the LAPACK path at SmolLM2's
+    shape in miniature (12 steps, d = 40, a truncation below it): every rank column to 1e-10
+    relative; every SVD counted as torch's. The rank leaves a gap in the singular values of
+    the first factor of every truncated curve: a normal part's conjugate eigenvalues have
+    equal moduli, and a truncation between them is not unique (the two paths may keep
+    different vectors). When torch does not converge on a step, that step's SVD comes from
+    LAPACK on the CPU (counted as a fallback) and the curve is the same to rounding."""
+    import torch
+
+    from depthlens.drivers import count_difference, driver_counts, fallback_count
+    from depthlens.parallel import executor
+
+    ops, orders = nonnormal_ops(rng, 12, 40), ("lapack", "canonical")
+    firsts = [schur_split(ops[k], a, o) for k in (0, -1) for o in orders for a in (0.0, 0.5, 1.0)]
+    svs = [np.linalg.svd(F, compute_uv=False) for F in firsts]
+    rank = next(r for r in range(36, 4, -1) if all(sv[r - 1] - sv[r] > 1e-4 * sv[0] for sv in svs))
+    kwargs = {"alphas": (0.0, 0.5, 1.0), "ranks": (None, rank), "schur_orders": orders}
+    lapack = schur_funnel(ops, **kwargs)
+    before = driver_counts()
+    with executor(2) as pool:  # Schur forms in the workers, curves here on the device
+        on_device = schur_funnel(ops, pool=pool, device="cpu", **kwargs)
+    counts = count_difference(driver_counts(), before)
+    assert counts.get("svd_torch:torch") == 4 * 2 * 2 * 12 and fallback_count(counts) == 0
+    key = ["schur_order", "alpha", "direction", "truncation", "depth", "steps"]
+    pd.testing.assert_frame_equal(on_device[key], lapack[key])
+    for col in ("erank", "erank_sigma", "participation_ratio", "log_norm"):
+        np.testing.assert_allclose(on_device[col], lapack[col], rtol=1e-10, atol=1e-12, err_msg=col)
+    assert on_device["failure"].isna().all()
+
+    real, calls = torch.linalg.svdvals, []
+
+    def fails_once(a: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 3:
+            raise torch.linalg.LinAlgError("did not converge (test)")
+        return real(a)
+
+    monkeypatch.setattr(torch.linalg, "svdvals", fails_once)
+    before = driver_counts()
+    fallback = schur_funnel(ops, alphas=(1.0,), directions=("forward",), device="cpu")
+    counts = count_difference(driver_counts(), before)
+    assert counts["svd_torch:lapack"] == 1 and counts["svd_torch:torch"] == 11 and counts["svd:gesdd"] == 1
+    for col in ("erank", "erank_sigma", "participation_ratio", "log_norm"):
+        want = lapack.query("alpha == 1.0 and direction == 'forward' and truncation == 40")[col].to_numpy()
+        np.testing.assert_allclose(fallback[col], want, rtol=1e-10, atol=1e-12, err_msg=col)
 
 
 def test_funnel_with_tasks_elsewhere_equals_inline(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -55,32 +56,55 @@ _OVERFLOW = "a cumulative product step overflowed; divide the operators by a com
 
 
 class _Accumulator:
-    """Running product as a normalised factor F (d × k, k ≤ r) with ``C = e^{log_norm} F W``, W orthonormal rows."""
+    """Running product as a normalised factor F (d × k, k ≤ r) with ``C = e^{log_norm} F W``, W orthonormal rows.
 
-    def __init__(self, rank: int) -> None:
+    ``device`` None keeps F in NumPy and decomposes with LAPACK (:mod:`depthlens.linalg.guarded`);
+    a torch device keeps it there (products and SVDs in torch, :func:`~depthlens.linalg.guarded.
+    svd_torch`), the same arithmetic to rounding.
+    """
+
+    def __init__(self, rank: int, device: str | None = None) -> None:
         self.rank = rank
-        self.factor: np.ndarray | None = None
+        self.device = device
+        self.factor: Any = None
         self.log_norm = 0.0
 
     def push(self, J: np.ndarray) -> tuple[float, float, float, float]:
         """Multiply J in on the left; return erank, erank_sigma, participation_ratio and ln‖C‖₂."""
+        if self.device is not None:
+            import torch
+
+            J = torch.tensor(np.asarray(J), device=self.device)
         with np.errstate(over="ignore", invalid="ignore"):
             prod = J if self.factor is None else J @ self.factor
-        if not np.all(np.isfinite(prod)):
+        if not _all_finite(prod):
             raise InputError(_OVERFLOW)
         if prod.shape[1] > self.rank:
-            left, sv, _ = guarded.svd(prod, full_matrices=False)
+            left, sv, _ = _thin_svd(prod)
             prod = left[:, : self.rank] * sv[: self.rank]
             sv = sv[: self.rank]
         else:
-            sv = guarded.svdvals(prod)
+            sv = _svdvals(prod)
+        sv = np.asarray(sv.cpu() if self.device is not None else sv, dtype=np.float64)
         if not np.isfinite(sv[0]):
             raise InputError(_OVERFLOW)
         if sv[0] == 0:
             raise InputError("a cumulative product is exactly zero, so no effective rank is defined; check the operators.")
-        self.factor = prod / sv[0]
+        self.factor = prod / float(sv[0]) if self.device is not None else prod / sv[0]
         self.log_norm += float(np.log(sv[0]))
         return float(erank(sv)), float(erank_sigma(sv)), float(participation_ratio(sv)), self.log_norm
+
+
+def _all_finite(x: Any) -> bool:
+    return bool(np.all(np.isfinite(x))) if isinstance(x, np.ndarray) else bool(x.isfinite().all())
+
+
+def _thin_svd(x: Any) -> Any:
+    return guarded.svd(x, full_matrices=False) if isinstance(x, np.ndarray) else guarded.svd_torch(x)
+
+
+def _svdvals(x: Any) -> Any:
+    return guarded.svdvals(x) if isinstance(x, np.ndarray) else guarded.svd_torch(x, compute_uv=False)
 
 
 def _cap(rank: int | None, d: int) -> int:
@@ -113,9 +137,9 @@ def _order(n: int, direction: str) -> range:
     return range(n) if direction == "forward" else range(n - 1, -1, -1)
 
 
-def _curve(steps: Iterator[np.ndarray], order: range, rank: int) -> pd.DataFrame:
+def _curve(steps: Iterator[np.ndarray], order: range, rank: int, device: str | None = None) -> pd.DataFrame:
     """Feed the accumulator (left multiplication) and tabulate one row per depth."""
-    acc = _Accumulator(rank)
+    acc = _Accumulator(rank, device)
     rows = [(b, i + 1, *acc.push(J)) for i, (b, J) in enumerate(zip(order, steps, strict=True))]
     return pd.DataFrame(rows, columns=list(_COLUMNS)).sort_values("depth", ignore_index=True)
 
@@ -184,6 +208,7 @@ def schur_funnel(
     progress: bool = False,
     pool: Executor | None = None,
     label: str = "",
+    device: str | None = None,
 ) -> pd.DataFrame:
     """Cumulative effective ranks with the non-normal part of every operator scaled by α (METHODS B4).
 
@@ -219,6 +244,13 @@ def schur_funnel(
         ``.npy`` files in a temporary folder as they are computed; the workers memory-map
         them and the operators when they run on this machine (``pool.local_files``), and get
         them with every curve task otherwise (Ray, SLURM). Results are the same bit for bit.
+    device : str, optional
+        A torch device (``"cuda"``, ``"cuda:1"``; ``"cpu"`` runs the same code on the CPU):
+        the curves run in this process on that device, products and singular values in torch
+        (:func:`~depthlens.linalg.guarded.svd_torch`, LAPACK on the CPU where torch does not
+        converge); the Schur forms stay on ``pool``. Default: LAPACK on ``pool``. The two
+        agree to rounding (singular values to about ``d ε`` of the largest at every step), not
+        bit for bit.
 
     Returns
     -------
@@ -267,19 +299,20 @@ def schur_funnel(
     plan = [(orders[0], float(a)) for a in alpha_values] + [(o, 0.0) for o in orders[1:] if np.any(alpha_values == 0)]
     split = list(dict.fromkeys(o for o, a in plan if a != 1.0))  # the orders whose normal parts are needed
     pool = pool if pool is not None else InlineExecutor()
-    local = getattr(pool, "local_files", False)  # workers on this machine memory-map the arrays
+    on = pool if device is None else InlineExecutor()  # where the curves run
+    local = getattr(on, "local_files", False)  # workers on this machine memory-map the arrays
     curves: dict[tuple[str, float], list[Future]] = {}
     with tempfile.TemporaryDirectory(prefix="depthlens-funnel-") as tmp:
         folder = Path(tmp)
         ops_ref: Sequence[object] = _share(ops, folder / "ops") if local else ops
         if (orders[0], 1.0) in plan:  # needs no Schur form, so it starts while they are computed
-            curves[(orders[0], 1.0)] = [pool.submit(_split_curve, ops_ref, None, 1.0, direction, cap, orders[0])
+            curves[(orders[0], 1.0)] = [on.submit(_split_curve, ops_ref, None, 1.0, direction, cap, orders[0], device)
                                         for direction in directions for cap in caps]
         normal = _normal_parts(pool, forms, ops, split, folder, progress=progress, label=label)
         for order, a in plan:
             if a != 1.0:
                 refs = normal[order] if local else _load(normal[order])
-                curves[(order, a)] = [pool.submit(_split_curve, ops_ref, refs, a, direction, cap, order)
+                curves[(order, a)] = [on.submit(_split_curve, ops_ref, refs, a, direction, cap, order, device)
                                       for direction in directions for cap in caps]
         futures = [f for key in plan for f in curves[key]]
         tables = [f.result() for f in tqdm(futures, desc=f"schur funnel {label}".strip(), unit="curve", disable=not progress)]
@@ -349,12 +382,13 @@ def _load(ref: Sequence[object]) -> list[np.ndarray]:
 
 def _split_curve(
     ops_ref: Sequence[object], normal_ref: Sequence[object] | None, alpha: float, direction: str, cap: int,
-    order: str,
+    order: str, device: str | None = None,
 ) -> pd.DataFrame:
     """One curve of the funnel: the cumulative ranks of ``J_b(α) = (1 − α) M₀_b + α J_b``.
 
     ``ops_ref`` and ``normal_ref`` (the normal parts in Schur order ``order``; None for α = 1,
-    which needs none) hold the arrays, or paths of ``.npy`` files to memory-map.
+    which needs none) hold the arrays, or paths of ``.npy`` files to memory-map; ``device``
+    is the torch device of the products and SVDs (None: NumPy and LAPACK).
     """
     ops = _load(ops_ref)
     normal = _load(normal_ref) if normal_ref is not None else None
@@ -362,7 +396,7 @@ def _split_curve(
     # J(1) = J bit-exactly; taking it as is keeps real operators in real arithmetic.
     split = (np.asarray(ops[b]) if normal is None else (1.0 - alpha) * normal[b] + alpha * ops[b] for b in order_b)
     try:
-        curve = _curve((_oriented(J, direction) for J in split), order_b, cap).assign(failure=None)
+        curve = _curve((_oriented(J, direction) for J in split), order_b, cap, device).assign(failure=None)
     except DecompositionError as exc:  # every SVD driver failed: this curve is NaN, with the reason
         curve = pd.DataFrame({"depth": np.arange(len(ops)), "steps": np.nan, **{c: np.nan for c in (*_RANKS, "log_norm")},
                               "failure": str(exc)})

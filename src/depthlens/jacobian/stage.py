@@ -184,7 +184,9 @@ def finish(run_dir: RunDirectory) -> None:
 def run(context: StageContext) -> None:
     """Run the stage (skipping finished units) and write ``operators``, ``eigenvalues`` and
     ``cumulative`` tables. The decompositions and funnel curves run on the run's executor
-    (``--executor``, ``--jobs``); the Jacobians themselves in this process (torch). A unit
+    (``--executor``, ``--jobs``); the Jacobians themselves in this process (torch), and so do
+    the funnel curves when the model is on a GPU (``--device``, :func:`schur_funnel`'s
+    ``device``). A unit
     that raises is recorded in ``run_dir.failures`` and the others go on; the tables hold the
     finished units (a funnel needs its checkpoint's operators)."""
     with executor(context.execution, context.run_dir.root) as pool:
@@ -198,6 +200,8 @@ def run(context: StageContext) -> None:
 def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, pool) -> dict[str, pd.DataFrame]:
     metrics, eigen, funnels = [], [], []
     funnel_mode = opts.funnel_mode
+    # on a GPU run (--device cuda) the funnel's products and SVDs run there too
+    funnel_device = None if loaded.adapter.device.type == "cpu" else str(loaded.adapter.device)
     for name, get in checkpoints(loaded, opts, load_revision):
         model = None
         ops_by_mode = {}
@@ -239,7 +243,8 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
                         a for a in opts.funnel_alphas if a in (0.0, 1.0))
                     orders = opts.schur_orders if mode == funnel_mode else opts.schur_orders[:1]
                     table = schur_funnel(ops, alphas=alphas, directions=DIRECTIONS, ranks=ranks, schur_orders=orders,
-                                         progress=not quiet, pool=pool, label=f"{label(name)} ({mode})")
+                                         progress=not quiet, pool=pool, label=f"{label(name)} ({mode})",
+                                         device=funnel_device)
                     run_dir.write_unit(STAGE, key, {"funnel": table})
             if run_dir.has_unit(STAGE, key):
                 t = run_dir.read_units(STAGE, [key], "funnel")

@@ -9,18 +9,20 @@ stages turn it into NaN quantities with a reason column, never into a stopped st
 
 Driver order (the first is LAPACK's default through numpy or SciPy):
 
-========  ==================================================================================
-svd       ``gesdd`` (divide and conquer), ``gesvd`` (QR iteration), ``qr+gesvd`` (SVD of the
-          triangular factor of a QR decomposition), ``gesvd^H`` (SVD of the conjugate
-          transpose); the last two change the rounding path, not the result beyond ``n ε ‖A‖``
-eigvals   ``geev``, ``gees`` (diagonal of the complex Schur form), ``ggev`` (pencil ``(A, I)``),
-          ``geev+shift`` (eigenvalues of ``A + σI`` minus σ)
-eigh      ``heevd`` (numpy), ``heevr``, ``heev`` (SciPy drivers ``evr`` and ``ev``); a subset of
-          the eigenvalues (``eigh_subset``): ``heevr``, ``heevx``, ``heev``
-schur     ``gees``, then for complex output of a real matrix ``gees-real+rsf2csf``, then
-          ``gees+shift`` (``A + σI = Q(T + σI)Q*``: same Q, T recovered by subtracting σ)
-solve     ``gesv`` (LU), ``gelsd`` (least squares through the SVD) for a singular system
-========  ==================================================================================
+==========  ==================================================================================
+svd         ``gesdd`` (divide and conquer), ``gesvd`` (QR iteration), ``qr+gesvd`` (SVD of the
+            triangular factor of a QR decomposition), ``gesvd^H`` (SVD of the conjugate
+            transpose); the last two change the rounding path, not the result beyond ``n ε ‖A‖``
+eigvals     ``geev``, ``gees`` (diagonal of the complex Schur form), ``ggev`` (pencil ``(A, I)``),
+            ``geev+shift`` (eigenvalues of ``A + σI`` minus σ)
+eigh        ``heevd`` (numpy), ``heevr``, ``heev`` (SciPy drivers ``evr`` and ``ev``); a subset of
+            the eigenvalues (``eigh_subset``): ``heevr``, ``heevx``, ``heev``
+schur       ``gees``, then for complex output of a real matrix ``gees-real+rsf2csf``, then
+            ``gees+shift`` (``A + σI = Q(T + σI)Q*``: same Q, T recovered by subtracting σ)
+solve       ``gesv`` (LU), ``gelsd`` (least squares through the SVD) for a singular system
+svd_torch   ``torch.linalg.svd`` on the tensor's device (a GPU), then the ``svd`` drivers on the
+            CPU (:func:`svd_torch`)
+==========  ==================================================================================
 
 Every fallback is backward stable to the same order as the default driver (``n ε ‖A‖``);
 results of different drivers agree to that accuracy, not bit for bit. Inputs are checked for
@@ -51,6 +53,7 @@ __all__ = [
     "schur",
     "solve",
     "svd",
+    "svd_torch",
     "svdvals",
 ]
 
@@ -154,6 +157,46 @@ def svd(a: np.ndarray, *, full_matrices: bool = True, compute_uv: bool = True) -
 def svdvals(a: np.ndarray) -> np.ndarray:
     """Singular values (descending) of a matrix or a stack; see :func:`svd`."""
     return svd(a, compute_uv=False)
+
+
+def svd_torch(a: Any, *, compute_uv: bool = True) -> Any:
+    """Thin SVD, or the singular values, of one matrix on its own torch device (a GPU).
+
+    ``torch.linalg.svd`` / ``svdvals`` on the tensor's device, counted as
+    ``svd_torch:torch``; where torch does not converge, the drivers of :func:`svd` on the
+    CPU (counted as ``svd_torch:lapack``, a fallback, and under ``svd``), the results moved
+    back to the device.
+
+    Parameters
+    ----------
+    a : torch.Tensor, shape (m, n)
+        A finite real or complex matrix.
+    compute_uv : bool
+        ``(u, s, vh)`` (thin) if true, ``s`` alone otherwise.
+
+    Returns
+    -------
+    torch.Tensor or tuple of torch.Tensor
+        On ``a``'s device; singular values descending (real), accurate to about ``n ε ‖a‖``
+        like every driver of :func:`svd`, not bit for bit LAPACK's.
+
+    Raises
+    ------
+    DecompositionError
+        If ``a`` is not finite or no driver converges.
+    """
+    import torch
+
+    if not bool(torch.isfinite(a).all()):
+        raise DecompositionError("svd of a matrix with NaN or infinite entries is undefined; the operator is not finite.")
+    try:
+        out = torch.linalg.svd(a, full_matrices=False) if compute_uv else torch.linalg.svdvals(a)
+    except torch.linalg.LinAlgError:
+        record("svd_torch", "lapack")
+        found = svd(a.cpu().numpy(), full_matrices=False, compute_uv=compute_uv)
+        return tuple(torch.from_numpy(x).to(a.device) for x in found) if compute_uv else torch.from_numpy(found).to(a.device)
+    record("svd_torch", None)
+    return out
 
 
 def norm2(a: np.ndarray) -> Any:
