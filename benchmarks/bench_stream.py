@@ -11,20 +11,24 @@ little memory.
    2.5e14 flops of forward passes: over an hour on 2 cores), no certified brackets (this
    random model's heads are nearly one-hot; the branch and bound takes 15–40 s on about half
    of them and then gives up uncertified, hours for 1024 heads), in a child process whose peak
-   resident memory is read from ``getrusage``. Prints the wall time, the peak (target
+   memory is sampled as in part 3. Prints the wall time, the peak (target
    < 8 GiB) and the float32 weights the model would need in memory (the naive method, not
    run: 32 GB). ``--skip-8b`` leaves it out.
 3. ``depthlens topology`` (the jacobian stage, then topology) on the same model, streamed: one
    chunk of 64 tokens, the ``isolated`` operators only, no step-0 null, the exact funnel at
    α = 1 only (``--funnel-rank 0 --funnel-alphas 1 --schur-orders lapack``: the default
-   funnel is 32 curves of 64 products of 4096 × 4096, days on 2 cores), ``--jobs 1`` (so the
-   peak is one process's). Its operators (12.9 GB) are written to the run's file and read
-   through memory maps, its co-moments (8.6 GB) to a scratch file under ``$TMPDIR``. Prints
-   the wall time of each stage and the peak (target < 8 GiB). About 2 hours on 2 cores with
-   32 layers (about 70 s per 4096 × 4096 operator's Schur form and SVD, 96 of them);
-   ``--jacobian-layers N`` runs N layers of the same shape, ``--skip-8b`` leaves it out.
+   funnel is 32 curves of 64 products of 4096 × 4096, days on 2 cores), ``--jobs 1`` by
+   default (``--jobs N``: N worker processes). Its operators (12.9 GB) are written to the
+   run's file and read through memory maps, its co-moments (8.6 GB) to a scratch file under
+   ``$TMPDIR``. Prints the wall time of each stage and the peak memory (target < 8 GiB) of
+   the whole process tree: the largest sum, sampled every second, of the proportional set
+   sizes (PSS: a page shared by several processes, such as a memory-mapped operator, counts
+   once) of the run and its workers. About 3 hours on one core with 32 layers (about 70 s per
+   4096 × 4096 operator's Schur form and SVD, 96 of them, and 128 exact funnel steps of about
+   25 s); ``--jacobian-layers N`` runs N layers of the same shape, ``--jacobian-only`` skips
+   topology, ``--skip-8b`` leaves parts 2 and 3 out.
 
-``python benchmarks/bench_stream.py [--skip-8b] [--jacobian-layers N]``
+``python benchmarks/bench_stream.py [--skip-8b] [--jacobian-layers N] [--jobs N] [--jacobian-only]``
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -74,14 +79,51 @@ def overhead() -> None:
           f"({fills:.0f} layer fills per round of 2 forward passes + 1 weight copy); equal bit for bit: {equal}")
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from ``/proc/*/stat`` (Linux)."""
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(child for child, ppid in parent.items() if ppid == found[-1])
+    return found
+
+
+def _pss_gib(pids: list[int]) -> float:
+    """The summed proportional set size of ``pids`` in GiB (``/proc/PID/smaps_rollup``)."""
+    total = 0
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) for line in text.splitlines() if line.startswith("Pss:"))
+    return total * 1024 / 2**30  # kB
+
+
 def _child(argv: list[str]) -> tuple[int, float, float]:
-    """Run ``argv``; its exit status, wall seconds and peak resident memory in GiB (its own
-    ``getrusage``, through ``wait4``, so earlier children do not count)."""
+    """Run ``argv``; its exit status, wall seconds and the peak memory in GiB of it and its
+    workers together: the largest summed PSS of the process tree, sampled every second."""
     start = time.perf_counter()
     process = subprocess.Popen(argv)
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return process.returncode, time.perf_counter() - start, usage.ru_maxrss * 1024 / 2**30  # Linux: KiB
+    peak, done = [0.0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(1.0):
+            peak[0] = max(peak[0], _pss_gib(_tree(process.pid)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    process.wait()
+    done.set()
+    sampler.join()
+    return process.returncode, time.perf_counter() - start, peak[0]
 
 
 def llama_8b() -> None:
@@ -93,27 +135,29 @@ def llama_8b() -> None:
         code, elapsed, peak = _child(argv)
     print("bench_stream: Llama-3.1-8B shape, streamed, attention stage (1 chunk x 64 tokens, probe 8 x 16, "
           "--certify none)")
-    print(f"  exit {code}; {elapsed / 60:6.1f} min; peak resident memory {peak:5.2f} GiB (target < 8 GiB)")
+    print(f"  exit {code}; {elapsed / 60:6.1f} min; peak memory {peak:5.2f} GiB (PSS of the process tree; target < 8 GiB)")
     print(f"  naive (all float32 weights in memory, not run): {(32 * LAYER_8B + OUTSIDE_8B) * 4 / 2**30:5.1f} GiB of "
           f"weights alone; streamed holds {(LAYER_8B + OUTSIDE_8B) * 4 / 2**30:4.1f} GiB with the real vocabulary "
           f"(this random model's is 256)")
 
 
-def jacobian_8b(layers: int) -> None:
-    """Part 3: the streamed jacobian and topology stages of the 8B-shaped model (``layers`` deep)."""
+def jacobian_8b(layers: int, jobs: int = 1, topology: bool = True) -> None:
+    """Part 3: the streamed jacobian (and topology) stages of the 8B-shaped model (``layers`` deep)."""
     spec = LLAMA_8B.replace("num_hidden_layers=32", f"num_hidden_layers={layers}")
+    stage = "topology" if topology else "jacobian"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        argv = [str(Path(sys.executable).with_name("depthlens")), "topology", "--model", spec, "--stream-layers",
+        argv = [str(Path(sys.executable).with_name("depthlens")), stage, "--model", spec, "--stream-layers",
                 "--chunks", "1", "--seq-len", "64", "--jacobian-mode", "isolated", "--null", "none", "--funnel-rank", "0",
-                "--funnel-alphas", "1", "--schur-orders", "lapack", "--jobs", "1", "--quiet", "--out", str(out)]
+                "--funnel-alphas", "1", "--schur-orders", "lapack", "--jobs", str(jobs), "--quiet", "--out", str(out)]
         code, elapsed, peak = _child(argv)
         stages = json.loads((out / "manifest.json").read_text())["stages"] if (out / "manifest.json").is_file() else {}
-    print(f"bench_stream: Llama-3.1-8B shape with {layers} layers, streamed, jacobian + topology stages (1 chunk x 64 "
-          "tokens, isolated operators, exact funnel at alpha = 1, no step-0 null)")
+    print(f"bench_stream: Llama-3.1-8B shape with {layers} layers, streamed, jacobian{' + topology' if topology else ''} "
+          f"stage{'s' if topology else ''} (1 chunk x 64 tokens, isolated operators, exact funnel at alpha = 1, no step-0 "
+          f"null, --jobs {jobs})")
     times = ", ".join(f"{name} {record.get('seconds', float('nan')) / 60:.1f} min ({record.get('status')})"
                       for name, record in stages.items())
-    print(f"  exit {code}; {elapsed / 60:6.1f} min ({times}); peak resident memory {peak:5.2f} GiB (target < 8 GiB)")
+    print(f"  exit {code}; {elapsed / 60:6.1f} min ({times}); peak memory {peak:5.2f} GiB (PSS of the process tree; target < 8 GiB)")
     n_ops = 3 * layers
     print(f"  naive (every operator and co-moment in memory, not run): {n_ops * 4096**2 * 8 / 2**30:5.1f} GiB of "
           f"operators and {2 * layers * 4096**2 * 8 / 2**30:5.1f} GiB of co-moments")
@@ -123,11 +167,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-8b", action="store_true", help="only the in-memory / streamed comparison")
     parser.add_argument("--jacobian-layers", type=int, default=32, help="layers of the 8B-shaped jacobian run (32)")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes of the jacobian run (1)")
+    parser.add_argument("--jacobian-only", action="store_true", help="the jacobian stage without topology")
     args = parser.parse_args()
     overhead()
     if not args.skip_8b:
         llama_8b()
-        jacobian_8b(args.jacobian_layers)
+        jacobian_8b(args.jacobian_layers, args.jobs, topology=not args.jacobian_only)
 
 
 if __name__ == "__main__":
