@@ -94,35 +94,44 @@ def _tree(pid: int) -> list[int]:
     return found
 
 
-def _pss_gib(pids: list[int]) -> float:
-    """The summed proportional set size of ``pids`` in GiB (``/proc/PID/smaps_rollup``)."""
-    total = 0
+def _pss_gib(pids: list[int]) -> tuple[float, float]:
+    """The summed proportional set sizes of ``pids`` in GiB (``/proc/PID/smaps_rollup``): of
+    anonymous and shared memory (what must stay in RAM), and of file-backed pages (pages of
+    memory-mapped files, such as the operator file: page cache the kernel writes back and
+    reclaims under pressure)."""
+    totals = {"Pss_Anon:": 0, "Pss_Shmem:": 0, "Pss_File:": 0}
     for pid in pids:
         try:
             text = Path(f"/proc/{pid}/smaps_rollup").read_text()
         except OSError:
             continue
-        total += sum(int(line.split()[1]) for line in text.splitlines() if line.startswith("Pss:"))
-    return total * 1024 / 2**30  # kB
+        for line in text.splitlines():
+            key, *rest = line.split()
+            if key in totals:
+                totals[key] += int(rest[0])
+    gib = 1024 / 2**30  # kB
+    return (totals["Pss_Anon:"] + totals["Pss_Shmem:"]) * gib, totals["Pss_File:"] * gib
 
 
-def _child(argv: list[str]) -> tuple[int, float, float]:
-    """Run ``argv``; its exit status, wall seconds and the peak memory in GiB of it and its
-    workers together: the largest summed PSS of the process tree, sampled every second."""
+def _child(argv: list[str]) -> tuple[int, float, float, float]:
+    """Run ``argv``; its exit status, wall seconds, and the peak memory in GiB of it and its
+    workers together, sampled every second: the largest summed anonymous PSS of the process
+    tree (what must fit in RAM), and the largest summed file-backed PSS (mapped files)."""
     start = time.perf_counter()
     process = subprocess.Popen(argv)
-    peak, done = [0.0], threading.Event()
+    peak, done = [0.0, 0.0], threading.Event()
 
     def sample() -> None:
         while not done.wait(1.0):
-            peak[0] = max(peak[0], _pss_gib(_tree(process.pid)))
+            anon, mapped = _pss_gib(_tree(process.pid))
+            peak[0], peak[1] = max(peak[0], anon), max(peak[1], mapped)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     process.wait()
     done.set()
     sampler.join()
-    return process.returncode, time.perf_counter() - start, peak[0]
+    return process.returncode, time.perf_counter() - start, peak[0], peak[1]
 
 
 def llama_8b() -> None:
@@ -131,10 +140,11 @@ def llama_8b() -> None:
         argv = [str(Path(sys.executable).with_name("depthlens")), "attention", "--model", LLAMA_8B, "--stream-layers",
                 "--chunks", "1", "--seq-len", "64", "--batch-size", "1", "--probe-seqs", "8", "--probe-len", "16",
                 "--certify", "none", "--jobs", "1", "--quiet", "--out", str(Path(tmp) / "run")]
-        code, elapsed, peak = _child(argv)
+        code, elapsed, peak, mapped = _child(argv)
     print("bench_stream: Llama-3.1-8B shape, streamed, attention stage (1 chunk x 64 tokens, probe 8 x 16, "
           "--certify none)")
-    print(f"  exit {code}; {elapsed / 60:6.1f} min; peak memory {peak:5.2f} GiB (PSS of the process tree; target < 8 GiB)")
+    print(f"  exit {code}; {elapsed / 60:6.1f} min; peak memory {peak:5.2f} GiB (anonymous PSS of the process tree; "
+          f"target < 8 GiB), and {mapped:5.2f} GiB of memory-mapped file pages (reclaimable page cache)")
     print(f"  naive (all float32 weights in memory, not run): {(32 * LAYER_8B + OUTSIDE_8B) * 4 / 2**30:5.1f} GiB of "
           f"weights alone; streamed holds {(LAYER_8B + OUTSIDE_8B) * 4 / 2**30:4.1f} GiB with the real vocabulary "
           f"(this random model's is 256)")
@@ -149,14 +159,15 @@ def jacobian_8b(layers: int, jobs: int = 1, topology: bool = True) -> None:
         argv = [str(Path(sys.executable).with_name("depthlens")), stage, "--model", spec, "--stream-layers",
                 "--chunks", "1", "--seq-len", "64", "--jacobian-mode", "isolated", "--null", "none", "--funnel-rank", "0",
                 "--funnel-alphas", "1", "--schur-orders", "lapack", "--jobs", str(jobs), "--quiet", "--out", str(out)]
-        code, elapsed, peak = _child(argv)
+        code, elapsed, peak, mapped = _child(argv)
         stages = json.loads((out / "manifest.json").read_text())["stages"] if (out / "manifest.json").is_file() else {}
     print(f"bench_stream: Llama-3.1-8B shape with {layers} layers, streamed, jacobian{' + topology' if topology else ''} "
           f"stage{'s' if topology else ''} (1 chunk x 64 tokens, isolated operators, exact funnel at alpha = 1, no step-0 "
           f"null, --jobs {jobs})")
     times = ", ".join(f"{name} {record.get('seconds', float('nan')) / 60:.1f} min ({record.get('status')})"
                       for name, record in stages.items())
-    print(f"  exit {code}; {elapsed / 60:6.1f} min ({times}); peak memory {peak:5.2f} GiB (PSS of the process tree; target < 8 GiB)")
+    print(f"  exit {code}; {elapsed / 60:6.1f} min ({times}); peak memory {peak:5.2f} GiB (anonymous PSS of the process tree; "
+          f"target < 8 GiB), and {mapped:5.2f} GiB of memory-mapped file pages (reclaimable page cache)")
     n_ops = 3 * layers
     print(f"  naive (every operator and co-moment in memory, not run): {n_ops * 4096**2 * 8 / 2**30:5.1f} GiB of "
           f"operators and {2 * layers * 4096**2 * 8 / 2**30:5.1f} GiB of co-moments")
