@@ -187,3 +187,77 @@ def test_install_sigterm_handler_returns_the_previous_one() -> None:
         assert box == [None]  # off the main thread nothing is installed
     finally:
         _signal.signal(_signal.SIGTERM, previous)
+
+
+AHEAD = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+
+    from depthlens.parallel import AheadExecutor, install_sigterm_handler
+
+    if __name__ == "__main__":
+        install_sigterm_handler()
+        try:
+            with AheadExecutor() as ahead:
+                running = ahead.submit(time.sleep, 300)  # a forward pass that takes long
+                queued = ahead.submit(Path(sys.argv[1]).touch)
+                Path(sys.argv[2]).touch()
+                running.result()
+        except KeyboardInterrupt:
+            print("interrupted", queued.cancelled(), flush=True)
+            sys.exit(130)
+    """
+)
+
+
+def test_ahead_executor_runs_calls_one_at_a_time_in_order() -> None:
+    """Calls run in submission order, never two at once, and exceptions reach the caller."""
+    import threading
+
+    from depthlens.parallel import AheadExecutor
+
+    log, busy, lock = [], [], threading.Lock()
+
+    def call(i: int) -> int:
+        with lock:
+            busy.append(1)
+            assert len(busy) == 1, "two calls ran at once"
+        time.sleep(0.01)
+        log.append(i)
+        with lock:
+            busy.pop()
+        return i * i
+
+    with AheadExecutor() as ahead:
+        futures = [ahead.submit(call, i) for i in range(6)]
+        failing = ahead.submit(lambda: 1 / 0)
+    assert [f.result() for f in futures] == [i * i for i in range(6)] and log == list(range(6))
+    with pytest.raises(ZeroDivisionError):
+        failing.result()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_does_not_wait_for_the_call_ahead(tmp_path: Path) -> None:
+    """A stop while a call runs ahead (a 300 s one here) exits at once: the running call is
+    abandoned, the queued one cancelled and never run (ThreadPoolExecutor's threads are joined
+    at exit, so a stop used to wait for the forward pass in flight)."""
+    script, never, ready = tmp_path / "ahead.py", tmp_path / "never", tmp_path / "ready"
+    script.write_text(AHEAD)
+    proc = subprocess.Popen([sys.executable, str(script), str(never), str(ready)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the script did not start: {proc.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the SIGTERMed script waited for the call ahead")
+    assert proc.returncode == 130 and out.strip() == "interrupted True", err[-2000:]
+    assert time.monotonic() - t0 < 10 and not never.exists()

@@ -157,6 +157,51 @@ class InlineExecutor(Executor):
         return future
 
 
+class AheadExecutor(Executor):
+    """Runs submitted calls one at a time, in submission order, in one daemon thread of this
+    process: work done ahead (the next forward pass) while this thread hands out the last.
+
+    Unlike :class:`~concurrent.futures.ThreadPoolExecutor`, whose threads the interpreter
+    joins at exit, a stop (Ctrl-C, SIGTERM) does not wait for the call in flight: leaving the
+    ``with`` block on an exception cancels the queued calls and abandons the running one,
+    whose result nothing reads. On a normal exit the block waits for the calls submitted.
+    """
+
+    def __init__(self, name: str = "depthlens-ahead") -> None:
+        import queue
+
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn, args, kwargs = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - re-raised by future.result()
+                future.set_exception(exc)
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        self._queue.put((future, fn, args, kwargs))
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if cancel_futures:  # the calls not started yet; the running one is abandoned when not waited for
+            with contextlib.suppress(Exception):
+                while (item := self._queue.get_nowait()) is not None:
+                    item[0].cancel()
+        self._queue.put(None)
+        if wait:
+            self._thread.join()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.shutdown(wait=exc_type is None, cancel_futures=exc_type is not None)
+
+
 @dataclass(frozen=True)
 class Task:
     """One call ``fn(*args, **kwargs)`` as it travels to a worker: ``fn`` is pickled by

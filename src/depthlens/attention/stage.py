@@ -23,7 +23,6 @@ import hashlib
 import itertools
 import re
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,7 @@ from tqdm.auto import tqdm
 from .. import data
 from ..linalg.causal import deflate
 from ..linalg.pseudospectra import pseudospectrum
-from ..parallel import executor, ordered_map
+from ..parallel import AheadExecutor, executor, ordered_map
 from ..errors import RunError, require_at_least
 from ..config import RunConfig
 from ..context import Execution, StageContext
@@ -239,8 +238,9 @@ def _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, chec
         return ((layer, p.cpu().numpy()) for layer, p in itertools.chain([first], layers))
 
     # the next unit's forward pass runs in a thread while the workers take this unit's matrices
-    # (torch releases the GIL; no other thread runs the model during this phase)
-    with ThreadPoolExecutor(1, thread_name_prefix="depthlens-ahead") as ahead:
+    # (torch releases the GIL; no other thread runs the model during this phase); a stop does
+    # not wait for it
+    with AheadExecutor() as ahead:
         following = ahead.submit(matrices, todo[0][1]) if todo else None
         for i, (key, start) in enumerate(todo):
             current, following = following, ahead.submit(matrices, todo[i + 1][1]) if i + 1 < len(todo) else None
