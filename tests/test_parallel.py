@@ -92,6 +92,20 @@ def _wait_gone(pids: list[int], seconds: float = 5.0) -> list[int]:
     return left
 
 
+def _sigterm(proc: subprocess.Popen[str], what: str, pids: list[int] | None = None) -> tuple[str, str, float]:
+    """SIGTERM ``proc``: its output and the seconds it took to exit; fails (killing ``proc``
+    and ``pids``) if it is still running 30 s later."""
+    t0 = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _wait_gone(pids or [], 0)
+        pytest.fail(f"{what} did not exit within 30 s of SIGTERM")
+    return out, err, time.monotonic() - t0
+
+
 def _square(x: int) -> int:
     return x * x
 
@@ -108,16 +122,9 @@ def test_workers_die_with_sigkilled_parent(tmp_path: Path) -> None:
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigterm_interrupts_like_ctrl_c_and_stops_workers(tmp_path: Path) -> None:
     proc, pids = _start_parent(tmp_path)
-    t0 = time.monotonic()
-    os.kill(proc.pid, signal.SIGTERM)
-    try:
-        out, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _wait_gone(pids, 0)
-        pytest.fail("the SIGTERMed parent did not exit within 30 s")
+    out, err, seconds = _sigterm(proc, "the parent", pids)
     assert proc.returncode == 130 and "interrupted" in out, err[-2000:]
-    assert time.monotonic() - t0 < 15, "the parent waited for its running tasks instead of stopping them"
+    assert seconds < 15, "the parent waited for its running tasks instead of stopping them"
     assert _wait_gone(pids) == [], "workers or the resource tracker outlived a SIGTERMed parent"
 
 
@@ -252,12 +259,6 @@ def test_sigterm_does_not_wait_for_the_call_ahead(tmp_path: Path) -> None:
             proc.kill()
             pytest.fail(f"the script did not start: {proc.communicate()[1][-2000:]}")
         time.sleep(0.05)
-    t0 = time.monotonic()
-    os.kill(proc.pid, signal.SIGTERM)
-    try:
-        out, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("the SIGTERMed script waited for the call ahead")
+    out, err, seconds = _sigterm(proc, "the script")
     assert proc.returncode == 130 and out.strip() == "interrupted True", err[-2000:]
-    assert time.monotonic() - t0 < 10 and not never.exists()
+    assert seconds < 10 and not never.exists()
