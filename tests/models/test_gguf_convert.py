@@ -33,17 +33,18 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _tiny_llama(tmp_path: Path, *, drop: str | None = None, bad_shape: str | None = None,
-                architecture: str = "llama") -> tuple[Path, object, dict[str, torch.Tensor]]:
+                architecture: str = "llama", split: int = 0) -> tuple[Path, object, dict[str, torch.Tensor]]:
     """A GGUF file of a random two-layer llama (float32 tensors, q/k permuted as llama.cpp
-    writes them), its config and the state dict it was written from."""
+    writes them), its config and the state dict it was written from; with ``split``, shards of
+    at most that many tensors (``tiny-00001-of-0000N.gguf`` …, the LM head in the last) as
+    gguf-py writes them, and the first shard's path."""
     config = random_config("llama", {"num_hidden_layers": 2, "tie_word_embeddings": False})
     g = torch.Generator().manual_seed(0)
     state: dict[str, torch.Tensor] = {}
     path = tmp_path / "tiny.gguf"
-    writer = gguf.GGUFWriter(str(path), architecture)
+    writer = gguf.GGUFWriter(str(path), architecture, split_max_tensors=split)
     heads, kv = config.num_attention_heads, config.num_key_value_heads
-    shapes = {"model.embed_tokens.weight": (config.vocab_size, config.hidden_size), "model.norm.weight": (config.hidden_size,),
-              "lm_head.weight": (config.vocab_size, config.hidden_size)}
+    shapes = {"model.embed_tokens.weight": (config.vocab_size, config.hidden_size), "model.norm.weight": (config.hidden_size,)}
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     hd = config.hidden_size // heads
@@ -55,6 +56,7 @@ def _tiny_llama(tmp_path: Path, *, drop: str | None = None, bad_shape: str | Non
                    "up_proj": config.intermediate_size}.get(hf.split(".")[-1], config.hidden_size)
             into = config.intermediate_size if hf == "mlp.down_proj" else config.hidden_size
             shapes[name] = (config.hidden_size,) if "layernorm" in hf else (out, into)
+    shapes["lm_head.weight"] = (config.vocab_size, config.hidden_size)
     for name, shape in shapes.items():
         state[name] = torch.randn(shape, generator=g)
         if name == drop:
@@ -69,17 +71,41 @@ def _tiny_llama(tmp_path: Path, *, drop: str | None = None, bad_shape: str | Non
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path, config, state
+    return (path.with_name("tiny-00001-of-" + f"{len(writer.tensors):05d}.gguf") if split else path), config, state
 
 
 def test_tensor_by_tensor_conversion_undoes_the_permutation(tmp_path):
     path, config, state = _tiny_llama(tmp_path)
     out = tmp_path / "model.safetensors"
-    gguf_module._write_weights(path, config, out)
+    gguf_module._write_weights([path], config, out)
     written = load_file(str(out))
     assert written.keys() == state.keys()
     for name, value in state.items():
         assert torch.equal(written[name], value), name
+
+
+def test_a_split_model_converts_from_all_its_shards(tmp_path):
+    """Shards as gguf-py writes them (metadata in the first, the LM head in the last): found
+    from any shard, converted together to the single file's weights, and read with the
+    tensors of every shard (transformers decides an untied LM head from the tensor list); a
+    missing shard is named in one line."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    first, config, state = _tiny_llama(tmp_path, split=5)
+    shards = gguf_module.gguf_shards(first.with_name(first.name.replace("-00001-", "-00002-")))
+    assert len(shards) == 5 and shards[0] == first and gguf_module.gguf_model_name(shards[2]) == "tiny"
+    out = tmp_path / "model.safetensors"
+    gguf_module._write_weights(shards, config, out)
+    written = load_file(str(out))
+    assert written.keys() == state.keys() and all(torch.equal(written[k], v) for k, v in state.items())
+    assert load_gguf_checkpoint(str(first))["config"]["tie_word_embeddings"]  # the first shard alone misleads
+    with gguf_module._whole_model_reader(shards):
+        assert not load_gguf_checkpoint(str(first))["config"]["tie_word_embeddings"]
+
+    shards[2].unlink()
+    with pytest.raises(ModelError) as excinfo:
+        load_model(first)
+    assert str(shards[2]) in _one_line(excinfo) and "missing" in _one_line(excinfo)
 
 
 @pytest.mark.parametrize("fault, words", [("drop", "model.layers.1.mlp.up_proj.weight"),
@@ -91,15 +117,35 @@ def test_files_that_do_not_hold_the_model(tmp_path, fault, words):
               "architecture": {"architecture": "qwen2moe"}}[fault]
     path, config, _ = _tiny_llama(tmp_path, **kwargs)
     with pytest.raises(ModelError) as excinfo:
-        gguf_module._write_weights(path, config, tmp_path / "model.safetensors")
+        gguf_module._write_weights([path], config, tmp_path / "model.safetensors")
     message = _one_line(excinfo)
     assert words in message and str(path) in message
+
+
+def _split_copy(source: Path, dest: Path, per_shard: int) -> Path:
+    """``source`` written again as shards of at most ``per_shard`` tensors (every metadata
+    field in the first, tensors byte for byte, as gguf-py splits a model); the first shard."""
+    reader = gguf.GGUFReader(str(source))
+    dest.parent.mkdir(parents=True)
+    writer = gguf.GGUFWriter(str(dest), reader.fields["general.architecture"].contents(), split_max_tensors=per_shard)
+    for field in reader.fields.values():
+        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
+            array = field.types[0] == gguf.GGUFValueType.ARRAY
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=field.types[-1] if array else None)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest.with_name(f"{dest.stem}-00001-of-{len(writer.tensors):05d}.gguf")
 
 
 @pytest.mark.real
 def test_embedded_conversion_equals_transformers_gguf_load(tmp_path):
     """Every parameter of the converted SmolLM2 equals transformers' whole-model GGUF load,
-    and the streamed model gives the in-memory logits and residual states bit for bit."""
+    and the streamed model gives the in-memory logits and residual states bit for bit; so
+    does the same file split into shards, streamed from their conversion."""
     from transformers import AutoModelForCausalLM, GgufConfig
 
     from depthlens.models.loading import DEFAULT_MODEL, _embedded_file
@@ -121,3 +167,8 @@ def test_embedded_conversion_equals_transformers_gguf_load(tmp_path):
     assert torch.equal(streamed.adapter.logits(ids), converted.adapter.logits(ids))
     assert torch.equal(streamed.adapter.residual_states(ids), converted.adapter.residual_states(ids))
     assert sum(1 for layer in streamed.adapter.layers if any(not p.is_meta for p in layer.parameters())) == 1
+    first = _split_copy(source, tmp_path / "split" / "smollm2.gguf", per_shard=100)
+    sharded = load_model(first, cache_dir=tmp_path, stream_layers=True)
+    assert sharded.name == "smollm2" and len(sharded.provenance["files"]) == 3 and sharded.provenance["cached"] is False
+    assert sharded.provenance["config_sha256"] == converted.provenance["config_sha256"]
+    assert torch.equal(sharded.adapter.logits(ids), converted.adapter.logits(ids))

@@ -15,6 +15,11 @@ all three; see :func:`cache_root`)::
 An entry is built in a temporary sibling folder and renamed into place in one step, so a
 half-written entry is never read; a process that loses a race to write the same entry
 discards its own copy and uses the winner's.
+
+A model split into shards (``NAME-00001-of-00004.gguf`` …, as llama.cpp's ``gguf-split`` and
+gguf-py's writer name them; the first holds the metadata) is loaded from any of its shards:
+all of them are converted together into one cache entry, keyed by the sha256 of their sha256s
+(:func:`gguf_shards`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -35,16 +41,18 @@ import torch
 
 from ..errors import ModelError, one_line
 from ..runs.atomic import create_safetensors, flush
-from .hashing import sha256_file
+from .hashing import combined_sha256, hash_files
 from .pretrained import Checkpoint, model_from_folder, quiet_transformers, versions
 from .tokenizer import tokenizer_from
 
-__all__ = ["cache_root", "load_gguf"]
+__all__ = ["cache_root", "gguf_model_name", "gguf_shards", "load_gguf"]
 
 _CACHE_FORMAT = 2
 #: GGUF architectures whose expert tensors transformers merges across several file tensors.
 _MERGED_ARCHITECTURES = frozenset({"qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss", "minimax-m2"})
 _MARKER = "depthlens.json"
+#: A shard's file name: ``<stem>-<number>-of-<count>.gguf`` (gguf-py's ``SHARD_NAME_FORMAT``).
+_SHARD = re.compile(r"^(?P<stem>.+)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -76,14 +84,68 @@ def _check_gguf_header(path: Path) -> None:
         raise ModelError(f"{path} has unsupported GGUF version {version}; convert it with a current llama.cpp.")
 
 
-def _convert_gguf(path: Path, target: Path, sha: str, trust_remote_code: bool) -> None:
-    """Dequantise ``path`` tensor by tensor and write a complete cache entry at ``target``."""
+def gguf_shards(path: Path) -> list[Path]:
+    """The files of the GGUF model ``path`` belongs to: ``[path]``, or every shard of a split
+    model (``path`` named ``NAME-000NN-of-000MM.gguf``), first to last.
+
+    Raises
+    ------
+    ModelError
+        A shard number outside its count, or a missing shard (named in the message).
+    """
+    match = _SHARD.match(path.name)
+    if match is None:
+        return [path]
+    number, count = int(match["number"]), int(match["count"])
+    if not 1 <= number <= count:
+        raise ModelError(f"{path} is named shard {number} of {count}, which cannot be; check the file name.")
+    shards = [path.with_name(f"{match['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    missing = [shard for shard in shards if not shard.is_file()]
+    if missing:
+        raise ModelError(f"GGUF shard {missing[0]} is missing ({len(missing)} of the {count} shards of this model); "
+                         f"put every shard in {path.parent}.")
+    return shards
+
+
+def gguf_model_name(path: Path) -> str:
+    """The model's short name: the file's stem, without the shard suffix of a split model."""
+    match = _SHARD.match(path.name)
+    return match["stem"] if match else path.stem
+
+
+@contextlib.contextmanager
+def _whole_model_reader(shards: list[Path]) -> Iterator[None]:
+    """While active, ``gguf.GGUFReader`` of the first shard lists the tensors of every shard:
+    transformers reads a GGUF configuration from the file's metadata (in the first shard) and
+    from which tensors it holds (an ``output.weight`` means an untied LM head)."""
+    import gguf
+
+    original = gguf.GGUFReader
+
+    def reader(path: Any, *args: Any, **kwargs: Any) -> Any:
+        found = original(path, *args, **kwargs)
+        if len(shards) > 1 and Path(path) == shards[0]:
+            found.tensors = [tensor for shard in shards for tensor in
+                             (found.tensors if shard == shards[0] else original(str(shard)).tensors)]
+        return found
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
+def _convert_gguf(shards: list[Path], target: Path, sha: str, trust_remote_code: bool) -> None:
+    """Dequantise the GGUF file (or its ``shards``, first to last) tensor by tensor and write a
+    complete cache entry at ``target``."""
+    path = shards[0]
     folder, fname = str(path.parent), path.name
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{sha[:16]}-", dir=target.parent))
     try:
         try:
-            with quiet_transformers():
+            with quiet_transformers(), _whole_model_reader(shards):
                 from transformers import AutoConfig
 
                 tokenizer = tokenizer_from(folder, gguf_file=fname, local_files_only=True)
@@ -94,13 +156,14 @@ def _convert_gguf(path: Path, target: Path, sha: str, trust_remote_code: bool) -
                 f"cannot read GGUF file {path} ({one_line(exc)}); "
                 "the file may be truncated or of an architecture transformers cannot dequantise."
             ) from None
-        _write_weights(path, config, tmp / "model.safetensors")
+        _write_weights(shards, config, tmp / "model.safetensors")
         config.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         marker = {
             "format": _CACHE_FORMAT,
             "source": str(path),
             "gguf_file": fname,
+            "shards": [shard.name for shard in shards],
             "sha256": sha,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **versions(),
@@ -132,9 +195,10 @@ def _cached_name_maps() -> Iterator[None]:
         gguf.get_tensor_name_map = original
 
 
-def _write_weights(path: Path, config: Any, out: Path) -> None:
+def _write_weights(shards: list[Path], config: Any, out: Path) -> None:
     """Write the float32 parameters of ``config``'s causal LM, dequantised from the GGUF file
-    ``path``, as one safetensors file ``out``, one tensor at a time.
+    (the files ``shards`` of one model, the metadata in the first), as one safetensors file
+    ``out``, one tensor at a time.
 
     Each tensor goes through transformers' own GGUF steps (``gguf.dequantize``, the
     architecture's tensor processor, e.g. the inverse of llama.cpp's q/k permutation, and its
@@ -151,12 +215,13 @@ def _write_weights(path: Path, config: Any, out: Path) -> None:
         experts), a tensor of the wrong shape, or a parameter the file does not hold.
     """
     import numpy as np
-    from gguf import GGUFReader, dequantize
+    from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map,
                                                           read_field)
 
     from .streaming import skeleton
 
+    path = shards[0]
     reader = GGUFReader(str(path))
     architecture = read_field(reader, "general.architecture")[0]
     if architecture in _MERGED_ARCHITECTURES:
@@ -169,28 +234,41 @@ def _write_weights(path: Path, config: Any, out: Path) -> None:
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}  # tied ones once
     layout = create_safetensors(out, shapes, np.float32, {"format": "pt"})
     written: set[str] = set()
-    for tensor in reader.tensors:
-        parsed: dict[str, dict] = {"tensors": {}}
-        result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
-                                   tensor_key_mapping=names, parsed_parameters=parsed)
-        produced = dict(parsed["tensors"])
-        if result.name in names:
-            produced[names[result.name]] = result.weights
-        for name, value in produced.items():
-            if name not in layout:
-                continue  # a buffer, or the tied LM head
-            data = np.asarray(value)
-            if data.shape != shapes[name]:
-                raise ModelError(f"{path}: tensor {tensor.name} has shape {data.shape} as {name}, the model expects "
-                                 f"{shapes[name]}; the file does not match its own metadata.")
-            layout[name][...] = data
-            written.add(name)
+    for shard in shards:
+        for tensor in reader.tensors if shard == path else GGUFReader(str(shard)).tensors:
+            _write_tensor(tensor, shard, processor, names, layout, shapes, written)
     flush(layout)
     del layout
     missing = [name for name in shapes if name not in written]
     if missing:
-        raise ModelError(f"{path} holds no tensor for {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1
-                         else "") + "; the file is incomplete or of an architecture depthlens cannot convert.")
+        where = path if len(shards) == 1 else f"{path} and its {len(shards) - 1} other shards"
+        raise ModelError(f"{where} hold{'s' if len(shards) == 1 else ''} no tensor for {missing[0]}"
+                         + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+                         + "; the file is incomplete or of an architecture depthlens cannot convert.")
+
+
+def _write_tensor(tensor: Any, path: Path, processor: Any, names: dict[str, str], layout: dict[str, Any],
+                  shapes: dict[str, tuple[int, ...]], written: set[str]) -> None:
+    """Dequantise one GGUF tensor of ``path`` through transformers' steps and write the
+    parameters it gives into ``layout`` (see :func:`_write_weights`)."""
+    import numpy as np
+    from gguf import dequantize
+
+    parsed: dict[str, dict] = {"tensors": {}}
+    result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
+                               tensor_key_mapping=names, parsed_parameters=parsed)
+    produced = dict(parsed["tensors"])
+    if result.name in names:
+        produced[names[result.name]] = result.weights
+    for name, value in produced.items():
+        if name not in layout:
+            continue  # a buffer, or the tied LM head
+        data = np.asarray(value)
+        if data.shape != shapes[name]:
+            raise ModelError(f"{path}: tensor {tensor.name} has shape {data.shape} as {name}, the model expects "
+                             f"{shapes[name]}; the file does not match its own metadata.")
+        layout[name][...] = data
+        written.add(name)
 
 
 def _cache_complete(entry: Path) -> bool:
@@ -220,7 +298,7 @@ def load_gguf(
     Parameters
     ----------
     path : Path
-        The ``.gguf`` file.
+        The ``.gguf`` file, or any shard of a split model (:func:`gguf_shards`).
     spec, name, source : str
         The model spec as given, the short name for tables, and ``"embedded"`` or ``"gguf"``.
     dtype : torch.dtype
@@ -236,23 +314,28 @@ def load_gguf(
     Returns
     -------
     Checkpoint
-        ``provenance`` records the file, its sha256, the cache entry and whether it was cached.
+        ``provenance`` records the file (the first shard), the sha256 of every file and their
+        combined sha256, the cache entry and whether it was cached.
 
     Raises
     ------
     ModelError
-        Missing file, no GGUF header, unsupported version, failed conversion, unreadable cache.
+        Missing file or shard, no GGUF header, unsupported version, failed conversion,
+        unreadable cache.
     """
     if not path.is_file():
         raise ModelError(f"GGUF file {path} does not exist; check the path.")
-    _check_gguf_header(path)
-    sha = sha256_file(path)
+    shards = gguf_shards(path)
+    for shard in shards:
+        _check_gguf_header(shard)
+    hashes = hash_files(shards)
+    sha = combined_sha256(hashes)  # a single file's own sha256
     entry = cache_root(cache_dir) / "gguf" / sha
     cached = _cache_complete(entry)
     if not cached:
         if entry.exists():  # stale or foreign: move it aside, then rebuild
             shutil.rmtree(entry, ignore_errors=True)
-        _convert_gguf(path, entry, sha, trust_remote_code)
+        _convert_gguf(shards, entry, sha, trust_remote_code)
     try:
         with quiet_transformers():
             tokenizer = tokenizer_from(str(entry), local_files_only=True)
@@ -275,9 +358,9 @@ def load_gguf(
         "spec": spec,
         "revision": None,
         "source": source,
-        "path": str(path),
+        "path": str(shards[0]),
         "sha256": sha,
-        "files": {path.name: sha},
+        "files": hashes,
         "weights_format": "gguf",
         "cache": str(entry),
         "cached": cached,

@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, ModelError
-from .gguf import cache_root, load_gguf
+from .gguf import cache_root, gguf_model_name, load_gguf
 from .hashing import config_sha256, sha256_file
 from .hub_loading import load_hub
 from .local import load_local, series_checkpoint, series_checkpoints
@@ -465,7 +465,7 @@ def load_model(
                 raise ModelError(f"{path} is a file but not a .gguf file; pass a .gguf file or a model folder.")
             no_revision("a local file")
             checkpoint = load_gguf(
-                path.resolve(), spec=spec, name=path.stem, source="gguf", dtype=dtype,
+                path.resolve(), spec=spec, name=gguf_model_name(path), source="gguf", dtype=dtype,
                 trust_remote_code=trust_remote_code, cache_dir=cache_dir, stream_layers=stream_layers,
             )
             return _finish(*checkpoint, dtype, device)
