@@ -90,7 +90,7 @@ class _Accumulator:
             raise InputError(_OVERFLOW)
         if sv[0] == 0:
             raise InputError("a cumulative product is exactly zero, so no effective rank is defined; check the operators.")
-        self.factor = prod / float(sv[0]) if self.device is not None else prod / sv[0]
+        self.factor = prod / float(sv[0])
         self.log_norm += float(np.log(sv[0]))
         return float(erank(sv)), float(erank_sigma(sv)), float(participation_ratio(sv)), self.log_norm
 
