@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import queue
 import signal
 import sys
 import threading
@@ -168,8 +169,6 @@ class AheadExecutor(Executor):
     """
 
     def __init__(self, name: str = "depthlens-ahead") -> None:
-        import queue
-
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
