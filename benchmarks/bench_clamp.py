@@ -4,7 +4,8 @@ time (target < 4 min on 2 cores) against a naive variant measured on a sample in
 (every dose of every target recomputed with its own reference, at every layer, with every
 head's Kreiss constant and nulls, in place of the clamped layers only, the reference once and
 the reserves only for the arms zero, reference and mean). Then SmolLM2's massive dimensions
-(layer, position, dim), the emergence layer and the chain's verdict with its three conditions.
+(layer, position, dim), the emergence layer and the chain's verdict with its three conditions
+and each massive dimension's alone / left-out tests.
 """
 
 from __future__ import annotations
@@ -52,11 +53,11 @@ def _phase_seconds(units: Path, start: float) -> dict[str, float]:
     return {"detect": detect - start, "arms": arms - detect}
 
 
-def naive_seconds(config: RunConfig) -> tuple[float, dict]:
+def naive_seconds(config: RunConfig, n_dims: int) -> tuple[float, dict]:
     """The naive variant's time for the arms, extrapolated from a sample measured here: one
     forward pass for the logits and one for every layer's attention per arm and batch, and
-    ``(1 + null_samples)`` Kreiss searches for every (layer, head, chunk) of every arm,
-    spread over ``JOBS`` workers."""
+    ``(1 + null_samples)`` Kreiss searches for every (layer, head, chunk) of every arm (with
+    each of ``n_dims ≥ 2`` massive dims alone and left out), spread over ``JOBS`` workers."""
     prepared = prepare(config)
     adapter = prepared.loaded.adapter
     opts = config.options("clamp")
@@ -74,7 +75,7 @@ def naive_seconds(config: RunConfig) -> tuple[float, dict]:
     for layer, b, h in picks:
         cl.reserve_task(mats[layer][b, h], layer, h, b, opts.clamp_null_samples, opts.seed)
     per_matrix = (time.perf_counter() - start) / SAMPLE
-    n_arms = (1 + opts.control_seeds) * (len(cl.arm_alphas(opts.clamp_alphas)) + 1)
+    n_arms = (1 + opts.control_seeds) * (len(cl.arm_alphas(opts.clamp_alphas)) + 1) + (2 * n_dims if n_dims > 1 else 0)
     matrices = adapter.n_layers * adapter.n_heads * ids.shape[0]
     total = n_arms * (forward + matrices * per_matrix / JOBS)
     return total, {"arms": n_arms, "forward_s": forward, "matrix_ms": 1e3 * per_matrix, "matrices_per_arm": matrices}
@@ -93,7 +94,7 @@ def main() -> None:
         summary = pd.read_parquet(root / "tables" / "clamp.parquet")
         heads = pd.read_parquet(root / "tables" / "clamp_heads.parquet")
         chain = json.loads((root / "interventions.json").read_text())["clamp_chain"]
-    naive_arms, info = naive_seconds(config)
+    naive_arms, info = naive_seconds(config, len(chain.get("all_dims", [])))
     naive = phases["detect"] + naive_arms
     print(f"bench_clamp: clamp stage on SmolLM2, {config.chunks} chunks x {config.seq_len} tokens, clamp on "
           f"{opts.clamp_chunks} chunks, doses {','.join(f'{a:g}' for a in cl.arm_alphas(opts.clamp_alphas))} + mean, "
@@ -113,7 +114,7 @@ def main() -> None:
     for (position, dim), row in grouped.sort_values("entries", ascending=False).head(12).iterrows():
         print(f"    position {position} dim {dim}: layers {row['layers']}, {row['chunks']} chunks, "
               f"{row['entries']} entries, max |h| {row['max_abs']:.0f}")
-    if not chain.get("tested"):
+    if "conditions" not in chain:
         print(f"  chain not tested: {chain.get('reason')}")
         return
     print(f"  clamped dims {chain['all_dims']} (emergence layers {chain['emergence_layers']}), from_layer "
@@ -122,12 +123,16 @@ def main() -> None:
     print(summary[cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
     c = chain["conditions"]
     m, p, k = c["monotone"], c["predicts"], c["control_inert"]
-    print(f"  verdict: supported={chain['supported']} ({chain.get('reason')})")
+    print(f"  verdict: tested={chain['tested']}, supported={chain['supported']} ({chain.get('reason')}); "
+          f"dims carrying it {chain['dims']}")
     print(f"    monotone: held={m['held']}, sink-mass curve {[round(x, 4) for x in m['sink_mass']]}, "
           f"frac rho>0 {m['frac_positive']}, sign-test p {m['p']:.2g} over {m['n_heads']} heads")
-    for arm, a in p["arms"].items():
-        print(f"    predicts ({arm}): rho {a['rho']}, p {a['p']}, q {a['q']} over {a['n_heads']} heads")
-    print(f"    predicts: held={p['held']}")
+    print(f"    predicts: held={p['held']}, rho {p['rho']}, within-layer permutation p {p['p']} "
+          f"({p['n_perm']} permutations, {p['n_heads']} heads in {p['n_layers']} layers)")
+    for r in chain["per_dim"]:
+        arms = "; ".join(f"{a}: monotone {r[a]['monotone']['held']}, predicts {r[a]['predicts']['held']} "
+                         f"(rho {r[a]['predicts']['rho']}), dCE {r[a]['delta_ce']}" for a in ("alone", "left_out"))
+        print(f"    dim {r['dim']}: carries={r['carries']} ({arms})")
     print(f"    control_inert: held={k['held']}, massive zero-arm |d sink| {k['massive']['sink_mass']}, "
           f"|d delta_TR1| {k['massive']['delta_TR1']}; seeds " + "; ".join(
               f"{s['seed']}: ratios {s['sink_mass_ratio']}, {s['delta_TR1_ratio']}" for s in k["seeds"]))

@@ -54,7 +54,7 @@ SMALL = {"model": "random:llama", "chunks": 2, "seq_len": 16, "batch_size": 1, "
 
 #: The clamp stage's tables, empty for a random model (no massive activation: the chain is not
 #: tested; tests/interventions/test_clamp.py plants one).
-NO_MASSIVE = ("massive", "clamp", "clamp_heads")
+NO_MASSIVE = ("massive", "clamp", "clamp_heads", "clamp_dims")
 
 #: float32 machine epsilon (2**-23): the forward passes run in float32, the tables in float64.
 FLOAT32_EPS = float(np.finfo(np.float32).eps)

@@ -203,6 +203,12 @@ _MATRIX = {
     "delta_TR1_half": Column("Excess reserve against half the nulls: TR1 − the mean TR1 of the first ⌈S/2⌉ of the "
                              "same matched null samples (exactly the nulls a run with `null_samples` = ⌈S/2⌉ "
                              "draws), for the sensitivity of the Δ_TR verdict to S.", "nats"),
+    "null_n": Column("Number S of matched null samples behind `null_TR1_mean` and `null_rank_TR1`.", "count"),
+    "null_rank_TR1": Column("Rank of TR1 among its S matched null samples: how many lie below it, ties counting "
+                            "one half; uniform on {0, …, S} when the head is exchangeable with its nulls (the "
+                            "per-chunk input of the pooled rank test of claims A5/A6).", "rank in [0, S]; exact"),
+    "null_rank_TR1_half": Column("Rank of TR1 among the first ⌈S/2⌉ of those samples (the S/2 variant of the "
+                                 "pooled rank test).", "rank in [0, ⌈S/2⌉]; exact"),
 }
 _CERTIFIED = {
     "kreiss_B_lo": Column("Lower end of the bracket of K(B): the largest (|z|−1)/σ̄ over the points evaluated by "
@@ -259,9 +265,10 @@ _ATTENTION = {
                                   "count"),
         "kreiss_A_flagged": Column("Chunks whose K(A) = √n check failed (`kreiss_A_ok` = 0).", "count"),
         "n_failed_chunks": Column("Chunks whose row has a `failure` (no LAPACK driver converged).", "count"),
-        "null_p": Column("Two-sided exact sign test over the null chunks that `delta_TR1` has median 0 (zeros "
-                         "dropped; 1 when none remains).", "p-value; exact binomial"),
-        "n_null_chunks": Column("Chunks with a null comparison (finite `delta_TR1`).", "count"),
+        "null_p": Column("Two-sided pooled rank test over the null chunks that TR1 is exchangeable with its "
+                         "matched nulls: the sum over chunks of `null_rank_TR1` against the exact convolution of "
+                         "uniform ranks (1 when no chunk has nulls).", "p-value; exact"),
+        "n_null_chunks": Column("Chunks with a null comparison (finite `null_rank_TR1`).", "count"),
         "null_q": Column("Benjamini–Hochberg q-value of `null_p` over all heads of the checkpoint.", "q-value"),
         **_PROBE,
         "role": Column("Head role (METHODS A5): `routing` if `prev_token_score` or `induction_score` ≥ the routing "
@@ -358,9 +365,10 @@ _ABLATE = {
 }
 
 _TARGET = Column("What is clamped: `massive` (the massive dimensions at the first token) or `control` (as many "
-                 "random ordinary dimensions, never massive anywhere, given the same relative clamp at the same "
-                 "position and layers: dose α × their own value, or their own mean; its α = 1 rows are the "
-                 "unclamped model's).", "text")
+                 "random ordinary dimensions, never massive anywhere, seeded, at the same position and layers, the "
+                 "i-th moved by exactly as much as the i-th massive dimension under the same arm, in a seeded random "
+                 "direction ±: the control's change of the first token's residual has the massive clamp's Euclidean "
+                 "norm at every layer and chunk; its α = 1 rows are the unclamped model's).", "text")
 _SEED = Column("Seed index of the control's random dimensions, 0-based; −1 for the massive clamp.", "integer")
 _ARM = Column("Clamp arm (METHODS A7): `dose` (each clamped entry set to α × its clean value at that layer input in "
               "that chunk, so α = 0 is the zero arm and α = 1 the unclamped model; doses 0 and 1 always run) or "
@@ -419,13 +427,23 @@ _CLAMP = {
         **_CLAMP_MEASURES,
         "failure": _FAILURE,
     },
+    "clamp_dims": {
+        **_keys("layer", "head"),
+        "target": Column("Which massive dimensions the zero arm (α = 0) clamps: `alone` (only `dim`) or `left_out` "
+                         "(every massive dimension but `dim`), each from its emergence layer. With a single massive "
+                         "dimension these are exactly the massive zero arm and the unclamped model, copied from "
+                         "clamp_heads rather than rerun.", "text"),
+        "dim": Column("The massive dimension clamped alone or left out.", "integer"),
+        **_CLAMP_MEASURES,
+        "failure": _FAILURE,
+    },
 }
 
-_FAMILY = Column("Feature set of the model: one family, `P` (pattern: sink mass, row entropy, mean attention distance, "
-                 "mean row maximum), `E` (eigenvalues: ρ_B and quantiles of the self-attention weights A[i, i]), `S` "
-                 "(norms and singular values of B: ‖B‖₂, ‖B‖_F, σ₂, stable rank) or `R` (resolvent: TR1, TR2, k*, "
-                 "ρ_ε(B) at ε = 1e-2, numerical radius, Henrici departure, null excess and its z-score); `all` "
-                 "(the four); or `all-X`, every family but X.", "text")
+_FAMILY = Column("Feature set of the model: one family of four features (equal sizes, a fixed choice: see "
+                 "`depthlens.contest.cv`), `P` (pattern: sink mass, previous-token weight, induction mass, row "
+                 "entropy), `E` (eigenvalues: ρ_B and quantiles of the self-attention weights A[i, i]), `S` (norms "
+                 "and singular values of B: ‖B‖₂, ‖B‖_F, σ₂, stable rank) or `R` (resolvent: TR1, TR2, k*, ρ_ε(B) at "
+                 "ε = 1e-2); `all` (the four); or `all-X`, every family but X.", "text")
 _CONTEST = {
     "contest_features": {
         **_keys("layer", "head"),
@@ -441,6 +459,11 @@ _CONTEST = {
                            "dimensionless; dense SVD, exact to rounding"),
         "stable_rank_B": Column("Stable rank ‖B‖_F² / ‖B‖₂²; median over the contest chunks.",
                                 "dimensionless; dense SVD"),
+        "induction_mass": Column("Mean, over the queries i with an earlier occurrence of their token at j ≤ i − 3, of "
+                                 "Σ A[i, j + 1] over those occurrences: the weight on the token after an earlier "
+                                 "occurrence (the natural-text analogue of the probe's induction score; the query "
+                                 "itself and its previous token excluded); median over the contest chunks, NaN for "
+                                 "a chunk without such a query.", "fraction in [0, 1]; exact"),
         "persistence": Column("Depth persistence of the head's deviation: log ‖B̄_{L−1} ⋯ B̄_{l+1} B_{l,h}‖₂ − "
                               "log ‖B̄_{L−1} ⋯ B̄_{l+1} B̄_l‖₂, with B̄_k the deflated head mean of layer k (how much "
                               "more of this head's deviation than of its layer's survives the layers above); −inf when "
@@ -456,18 +479,21 @@ _CONTEST = {
                          "linear probability model (so every permutation is one multi-output fit).", "text"),
         "score": Column("The metric over the out-of-fold predictions of a grouped K-fold by layer (a layer is never "
                         "split; scaling fitted inside the folds).", "AUROC in [0, 1] or Spearman ρ in [−1, 1]"),
-        "score_lo": Column(f"Lower end of the {_CI} of `score` over layers (layer-cluster bootstrap of the "
-                           "out-of-fold predictions).", "as `score`"),
+        "score_lo": Column(f"Lower end of the {_CI} of `score` over layers (layer-cluster bootstrap; every "
+                           "resample re-runs the grouped cross-validation, a layer drawn twice entering as two "
+                           "copies kept in one fold).", "as `score`"),
         "score_hi": Column("Upper end of that interval.", "as `score`"),
         "r2": Column("Out-of-fold R² = 1 − Σ(y − ŷ)² / Σ(y − ȳ)² (NaN for `routing`).", "dimensionless, ≤ 1"),
-        "p": Column("Permutation p-value (labels permuted within layers, the whole cross-validation refitted): of "
-                    "`score`, and for `all-X` of `delta` (the drops under the same permutations); "
-                    "(1 + #{perm ≥ obs}) / (1 + n_perm).", "p-value; Monte Carlo, never 0"),
+        "p": Column("Permutation p-value, the whole cross-validation refitted each time: for a family and `all` "
+                    "of `score`, labels permuted within layers (the set predicts nothing); for `all-X` of `delta`, "
+                    "conditional: X's columns permuted among the heads of each layer, labels and the other families "
+                    "kept (X adds nothing given the others; NaN for an empty X); (1 + #{perm ≥ obs}) / (1 + n_perm).",
+                    "p-value; Monte Carlo, never 0"),
         "q": Column("Benjamini–Hochberg q-value of `p` over every row of the table.", "q-value"),
         "delta": Column("For `all-X`: score of `all` minus score without X (positive: X adds to the others); NaN "
                         "otherwise.", "as `score`"),
-        "delta_lo": Column(f"Lower end of the {_CI} of `delta` (layer-cluster bootstrap, the same resamples for both "
-                           "models).", "as `score`"),
+        "delta_lo": Column(f"Lower end of the {_CI} of `delta` (the refitting layer-cluster bootstrap of `score_lo`, "
+                           "the same resamples for both models).", "as `score`"),
         "delta_hi": Column("Upper end of that interval.", "as `score`"),
         "required": Column("For `all-X`: True when `delta_lo` > 0 and `q` ≤ 0.05 (dropping X lowers the score, with "
                            "the interval excluding 0 and the drop significant after BH); False otherwise.", "boolean"),
@@ -625,6 +651,9 @@ _TOPOLOGY = {
         "henrici_update_rel": Column("`henrici_update_rel` of the same sub-layer's mean Jacobian (operators table, "
                                      "same checkpoint and mode).", "fraction in [0, 1]"),
         "symmetry": Column("`symmetry` of the same sub-layer's mean Jacobian (operators table).", "fraction in [0, 1]"),
+        "symmetry_update": Column("`symmetry_update` of the same sub-layer's mean Jacobian: the symmetric share of its "
+                                  "update U = J − I (operators table; the operator type of claim B5b).",
+                                  "fraction in [0, 1]"),
         "significant": Column("`q` ≤ the FDR level (default 0.05).", "boolean"),
     },
 }
@@ -796,6 +825,10 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
               "One row per clamp (target, control seed, arm, dose): cross-entropy and head averages under it."),
     "clamp_heads": (("layer", "head", "target", "seed", "arm", "alpha"),
                     "One row per (head, clamp): sink mass and reserve of a head of a clamped layer under one clamp."),
+    "clamp_dims": (("layer", "head", "target", "dim"),
+                   "One row per (head, massive dimension, `alone` or `left_out`): sink mass and reserve of a head of "
+                   "a clamped layer under the zero arm of one massive dimension alone or of all the others (its "
+                   "α = 1 reference is the massive α = 1 row of clamp_heads)."),
     "contest_features": (("layer", "head"),
                          "One row per (layer, head): the pattern, eigenvalue and norm features and the depth "
                          "persistence the contest computes itself (the others come from heads)."),
@@ -844,12 +877,19 @@ SUMMARIES: dict[str, Summary] = {s.name: s for s in (
     Summary("topology", "topology", "Significant layers per checkpoint at the FDR level `q_level`, and the "
             "boundaries tested per checkpoint."),
     Summary("interventions", "clamp", "The massive-activation clamp chain (METHODS A7): `clamp_chain` with `tested` "
-            "(false, with only `reason`, when no dimension is massive at the first token of a layer input in half "
-            "the chunks, or when clamp units failed), `supported`, `reason` (null when supported, else the "
-            "conditions that failed or were not tested), `conditions` (`monotone`, `predicts`, `control_inert`: "
-            "each `held`, true, false or null for not tested, with its statistics), `dims` (the clamped dimensions "
-            "when supported, else empty), `all_dims`, `emergence_layers`, `from_layer`, `n_chunks` (clamp chunks), "
-            "`detection_chunks`, `alphas` and `control_dims`."),
+            "(false when a condition could not be tested: then `reason` names it and the option to change, and "
+            "`supported` is null; with only `reason` when no dimension is massive at the first token of a layer "
+            "input in half the chunks, or when clamp units failed), `supported`, `reason` (null when supported, "
+            "else the conditions that failed), `conditions` (`monotone` with `held`, `alphas`, `sink_mass`, "
+            "`nondecreasing`, `n_heads`, `frac_positive`, `p`; `predicts` with `held`, `rho`, `p` (one-sided "
+            "within-layer permutation p of the zero arm's Spearman ρ between per-head sink drop and reserve rise), "
+            "`n_perm`, `n_heads`, `n_layers`; `control_inert` with `held`, `fraction`, `massive`, `seeds`; each "
+            "`held` true, false or null for not tested, with a `reason` when null), `dims` (the massive dimensions "
+            "that carry the chain by `dim_rule`, when supported, else empty), `all_dims`, `dim_rule`, `per_dim` "
+            "(per massive dimension: `dim`, `alone` and `left_out` each with `monotone`, `predicts`, `sink_mass`, "
+            "`delta_TR1` (head means) and `delta_ce`, and `alone_carries`, `left_out_breaks`, `carries`), "
+            "`emergence_layers`, `from_layer`, `n_chunks` (clamp chunks), `detection_chunks`, `alphas` and "
+            "`control_dims`."),
     Summary("compare", "compare", "Written by `depthlens compare RUN_DIR... --out DIR` into DIR (beside "
             "`compare.html`), not into a run: `format` (`depthlens-compare`), `format_version`; `runs` (per model: "
             "`label`, `run_dir`, `model`, `revision`, `text`, `seed`, `layers`, `stages` (stage → status), "

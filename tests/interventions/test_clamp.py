@@ -1,5 +1,6 @@
-"""The clamp stage (METHODS A7): detection of a planted massive activation, the clamp that
-undoes it, the chain verdict on synthetic tables, and a model without massive activations."""
+"""The clamp stage (METHODS A7): detection of planted massive activations, the clamp that
+undoes them, each dimension alone and left out, the chain verdict on synthetic tables, and the
+chain not tested without a control or without massive activations."""
 
 from __future__ import annotations
 
@@ -23,36 +24,45 @@ from depthlens.interventions import clamp_stage
 from depthlens.interventions.options import ClampOptions
 from depthlens.models import build_random
 from depthlens.models.loading import wrap_model
+from depthlens.report.claims import evaluate, load_claims
 from depthlens.runs import RunMode
 from depthlens.schema import SCHEMA
 
-DIM, VALUE, FORCED_LAYER, N_LAYERS = 5, 1.0e4, 1, 4
-CHUNKS, SEQ_LEN, CLAMP_CHUNKS = 4, 16, 2
+N_LAYERS, CHUNKS, SEQ_LEN, CLAMP_CHUNKS = 4, 4, 16, 2
+#: Planted massive activations: dim → (value added at position 0, layer whose input gets it).
+PLANTED = {5: (1.0e4, 1), 9: (-8.0e3, 2)}
+#: The dim forced in the single-dim run, and the first forced layer (the clamp's from_layer).
+DIM, FORCED_LAYER = 5, min(layer for _, layer in PLANTED.values())
 
 
 # ----------------------------------------------------------------------------- planted model
 def _dim_free_model():
-    """A tiny random llama whose residual dimension DIM is exactly 0 everywhere: no embedding,
-    output projection or down projection writes into it."""
+    """A tiny random llama whose residual dimensions PLANTED are exactly 0 everywhere: no
+    embedding, output projection or down projection writes into them."""
     model = build_random("llama", {"num_hidden_layers": N_LAYERS}, seed=0)
+    dims = list(PLANTED)
     with torch.no_grad():
-        model.model.embed_tokens.weight[:, DIM] = 0.0
+        model.model.embed_tokens.weight[:, dims] = 0.0
         for layer in model.model.layers:
-            layer.self_attn.o_proj.weight[DIM, :] = 0.0
-            layer.mlp.down_proj.weight[DIM, :] = 0.0
+            layer.self_attn.o_proj.weight[dims, :] = 0.0
+            layer.mlp.down_proj.weight[dims, :] = 0.0
     return model
 
 
-def _force(model) -> torch.utils.hooks.RemovableHandle:
-    """Add VALUE to h[:, 0, DIM] at the input of layer FORCED_LAYER (a massive activation from there on)."""
-    def hook(module, args, kwargs):
-        h = (args[0] if args else kwargs["hidden_states"]).clone()
-        h[:, 0, DIM] += VALUE
-        if args:
-            return (h, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": h}
+def _force(model, planted: dict[int, tuple[float, int]]) -> list[torch.utils.hooks.RemovableHandle]:
+    """Add each planted value to h[:, 0, dim] at the input of its layer (a massive activation from there on)."""
+    def make(dim: int, value: float):
+        def hook(module, args, kwargs):
+            h = (args[0] if args else kwargs["hidden_states"]).clone()
+            h[:, 0, dim] += value
+            if args:
+                return (h, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": h}
 
-    return model.model.layers[FORCED_LAYER].register_forward_pre_hook(hook, with_kwargs=True)
+        return hook
+
+    return [model.model.layers[layer].register_forward_pre_hook(make(dim, value), with_kwargs=True)
+            for dim, (value, layer) in planted.items()]
 
 
 def _run(loaded, text: Path, out: Path, run_mode: RunMode = RunMode.NEW, **options) -> Path:
@@ -62,51 +72,82 @@ def _run(loaded, text: Path, out: Path, run_mode: RunMode = RunMode.NEW, **optio
                         loaded=loaded)
 
 
+def _tables(root: Path) -> dict[str, pd.DataFrame]:
+    return {name: pd.read_parquet(root / "tables" / f"{name}.parquet")
+            for name in ("massive", "clamp", "clamp_heads", "clamp_dims")}
+
+
+def _chain(root: Path) -> dict:
+    return json.loads((root / "interventions.json").read_text())["clamp_chain"]
+
+
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory, text_file: Path):
-    """The stage on the forced model, and the unforced model's sink masses on the clamp chunks."""
+    """The stage on the model with both dims forced, resumed after deleting some units, and
+    the unforced model's sink masses on the clamp chunks."""
     model = _dim_free_model()
     loaded = wrap_model(model, name="planted")
     ids = workflow.prepare(RunConfig(model="random:llama", text=str(text_file), chunks=CHUNKS, seq_len=SEQ_LEN),
                            loaded).token_ids[:CLAMP_CHUNKS]
     with torch.inference_mode():
         clean = {layer: sink_mass(p.numpy()) for layer, p in loaded.adapter.attention_probs(ids)}
-    handle = _force(model)
+    handles = _force(model, PLANTED)
     try:
         root = _run(loaded, text_file, tmp_path_factory.mktemp("planted") / "run", control_seeds=1)
         with torch.inference_mode():
             forced = {layer: sink_mass(p.numpy()) for layer, p in loaded.adapter.attention_probs(ids)}
-        first = {name: pd.read_parquet(root / "tables" / f"{name}.parquet") for name in ("massive", "clamp", "clamp_heads")}
-        first["interventions"] = (root / "interventions.json").read_text()
-        for key in ("massive00001", "arm_massive_-1_dose_0.5", "arm_control_0_mean_nan"):
+        first = {**_tables(root), "interventions": (root / "interventions.json").read_text()}
+        for key in ("massive00001", "arm_massive_-1_dose_0.5", "arm_control_0_mean_nan", "arm_alone_9_dose_0"):
             (root / "units" / "clamp" / f"{key}.done").unlink()
         _run(loaded, text_file, root, control_seeds=1, run_mode=RunMode.RESUME)
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     return root, clean, forced, first
+
+
+@pytest.fixture(scope="module")
+def single_without_control(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> Path:
+    """The stage on the model with only DIM forced and ``--control-seeds 0``."""
+    model = _dim_free_model()
+    handles = _force(model, {DIM: PLANTED[DIM]})
+    try:
+        return _run(wrap_model(model, name="single"), text_file, tmp_path_factory.mktemp("single") / "run",
+                    control_seeds=0)
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def test_resumed_run_equals_the_first(planted) -> None:
     root, _, _, first = planted
-    for name in ("massive", "clamp", "clamp_heads"):
-        pd.testing.assert_frame_equal(pd.read_parquet(root / "tables" / f"{name}.parquet"), first[name])
+    for name, table in _tables(root).items():
+        pd.testing.assert_frame_equal(table, first[name])
     assert (root / "interventions.json").read_text() == first["interventions"]
 
 
-def test_planted_massive_activation_is_detected_exactly(planted) -> None:
+def test_planted_massive_activations_are_detected_exactly(planted) -> None:
     root, _, _, _ = planted
     massive = pd.read_parquet(root / "tables" / "massive.parquet")
     got = set(massive[["chunk", "layer", "boundary", "position", "dim"]].itertuples(index=False, name=None))
-    boundaries = [(layer, kind) for layer in range(FORCED_LAYER, N_LAYERS) for kind in ("pre_attn", "pre_mlp")]
-    boundaries.append((N_LAYERS, "final"))
-    assert got == {(c, layer, kind, 0, DIM) for c in range(CHUNKS) for layer, kind in boundaries}
-    assert np.all(massive["value"] == VALUE) and np.all(massive["ratio"] >= 1000.0)
-    chain = json.loads((root / "interventions.json").read_text())["clamp_chain"]
-    assert chain["tested"] is True and chain["all_dims"] == [DIM] and chain["from_layer"] == FORCED_LAYER
+    expected = set()
+    for dim, (_, start) in PLANTED.items():
+        boundaries = [(layer, kind) for layer in range(start, N_LAYERS) for kind in ("pre_attn", "pre_mlp")]
+        boundaries.append((N_LAYERS, "final"))
+        expected |= {(c, layer, kind, 0, dim) for c in range(CHUNKS) for layer, kind in boundaries}
+    assert got == expected
+    assert all(np.all(massive.loc[massive["dim"] == d, "value"] == v) for d, (v, _) in PLANTED.items())
+    assert np.all(massive["ratio"] >= 1000.0)
+    chain = _chain(root)
+    assert chain["tested"] is True and chain["all_dims"] == sorted(PLANTED) and chain["from_layer"] == FORCED_LAYER
+    assert chain["emergence_layers"] == [PLANTED[d][1] for d in sorted(PLANTED)]
     assert chain["n_chunks"] == CLAMP_CHUNKS and chain["detection_chunks"] == CHUNKS
     assert set(chain["conditions"]) == {"monotone", "predicts", "control_inert"}
-    assert chain["dims"] == ([DIM] if chain["supported"] else [])
-    assert len(chain["control_dims"]) == 1 and DIM not in chain["control_dims"][0]
+    assert chain["conditions"]["predicts"]["n_perm"] == cl.N_PERM
+    assert [r["dim"] for r in chain["per_dim"]] == sorted(PLANTED)
+    carried = [r["dim"] for r in chain["per_dim"] if r["carries"]]
+    assert chain["dims"] == (carried if chain["supported"] else [])
+    assert len(chain["control_dims"]) == 1 and not set(chain["control_dims"][0]) & set(PLANTED)
 
 
 def test_clamp_to_the_mean_restores_the_unforced_sink_mass(planted) -> None:
@@ -116,7 +157,7 @@ def test_clamp_to_the_mean_restores_the_unforced_sink_mass(planted) -> None:
     assert sorted(massive["layer"].unique()) == list(range(FORCED_LAYER, N_LAYERS))  # layers below are left out
     expected = {(layer, h): float(np.median(clean[layer][:, h])) for layer in clean for h in range(clean[layer].shape[1])}
     before = {(layer, h): float(np.median(forced[layer][:, h])) for layer in forced for h in range(forced[layer].shape[1])}
-    for arm, alpha in (("mean", None), ("dose", 0.0)):  # the dim is 0 in the unforced model: both arms undo the force
+    for arm, alpha in (("mean", None), ("dose", 0.0)):  # the dims are 0 in the unforced model: both arms undo the force
         rows = massive[(massive["arm"] == arm) & (massive["alpha"].isna() if alpha is None else massive["alpha"] == alpha)]
         assert len(rows) == (N_LAYERS - FORCED_LAYER) * 4
         for r in rows.itertuples():
@@ -130,6 +171,30 @@ def test_clamp_to_the_mean_restores_the_unforced_sink_mass(planted) -> None:
     assert middle["TR1"].isna().all() and middle["delta_TR1"].isna().all()
 
 
+def test_each_dim_alone_and_left_out(planted) -> None:
+    """With two dims, 5 alone is the same clamp as 9 left out (and the other way round): two
+    units run separately give the same rows exactly; each moves the sink mass of the heads
+    from its own emergence layer on only."""
+    root, _, _, _ = planted
+    dims = pd.read_parquet(root / "tables" / "clamp_dims.parquet")
+    assert list(dims.columns) == list(SCHEMA["clamp_dims"].columns)
+    measures = ["layer", "head", "sink_mass", "TR1", "delta_TR1"]
+    for d, other in ((5, 9), (9, 5)):
+        alone = dims[(dims["target"] == "alone") & (dims["dim"] == d)][measures].reset_index(drop=True)
+        left_out = dims[(dims["target"] == "left_out") & (dims["dim"] == other)][measures].reset_index(drop=True)
+        assert len(alone) == (N_LAYERS - FORCED_LAYER) * 4
+        pd.testing.assert_frame_equal(alone, left_out)
+    heads = pd.read_parquet(root / "tables" / "clamp_heads.parquet")
+    ref = heads[(heads["target"] == "massive") & (heads["arm"] == "dose") & (heads["alpha"] == 1.0)]
+    alone9 = dims[(dims["target"] == "alone") & (dims["dim"] == 9)]
+    below = alone9["layer"] < PLANTED[9][1]  # dim 9 is clamped from layer 2: layer 1 is unchanged exactly
+    ref_below = (ref["layer"] < PLANTED[9][1]).to_numpy()
+    assert np.array_equal(alone9.loc[below, "sink_mass"].to_numpy(), ref.loc[ref_below, "sink_mass"].to_numpy())
+    assert not np.array_equal(alone9.loc[~below, "sink_mass"].to_numpy(), ref.loc[~ref_below, "sink_mass"].to_numpy())
+    per_dim = {r["dim"]: r for r in _chain(root)["per_dim"]}
+    assert all(math.isfinite(per_dim[d][arm]["delta_ce"]) for d in PLANTED for arm in ("alone", "left_out"))
+
+
 def test_planted_tables_follow_the_schema(planted) -> None:
     root, _, _, _ = planted
     summary = pd.read_parquet(root / "tables" / "clamp.parquet")
@@ -138,18 +203,39 @@ def test_planted_tables_follow_the_schema(planted) -> None:
     assert len(summary) == 12 and set(summary["target"]) == {"massive", "control"}
     ref = summary[(summary["arm"] == "dose") & (summary["alpha"] == 1.0)]
     assert (ref["delta_ce"] == 0.0).all() and (summary["from_layer"] == FORCED_LAYER).all()
-    assert summary.loc[summary["target"] == "massive", "dims"].eq(str(DIM)).all()
+    assert summary.loc[summary["target"] == "massive", "dims"].eq("5,9").all()
     assert (summary["n_heads"] == (N_LAYERS - FORCED_LAYER) * 4).all() and (summary["n_chunks"] == CLAMP_CHUNKS).all()
     zero = summary[(summary["target"] == "massive") & (summary["alpha"] == 0.0)]
     assert float(zero["delta_ce"].iloc[0]) != 0.0
 
 
+def test_without_control_the_chain_is_not_tested(single_without_control: Path) -> None:
+    """--control-seeds 0: not tested (not falsified), the reason names the option; the single
+    dim's alone and left-out rows are the massive zero arm and the unclamped model exactly."""
+    root = single_without_control
+    chain = _chain(root)
+    assert chain["tested"] is False and chain["supported"] is None and chain["dims"] == []
+    assert "--control-seeds 0" in chain["reason"] and "\n" not in chain["reason"]
+    assert chain["conditions"]["control_inert"]["held"] is None and chain["all_dims"] == [DIM]
+    claim = next(r for r in evaluate(load_claims(), root) if r["id"] == "A7-clamp-chain")
+    assert claim["verdict"] == "not tested" and "--control-seeds" in claim["reason"]
+    tables = _tables(root)
+    assert set(tables["clamp"]["target"]) == {"massive"} and (tables["clamp"]["dims"] == str(DIM)).all()
+    heads, dims = tables["clamp_heads"], tables["clamp_dims"]
+    measures = ["layer", "head", "sink_mass", "TR1", "delta_TR1", "failure"]
+    for target, alpha in (("alone", 0.0), ("left_out", 1.0)):
+        rows = heads[(heads["arm"] == "dose") & (heads["alpha"] == alpha)][measures].reset_index(drop=True)
+        copy = dims[(dims["target"] == target) & (dims["dim"] == DIM)][measures].reset_index(drop=True)
+        pd.testing.assert_frame_equal(copy, rows)
+    assert not any(p.name.startswith(("arm_alone", "arm_left_out")) for p in (root / "units" / "clamp").iterdir())
+
+
 def test_no_massive_activation_is_not_tested(tmp_path: Path, text_file: Path) -> None:
     loaded = wrap_model(build_random("llama", seed=0), name="plain")
     root = _run(loaded, text_file, tmp_path / "run")
-    chain = json.loads((root / "interventions.json").read_text())["clamp_chain"]
+    chain = _chain(root)
     assert chain["tested"] is False and "massive" in chain["reason"] and "\n" not in chain["reason"]
-    for name in ("clamp", "clamp_heads"):
+    for name in ("clamp", "clamp_heads", "clamp_dims"):
         table = pd.read_parquet(root / "tables" / f"{name}.parquet")
         assert table.empty and list(table.columns) == list(SCHEMA[name].columns)
     assert pd.read_parquet(root / "tables" / "massive.parquet").empty
@@ -168,11 +254,26 @@ def test_choose_dims_needs_half_the_chunks() -> None:
     assert plan == cl.ClampPlan(dims=(7,), emergence=(2,), from_layer=2, n_chunks=4)
     assert cl.choose_dims(massive, 5).emergence == (3,)  # 2 of 5 chunks is less than half
     assert cl.choose_dims(massive[massive["dim"] != 7], 4) is None
-    assert list(cl.ordinary_dims(massive, 14)) == [0, 1, 2, 3, 4, 5, 6, 8, 10, 13]
-    dims = cl.control_dims(cl.ordinary_dims(massive, 14), 3, seed=0, s=1)
-    assert len(set(dims)) == 3 and not set(dims) & {7, 9, 11, 12}
-    assert dims == cl.control_dims(cl.ordinary_dims(massive, 14), 3, seed=0, s=1) != cl.control_dims(
-        cl.ordinary_dims(massive, 14), 3, seed=0, s=2)
+    ordinary = cl.ordinary_dims(massive, 14)
+    assert list(ordinary) == [0, 1, 2, 3, 4, 5, 6, 8, 10, 13]
+    dims, signs = cl.control_dims(ordinary, 3, seed=0, s=1)
+    assert len(set(dims)) == 3 and not set(dims) & {7, 9, 11, 12} and set(signs) <= {-1.0, 1.0}
+    assert (dims, signs) == cl.control_dims(ordinary, 3, seed=0, s=1) != cl.control_dims(ordinary, 3, seed=0, s=2)
+
+
+def test_clamp_targets_pair_dims_and_name_the_missing_control() -> None:
+    plan = cl.ClampPlan(dims=(3, 8), emergence=(1, 2), from_layer=1, n_chunks=4)
+    ordinary = np.array([0, 1, 2, 4, 5, 6])
+    targets, reason = cl.clamp_targets(plan, ordinary, control_seeds=2, seed=0)
+    assert reason is None and [t.label for t in targets] == ["massive_-1", "alone_3", "left_out_3", "alone_8",
+                                                             "left_out_8", "control_0", "control_1"]
+    assert targets[2] == cl.Target("left_out", -1, 3, (8,), (2,))
+    control = targets[5]
+    assert control.matched == plan.dims and control.emergence == plan.emergence
+    assert (control.dims, control.signs) == cl.control_dims(ordinary, 2, 0, 0)
+    targets, reason = cl.clamp_targets(plan, ordinary, control_seeds=0, seed=0)
+    assert "--control-seeds 0" in reason and all(t.name != "control" for t in targets)
+    assert "ordinary" in cl.clamp_targets(plan, ordinary[:1], control_seeds=1, seed=0)[1]
 
 
 def test_clamp_values_are_per_layer_clean_values() -> None:
@@ -187,20 +288,74 @@ def test_clamp_values_are_per_layer_clean_values() -> None:
     assert cl.has_reserve("mean", math.nan) and cl.has_reserve("dose", 0.0) and not cl.has_reserve("dose", 0.25)
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.5, None])
+def test_control_moves_the_residual_by_the_massive_norm(alpha: float | None) -> None:
+    """Layer by layer and chunk by chunk, the control's change of the position-0 residual
+    has the Euclidean norm of the massive clamp's (dose α or mean arm)."""
+    rng = np.random.default_rng(0)
+    first = rng.normal(0.0, 1.0, (4, 3, 6))  # L = 3, 3 chunks, d = 6
+    first[:, :, 1] += 2.5e4
+    first[:, :, 4] -= 1.1e4
+    means = rng.normal(0.0, 1.0, (4, 6))
+    massive, control, signs = (1, 4), (0, 5), (1.0, -1.0)
+    change_m, change_c = np.zeros((4, 3, 2)), np.zeros((4, 3, 2))
+    for i, (m, c, sign) in enumerate(zip(massive, control, signs)):
+        values = cl.dose_values(first, m, alpha, 1) if alpha is not None else cl.mean_values(means, m, 1)
+        moved = cl.control_values(first, values, m, c, sign)
+        assert sorted(moved) == [1, 2, 3]
+        for layer in moved:
+            change_m[layer, :, i] = np.ravel(values[layer]) - first[layer, :, m]
+            change_c[layer, :, i] = moved[layer].ravel() - first[layer, :, c]
+        assert np.all(np.sign(change_c[1:, :, i]) == sign)
+    norm_m, norm_c = np.linalg.norm(change_m, axis=2), np.linalg.norm(change_c, axis=2)
+    assert np.all(norm_m[1:] > 1e3) and np.allclose(norm_c, norm_m, rtol=1e-12, atol=0)
+
+
+def test_the_control_moves_the_first_token_as_far_as_the_massive_clamp() -> None:
+    """In the model's forward pass, at every clamped layer input and chunk, the control's zero
+    arm changes the first token's residual (on its dims) by the Euclidean norm by which the
+    massive zero arm changes it (on the massive dims active at that layer), to float32 rounding."""
+    model = _dim_free_model()
+    _force(model, PLANTED)
+    adapter = wrap_model(model, name="planted").adapter
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    plan = cl.ClampPlan(dims=(5, 9), emergence=(1, 2), from_layer=1, n_chunks=2)
+    targets, _ = cl.clamp_targets(plan, np.array([0, 1, 2, 3, 4, 6, 7, 8]), control_seeds=1, seed=0)
+    with torch.inference_mode():
+        clean = clamp_stage._clean_inputs(adapter, ids, 2)
+        states = {"clean": adapter.residual_states(ids).double().numpy()}
+        for target in (targets[0], targets[-1]):
+            with clamp_stage._clamped(adapter, clamp_stage._Unit(target, "dose", 0.0), clean, slice(0, 2)):
+                states[target.name] = adapter.residual_states(ids).double().numpy()
+    control = targets[-1]
+    for layer in range(1, N_LAYERS + 1):
+        active = [i for i, e in enumerate(plan.emergence) if e <= layer]
+        norms = [np.linalg.norm(states[t.name][2 * layer, :, 0][:, [t.dims[i] for i in active]]
+                                - states["clean"][2 * layer, :, 0][:, [t.dims[i] for i in active]], axis=1)
+                 for t in (targets[0], control)]
+        assert np.all(norms[0] > 1e3) and np.allclose(norms[1], norms[0], rtol=1e-6, atol=0)
+
+
 def _synthetic(n_heads: int = 24, control_seeds: int = 2, *, bend: bool = False, shuffle_rise: bool = False,
-               control_moves: bool = False, seed: int = 0) -> pd.DataFrame:
-    """A clamp_heads table in which the chain holds, unless one premise is broken."""
+               control_moves: bool = False, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """clamp_heads and clamp_dims tables (massive dims 7 and 9) in which the chain holds, unless
+    one premise is broken; dim 7 alone does what all do, dim 9 alone does nothing."""
     rng = np.random.default_rng(seed)
     base = rng.uniform(0.3, 0.9, n_heads)
     gain = rng.uniform(0.5, 1.5, n_heads)
     tr_ref = rng.normal(0.0, 0.1, n_heads)
-    rows = []
+    rows, dim_rows = [], []
 
     def add(target, s, arm, alpha, sink, dtr):
         for h in range(n_heads):
             rows.append({"layer": 1 + h // 4, "head": h % 4, "target": target, "seed": s, "arm": arm, "alpha": alpha,
                          "sink_mass": sink[h], "TR1": np.nan if np.isnan(dtr[h]) else 1.0 + dtr[h],
                          "delta_TR1": dtr[h], "failure": None})
+
+    def add_dim(target, dim, sink, dtr):
+        for h in range(n_heads):
+            dim_rows.append({"layer": 1 + h // 4, "head": h % 4, "target": target, "dim": dim, "sink_mass": sink[h],
+                             "TR1": 1.0 + dtr[h], "delta_TR1": dtr[h], "failure": None})
 
     nan = np.full(n_heads, np.nan)
     for a in (0.0, 0.25, 0.5, 0.75, 1.0):
@@ -209,6 +364,11 @@ def _synthetic(n_heads: int = 24, control_seeds: int = 2, *, bend: bool = False,
         drop = base - sink
         rise = gain * drop if not shuffle_rise else rng.permutation(gain * drop)
         add("massive", -1, "dose", a, sink, tr_ref + rise if a in (0.0, 1.0) else nan)
+        if a == 0.0:
+            add_dim("alone", 7, sink, tr_ref + rise)
+            add_dim("left_out", 9, sink, tr_ref + rise)
+    add_dim("alone", 9, base, tr_ref)
+    add_dim("left_out", 7, base, tr_ref)
     sink_mean = base * 0.3
     add("massive", -1, "mean", np.nan, sink_mean, tr_ref + gain * (base - sink_mean))
     for s in range(control_seeds):
@@ -218,47 +378,83 @@ def _synthetic(n_heads: int = 24, control_seeds: int = 2, *, bend: bool = False,
             dtr = tr_ref + (rng.normal(0.0, 1e-4, n_heads) if a != 1.0 else 0.0)
             add("control", s, "dose", a, sink, dtr if a in (0.0, 1.0) else nan)
         add("control", s, "mean", np.nan, base, tr_ref)
-    return pd.DataFrame(rows, columns=cl.HEAD_COLUMNS)
+    return pd.DataFrame(rows, columns=cl.HEAD_COLUMNS), pd.DataFrame(dim_rows, columns=cl.DIM_COLUMNS)
+
+
+def _verdict(tables: tuple[pd.DataFrame, pd.DataFrame], control_reason: str | None = None) -> dict:
+    return cl.chain_verdict(*tables, dims=(7, 9), seed=0, control_reason=control_reason)
 
 
 def test_verdict_supported_on_a_clean_chain() -> None:
-    verdict = cl.chain_verdict(_synthetic())
+    verdict = _verdict(_synthetic())
     c = verdict["conditions"]
-    assert verdict["supported"] is True and verdict["reason"] is None
+    assert verdict["tested"] is True and verdict["supported"] is True and verdict["reason"] is None
     assert c["monotone"]["nondecreasing"] and c["monotone"]["frac_positive"] == 1.0 and c["monotone"]["p"] < 1e-6
-    assert c["predicts"]["arms"]["zero"]["rho"] > 0.5 and c["predicts"]["arms"]["zero"]["q"] < 0.05
+    assert c["predicts"]["rho"] > 0.5 and c["predicts"]["p"] == 1 / (cl.N_PERM + 1)
+    assert c["predicts"]["n_heads"] == 24 and c["predicts"]["n_layers"] == 6
     assert c["control_inert"]["held"] and all(s["sink_mass_ratio"] < 0.01 for s in c["control_inert"]["seeds"])
+    per_dim = {r["dim"]: r for r in verdict["per_dim"]}
+    assert per_dim[7]["alone_carries"] and per_dim[7]["left_out_breaks"] and per_dim[7]["carries"]
+    assert per_dim[9]["alone"]["monotone"]["held"] is False and per_dim[9]["left_out"]["predicts"]["held"] is True
+    assert not per_dim[9]["carries"] and verdict["dims"] == [7] and verdict["all_dims"] == [7, 9]
     json.dumps(cl.json_safe(verdict), allow_nan=False)
 
 
 @pytest.mark.parametrize("broken, condition", [({"bend": True}, "monotone"), ({"shuffle_rise": True}, "predicts"),
                                                ({"control_moves": True}, "control_inert")])
 def test_verdict_each_condition_flips_when_its_premise_breaks(broken: dict, condition: str) -> None:
-    verdict = cl.chain_verdict(_synthetic(**broken))
+    verdict = _verdict(_synthetic(**broken))
     held = {name: c["held"] for name, c in verdict["conditions"].items()}
     assert held == {name: name != condition for name in held}
-    assert verdict["supported"] is False and condition in verdict["reason"]
+    assert verdict["tested"] is True and verdict["supported"] is False and condition in verdict["reason"]
+    assert verdict["dims"] == []
     if condition == "predicts":
-        assert verdict["conditions"]["predicts"]["arms"]["zero"]["q"] > 0.05
+        assert verdict["conditions"]["predicts"]["p"] > 0.05
     if condition == "control_inert":
         seeds = verdict["conditions"]["control_inert"]["seeds"]
         assert [s["held"] for s in seeds] == [True, False]
 
 
-def test_verdict_without_control_is_not_tested_on_it() -> None:
-    verdict = cl.chain_verdict(_synthetic(control_seeds=0))
-    inert = verdict["conditions"]["control_inert"]
-    assert inert["held"] is None and "control_seeds = 0" in inert["reason"]
-    assert verdict["supported"] is False and "control_inert not tested" in verdict["reason"]
+def test_verdict_without_control_is_not_tested() -> None:
+    _, reason = cl.clamp_targets(cl.ClampPlan((7, 9), (1, 1), 1, 4), np.arange(20, 30), control_seeds=0, seed=0)
+    verdict = _verdict(_synthetic(control_seeds=0), reason)
+    assert verdict["conditions"]["control_inert"]["held"] is None
+    assert verdict["tested"] is False and verdict["supported"] is None and verdict["dims"] == []
+    assert verdict["reason"] == f"control_inert not tested: {reason}" and "--control-seeds" in verdict["reason"]
     assert verdict["conditions"]["monotone"]["held"] and verdict["conditions"]["predicts"]["held"]
 
 
+def test_verdict_with_too_few_heads_is_not_tested() -> None:
+    """Three heads in one layer: the sign test cannot reach p < 0.05 (2 · 2⁻³) nor the
+    permutation test p ≤ 0.05 (3! = 6 orders)."""
+    verdict = _verdict(_synthetic(n_heads=3))
+    assert verdict["tested"] is False and verdict["supported"] is None
+    assert "monotone not tested" in verdict["reason"] and "predicts not tested" in verdict["reason"]
+    assert verdict["conditions"]["control_inert"]["held"] is True
+
+
 def test_verdict_ties_are_not_monotone_evidence() -> None:
-    heads = _synthetic()
+    heads, dims = _synthetic()
     flat = heads["target"].eq("massive") & heads["arm"].eq("dose")
     heads.loc[flat, "sink_mass"] = 0.5  # the clamp does nothing: non-decreasing, but no head's ρ is defined
-    mono = cl.chain_verdict(heads)["conditions"]["monotone"]
+    mono = _verdict((heads, dims))["conditions"]["monotone"]
     assert mono["nondecreasing"] and mono["n_heads"] == 0 and mono["held"] is False
+
+
+def test_permutation_test_respects_layers() -> None:
+    """Drop and rise that share only a per-layer offset: across heads Spearman ρ is large (a
+    heads-independent test would call it significant), within layers they are independent."""
+    rng = np.random.default_rng(1)
+    index = pd.MultiIndex.from_product([range(6), range(8)], names=["layer", "head"])
+    offset = np.repeat(np.arange(6.0), 8)
+    drop = pd.Series(offset + rng.normal(0.0, 0.3, 48), index=index)
+    rise = pd.Series(offset + rng.normal(0.0, 0.3, 48), index=index)
+    test = cl.permutation_spearman(drop, rise, seed=0)
+    assert test["rho"] > 0.8 and test["p"] > 0.05 and test["testable"]
+    assert test == cl.permutation_spearman(drop, rise, seed=0)
+    within = cl.permutation_spearman(drop, drop + rng.normal(0.0, 0.01, 48), seed=0)
+    assert within["p"] == 1 / (cl.N_PERM + 1)
+    assert not cl.permutation_spearman(drop.iloc[:3], rise.iloc[:3], seed=0)["testable"]  # 3! < 20
 
 
 # ----------------------------------------------------------------------------- checks

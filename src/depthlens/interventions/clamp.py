@@ -9,18 +9,22 @@ and seeds in; tables, clamp values and the verdict out. No model and no torch:
    at least half of the chunks) and each one's emergence layer (the first layer whose input
    holds it so). Massive entries at other positions, or only at pre-MLP / final boundaries,
    are reported in ``massive`` but not clamped.
-3. :func:`control_dims`: the control's random ordinary dimensions (never massive anywhere).
-4. :func:`layer_inputs_summary`, :func:`dose_values`, :func:`mean_values`: what each arm sets
-   the clamped entries to, per layer input (clean values per chunk, not a compounding rule).
+3. :func:`clamp_targets`: what each family of arms clamps: the massive dims together, each
+   one alone and each one left out (with two or more), and the control's random ordinary
+   dimensions (:func:`control_dims`, never massive anywhere).
+4. :func:`layer_inputs_summary`, :func:`dose_values`, :func:`mean_values`,
+   :func:`control_values`: what each arm sets the clamped entries to, per layer input (clean
+   values per chunk, not a compounding rule).
 5. :func:`reserve_task`: the worker task, TR1 and the spec-null mean of one matrix.
-6. :func:`aggregate_heads`, :func:`clamp_summary`: the tables ``clamp_heads`` and ``clamp``.
-7. :func:`chain_verdict`: the three conditions of the chain from the ``clamp_heads`` table.
+6. :func:`aggregate_heads`, :func:`clamp_summary`: the tables ``clamp_heads``, ``clamp_dims``
+   and ``clamp``.
+7. :func:`chain_verdict`: the chain's conditions, whether each could be tested, and which
+   dimensions carry it.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,18 +35,23 @@ from scipy import stats as _st
 from ..errors import DecompositionError
 from ..residual import boundary_names, massive_mask
 from ..schema import IDENTITY, SCHEMA
-from ..stats import bh_qvalues, sign_test
+from ..stats import sign_test
 
 __all__ = [
-    "CONTROL_FRACTION", "CONTROL_TAG", "MONOTONE_TOL", "NULL_TAG", "SIGNIFICANCE", "TR_ALPHAS",
-    "ClampPlan", "MASSIVE_COLUMNS", "HEAD_COLUMNS", "CLAMP_COLUMNS",
-    "massive_entries", "choose_dims", "ordinary_dims", "control_dims", "layer_inputs_summary",
-    "dose_values", "mean_values", "arm_alphas", "has_reserve", "reserve_task", "aggregate_heads",
-    "clamp_summary", "chain_verdict", "json_safe",
+    "CONTROL_FRACTION", "CONTROL_TAG", "MONOTONE_TOL", "NULL_TAG", "PERM_TAG", "N_PERM", "SIGNIFICANCE",
+    "TR_ALPHAS", "ClampPlan", "Target", "MASSIVE_COLUMNS", "HEAD_COLUMNS", "DIM_COLUMNS", "CLAMP_COLUMNS",
+    "massive_entries", "choose_dims", "ordinary_dims", "control_dims", "clamp_targets", "layer_inputs_summary",
+    "dose_values", "mean_values", "control_values", "arm_alphas", "has_reserve", "reserve_task",
+    "aggregate_heads", "clamp_summary", "permutation_spearman", "chain_verdict", "json_safe",
 ]
 
 #: Key of the control's random dimensions in the seed sequence ``[seed, CONTROL_TAG, s]``.
 CONTROL_TAG = 71
+#: Key of the permutation stream ``[seed, PERM_TAG]`` of the ``predicts`` tests (the same
+#: permutations for every arm tested on the same heads).
+PERM_TAG = 73
+#: Within-layer permutations of the ``predicts`` tests.
+N_PERM = 999
 #: Key of the spec-null streams ``[seed, NULL_TAG, layer, head, chunk]``: the same stream for
 #: every arm (common random numbers, so arms differ by the clamp, not by the shuffles).
 NULL_TAG = 72
@@ -58,6 +67,7 @@ TR_ALPHAS: tuple[float, ...] = (0.0, 1.0)
 #: The columns of the stage's tables (:mod:`depthlens.schema`, without the identity columns).
 MASSIVE_COLUMNS = [c for c in SCHEMA["massive"].columns if c not in IDENTITY]
 HEAD_COLUMNS = [c for c in SCHEMA["clamp_heads"].columns if c not in IDENTITY]
+DIM_COLUMNS = [c for c in SCHEMA["clamp_dims"].columns if c not in IDENTITY]
 CLAMP_COLUMNS = [c for c in SCHEMA["clamp"].columns if c not in IDENTITY]
 
 
@@ -152,12 +162,80 @@ def ordinary_dims(massive: pd.DataFrame, d_model: int) -> np.ndarray:
     return np.setdiff1d(np.arange(d_model), massive["dim"].to_numpy(dtype=np.int64))
 
 
-def control_dims(ordinary: np.ndarray, n: int, seed: int, s: int) -> tuple[int, ...]:
-    """``n`` distinct random dimensions of ``ordinary`` for control seed ``s``, drawn with
-    ``SeedSequence([seed, CONTROL_TAG, s])``, in draw order (the i-th is clamped from the i-th
-    massive dim's emergence layer)."""
+def control_dims(ordinary: np.ndarray, n: int, seed: int, s: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """``n`` distinct random dimensions of ``ordinary`` for control seed ``s`` and the sign of
+    each one's shift, drawn with ``SeedSequence([seed, CONTROL_TAG, s])``: the dims first, in
+    draw order (the i-th matches the i-th massive dim), then ``n`` signs ±1."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, CONTROL_TAG, s]))
-    return tuple(int(d) for d in rng.choice(np.asarray(ordinary), size=n, replace=False))
+    dims = tuple(int(d) for d in rng.choice(np.asarray(ordinary), size=n, replace=False))
+    return dims, tuple(float(x) for x in rng.choice([-1.0, 1.0], size=n))
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one family of arms clamps, at position 0.
+
+    Attributes
+    ----------
+    name : str
+        ``massive`` (the massive dims together), ``alone`` (massive dim ``dim`` only),
+        ``left_out`` (every massive dim but ``dim``) or ``control`` (random ordinary dims).
+    seed : int
+        Control seed index; −1 for the others.
+    dim : int
+        The massive dim clamped alone or left out; −1 for ``massive`` and ``control``.
+    dims : tuple of int
+        Clamped residual dims.
+    emergence : tuple of int
+        Each clamped dim's first clamped layer (a massive dim's emergence layer; a control dim
+        takes the one of the massive dim it matches).
+    matched : tuple of int
+        Control only: the massive dim whose change each control dim's shift matches in size.
+    signs : tuple of float
+        Control only: the sign of each control dim's shift.
+    """
+
+    name: str
+    seed: int
+    dim: int
+    dims: tuple[int, ...]
+    emergence: tuple[int, ...]
+    matched: tuple[int, ...] = ()
+    signs: tuple[float, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``{name}_{seed}`` (massive, control) or ``{name}_{dim}`` (alone, left_out)."""
+        return f"{self.name}_{self.dim if self.dim >= 0 else self.seed}"
+
+
+def clamp_targets(plan: ClampPlan, ordinary: np.ndarray, control_seeds: int,
+                  seed: int) -> tuple[list[Target], str | None]:
+    """The targets of a plan: ``massive`` (first), each massive dim ``alone`` and ``left_out``
+    (with one massive dim, those are exactly the massive clamp and the unclamped model), and
+    ``control_seeds`` controls (the i-th control dim matched to the i-th massive dim).
+
+    Returns
+    -------
+    targets : list of Target
+    control_reason : str or None
+        Why no control was run, naming the option (None when one was).
+    """
+    emergence = dict(zip(plan.dims, plan.emergence))
+    targets = [Target("massive", -1, -1, plan.dims, plan.emergence)]
+    for d in plan.dims:
+        rest = tuple(x for x in plan.dims if x != d)
+        targets += [Target("alone", -1, d, (d,), (emergence[d],)),
+                    Target("left_out", -1, d, rest, tuple(emergence[x] for x in rest))]
+    if control_seeds == 0:
+        return targets, "no control ran (--control-seeds 0); rerun with --control-seeds 1 or more"
+    if len(ordinary) < len(plan.dims):
+        return targets, (f"only {len(ordinary)} ordinary dims for a control of {len(plan.dims)} massive dims "
+                         "(a property of the model: no option adds ordinary dims)")
+    for s in range(control_seeds):
+        dims, signs = control_dims(ordinary, len(plan.dims), seed, s)
+        targets.append(Target("control", s, -1, dims, plan.emergence, plan.dims, signs))
+    return targets, None
 
 
 # ----------------------------------------------------------------------------- clamp values
@@ -192,6 +270,30 @@ def dose_values(first: np.ndarray, dim: int, alpha: float, from_layer: int) -> d
 def mean_values(means: np.ndarray, dim: int, from_layer: int) -> dict[int, float]:
     """``{layer: mean over ordinary positions}`` for every clamped layer of ``means`` ``(L + 1, d)``."""
     return {layer: float(means[layer, dim]) for layer in range(from_layer, means.shape[0])}
+
+
+def control_values(first: np.ndarray, massive: Mapping[int, np.ndarray | float], massive_dim: int,
+                   control_dim: int, sign: float) -> dict[int, np.ndarray]:
+    """A control dim's clamp values, matched to a massive dim's clamp ``massive``
+    (``{layer: value}`` of :func:`dose_values` or :func:`mean_values`).
+
+    At every layer of ``massive`` and every chunk of ``first`` (``(L + 1, B, d)``) the control
+    entry is set to its clean value plus ``sign · |massive value − clean massive entry|``: it
+    moves by exactly as much as the massive entry does. With the i-th control dim matched to
+    the i-th massive dim, the control's change of the position-0 residual has the Euclidean
+    norm of the massive clamp's, layer by layer and chunk by chunk (exact up to the rounding
+    of the float64 sum and of the model's dtype).
+
+    Returns
+    -------
+    dict
+        ``{layer: ndarray (B, 1, 1)}``.
+    """
+    out = {}
+    for layer, value in massive.items():
+        shift = np.abs(np.ravel(np.asarray(value, dtype=np.float64)) - first[layer, :, massive_dim])
+        out[layer] = (first[layer, :, control_dim] + sign * shift).reshape(-1, 1, 1)
+    return out
 
 
 def arm_alphas(alphas: Iterable[float]) -> tuple[float, ...]:
@@ -273,10 +375,22 @@ def clamp_summary(heads: pd.DataFrame, ce: pd.DataFrame, dims: Mapping[tuple[str
 
 
 # ----------------------------------------------------------------------------- verdict
-def _arm(heads: pd.DataFrame, column: str, target: str, seed: int, arm: str, alpha: float | None) -> pd.Series:
-    """``column`` of one arm's heads, indexed by (layer, head)."""
-    sel = (heads["target"] == target) & (heads["seed"] == seed) & (heads["arm"] == arm)
-    sel &= heads["alpha"].isna() if alpha is None else np.isclose(heads["alpha"].astype(float), alpha, rtol=0, atol=1e-12)
+#: The pre-declared rule that lists a massive dim in ``clamp_chain.dims`` (with the chain supported).
+DIM_RULE = ("a massive dim carries the chain when clamping it alone (α = 0 against α = 1) passes both monotone "
+            "and predicts, or when the zero arm of all massive dims passes both and clamping every other massive dim "
+            "(it left out) fails monotone or predicts")
+
+
+def _select(heads: pd.DataFrame, column: str, **keys: object) -> pd.Series:
+    """``column`` of the rows of ``heads`` matching ``keys`` (``alpha=None``: the mean arm),
+    as numbers indexed by (layer, head)."""
+    sel = np.ones(len(heads), dtype=bool)
+    for key, value in keys.items():
+        if key == "alpha":
+            alpha = heads["alpha"].astype(float)
+            sel &= alpha.isna().to_numpy() if value is None else np.isclose(alpha, value, rtol=0, atol=1e-12)
+        else:
+            sel &= (heads[key] == value).to_numpy()
     rows = heads[sel].set_index(["layer", "head"])
     return pd.to_numeric(rows[column], errors="coerce").sort_index()
 
@@ -289,113 +403,206 @@ def _rank_rho(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def _float(x: float) -> float | None:
+def _float(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(float(x)) else float(x)
 
 
-def _monotone(heads: pd.DataFrame) -> dict:
-    dose = heads[(heads["target"] == "massive") & (heads["arm"] == "dose")]
-    alphas = sorted(float(a) for a in dose["alpha"].dropna().unique())
-    table = dose.pivot_table(index=["layer", "head"], columns="alpha", values="sink_mass", aggfunc="first")
-    table = table.reindex(columns=alphas)
-    curve = [_head_mean(table[a]) for a in alphas]
-    steps = np.diff(curve) if len(curve) > 1 else np.array([])
-    nondecreasing = len(curve) > 1 and bool(np.all(np.isfinite(curve)) and np.all(steps >= -MONOTONE_TOL))
-    values = table.to_numpy(dtype=np.float64)
-    rhos = np.array([_rank_rho(np.asarray(alphas), row) for row in values if np.all(np.isfinite(row))])
+def _monotone(curves: pd.DataFrame) -> dict:
+    """``monotone`` on the sink masses ``curves`` (rows: heads; columns: doses, ascending):
+    the head-mean curve is non-decreasing (tolerance :data:`MONOTONE_TOL`) and a sign test over
+    heads of the per-head Spearman ρ(α, sink mass) (zero and undefined ρ dropped) has
+    p < :data:`SIGNIFICANCE` with most ρ > 0. Not tested (``held`` None) when the heads with a
+    finite curve are too few for the sign test ever to reach its level."""
+    alphas = [float(a) for a in curves.columns]
+    curve = [_head_mean(curves[a]) for a in curves.columns]
+    values = curves.to_numpy(dtype=np.float64)
+    values = values[np.all(np.isfinite(values), axis=1)]
+    rhos = np.array([_rank_rho(np.asarray(alphas), row) for row in values])
     rhos = rhos[np.isfinite(rhos) & (rhos != 0.0)]
+    steps = np.diff(curve)
+    nondecreasing = len(curve) > 1 and bool(np.all(np.isfinite(curve)) and np.all(steps >= -MONOTONE_TOL))
     frac = float(np.mean(rhos > 0)) if rhos.size else math.nan
     p = sign_test(rhos)
-    held = bool(nondecreasing and rhos.size > 0 and p < SIGNIFICANCE and frac > 0.5)
-    return {"held": held, "alphas": alphas, "sink_mass": [_float(c) for c in curve], "nondecreasing": nondecreasing,
-            "n_heads": int(rhos.size), "frac_positive": _float(frac), "p": _float(p)}
+    out = {"alphas": alphas, "sink_mass": [_float(c) for c in curve], "nondecreasing": nondecreasing,
+           "n_heads": int(rhos.size), "frac_positive": _float(frac), "p": _float(p)}
+    if sign_test(np.ones(len(values))) >= SIGNIFICANCE:
+        return {"held": None, **out, "reason": f"only {len(values)} heads of the clamped layers have a finite sink "
+                                               f"mass at every dose, so the sign test cannot reach p < {SIGNIFICANCE} "
+                                               "(a property of the model: no option adds heads)"}
+    return {"held": bool(nondecreasing and rhos.size > 0 and p < SIGNIFICANCE and frac > 0.5), **out}
 
 
-def _predicts(heads: pd.DataFrame) -> dict:
-    ref_sink = _arm(heads, "sink_mass", "massive", -1, "dose", 1.0)
-    ref_tr = _arm(heads, "delta_TR1", "massive", -1, "dose", 1.0)
-    arms: dict[str, dict] = {}
-    for name, arm, alpha in (("zero", "dose", 0.0), ("mean", "mean", None)):
-        drop = ref_sink - _arm(heads, "sink_mass", "massive", -1, arm, alpha)
-        rise = _arm(heads, "delta_TR1", "massive", -1, arm, alpha) - ref_tr
-        both = pd.concat([drop.rename("drop"), rise.rename("rise")], axis=1).dropna()
-        rho, p = math.nan, math.nan
-        if len(both) >= 3:
-            rho = _rank_rho(both["drop"].to_numpy(), both["rise"].to_numpy())
-            if math.isfinite(rho):
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    result = _st.spearmanr(both["drop"].to_numpy(), both["rise"].to_numpy())
-                rho, p = float(result.statistic), float(result.pvalue)
-        arms[name] = {"rho": rho, "p": p, "n_heads": int(len(both))}
-    q = bh_qvalues(np.array([arms[n]["p"] for n in arms]))
-    for name, value in zip(arms, q):
-        arms[name]["q"] = value
-    zero = arms["zero"]
-    held = bool(math.isfinite(zero["rho"]) and zero["rho"] > 0 and math.isfinite(zero["q"]) and zero["q"] <= SIGNIFICANCE)
-    return {"held": held, "arms": {n: {k: (_float(v) if k != "n_heads" else v) for k, v in a.items()}
-                                   for n, a in arms.items()}}
+def permutation_spearman(x: pd.Series, y: pd.Series, seed: int, n_perm: int = N_PERM) -> dict:
+    """Spearman ρ of ``x`` and ``y`` across heads and its one-sided permutation p-value, with
+    ``x`` permuted among the heads of each layer (heads of a layer share their input, so they
+    are not exchangeable across layers).
+
+    Parameters
+    ----------
+    x, y : Series indexed by (layer, head)
+        Heads with a NaN in either are dropped.
+    seed : int
+        The run's seed; the permutations come from ``SeedSequence([seed, PERM_TAG])``.
+    n_perm : int
+        Random within-layer permutations.
+
+    Returns
+    -------
+    dict
+        ``rho`` (mid-ranks), ``p = (1 + #{ρ* ≥ ρ}) / (n_perm + 1)`` (a valid Monte Carlo p-value
+        at any ``n_perm``; a ρ* within 1e-12 of ρ counts as ≥), ``n_perm``, ``n_heads``,
+        ``n_layers``; ``rho`` and ``p`` are None when ``x`` or ``y`` is constant. ``testable``
+        is False when the within-layer permutations number fewer than 1/:data:`SIGNIFICANCE`
+        (p could never reach the level).
+    """
+    both = pd.concat([x.rename("x"), y.rename("y")], axis=1).dropna()
+    layers = both.index.get_level_values("layer").to_numpy()
+    groups = [np.flatnonzero(layers == layer) for layer in np.unique(layers)]
+    log_distinct = sum(math.lgamma(len(g) + 1) for g in groups)
+    out: dict = {"rho": None, "p": None, "n_perm": int(n_perm), "n_heads": int(len(both)), "n_layers": len(groups),
+                 "testable": bool(log_distinct >= math.log(1.0 / SIGNIFICANCE) - 1e-9)}
+    rx, ry = _st.rankdata(both["x"].to_numpy()), _st.rankdata(both["y"].to_numpy())
+    if not out["testable"] or np.ptp(rx) == 0 or np.ptp(ry) == 0:
+        return out
+    zx, zy = rx - rx.mean(), ry - ry.mean()
+    zx, zy = zx / np.linalg.norm(zx), zy / np.linalg.norm(zy)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, PERM_TAG]))
+    perms = np.empty((n_perm, len(both)), dtype=np.int64)
+    for g in groups:
+        perms[:, g] = g[rng.permuted(np.tile(np.arange(len(g)), (n_perm, 1)), axis=1)]
+    rho = float(zx @ zy)
+    null = zx[perms] @ zy
+    out.update(rho=rho, p=float((1 + np.count_nonzero(null >= rho - 1e-12)) / (n_perm + 1)))
+    return out
+
+
+def _predicts(drop: pd.Series, rise: pd.Series, seed: int) -> dict:
+    """``predicts``: per head, drop = sink(α = 1) − sink(arm) and rise = Δ_TR(arm) − Δ_TR(α = 1);
+    :func:`permutation_spearman` of drop and rise; held when ρ > 0 and p ≤ :data:`SIGNIFICANCE`.
+    Not tested when the heads with both are too few for the permutation test."""
+    test = permutation_spearman(drop, rise, seed)
+    testable = test.pop("testable")
+    if not testable:
+        return {"held": None, **test, "reason": f"only {test['n_heads']} heads in {test['n_layers']} layers have a "
+                                                "finite sink drop and reserve rise, so the within-layer permutation "
+                                                f"test cannot reach p ≤ {SIGNIFICANCE} (heads whose reserve failed "
+                                                "are dropped: see clamp_heads.failure; no option adds heads)"}
+    rho, p = test["rho"], test["p"]
+    return {"held": bool(rho is not None and rho > 0 and p <= SIGNIFICANCE), **test}
+
+
+def _zero_arm(heads: pd.DataFrame, rows: pd.DataFrame, seed: int) -> dict:
+    """``monotone`` and ``predicts`` of one zero arm (``rows``: its clamp_heads or clamp_dims
+    rows) against the unclamped model (the massive α = 1 rows of ``heads``), and its head means."""
+    ref_sink = _select(heads, "sink_mass", target="massive", arm="dose", alpha=1.0)
+    ref_tr = _select(heads, "delta_TR1", target="massive", arm="dose", alpha=1.0)
+    sink, tr = _select(rows, "sink_mass"), _select(rows, "delta_TR1")
+    return {"monotone": _monotone(pd.concat({0.0: sink, 1.0: ref_sink}, axis=1)),
+            "predicts": _predicts(ref_sink - sink, tr - ref_tr, seed),
+            "sink_mass": _float(_head_mean(sink)), "delta_TR1": _float(_head_mean(tr))}
 
 
 def _moves(heads: pd.DataFrame, target: str, seed: int) -> tuple[float, float]:
     """Mean over heads of |Δ sink mass| and |Δ delta_TR1| of the zero arm against α = 1."""
     out = []
     for column in ("sink_mass", "delta_TR1"):
-        ref = _arm(heads, column, "massive", -1, "dose", 1.0)
-        delta = (_arm(heads, column, target, seed, "dose", 0.0) - ref).abs().dropna()
+        ref = _select(heads, column, target="massive", arm="dose", alpha=1.0)
+        delta = (_select(heads, column, target=target, seed=seed, arm="dose", alpha=0.0) - ref).abs().dropna()
         out.append(float(delta.mean()) if len(delta) else math.nan)
     return out[0], out[1]
 
 
 def _control_inert(heads: pd.DataFrame, control_reason: str | None) -> dict:
+    """``control_inert``: for every control seed, the head means of |Δ sink| and |Δ Δ_TR| of its
+    zero arm (against α = 1) are each at most :data:`CONTROL_FRACTION` × the massive zero arm's.
+    Not tested without control rows or without finite massive moves."""
     seeds = sorted(int(s) for s in heads.loc[heads["target"] == "control", "seed"].unique())
     m_sink, m_tr = _moves(heads, "massive", -1)
     out: dict = {"fraction": CONTROL_FRACTION, "massive": {"sink_mass": _float(m_sink), "delta_TR1": _float(m_tr)}}
     if not seeds:
-        out.update(held=None, seeds=[], reason=control_reason or "no control was run (control_seeds = 0)")
-        return out
+        return {"held": None, **out, "seeds": [], "reason": control_reason or "no control rows"}
+    if not (math.isfinite(m_sink) and math.isfinite(m_tr)):
+        return {"held": None, **out, "seeds": [],
+                "reason": "the massive zero arm has no finite reserve change to compare (see clamp_heads.failure)"}
     rows = []
     for s in seeds:
         c_sink, c_tr = _moves(heads, "control", s)
-        ok = all(math.isfinite(c) and math.isfinite(m) and c <= CONTROL_FRACTION * m
-                 for c, m in ((c_sink, m_sink), (c_tr, m_tr)))
+        ok = all(math.isfinite(c) and c <= CONTROL_FRACTION * m for c, m in ((c_sink, m_sink), (c_tr, m_tr)))
         rows.append({"seed": s, "sink_mass": _float(c_sink), "delta_TR1": _float(c_tr),
                      "sink_mass_ratio": _float(c_sink / m_sink) if m_sink else None,
                      "delta_TR1_ratio": _float(c_tr / m_tr) if m_tr else None, "held": bool(ok)})
-    out.update(held=all(r["held"] for r in rows), seeds=rows)
-    return out
+    return {"held": all(r["held"] for r in rows), **out, "seeds": rows}
 
 
-def chain_verdict(heads: pd.DataFrame, control_reason: str | None = None) -> dict:
-    """The clamp chain's verdict from a ``clamp_heads`` table (METHODS A7).
+def _per_dim(heads: pd.DataFrame, dim_heads: pd.DataFrame, dim: int, seed: int, holds: bool,
+             delta_ce: Mapping[tuple[str, int], float]) -> dict:
+    """A massive dim's ``alone`` and ``left_out`` zero arms and whether it carries the chain
+    (:data:`DIM_RULE`); a test not tested counts as neither passing nor failing, and leaving a
+    dim out can break the chain only where the massive zero arm passes both tests (``holds``)."""
+    arms = {}
+    for name in ("alone", "left_out"):
+        rows = dim_heads[(dim_heads["target"] == name) & (dim_heads["dim"] == dim)]
+        arms[name] = {**_zero_arm(heads, rows, seed), "delta_ce": _float(delta_ce.get((name, dim)))}
+    alone = all(arms["alone"][c]["held"] is True for c in ("monotone", "predicts"))
+    breaks = holds and any(arms["left_out"][c]["held"] is False for c in ("monotone", "predicts"))
+    return {"dim": int(dim), **arms, "alone_carries": alone, "left_out_breaks": breaks, "carries": alone or breaks}
 
-    - ``monotone``: the head-mean sink mass of the massive dose arm is non-decreasing in α
-      (tolerance :data:`MONOTONE_TOL`), and a sign test over heads of the per-head Spearman
-      ρ(α, sink mass) (zero and undefined ρ dropped) has p < :data:`SIGNIFICANCE` with most
-      ρ > 0.
-    - ``predicts``: per head, drop = sink(α=1) − sink(arm) and rise = Δ_TR(arm) − Δ_TR(α=1);
-      Spearman ρ across heads for the arms ``zero`` (α = 0) and ``mean``, BH over the two;
-      held when the zero arm has ρ > 0 and q ≤ :data:`SIGNIFICANCE`.
-    - ``control_inert``: for every control seed, the head means of |Δ sink| and |Δ Δ_TR| of its
-      zero arm (against α = 1) are each at most :data:`CONTROL_FRACTION` × the massive zero
-      arm's. Without control rows ``held`` is None (not tested; ``control_reason`` says why).
+
+def chain_verdict(heads: pd.DataFrame, dim_heads: pd.DataFrame, dims: Sequence[int], seed: int,
+                  control_reason: str | None = None,
+                  delta_ce: Mapping[tuple[str, int], float] | None = None) -> dict:
+    """The clamp chain's verdict (METHODS A7).
+
+    Conditions, on the massive clamp (``clamp_heads`` rows ``heads``):
+
+    - ``monotone`` (:func:`_monotone`) over the massive dose arm's doses;
+    - ``predicts`` (:func:`_predicts`) of the zero arm α = 0: within-layer permutation test of
+      Spearman ρ between the per-head sink drop and reserve rise;
+    - ``control_inert`` (:func:`_control_inert`): ``control_reason`` says why it has no rows.
+
+    The chain is ``tested`` only when all three could be tested; otherwise ``reason`` names
+    each untested condition and what to change (then any that failed), and ``supported`` is
+    None. Tested, it is ``supported`` when all three held (``reason`` names those that
+    failed). Each massive dim's ``alone`` and ``left_out`` zero arms (``clamp_dims`` rows
+    ``dim_heads``) get ``monotone`` (α ∈ {0, 1}) and ``predicts``, and ``dims`` lists those
+    that carry the chain by :data:`DIM_RULE` (empty unless supported).
+
+    Exactness: the sign test is the exact binomial; the permutation p-values are Monte Carlo
+    (valid at any ``N_PERM``, reproducible from ``seed``, resolution 1/(``N_PERM`` + 1)).
+
+    Parameters
+    ----------
+    heads, dim_heads : DataFrame
+        The ``clamp_heads`` and ``clamp_dims`` rows (without identity columns).
+    dims : sequence of int
+        The massive dims clamped together.
+    seed : int
+        The run's seed (permutations).
+    control_reason : str, optional
+        Why no control ran.
+    delta_ce : mapping, optional
+        ``{(target, dim): ce − ce of the unclamped model}`` of the per-dim arms.
 
     Returns
     -------
     dict
-        ``supported`` (True only when the three held), ``reason`` (None when supported, else
-        one line naming the conditions that failed or were not tested) and ``conditions``.
+        ``tested``, ``reason`` (one line; None when supported), ``supported``, ``dims``,
+        ``all_dims``, ``conditions``, ``dim_rule`` and ``per_dim`` (one record per massive dim).
     """
-    conditions = {"monotone": _monotone(heads), "predicts": _predicts(heads),
-                  "control_inert": _control_inert(heads, control_reason)}
-    supported = all(c["held"] is True for c in conditions.values())
-    reason = None
-    if not supported:
-        parts = [f"{name} did not hold" for name, c in conditions.items() if c["held"] is False]
-        if conditions["control_inert"]["held"] is None:
-            parts.append(f"control_inert not tested ({conditions['control_inert']['reason']})")
-        reason = "; ".join(parts)
-    return {"supported": supported, "reason": reason, "conditions": conditions}
+    massive_dose = heads[(heads["target"] == "massive") & (heads["arm"] == "dose")]
+    curves = massive_dose.pivot_table(index=["layer", "head"], columns="alpha", values="sink_mass", aggfunc="first")
+    zero = _zero_arm(heads, massive_dose[massive_dose["alpha"] == 0.0], seed)
+    conditions = {"monotone": _monotone(curves.reindex(columns=sorted(curves.columns))),
+                  "predicts": zero["predicts"], "control_inert": _control_inert(heads, control_reason)}
+    holds = all(zero[c]["held"] is True for c in ("monotone", "predicts"))
+    per_dim = [_per_dim(heads, dim_heads, d, seed, holds, delta_ce or {}) for d in dims]
+    untested = [f"{name} not tested: {c['reason']}" for name, c in conditions.items() if c["held"] is None]
+    failed = [f"{name} did not hold" for name, c in conditions.items() if c["held"] is False]
+    supported = None if untested else not failed
+    carried = [r["dim"] for r in per_dim if r["carries"]] if supported else []
+    return {"tested": not untested, "reason": "; ".join(untested + failed) or None, "supported": supported,
+            "dims": carried, "all_dims": [int(d) for d in dims], "conditions": conditions, "dim_rule": DIM_RULE,
+            "per_dim": per_dim}
 
 
 def json_safe(obj: object) -> object:

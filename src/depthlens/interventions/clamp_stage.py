@@ -7,21 +7,28 @@ Phases, each in resumable units:
 2. The clamped dimensions and their emergence layers (:func:`~.clamp.choose_dims`): massive
    at position 0 of a layer input in at least half of the chunks. Massive entries at other
    positions are reported but not clamped. Without such a dimension the stage writes the
-   ``massive`` table, empty ``clamp`` / ``clamp_heads`` tables and ``interventions.json``
-   with ``tested: false`` and stops there.
-3. ``arm_{target}_{seed}_{arm}_{alpha}``: one unit per clamp, on the first ``clamp_chunks``
-   chunks. Each dim is clamped at position 0 from its own emergence layer on (one
-   ``adapter.clamp`` per dim, nested): ``dose`` α sets it to α × its clean value at each
-   layer input (per chunk), ``mean`` to its mean over ordinary positions ``1 .. T−1`` of the
-   clamp chunks at that layer input. Doses 0 (the zero arm) and 1 (the unclamped model,
-   computed without hooks) always run. The control (``control_seeds`` seeds) applies the
-   same relative operation to as many random ordinary dims (never massive anywhere), paired
-   with the massive dims' emergence layers; its α = 1 rows are the unclamped model's.
-   Measures: cross-entropy with the clamp active, and per head of layers ≥ ``from_layer``
-   the sink mass and, for the doses 0 and 1 and the mean arm, TR1 and Δ_TR against
-   ``clamp_null_samples`` spec nulls (Kreiss searches in the worker pool; medians over the
-   clamp chunks).
+   ``massive`` table, empty ``clamp`` / ``clamp_heads`` / ``clamp_dims`` tables and
+   ``interventions.json`` with ``tested: false`` and stops there.
+3. ``arm_{target}_{seed or dim}_{arm}_{alpha}``: one unit per clamp, on the first
+   ``clamp_chunks`` chunks (targets: :func:`~.clamp.clamp_targets`). Each dim is clamped at
+   position 0 from its own emergence layer on (one ``adapter.clamp`` per dim, nested):
+   ``dose`` α sets it to α × its clean value at each layer input (per chunk), ``mean`` to its
+   mean over ordinary positions ``1 .. T−1`` of the clamp chunks at that layer input. Doses 0
+   (the zero arm) and 1 (the unclamped model, computed without hooks) always run. With two or
+   more massive dims, each one ``alone`` and each one ``left_out`` get the zero arm only (with
+   one, those rows are copies of the massive zero arm and of the unclamped model). The control
+   (``control_seeds`` seeds) moves as many random ordinary dims (never massive anywhere) by
+   the massive dims' own changes (:func:`~.clamp.control_values`); its α = 1 rows are the
+   unclamped model's. Measures: cross-entropy with the clamp active, and per head of layers
+   ≥ ``from_layer`` the sink mass and, for the doses 0 and 1 and the mean arm, TR1 and Δ_TR
+   against ``clamp_null_samples`` spec nulls (Kreiss searches in the worker pool; medians
+   over the clamp chunks).
 4. The verdict (:func:`~.clamp.chain_verdict`) goes to ``interventions.json``.
+
+Cost: the chain runs ``A + 1`` arm units for the massive clamp and ``A`` per control seed
+(``A`` doses counting 0 and 1), ``3 + 2·seeds`` of them with reserves (the Kreiss searches,
+most of the time); the per-dimension tests add ``2·n`` units, all with reserves, for
+``n ≥ 2`` massive dims (none for one).
 
 Memory: one batch's residual states (``(2L+1)·B·T·d`` float64) in phase 1; in phase 3 the
 attention matrices of at most :data:`MAX_PENDING` + 1 arms wait for the workers.
@@ -68,7 +75,7 @@ def check(config: RunConfig) -> None:
 
 def run(context: StageContext) -> None:
     """Run every phase (skipping finished units), write ``massive``, ``clamp``,
-    ``clamp_heads`` and ``interventions.json``."""
+    ``clamp_heads``, ``clamp_dims`` and ``interventions.json``."""
     adapter, run_dir = context.loaded.adapter, context.run_dir
     opts, batch_size, quiet = context.options, context.config.batch_size, context.execution.quiet
     with torch.inference_mode():
@@ -81,44 +88,42 @@ def run(context: StageContext) -> None:
             _write_untested(context, reason)
             return
         ids = context.token_ids[: opts.clamp_chunks]
-        ordinary = cl.ordinary_dims(massive, adapter.d_model)
-        targets: list[tuple[str, int, tuple[int, ...]]] = [("massive", -1, plan.dims)]
-        control_reason = None
-        if opts.control_seeds and len(ordinary) < len(plan.dims):
-            control_reason = f"only {len(ordinary)} ordinary dims for a control of {len(plan.dims)}"
-        elif opts.control_seeds:
-            targets += [("control", s, cl.control_dims(ordinary, len(plan.dims), opts.seed, s))
-                        for s in range(opts.control_seeds)]
+        targets, control_reason = cl.clamp_targets(plan, cl.ordinary_dims(massive, adapter.d_model),
+                                                   opts.control_seeds, opts.seed)
         units = _units(targets, opts.clamp_alphas)
         with executor(context.execution, context.run_dir.root) as pool:
-            done = _arm_phase(context, pool, ids, plan, units, batch_size, quiet)
-    keys = [u.key for u in units if u.key in done]
-    if not keys:
+            done = _arm_phase(context, pool, ids, plan, [u for u in units if u.source is None], batch_size, quiet)
+    if not done:
         raise RunError(f"every arm unit of the {STAGE} stage failed; see its log.")
-    heads, ce = _with_control_reference(run_dir.read_units(STAGE, keys, "heads"), run_dir.read_units(STAGE, keys, "ce"),
-                                        targets)
-    dims = {(t, s): d for t, s, d in targets}
-    context.write_table("clamp_heads", heads[cl.HEAD_COLUMNS])
-    context.write_table("clamp", cl.clamp_summary(heads, ce, dims, plan.from_layer, len(ids)))
-    missing = [u.key for u in units if u.key not in done]
+    heads, ce = _tables(run_dir, units, done)
+    chain_rows = heads["target"].isin(CHAIN_TARGETS).to_numpy()
+    context.write_table("clamp_heads", heads.loc[chain_rows, cl.HEAD_COLUMNS])
+    context.write_table("clamp_dims", heads.loc[~chain_rows, cl.DIM_COLUMNS])
+    dims = {(t.name, t.seed): t.dims for t in targets if t.name in CHAIN_TARGETS}
+    context.write_table("clamp", cl.clamp_summary(heads[chain_rows], ce[ce["target"].isin(CHAIN_TARGETS)], dims,
+                                                  plan.from_layer, len(ids)))
+    missing = [u.key for u in units if u.source is None and u.key not in done]
     if missing:
         _write_untested(context, f"{len(missing)} clamp units failed (first: {missing[0]}); see logs/{STAGE}.log "
                                  "and rerun with --resume", tables=False)
         return
-    verdict = cl.chain_verdict(heads, control_reason)
-    chain = {"tested": True, **verdict, "dims": list(plan.dims) if verdict["supported"] else [],
-             "all_dims": list(plan.dims), "emergence_layers": list(plan.emergence), "from_layer": plan.from_layer,
+    verdict = cl.chain_verdict(heads[chain_rows], heads[~chain_rows], plan.dims, opts.seed, control_reason,
+                               _delta_ce(ce))
+    chain = {**verdict, "emergence_layers": list(plan.emergence), "from_layer": plan.from_layer,
              "n_chunks": len(ids), "detection_chunks": n_detect, "alphas": list(cl.arm_alphas(opts.clamp_alphas)),
-             "control_dims": [list(d) for t, _, d in targets if t == "control"]}
+             "control_dims": [list(t.dims) for t in targets if t.name == "control"]}
     run_dir.write_json("interventions", cl.json_safe({"clamp_chain": chain}))
+    if not verdict["tested"] and not quiet:
+        print(f"clamp: chain not tested: {verdict['reason']}.")
 
 
 def _write_untested(context: StageContext, reason: str, tables: bool = True) -> None:
-    """Write empty ``clamp`` / ``clamp_heads`` tables (with ``tables``) and ``interventions.json``
+    """Write empty ``clamp`` / ``clamp_heads`` / ``clamp_dims`` tables (with ``tables``) and ``interventions.json``
     saying the chain was not tested and why; say so on one line unless quiet."""
     if tables:
-        context.write_table("clamp_heads", pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in cl.HEAD_COLUMNS}))
-        context.write_table("clamp", pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in cl.CLAMP_COLUMNS}))
+        for name, columns in (("clamp_heads", cl.HEAD_COLUMNS), ("clamp_dims", cl.DIM_COLUMNS),
+                              ("clamp", cl.CLAMP_COLUMNS)):
+            context.write_table(name, pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in columns}))
     context.run_dir.write_json("interventions", {"clamp_chain": {"tested": False, "reason": reason}})
     if not context.execution.quiet:
         print(f"clamp: chain not tested: {reason}.")
@@ -127,7 +132,7 @@ def _write_untested(context: StageContext, reason: str, tables: bool = True) -> 
 def _dtype(column: str) -> str:
     if column in ("target", "arm", "dims", "failure"):
         return "object"
-    return "int64" if column in ("layer", "head", "seed", "from_layer", "n_heads", "n_chunks") else "float64"
+    return "int64" if column in ("layer", "head", "seed", "dim", "from_layer", "n_heads", "n_chunks") else "float64"
 
 
 # ----------------------------------------------------------------------------- detection
@@ -156,18 +161,26 @@ def _detect_phase(context: StageContext) -> tuple[pd.DataFrame, int]:
 
 
 # ----------------------------------------------------------------------------- arms
+#: Row order of the targets in the tables.
+TARGET_ORDER = {"massive": 0, "alone": 1, "left_out": 2, "control": 3}
+#: The targets of ``clamp_heads`` and ``clamp`` (the others go to ``clamp_dims``).
+CHAIN_TARGETS = ("massive", "control")
+
+
 @dataclass(frozen=True)
 class _Unit:
-    target: str
-    seed: int
-    dims: tuple[int, ...]
+    """One clamp: ``target``'s ``arm`` at dose ``alpha``. ``source`` is the key of the unit
+    whose clamp is exactly the same (then this one is not run, its rows are copies)."""
+
+    target: cl.Target
     arm: str
     alpha: float
+    source: str | None = None
 
     @property
     def key(self) -> str:
         alpha = "nan" if math.isnan(self.alpha) else f"{self.alpha:g}"
-        return f"arm_{self.target}_{self.seed}_{self.arm}_{alpha}"
+        return f"arm_{self.target.label}_{self.arm}_{alpha}"
 
     @property
     def reserve(self) -> bool:
@@ -175,18 +188,35 @@ class _Unit:
 
     @property
     def reference(self) -> bool:
+        """α = 1: the unclamped model, whatever the target (the control's shift is then 0)."""
         return self.arm == "dose" and self.alpha == 1.0
 
+    @property
+    def labels(self) -> dict[str, object]:
+        """The unit's key columns in the tables."""
+        t = self.target
+        return {"target": t.name, "seed": t.seed, "dim": t.dim, "arm": self.arm, "alpha": self.alpha}
 
-def _units(targets: list[tuple[str, int, tuple[int, ...]]], alphas: tuple[float, ...]) -> list[_Unit]:
-    """One unit per (target, seed, arm, alpha); the control's α = 1 is the massive reference."""
+
+def _units(targets: list[cl.Target], alphas: tuple[float, ...]) -> list[_Unit]:
+    """One unit per (target, arm, dose): every dose and the mean arm for ``massive`` and
+    ``control``, the zero arm for ``alone`` and ``left_out``. A unit that repeats another
+    clamp exactly gets it as ``source``: α = 1 and clamping no dim are the unclamped model
+    (the massive α = 1 unit), and a dim alone when it is the only massive dim is the massive
+    clamp."""
+    massive = targets[0]
+    reference = _Unit(massive, "dose", 1.0).key
     out = []
-    for target, seed, dims in targets:
-        for alpha in cl.arm_alphas(alphas):
-            if target == "control" and alpha == 1.0:
-                continue
-            out.append(_Unit(target, seed, dims, "dose", alpha))
-        out.append(_Unit(target, seed, dims, "mean", math.nan))
+    for target in targets:
+        arms = ([("dose", 0.0)] if target.name in ("alone", "left_out")
+                else [*(("dose", a) for a in cl.arm_alphas(alphas)), ("mean", math.nan)])
+        for arm, alpha in arms:
+            unit = _Unit(target, arm, alpha)
+            if target.name != "massive" and (unit.reference or not target.dims):
+                unit = _Unit(target, arm, alpha, reference)
+            elif target.name == "alone" and target.dims == massive.dims:
+                unit = _Unit(target, arm, alpha, _Unit(massive, arm, alpha).key)
+            out.append(unit)
     return out
 
 
@@ -210,18 +240,23 @@ def _clean_inputs(adapter, ids: torch.Tensor, batch_size: int) -> _Clean:
 
 
 @contextlib.contextmanager
-def _clamped(adapter, unit: _Unit, emergence: tuple[int, ...], clean: _Clean, chunks: slice) -> Iterator[None]:
+def _clamped(adapter, unit: _Unit, clean: _Clean, chunks: slice) -> Iterator[None]:
     """The unit's clamps on the clamp chunks ``chunks`` (one nested ``adapter.clamp`` per dim,
-    at position 0 from its emergence layer); nothing for the reference α = 1."""
+    at position 0 from its first clamped layer); nothing for the reference α = 1. A control dim
+    follows the values of its matched massive dim through :func:`~.clamp.control_values`."""
     if unit.reference:
         yield
         return
+    t, first = unit.target, clean.first[:, chunks]
     with contextlib.ExitStack() as stack:
-        for dim, layer in zip(unit.dims, emergence):
+        for i, (dim, layer) in enumerate(zip(t.dims, t.emergence)):
+            source = t.matched[i] if t.matched else dim
             if unit.arm == "dose":
-                values = cl.dose_values(clean.first[:, chunks], dim, unit.alpha, layer)
+                values = cl.dose_values(first, source, unit.alpha, layer)
             else:
-                values = cl.mean_values(clean.means, dim, layer)
+                values = cl.mean_values(clean.means, source, layer)
+            if t.matched:
+                values = cl.control_values(first, values, source, dim, t.signs[i])
             stack.enter_context(adapter.clamp(dim, values, 0, from_layer=layer))
         yield
 
@@ -273,14 +308,14 @@ class _Pending:
     futures: list = field(default_factory=list)
 
 
-def _measure(adapter, pool, unit: _Unit, emergence, clean: _Clean, ids: torch.Tensor, from_layer: int,
-             batch_size: int, opts) -> _Pending:
+def _measure(adapter, pool, unit: _Unit, clean: _Clean, ids: torch.Tensor, from_layer: int, batch_size: int,
+             opts) -> _Pending:
     """Forward passes of one arm over the clamp chunks; its Kreiss tasks go to the pool."""
     sinks, ce_sum, n_tokens, futures = [], 0.0, 0, []
     layers = list(range(from_layer, adapter.n_layers))
     for start in range(0, ids.shape[0], batch_size):
         batch = ids[start : start + batch_size]
-        with _clamped(adapter, unit, emergence, clean, slice(start, start + batch.shape[0])):
+        with _clamped(adapter, unit, clean, slice(start, start + batch.shape[0])):
             logits, probs_of = _logits_and_probs(adapter, batch, layers)
             nll, n = _next_token_nll(logits, batch)
             ce_sum, n_tokens = ce_sum + nll, n_tokens + n
@@ -299,20 +334,19 @@ def _measure(adapter, pool, unit: _Unit, emergence, clean: _Clean, ids: torch.Te
 
 
 def _finish(run_dir, item: _Pending) -> None:
-    """Aggregate one arm's results and store its unit."""
+    """Aggregate one arm's results and store its unit (measurements only: the key columns are
+    added when the tables are assembled, so a unit can stand for another)."""
     reserves = pd.DataFrame([f.result() for f in item.futures]) if item.futures else None
     heads = cl.aggregate_heads(item.sinks, reserves)
-    u = item.unit
-    keys = {"target": u.target, "seed": u.seed, "arm": u.arm, "alpha": u.alpha}
-    heads = heads.assign(**keys)[cl.HEAD_COLUMNS]
-    ce = pd.DataFrame([{**keys, "ce_sum": item.ce_sum, "n_tokens": item.n_tokens}])
-    run_dir.write_unit(STAGE, u.key, {"heads": heads, "ce": ce})
+    ce = pd.DataFrame([{"ce_sum": item.ce_sum, "n_tokens": item.n_tokens}])
+    run_dir.write_unit(STAGE, item.unit.key, {"heads": heads, "ce": ce})
 
 
 def _arm_phase(context: StageContext, pool, ids: torch.Tensor, plan: cl.ClampPlan, units: list[_Unit],
                batch_size: int, quiet: bool) -> set[str]:
-    """Run the unfinished arm units; returns the keys of the finished ones. Kreiss tasks of
-    up to :data:`MAX_PENDING` arms stay in the pool while the next arm's forward passes run."""
+    """Run the unfinished arm units (none with a ``source``); returns the keys of the finished
+    ones. Kreiss tasks of up to :data:`MAX_PENDING` arms stay in the pool while the next arm's
+    forward passes run."""
     run_dir, adapter, opts = context.run_dir, context.loaded.adapter, context.options
     todo = [u for u in units if not run_dir.has_unit(STAGE, u.key)]
     bar = tqdm(total=len(units), initial=len(units) - len(todo), desc=f"{STAGE} arms", unit="arm", disable=quiet)
@@ -327,30 +361,37 @@ def _arm_phase(context: StageContext, pool, ids: torch.Tensor, plan: cl.ClampPla
             bar.update()
 
     for unit in todo:
-        # the i-th control dim is clamped from the emergence layer of the i-th massive dim
         with run_dir.failures.unit(STAGE, unit.key):
-            pending.append(_measure(adapter, pool, unit, plan.emergence, clean, ids, plan.from_layer, batch_size, opts))
+            pending.append(_measure(adapter, pool, unit, clean, ids, plan.from_layer, batch_size, opts))
         flush(MAX_PENDING)
     flush(0)
     bar.close()
     return {u.key for u in units if run_dir.has_unit(STAGE, u.key)}
 
 
-def _with_control_reference(heads: pd.DataFrame, ce: pd.DataFrame, targets) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Add each control seed's α = 1 rows: the unclamped model's (the massive reference)."""
-    ref = (heads["target"] == "massive") & (heads["arm"] == "dose") & (heads["alpha"] == 1.0)
-    ref_ce = (ce["target"] == "massive") & (ce["arm"] == "dose") & (ce["alpha"] == 1.0)
-    extra_h, extra_c = [heads], [ce]
-    for target, seed, _ in targets:
-        if target == "control":
-            extra_h.append(heads[ref].assign(target="control", seed=seed))
-            extra_c.append(ce[ref_ce].assign(target="control", seed=seed))
-    order = ["target", "seed", "arm", "alpha"]
-    heads = _sorted(pd.concat(extra_h, ignore_index=True), [*order, "layer", "head"])
-    return heads, _sorted(pd.concat(extra_c, ignore_index=True), order)
+def _tables(run_dir, units: list[_Unit], done: set[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every finished unit's head rows and cross-entropy row with its key columns (a unit with
+    a ``source`` gets a copy of the source's rows), in key order."""
+    heads, ce = [], []
+    for unit in units:
+        key = unit.source or unit.key
+        if key in done:
+            heads.append(run_dir.read_units(STAGE, [key], "heads").assign(**unit.labels))
+            ce.append(run_dir.read_units(STAGE, [key], "ce").assign(**unit.labels))
+    order = ["target", "seed", "dim", "arm", "alpha"]
+    return (_sorted(pd.concat(heads, ignore_index=True), [*order, "layer", "head"]),
+            _sorted(pd.concat(ce, ignore_index=True), order))
+
+
+def _delta_ce(ce: pd.DataFrame) -> dict[tuple[str, int], float]:
+    """``{(target, dim): ce − ce of the unclamped model}`` of the ``alone`` and ``left_out`` arms."""
+    per_token = ce["ce_sum"] / ce["n_tokens"]
+    ref = float(per_token[(ce["target"] == "massive") & (ce["arm"] == "dose") & (ce["alpha"] == 1.0)].iloc[0])
+    rows = ce[ce["target"].isin(("alone", "left_out"))]
+    return {(t, int(d)): float(v) - ref for t, d, v in zip(rows["target"], rows["dim"], per_token[rows.index])}
 
 
 def _sorted(table: pd.DataFrame, order: list[str]) -> pd.DataFrame:
-    """Rows in key order, the massive clamp first and the mean arm after the doses."""
-    ascending = [key != "target" for key in order]
-    return table.sort_values(order, ascending=ascending, kind="stable", na_position="last").reset_index(drop=True)
+    """Rows in key order: targets as :data:`TARGET_ORDER`, the mean arm after the doses."""
+    return table.sort_values(order, key=lambda c: c.map(TARGET_ORDER) if c.name == "target" else c, kind="stable",
+                             na_position="last").reset_index(drop=True)

@@ -58,9 +58,10 @@ class ClampOptions:
     clamp_chunks : int
         chunks (the first ones) on which every arm is measured
     control_seeds : int
-        seeds of the control, which clamps as many random ordinary dimensions with the same
-        arm (the same dose of their own values, or their own mean); 0 leaves the control out
-        (the chain's control condition is then not tested)
+        seeds of the control, which moves as many random ordinary dimensions (seeded) under
+        each arm by exactly as much as the massive dimensions move, in a seeded random
+        direction ± (the same Euclidean norm of the change at the first token, layer by layer);
+        0 leaves the control out (the chain is then recorded as not tested)
     clamp_null_samples : int
         matched spec-null samples per attention matrix for the excess reserve Δ_TR
     seed : int
