@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from depthlens.contest.features import DIAG_QUANTILES, head_features, persistence
+from depthlens.contest.features import DIAG_QUANTILES, head_features, induction_mass, persistence
 from depthlens.errors import InputError
 
 
@@ -69,6 +69,29 @@ def test_head_features_closed_forms() -> None:
     assert f["fro_B"][0] == 0.0 and np.isnan(f["stable_rank_B"][0])  # B = 0 for the pure sink
     # previous-token head: B has n − 2 ones below the diagonal (rows ≥ 3) and −1 in the first column of those rows
     assert f["fro_B"][1] == pytest.approx(math.sqrt(2 * (n - 2)))
+
+
+def _brute_induction(A: np.ndarray, tokens: list[int]) -> float:
+    """Mean over queries i with an earlier occurrence j ≤ i − 3 of their token of the weight on
+    the positions j + 1 after those occurrences, written out."""
+    masses = []
+    for i in range(len(tokens)):
+        after = {j + 1 for j in range(i - 2) if tokens[j] == tokens[i]}
+        if after:
+            masses.append(sum(A[i, k] for k in after))
+    return sum(masses) / len(masses) if masses else math.nan
+
+
+def test_induction_mass_matches_brute_force(rng: np.random.Generator) -> None:
+    tokens = rng.integers(0, 3, size=11)
+    A = _causal(rng, (2, 3), 11)
+    got = induction_mass(A, tokens)
+    for idx in np.ndindex(2, 3):
+        assert got[idx] == pytest.approx(_brute_induction(A[idx], tokens.tolist()), rel=1e-12)
+    # no repeats far enough back: NaN (a repeated token and a token two back do not count)
+    assert np.isnan(induction_mass(A, [0, 1, 1, 2, 4, 2, 5, 6, 7, 8, 9])).all()
+    with pytest.raises(InputError):
+        induction_mass(A, tokens[:5])
 
 
 def test_head_features_refuse_non_stochastic() -> None:

@@ -83,9 +83,9 @@ def test_check_refuses_criticality_without_mean_ablation() -> None:
 def _synthetic(rng: np.random.Generator, n_layers: int = 12, n_heads: int = 6) -> tuple[pd.DataFrame, ...]:
     keys = pd.DataFrame({"layer": np.repeat(np.arange(n_layers), n_heads), "head": np.tile(np.arange(n_heads), n_layers)})
     heads = keys.copy()
-    for col in (*FAMILIES["P"][:2], FAMILIES["E"][0], FAMILIES["S"][0], *FAMILIES["R"]):
+    for col in (*FAMILIES["P"][:2], "row_entropy", FAMILIES["E"][0], FAMILIES["S"][0], *FAMILIES["R"]):
         heads[col] = rng.normal(size=len(keys))
-    heads["z_TR1"] = np.nan  # an all-NaN column is dropped with a warning
+    heads["peak_k"] = np.nan  # an all-NaN column is dropped with a warning
     heads["TR1"] = np.where(rng.random(len(keys)) < 0.05, np.inf, heads["TR1"])
     heads["role"] = np.where(heads["TR2"] > 0.8, "routing", "other")
     features = keys.copy()
@@ -102,7 +102,7 @@ def test_contest_table_every_target(rng: np.random.Generator, caplog: pytest.Log
     opts = ContestOptions(contest_boot=30, contest_perm=30)
     with caplog.at_level(logging.WARNING, logger="depthlens.contest.stage"):
         table = stage.contest_table(heads, features, ablation, opts)
-    assert "z_TR1 (all NaN)" in caplog.text and "diag_q25" not in caplog.text
+    assert "peak_k (all NaN)" in caplog.text and "diag_q25" not in caplog.text
     assert table.groupby("target", sort=False).size().to_dict() == {"persistence": 9, "routing": 9, "criticality": 9}
     by = table.set_index(["target", "features"])
     assert (by.loc["routing", "metric"] == "auroc").all() and by.loc["routing", "r2"].isna().all()

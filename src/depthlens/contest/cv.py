@@ -1,33 +1,68 @@
-"""The contest's statistics (METHODS A7): grouped cross-validation by layer, layer-cluster
-bootstrap, within-layer permutations, Benjamini–Hochberg. Pure functions of arrays and tables.
+"""The contest's statistics (METHODS A7): grouped cross-validation by layer, a refitting
+layer-cluster bootstrap, within-layer permutations, Benjamini–Hochberg. Pure functions of arrays
+and tables.
 
 One target at a time (:func:`contest_target`): for every feature set (each family, ``all`` and
-``all-X``) a pipeline ``SimpleImputer(median) → StandardScaler → Ridge(alpha=1)`` is fitted on
-the training folds of a grouped K-fold by layer (a layer is never split, and the imputer and the
-scaler are fitted inside the folds), and scored on the out-of-fold predictions: AUROC for the
-binary routing target, Spearman ρ for the others.
+``all-X``) the model ``median imputation → standardisation → ridge (α = 1)`` (:func:`make_model`)
+is fitted on the training folds of a grouped K-fold by layer (a layer is never split; the imputer
+and the scaler are fitted inside the folds) and scored on the out-of-fold predictions: AUROC for
+the binary routing target, Spearman ρ for the others.
+
+Families of equal size. Every family of :data:`FAMILIES` has the same number of features (4),
+a fixed choice declared here before any contest was run, so that neither a family's score nor
+the drop ``all − all−X`` rewards a family for having more columns (more chances to match the
+target, and, for ``all−X``, more columns removed). We chose equal sizes over keeping every
+column with a penalty tuned by inner cross-validation because a tuned penalty depends on the
+labels, so it would have to be re-tuned for every permutation and every bootstrap refit (an inner
+grouped CV inside each of them), and because it equalises the cost of noise columns only
+approximately. Kept, per family, are its defining quantities: P the attention mass on the three
+positions a head can route to (first token ``sink_mass``, previous token ``prev_weight``, the token
+after an earlier occurrence of the query's token ``induction_mass``) and its spread
+(``row_entropy``); E and S unchanged; R the resolvent quantities proper (``TR1``, ``TR2``, ``peak_k``,
+``psr_B@0.01``). Left out: ``mean_distance`` and ``max_weight`` (P: a distance moment and a second
+concentration measure beside ``row_entropy``), ``delta_TR1`` and ``z_TR1`` (R: ``TR1`` re-centred and
+re-scaled by its null, the same head quantity twice more) and ``num_radius_B`` and
+``henrici_B_rel`` (numerical range and non-normality, not the resolvent). A column that is absent
+or all NaN in a run is dropped (:func:`clean_features`), and then that family is smaller.
+
+Tests:
+
+- ``p`` of a single family and of ``all``: labels permuted within layers (the global null "this
+  set predicts nothing").
+- ``p`` of ``all-X``: the conditional test of "X adds nothing given the other families". The
+  columns of X are permuted among the heads of each layer (labels and the other families kept),
+  the ``all`` model refitted, and ``delta = score(all) − score(all−X)`` compared with the null
+  drops ``score(all with X permuted) − score(all−X)``. The permutation breaks any within-layer
+  dependence of X on the other families too, so the test is exact when X is exchangeable within
+  layers given them, approximate otherwise.
+- Intervals: the layer-cluster bootstrap refits. Each resample draws as many layers as there are,
+  with replacement, and re-runs the whole grouped cross-validation on the resampled heads: a
+  layer drawn c times enters as c copies that stay together in one fold (never one copy in
+  training and another held out), with the folds assigned to the resample's layers by the rule of
+  :func:`assign_folds`. ``delta``'s interval is paired (both models on the same resamples).
 
 Structure that makes it fast (and exact):
 
-- **Every permutation at once.** Permuting the labels within layers moves no head between
-  folds, and the imputer and scaler depend on the features only, so the whole cross-validation
-  of ``n_perm`` permuted label vectors is one multi-output ridge per fold, ``fit(X, Y)`` with
-  ``Y`` of ``1 + n_perm`` columns (the observed labels first): one Cholesky factorisation per
-  fold instead of ``1 + n_perm``. It is why the binary routing target also uses a ridge (a
-  linear probability model scored by AUROC) rather than a logistic regression, whose fits
-  cannot be shared across label vectors. Each column equals a separate single-output fit to
-  rounding (tested to 1e-10).
-- **Every bootstrap resample without re-sorting.** A layer-cluster resample is a vector of
-  integer weights per head (how often its layer was drawn). Ranks of the resampled sample are
-  the weighted mid-ranks of the original order (sorted once per feature set), and Spearman ρ is
-  the weighted Pearson correlation of those ranks, AUROC the weighted Mann–Whitney statistic:
-  exactly the values of the expanded resample, for all resamples as one array operation.
-  Resamples reuse the out-of-fold predictions (no refit), and every feature set of a target sees
-  the same resamples, so ``delta = score(all) − score(all−X)`` is paired.
+- **Copies as integer weights.** A resample is a vector of integer weights per head (how often
+  its layer was drawn). The median imputer, the scaler and the ridge of the expanded resample are
+  the weighted ones, in closed form: expanded-sample medians from cumulative weights, weighted
+  means and variances, and the ridge normal equations ``(ZᵀWZ + αI) β = ZᵀW(y − ȳ)``. Ranks of the
+  resample are weighted mid-ranks, Spearman ρ their weighted Pearson correlation and AUROC the
+  weighted Mann–Whitney statistic. Every resample of a chunk is one batched array operation per
+  fold; each equals the plain pipeline on the expanded data to rounding (tested).
+- **Every label permutation at once.** Permuting labels within layers moves no head between
+  folds, and the imputer and scaler depend on the features only, so the cross-validation of
+  ``n_perm`` permuted label vectors is one multi-output ridge per fold (``Y`` of ``1 + n_perm``
+  columns, the observed labels first). It is why the routing target also uses a ridge (a linear
+  probability model scored by AUROC) rather than a logistic regression.
+- **Every feature permutation at once.** Permuting a family's columns within layers leaves each
+  training fold's multiset of values, hence its medians, means and scales, unchanged, so the
+  standardised design of a fold is computed once and only its rows of X are permuted; each
+  permutation's ridge is one batched solve.
 
-Randomness comes from :class:`numpy.random.SeedSequence` ``[seed, *tag, 0]`` (permutations) and
-``[seed, *tag, 1]`` (bootstrap); the folds are deterministic (:class:`~sklearn.model_selection.GroupKFold`
-without shuffling).
+Randomness comes from :class:`numpy.random.SeedSequence` ``[seed, *tag, 0]`` (label permutations),
+``[seed, *tag, 1]`` (bootstrap) and ``[seed, *tag, 2]`` (feature permutations); the folds are
+deterministic (:func:`assign_folds`).
 """
 
 from __future__ import annotations
@@ -38,25 +73,27 @@ import numpy as np
 import pandas as pd
 from scipy.stats import rankdata
 from sklearn.impute import SimpleImputer
-from sklearn.model_selection import GroupKFold
-from sklearn.pipeline import Pipeline
 from sklearn.linear_model import Ridge
+from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
 from ..errors import InputError
-from ..stats import bh_qvalues
 from ..schema import IDENTITY, SCHEMA
+from ..stats import bh_qvalues
 
 __all__ = [
+    "ALPHA",
     "CI_LEVEL",
     "COLUMNS",
     "FAMILIES",
+    "assign_folds",
     "bootstrap_scores",
     "clean_features",
     "contest_target",
     "feature_sets",
+    "fold_design",
     "grouped_folds",
-    "layer_bootstrap_weights",
+    "layer_bootstrap_counts",
     "make_model",
     "oof_predictions",
     "score_columns",
@@ -65,13 +102,16 @@ __all__ = [
     "within_group_permutations",
 ]
 
-#: The feature families (METHODS A7): pattern, eigenvalue, norm (singular value), resolvent.
+#: The feature families (METHODS A7), four features each (see the module docstring for the
+#: choice): pattern, eigenvalue, norm (singular value), resolvent.
 FAMILIES: dict[str, tuple[str, ...]] = {
-    "P": ("sink_mass", "row_entropy", "mean_distance", "max_weight"),
+    "P": ("sink_mass", "prev_weight", "induction_mass", "row_entropy"),
     "E": ("rho_B", "diag_q25", "diag_q50", "diag_q75"),
     "S": ("norm_B", "fro_B", "sigma2_B", "stable_rank_B"),
-    "R": ("TR1", "TR2", "peak_k", "psr_B@0.01", "num_radius_B", "henrici_B_rel", "delta_TR1", "z_TR1"),
+    "R": ("TR1", "TR2", "peak_k", "psr_B@0.01"),
 }
+#: Ridge penalty (on the standardised features, sum-of-squares loss as in :class:`~sklearn.linear_model.Ridge`).
+ALPHA = 1.0
 #: Level of the percentile bootstrap intervals.
 CI_LEVEL = 0.95
 #: Columns of the rows :func:`contest_target` returns: the ``contest`` table's less ``target`` and
@@ -83,6 +123,8 @@ TIE = 1e-12
 #: FDR level at which an ``all-X`` drop must be significant for X to be ``required``.
 Q_LEVEL = 0.05
 METRICS = ("auroc", "spearman")
+#: Float64 entries of one batch of standardised designs (resamples × heads × features): 32 MB.
+_BATCH_ENTRIES = 4_000_000
 
 
 # ----------------------------------------------------------------------------- feature sets
@@ -128,28 +170,52 @@ def clean_features(table: pd.DataFrame, families: Mapping[str, Sequence[str]] = 
 
 
 # ----------------------------------------------------------------------------- resampling
-def grouped_folds(groups: np.ndarray, n_folds: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(train, test) index pairs of a grouped K-fold with ``min(n_folds, groups)`` folds: every
-    group (layer) lies wholly in one test fold. Deterministic (no shuffling).
+def _codes(groups: np.ndarray) -> np.ndarray:
+    return np.unique(np.asarray(groups), return_inverse=True)[1].ravel()
+
+
+def assign_folds(sizes: np.ndarray, n_folds: int) -> np.ndarray:
+    """Fold of every group in every row of ``sizes`` (B, G), the heads a group brings (0: not in
+    that sample): groups from the largest down (ties by index) each go to the fold with the fewest
+    heads so far (ties to the lowest fold). Shape (B, G), ``-1`` for groups of size 0. Folds used:
+    ``min(n_folds, groups present)``. Deterministic; vectorised over the rows."""
+    sizes = np.asarray(sizes, dtype=np.float64)
+    n_rows, n_groups = sizes.shape
+    order = np.argsort(-sizes, axis=1, kind="stable")
+    load = np.zeros((n_rows, int(n_folds)))
+    out = np.full((n_rows, n_groups), -1, dtype=np.int64)
+    rows = np.arange(n_rows)
+    for step in range(n_groups):
+        group = order[:, step]
+        size = sizes[rows, group]
+        fold = np.argmin(load, axis=1)
+        live = size > 0
+        out[rows[live], group[live]] = fold[live]
+        load[rows, fold] += np.where(live, size, 0.0)
+    return out
+
+
+def grouped_folds(groups: np.ndarray, n_folds: int) -> np.ndarray:
+    """Test fold of every head (n,) of a grouped K-fold with ``min(n_folds, groups)`` folds
+    (:func:`assign_folds`): every group (layer) lies wholly in one fold.
 
     Raises
     ------
     InputError
         With fewer than two groups (no held-out layer to predict).
     """
-    groups = np.asarray(groups)
-    n_groups = np.unique(groups).size
-    if n_groups < 2:
-        raise InputError(f"the contest needs heads of at least 2 layers to cross-validate by layer; got {n_groups}.")
-    splitter = GroupKFold(n_splits=min(int(n_folds), n_groups))
-    return list(splitter.split(np.zeros((groups.size, 1)), groups=groups))
+    codes = _codes(groups)
+    sizes = np.bincount(codes)
+    if sizes.size < 2:
+        raise InputError(f"the contest needs heads of at least 2 layers to cross-validate by layer; got {sizes.size}.")
+    return assign_folds(sizes[None, :], n_folds)[0, codes]
 
 
 def within_group_permutations(groups: np.ndarray, n_perm: int, rng: np.random.Generator) -> np.ndarray:
     """``n_perm`` random permutations that move indices only within their group: row k maps
     position i to the index whose label it takes (``y[perm[k]]`` is the k-th permuted label
     vector). Shape ``(n_perm, n)``."""
-    codes = np.unique(np.asarray(groups), return_inverse=True)[1].ravel()
+    codes = _codes(groups)
     base = np.argsort(codes, kind="stable")  # positions sorted by group
     keys = codes[base][None, :] + rng.random((n_perm, codes.size))  # group blocks stay put
     out = np.empty((n_perm, codes.size), dtype=np.int64)
@@ -157,33 +223,135 @@ def within_group_permutations(groups: np.ndarray, n_perm: int, rng: np.random.Ge
     return out
 
 
-def layer_bootstrap_weights(groups: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """Layer-cluster bootstrap as integer weights: each resample draws as many groups as there
-    are, with replacement; a head's weight is how often its group was drawn. Shape
-    ``(n_boot, n)``, float64."""
-    codes = np.unique(np.asarray(groups), return_inverse=True)[1].ravel()
-    n_groups = int(codes.max()) + 1
+def layer_bootstrap_counts(n_groups: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Layer-cluster bootstrap: how often each of ``n_groups`` groups is drawn in each of
+    ``n_boot`` resamples of ``n_groups`` draws with replacement. Shape ``(n_boot, n_groups)``,
+    float64 (a head's weight is its group's count)."""
     draws = rng.integers(0, n_groups, size=(n_boot, n_groups))
     flat = (draws + n_groups * np.arange(n_boot)[:, None]).ravel()
-    counts = np.bincount(flat, minlength=n_boot * n_groups).reshape(n_boot, n_groups)
-    return counts[:, codes].astype(np.float64)
+    return np.bincount(flat, minlength=n_boot * n_groups).reshape(n_boot, n_groups).astype(np.float64)
 
 
 # ----------------------------------------------------------------------------- models
 def make_model() -> Pipeline:
-    """``SimpleImputer(median) → StandardScaler → Ridge(alpha=1.0)``, for every target."""
+    """``SimpleImputer(median) → StandardScaler → Ridge(alpha=ALPHA)``: the model of every
+    target, which :func:`oof_predictions` computes in closed form (the reference it is tested
+    against)."""
     return Pipeline([("impute", SimpleImputer(strategy="median")), ("scale", StandardScaler()),
-                     ("ridge", Ridge(alpha=1.0))])
+                     ("ridge", Ridge(alpha=ALPHA))])
 
 
-def oof_predictions(X: np.ndarray, Y: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Out-of-fold predictions of :func:`make_model` for labels ``Y`` (n,) or every column of
-    ``Y`` (n, k) at once (one multi-output fit per fold)."""
+def _weighted_medians(X: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Median of every column of ``X`` (n, p) over its non-NaN entries, entry i counted
+    ``w[b, i]`` times, for every row of ``w`` (B, n): :func:`numpy.median` of the expanded
+    column (the mean of the two middle values for an even count). (B, p); NaN without values,
+    and 0 for a column without NaN (nothing to impute, so the value is never used)."""
+    out = np.zeros((w.shape[0], X.shape[1]))
+    for j in np.flatnonzero(np.isnan(X).any(axis=0)):
+        out[:, j] = np.nan
+        ok = np.flatnonzero(~np.isnan(X[:, j]))
+        if ok.size == 0:
+            continue
+        order = ok[np.argsort(X[ok, j], kind="stable")]
+        values = X[order, j]
+        cum = np.cumsum(w[:, order], axis=1)
+        total = cum[:, -1]
+        has = total > 0
+        lo = (cum <= np.floor((total - 1) / 2)[:, None]).sum(axis=1)  # expanded positions ⌊(T−1)/2⌋, ⌊T/2⌋
+        hi = (cum <= np.floor(total / 2)[:, None]).sum(axis=1)
+        out[has, j] = (values[lo[has]] + values[hi[has]]) / 2
+    return out
+
+
+def fold_design(X: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The standardised design of every head for each training weighting: ``X`` (n, p) imputed
+    by the weighted training medians and standardised by the weighted training mean and
+    population standard deviation, for every row of the training weights ``w`` (B, n) (a head's
+    copies in the training set; 0 outside it). What :func:`make_model`'s imputer and scaler,
+    fitted on the expanded training rows, make of every row. Shape (B, n, p).
+
+    As in scikit-learn, a column without a training value is left out (here: set to 0, so its
+    ridge coefficient is 0) and a constant column is not scaled.
+    """
     X = np.asarray(X, dtype=np.float64)
-    Y = np.asarray(Y, dtype=np.float64)
-    out = np.empty(Y.shape)
-    for train, test in folds:
-        out[test] = make_model().fit(X[train], Y[train]).predict(X[test]).reshape(out[test].shape)
+    median = _weighted_medians(X, w)
+    Z = np.where(np.isnan(X)[None], median[:, None, :], X[None])
+    total = w.sum(axis=1)[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.einsum("bn,bnp->bp", w, Z) / total
+        Z -= mean[:, None, :]
+        var = np.einsum("bn,bnp->bp", w, Z * Z) / total
+        eps = np.finfo(np.float64).eps
+        constant = var <= total * eps * var + (total * mean * eps) ** 2  # sklearn's _is_constant_feature
+        Z /= np.where(constant, 1.0, np.sqrt(var))[:, None, :]
+    return np.where(np.isnan(median)[:, None, :], 0.0, Z)
+
+
+def _ridge(Z: np.ndarray, w: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Predictions for every row of ``Z`` (B, n, p) of the weighted ridge with intercept fitted on
+    the training weights ``w`` (B, n) to every column of ``Y`` (n, m): ``ȳ + Z β`` with ``ȳ`` the
+    weighted mean and ``(ZᵀWZ + αI) β = ZᵀW(Y − ȳ)``. (The training columns of Z have weighted
+    mean 0 by construction.) Shape (B, n, m)."""
+    ybar = (w @ Y) / w.sum(axis=1)[:, None]
+    Zw = Z * w[:, :, None]
+    gram = Zw.transpose(0, 2, 1) @ Z
+    gram[:, np.arange(Z.shape[2]), np.arange(Z.shape[2])] += ALPHA
+    beta = np.linalg.solve(gram, Zw.transpose(0, 2, 1) @ (Y[None] - ybar[:, None, :]))
+    return ybar[:, None, :] + Z @ beta
+
+
+def oof_predictions(X: np.ndarray, Y: np.ndarray, fold: np.ndarray, weights: np.ndarray | None = None,
+                    permute: tuple[np.ndarray, Sequence[int]] | None = None) -> np.ndarray:
+    """Out-of-fold predictions of :func:`make_model` for every column of ``Y``, in every
+    resample, in closed form (each equals the pipeline fitted on the expanded training rows to
+    rounding).
+
+    Parameters
+    ----------
+    X : array (n, p)
+        Features per head, NaN allowed (p ≥ 1).
+    Y : array (n,) or (n, m)
+        Labels; every column is fitted with the same folds (one multi-output solve per fold).
+    fold : int array (n,) or (B, n)
+        Test fold of each head in each resample; ``-1`` for a head not in it.
+    weights : array (B, n), optional
+        Copies of each head in each resample (default: one each).
+    permute : (perm, cols), optional
+        Resample b takes the design columns ``cols`` of rows ``perm[b]`` (``perm`` (B, n), within
+        layers, so no fold's imputation or scaling changes); ``weights`` must then be ``None``.
+
+    Returns
+    -------
+    numpy.ndarray (B, n, m)
+        NaN for heads not in a resample, and for every head of a resample of a single layer
+        (B = 1 for a plain cross-validation).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    Y = np.asarray(Y, dtype=np.float64).reshape(X.shape[0], -1)
+    fold = np.atleast_2d(fold)
+    n_res = max(fold.shape[0], 1 if weights is None else weights.shape[0], 1 if permute is None else len(permute[0]))
+    fold = np.broadcast_to(fold, (n_res, X.shape[0]))
+    weights = np.ones(fold.shape) if weights is None else np.broadcast_to(weights, fold.shape)
+    out = np.full((n_res, *Y.shape), np.nan)
+    step = max(1, _BATCH_ENTRIES // (X.shape[0] * max(X.shape[1], Y.shape[1])))
+    for start in range(0, n_res, step):
+        part = slice(start, start + step)
+        for k in range(int(fold[part].max()) + 1):
+            train = weights[part] * ((fold[part] != k) & (fold[part] >= 0))
+            fit = np.flatnonzero(train.sum(axis=1) > 0)  # a resample of one layer has nothing to train on
+            if fit.size == 0:
+                continue
+            test = fold[part][fit] == k
+            train = train[fit]
+            if permute is None:
+                Z = fold_design(X, train)
+            else:
+                perm, cols = permute
+                base = fold_design(X, train[:1])[0]
+                Z = np.repeat(base[None], fit.size, axis=0)
+                Z[:, :, cols] = base[:, cols][perm[part][fit]]
+            rows, heads = np.nonzero(test)
+            out[start + fit[rows], heads] = _ridge(Z, train, Y)[rows, heads]
     return out
 
 
@@ -215,29 +383,34 @@ def score_columns(pred: np.ndarray, labels: np.ndarray, metric: str) -> np.ndarr
 
 
 def weighted_midranks(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Mid-ranks of ``values`` (n,) in the sample where value i occurs ``weights[b, i]`` times,
-    for every row b of ``weights`` (B, n): what :func:`scipy.stats.rankdata` gives each copy
-    in the expanded sample (ties and copies share their mean rank). Shape (B, n); entries of
-    zero weight are ranked as if they had one copy but count for nothing."""
-    values = np.asarray(values, dtype=np.float64)
-    order = np.argsort(values, kind="stable")
-    sorted_values = values[order]
-    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
-    sizes = np.diff(np.r_[starts, values.size])
-    group_weight = np.add.reduceat(weights[:, order], starts, axis=1)
-    mid = np.cumsum(group_weight, axis=1) - group_weight + (group_weight + 1) / 2
-    out = np.empty(weights.shape)
-    out[:, order] = np.repeat(mid, sizes, axis=1)
+    """Mid-ranks of ``values`` ((n,) shared, or (B, n) one row per sample) in the sample where
+    value i occurs ``weights[b, i]`` times, for every row b of ``weights`` (B, n): what
+    :func:`scipy.stats.rankdata` gives each copy in the expanded sample (ties and copies share
+    their mean rank). Shape (B, n); entries of zero weight get a rank but count for nothing."""
+    weights = np.asarray(weights, dtype=np.float64)
+    values = np.broadcast_to(np.asarray(values, dtype=np.float64), weights.shape)
+    order = np.argsort(values, axis=1, kind="stable")
+    v = np.take_along_axis(values, order, axis=1)
+    w = np.take_along_axis(weights, order, axis=1)
+    cum = np.cumsum(w, axis=1)
+    new = np.ones(v.shape, dtype=bool)
+    new[:, 1:] = v[:, 1:] != v[:, :-1]
+    last = np.ones(v.shape, dtype=bool)
+    last[:, :-1] = new[:, 1:]
+    before = np.maximum.accumulate(np.where(new, cum - w, -np.inf), axis=1)  # weight below the tie group
+    through = np.minimum.accumulate(np.where(last, cum, np.inf)[:, ::-1], axis=1)[:, ::-1]  # ... and in it
+    out = np.empty(v.shape)
+    np.put_along_axis(out, order, before + (through - before + 1) / 2, axis=1)
     return out
 
 
 def bootstrap_scores(pred: np.ndarray, labels: np.ndarray, weights: np.ndarray, metric: str) -> np.ndarray:
-    """The metric of ``pred`` against ``labels`` (both (n,)) in every weighted resample (rows of
-    ``weights``, (B, n)): exactly the score of the expanded resample, without forming it.
-    NaN for a resample where it is undefined."""
+    """The metric of ``pred`` ((n,), or (B, n) one row per resample) against ``labels`` (n,) in
+    every weighted resample (rows of ``weights``, (B, n)): exactly the score of the expanded
+    resample, without forming it. NaN for a resample where it is undefined."""
     weights = np.asarray(weights, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.float64)
-    rp = weighted_midranks(pred, weights)
+    rp = weighted_midranks(np.where(weights > 0, pred, 0.0), weights)  # heads left out count for nothing
     total = weights.sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         if metric == "auroc":
@@ -264,6 +437,13 @@ def _interval(values: np.ndarray) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def _pvalue(null: np.ndarray, observed: float) -> float:
+    """``(1 + #{null ≥ observed − TIE}) / (1 + len(null))``; a NaN null value counts as reaching."""
+    if not np.isfinite(observed):
+        return np.nan
+    return (1 + int((~(null < observed - TIE)).sum())) / (1 + null.size)
+
+
 # ----------------------------------------------------------------------------- the contest
 def contest_target(features: pd.DataFrame, families: Mapping[str, Sequence[str]], y: np.ndarray, groups: np.ndarray,
                    metric: str, *, folds: int, n_boot: int, n_perm: int, seed: int, tag: Sequence[int] = ()
@@ -285,24 +465,24 @@ def contest_target(features: pd.DataFrame, families: Mapping[str, Sequence[str]]
     metric : str
         ``auroc`` or ``spearman``.
     folds, n_boot, n_perm : int
-        Folds of the grouped K-fold (at most the number of layers), bootstrap resamples,
-        permutations.
+        Folds of the grouped K-fold (at most the number of layers), bootstrap resamples (each
+        refits every set's cross-validation), permutations (of the labels for the single sets
+        and ``all``, of the dropped family's columns for ``all-X``).
     seed, tag : int, sequence of int
-        Randomness from ``SeedSequence([seed, *tag, 0])`` (permutations) and ``[seed, *tag, 1]``
-        (bootstrap).
+        Randomness from ``SeedSequence([seed, *tag, s])``, s = 0 label permutations, 1 bootstrap,
+        2 feature permutations.
 
     Returns
     -------
     DataFrame
         ``score`` and ``r2`` from the out-of-fold predictions (``r2`` NaN for ``auroc``);
-        ``score_lo``/``score_hi`` the 95% percentile interval over layer-cluster resamples;
-        ``p = (1 + #{perm score ≥ score}) / (1 + n_perm)`` (a NaN permuted score counts as
-        reaching it); for ``all-X`` ``delta = score(all) − score(all−X)``, its interval over the
-        same resamples, ``p`` the same test of ``delta`` (the drops of the same label
-        permutations), and ``required = delta_lo > 0`` before :func:`with_qvalues` also asks for
-        its q-value (the bootstrap reuses the out-of-fold predictions without refitting, so the
-        interval alone is too narrow: under pure noise it excluded 0 for some family in 11 of
-        40 seeds).
+        ``score_lo``/``score_hi`` the 95% percentile interval over the refitted layer-cluster
+        resamples. For a family and ``all``, ``p = (1 + #{perm score ≥ score}) / (1 + n_perm)``
+        over within-layer label permutations. For ``all-X``: ``delta = score(all) − score(all−X)``,
+        its paired interval over the same resamples, ``p`` the conditional test of the drop
+        (X's columns permuted within layers, ``all`` refitted: see the module docstring; NaN
+        when X is empty), and ``required = delta_lo > 0`` before :func:`with_qvalues` also asks
+        for its q-value. A NaN permuted score counts as reaching the observed one.
 
     Raises
     ------
@@ -318,47 +498,48 @@ def contest_target(features: pd.DataFrame, families: Mapping[str, Sequence[str]]
                          "pass one of each per head.")
     keep = ~np.isnan(y)
     y, groups, X = y[keep], groups[keep], features.loc[keep]
-    splits = grouped_folds(groups, folds)
-    perm = within_group_permutations(groups, n_perm, np.random.default_rng(np.random.SeedSequence([seed, *tag, 0])))
-    weights = layer_bootstrap_weights(groups, n_boot, np.random.default_rng(np.random.SeedSequence([seed, *tag, 1])))
-    Y = np.column_stack([y, y[perm].T])
+    fold = grouped_folds(groups, folds)
+    codes = _codes(groups)
+    streams = [np.random.default_rng(np.random.SeedSequence([seed, *tag, s])) for s in range(3)]
+    label_perm = within_group_permutations(groups, n_perm, streams[0])
+    counts = layer_bootstrap_counts(int(codes.max()) + 1, n_boot, streams[1])
+    boot_weights = counts[:, codes]
+    boot_fold = assign_folds(counts * np.bincount(codes), folds)[:, codes]
+    feature_perm = within_group_permutations(groups, n_perm, streams[2])
+    Y = np.column_stack([y, y[label_perm].T])
     sets = feature_sets(families)
-    rows, boots, scores, permuted = [], {}, {}, {}
+    rows, boots, scores = {}, {}, {}
     for name, cols in sets.items():
         row = {"features": name, "metric": metric, "score": np.nan, "score_lo": np.nan, "score_hi": np.nan,
-               "r2": np.nan, "p": np.nan}
+               "r2": np.nan, "p": np.nan, "delta": np.nan, "delta_lo": np.nan, "delta_hi": np.nan, "required": False,
+               "n_heads": int(y.size), "n_folds": int(fold.max()) + 1}
         boot = np.full(n_boot, np.nan)
-        permuted[name] = np.full(n_perm, np.nan)
         if cols:
-            pred = oof_predictions(X[list(cols)].to_numpy(dtype=np.float64), Y, splits)
-            s = score_columns(pred, Y, metric)
-            score = float(s[0])
-            permuted[name] = s[1:]
-            if np.isfinite(score):
-                reached = int((~(s[1:] < score - TIE)).sum())
-                row["p"] = (1 + reached) / (1 + n_perm)
-            boot = bootstrap_scores(pred[:, 0], y, weights, metric)
-            row["score"] = score
-            row["score_lo"], row["score_hi"] = _interval(boot)
+            Xs = X[list(cols)].to_numpy(dtype=np.float64)
+            labelled = name in families or name == "all"
+            pred = oof_predictions(Xs, Y if labelled else y, fold)[0]
+            s = score_columns(pred, Y[:, : pred.shape[1]], metric)
+            row["score"] = float(s[0])
+            if labelled:
+                row["p"] = _pvalue(s[1:], row["score"])
             if metric == "spearman":
                 ss = float(((y - y.mean()) ** 2).sum())
                 row["r2"] = 1 - float(((y - pred[:, 0]) ** 2).sum()) / ss if ss > 0 else np.nan
-        boots[name], scores[name] = boot, row["score"]
-        rows.append(row)
-    for row in rows:
-        name = row["features"]
-        if name.startswith("all-"):
-            row["delta"] = delta = scores["all"] - scores[name]
-            row["delta_lo"], row["delta_hi"] = _interval(boots["all"] - boots[name])
-            row["required"] = bool(row["delta_lo"] > 0)
-            if np.isfinite(delta):
-                reached = int((~(permuted["all"] - permuted[name] < delta - TIE)).sum())
-                row["p"] = (1 + reached) / (1 + n_perm)
-        else:
-            row.update(delta=np.nan, delta_lo=np.nan, delta_hi=np.nan, required=False)
-        row["n_heads"] = int(y.size)
-        row["n_folds"] = len(splits)
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+            boot = bootstrap_scores(oof_predictions(Xs, y, boot_fold, boot_weights)[:, :, 0], y, boot_weights, metric)
+            row["score_lo"], row["score_hi"] = _interval(boot)
+        rows[name], boots[name], scores[name] = row, boot, row["score"]
+    for family, cols in families.items():
+        row = rows[f"all-{family}"]
+        row["delta"] = delta = scores["all"] - scores[f"all-{family}"]
+        row["delta_lo"], row["delta_hi"] = _interval(boots["all"] - boots[f"all-{family}"])
+        row["required"] = bool(row["delta_lo"] > 0)
+        if cols and np.isfinite(delta):
+            where = [sets["all"].index(c) for c in cols]
+            pred = oof_predictions(X[list(sets["all"])].to_numpy(dtype=np.float64), y, fold,
+                                   permute=(feature_perm, where))[:, :, 0]
+            null = score_columns(pred.T, np.broadcast_to(y[:, None], pred.T.shape), metric)
+            row["p"] = _pvalue(null - scores[f"all-{family}"], delta)
+    return pd.DataFrame(list(rows.values()), columns=list(COLUMNS))
 
 
 def with_qvalues(table: pd.DataFrame, q_level: float = Q_LEVEL) -> pd.DataFrame:

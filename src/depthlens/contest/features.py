@@ -2,8 +2,9 @@
 features of one attention matrix, and the depth persistence of a head's deviation.
 
 Pure array functions on float64 causal row-stochastic matrices. The per-matrix features take a
-batch ``(..., n, n)`` and return one value per matrix ``(...)``; :func:`persistence` takes every
-head of every layer of one chunk ``(L, H, n, n)``. Indices are 0-based: "rows i ≥ 2" of METHODS
+batch ``(..., n, n)`` and return one value per matrix ``(...)``; :func:`induction_mass` also takes
+the chunk's token ids; :func:`persistence` takes every head of every layer of one chunk
+``(L, H, n, n)``. Indices are 0-based: "rows i ≥ 2" of METHODS
 are rows ``1 … n−1`` here.
 """
 
@@ -22,6 +23,7 @@ __all__ = [
     "SCALE_FEATURES",
     "diag_quantiles",
     "head_features",
+    "induction_mass",
     "max_weight",
     "mean_distance",
     "norm_features",
@@ -72,6 +74,57 @@ def diag_quantiles(A: ArrayLike, quantiles: tuple[float, ...] = DIAG_QUANTILES) 
     arr = _batch(A)
     diag = np.diagonal(arr, axis1=-2, axis2=-1)[..., 1:]
     return np.moveaxis(np.percentile(diag, quantiles, axis=-1), 0, -1)
+
+
+def induction_mass(A: ArrayLike, tokens: ArrayLike) -> np.ndarray:
+    """Attention mass on the positions right after earlier occurrences of the query's token:
+    the natural-text analogue of the probe's induction score (a pattern-only proxy, from the
+    attention matrix and the chunk's token ids).
+
+    For query i (0-based) let ``K_i = {k : k ≤ i − 2, t[k − 1] = t[i]}``: every position that
+    follows an earlier occurrence of ``t[i]``, except the query itself (``k = i``, a repeated
+    token) and its previous token (``k = i − 1``, which ``prev_weight`` measures). The value is
+    the mean of ``Σ_{k ∈ K_i} A[i, k]`` over the queries with ``K_i`` non-empty: 1 for a perfect
+    induction head, about ``|K_i| / (i + 1)`` for a uniform one. Exact (a masked sum).
+
+    Parameters
+    ----------
+    A : array_like, shape (..., n, n)
+        Causal row-stochastic attention matrices of one chunk, n ≥ 2.
+    tokens : array_like, shape (n,)
+        The chunk's token ids.
+
+    Returns
+    -------
+    numpy.ndarray, shape (...)
+        NaN when no query of the chunk has an earlier occurrence of its token (``K_i`` empty for
+        every i).
+
+    Raises
+    ------
+    InputError
+        If ``A`` is not causal row-stochastic, n < 2, or ``tokens`` is not of length n.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> t = np.array([0, 5, 6, 7, 5, 6, 7])  # BOS, then a sequence and its repeat
+    >>> A = np.zeros((7, 7)); A[:, 0] = 1.0
+    >>> A[4:, 0] = 0.0; A[[4, 5, 6], [2, 3, 4]] = 1.0  # the second copy attends to the token after its first
+    >>> float(induction_mass(A, t))
+    1.0
+    """
+    arr = _batch(A)
+    t = np.asarray(tokens).reshape(-1)
+    n = arr.shape[-1]
+    if t.size != n:
+        raise InputError(f"induction_mass got {t.size} token ids for attention of size {n}; pass the chunk's ids.")
+    i, k = np.indices((n, n))
+    targets = (k >= 1) & (k <= i - 2) & (t[np.maximum(k - 1, 0)] == t[i])
+    queries = targets.any(axis=1)
+    if not queries.any():
+        return np.full(arr.shape[:-2], np.nan)
+    return (arr * targets).sum(axis=-1)[..., queries].mean(axis=-1)
 
 
 def norm_features(B: np.ndarray) -> dict[str, np.ndarray]:

@@ -28,12 +28,14 @@ class ContestOptions:
     contest_folds : int
         folds of the grouped K-fold by layer (a layer is never split)
     contest_boot : int
-        layer-cluster bootstrap resamples for the confidence intervals
+        layer-cluster bootstrap resamples for the confidence intervals (each refits the
+        grouped cross-validation of every feature set)
     contest_perm : int
-        label permutations within layers for the p-values
+        permutations within layers for the p-values (of the labels for the single families
+        and all, of the dropped family's features for all-X)
     contest_chunks : int
-        chunks (the first ones) from which the pattern, eigenvalue and norm features and
-        the depth persistence are computed (medians over them)
+        chunks (the first ones) from which the pattern, eigenvalue and norm features, the
+        induction mass and the depth persistence are computed (medians over them)
     seed : int
         the run's seed (folds, bootstrap, permutations)
     """

@@ -5,8 +5,8 @@ Two phases, each in resumable units:
 1. ``features<k>``: one batch of the first ``contest_chunks`` chunks (``batch_size`` chunks a
    unit). Every layer's attention of the batch is held at once (the depth persistence runs over
    depth: ``L·H·n²`` float64 per chunk, 35 MB for SmolLM2 at n = 128); each chunk's pattern,
-   eigenvalue and norm features and its persistence (:mod:`depthlens.contest.features`) are
-   computed by the workers. The per-head table ``contest_features`` is the median over chunks
+   eigenvalue and norm features, its induction mass (from the chunk's token ids) and its
+   persistence (:mod:`depthlens.contest.features`) are computed by the workers. The per-head table ``contest_features`` is the median over chunks
    (of logs for the scale quantities ``fro_B`` and ``sigma2_B``, METHODS A3).
 2. ``cv_<target>``: the contest of one target (:func:`depthlens.contest.cv.contest_target`)
    over the features of ``heads`` (attention stage) and ``contest_features``. The table
@@ -36,7 +36,7 @@ from ..runs import RunDirectory
 from ..schema import trained_rows
 from ..stats import log_median
 from . import cv
-from .features import HEAD_FEATURES, SCALE_FEATURES, head_features, persistence
+from .features import HEAD_FEATURES, SCALE_FEATURES, head_features, induction_mass, persistence
 from .options import CONTEST_TARGETS, ContestOptions
 
 __all__ = ["STAGE", "aggregate_features", "check", "check_sources", "chunk_features", "contest_table", "run"]
@@ -47,7 +47,7 @@ MIN_SEQ_LEN = 2
 #: Seed tag of the contest's random streams: ``SeedSequence([seed, SEED_TAG, target index, purpose])``.
 SEED_TAG = 7
 #: Per-head columns of ``contest_features`` (the per-chunk units add ``chunk``).
-FEATURE_COLUMNS = (*HEAD_FEATURES, "persistence")
+FEATURE_COLUMNS = (*HEAD_FEATURES, "induction_mass", "persistence")
 #: Where each target comes from: (table, stage that writes it).
 SOURCES = {"persistence": ("heads", "attention"), "routing": ("heads", "attention"), "criticality": ("ablation", "ablate")}
 METRIC = {"persistence": "spearman", "routing": "auroc", "criticality": "spearman"}
@@ -116,15 +116,17 @@ def run(context: StageContext) -> None:
 
 
 # ----------------------------------------------------------------------------- features
-def chunk_features(A: np.ndarray, chunk: int) -> pd.DataFrame:
+def chunk_features(A: np.ndarray, tokens: np.ndarray, chunk: int) -> pd.DataFrame:
     """Every head's features and persistence in one chunk: ``A`` is (L, H, n, n), every layer's
-    attention of the chunk. One row per (layer, head) with ``chunk`` and :data:`FEATURE_COLUMNS`."""
+    attention of the chunk, ``tokens`` (n,) its token ids. One row per (layer, head) with
+    ``chunk`` and :data:`FEATURE_COLUMNS`."""
     n_layers, n_heads = A.shape[:2]
     values = head_features(A)
     table = pd.DataFrame({"layer": np.repeat(np.arange(n_layers), n_heads), "head": np.tile(np.arange(n_heads), n_layers),
                           "chunk": chunk})
     for name in HEAD_FEATURES:
         table[name] = values[name].reshape(-1)
+    table["induction_mass"] = induction_mass(A, tokens).reshape(-1)
     table["persistence"] = persistence(A).reshape(-1)
     return table
 
@@ -139,7 +141,8 @@ def _features_phase(run_dir: RunDirectory, adapter, token_ids: torch.Tensor, poo
         with run_dir.failures.unit(STAGE, key):
             batch = token_ids[start : start + batch_size]
             probs = np.stack([p.cpu().numpy() for _, p in adapter.attention_probs(batch)], axis=1)  # (B, L, H, n, n)
-            futures = [pool.submit(chunk_features, probs[i], start + i) for i in range(probs.shape[0])]
+            ids = batch.cpu().numpy()
+            futures = [pool.submit(chunk_features, probs[i], ids[i], start + i) for i in range(probs.shape[0])]
             del probs
             run_dir.write_unit(STAGE, key, {"rows": pd.concat([f.result() for f in futures], ignore_index=True)})
         bar.update()
