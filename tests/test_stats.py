@@ -36,3 +36,59 @@ def test_log_median() -> None:
     assert log_median(np.array([1.0, 4.0])) == pytest.approx(2.0)
     with pytest.raises(InputError):
         log_median(np.array([1.0, 0.0]))
+
+
+def test_median_interval_is_the_exact_order_statistic_interval() -> None:
+    from depthlens.stats import median_interval
+
+    for n in range(1, 40):
+        x = np.arange(float(n))
+        lo, hi = median_interval(x)
+        if n < 6:
+            assert (lo, hi) == (-np.inf, np.inf)
+            continue
+        k = int(lo) + 1  # [x_(k), x_(n-k+1)]
+        assert hi == n - k
+        coverage = 1 - 2 * stats.binom.cdf(k - 1, n, 0.5)
+        assert coverage >= 0.95 and 1 - 2 * stats.binom.cdf(k, n, 0.5) < 0.95  # the narrowest that covers
+
+
+def test_proportion_interval_matches_scipy_clopper_pearson() -> None:
+    from depthlens.stats import proportion_interval
+
+    for k, n in ((0, 10), (3, 10), (10, 10), (7, 60)):
+        ci = stats.binomtest(k, n).proportion_ci(0.95, method="exact")
+        assert proportion_interval(k, n) == pytest.approx((ci.low, ci.high))
+
+
+def test_pooled_rank_test_against_enumeration_and_its_floor() -> None:
+    import itertools
+
+    from depthlens.stats import pooled_rank_test
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        samples = rng.integers(1, 4, size=3)
+        ranks = np.array([rng.integers(0, s + 1) for s in samples], dtype=float)
+        sums = np.array([sum(r) for r in itertools.product(*(range(s + 1) for s in samples))], dtype=float)
+        want = min(1.0, 2 * min(np.mean(sums >= ranks.sum()), np.mean(sums <= ranks.sum())))
+        assert pooled_rank_test(ranks, samples) == pytest.approx(want)
+    assert pooled_rank_test(np.full(8, 16.0), np.full(8, 16)) == pytest.approx(2 / 17**8)
+    assert pooled_rank_test(np.array([np.nan]), np.array([4])) == 1.0
+
+
+def test_spearman_interval_covers_under_the_null() -> None:
+    from depthlens.stats import spearman, spearman_interval
+
+    rng = np.random.default_rng(1)
+    covered = [lo <= 0 <= hi for lo, hi in (spearman_interval(spearman(*rng.normal(size=(2, 20)))[0], 20)
+                                            for _ in range(400))]
+    assert np.mean(covered) >= 0.93
+
+
+def test_trend_interval_is_the_spread_of_binomial_redraws() -> None:
+    from depthlens.stats import trend_interval
+
+    assert trend_interval(np.array([5, 5, 5]), np.array([60, 60, 60]))[0] == 0.0  # flat
+    rho, lo, hi = trend_interval(np.array([4, 5, 6]), np.array([60, 60, 60]))
+    assert rho == 1.0 and lo < 0 < hi  # three increasing counts, inside their resampling spread

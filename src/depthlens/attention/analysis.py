@@ -26,7 +26,7 @@ import pandas as pd
 
 from ..errors import DecompositionError
 from ..linalg.nulls import shuffle_null
-from ..stats import head_sign_tests, log_median
+from ..stats import head_rank_tests, log_median
 from . import features
 from .depth import depth_table, layer_operators
 from .options import AttentionOptions
@@ -59,7 +59,9 @@ def head_chunk_row(
     Kreiss bracket. The null stream is seeded by ``(seed, 1, layer, head, chunk)``; besides
     the excess against all ``S`` samples, ``delta_TR1_half`` is the excess against the first
     ``⌈S/2⌉`` of them, which are exactly the samples a run with ``⌈S/2⌉`` nulls draws
-    (:func:`~depthlens.linalg.nulls.shuffle_null` draws samples in order). ``failure``
+    (:func:`~depthlens.linalg.nulls.shuffle_null` draws samples in order), and
+    ``null_rank_TR1`` / ``null_rank_TR1_half`` are TR1's ranks among all ``null_n`` = S samples
+    and among that first half (:func:`null_rank`). ``failure``
     is None, or the reason why no driver of :mod:`depthlens.linalg.guarded` converged (the
     quantities of that row are then missing)."""
     keys = {"layer": layer, "head": head, "chunk": chunk, "extras": extras}
@@ -72,10 +74,20 @@ def head_chunk_row(
             row.update(null_TR1_mean=float(tr.mean()), null_TR1_sd=sd)
             row["delta_TR1"] = row["TR1"] - row["null_TR1_mean"]
             row["z_TR1"] = row["delta_TR1"] / sd if sd > 0 else math.nan
-            row["delta_TR1_half"] = row["TR1"] - float(tr[: math.ceil(tr.size / 2)].mean())
+            half = tr[: math.ceil(tr.size / 2)]
+            row["delta_TR1_half"] = row["TR1"] - float(half.mean())
+            row.update(null_n=int(tr.size), null_rank_TR1=null_rank(row["TR1"], tr),
+                       null_rank_TR1_half=null_rank(row["TR1"], half))
     except DecompositionError as exc:
         return failed_row(keys, exc)
     return {**row, "failure": None}
+
+
+def null_rank(value: float, nulls: np.ndarray) -> float:
+    """Rank of ``value`` among its null samples: how many lie below it, ties counting one half
+    (uniform on ``{0, …, S}`` when the value is exchangeable with the ``S`` samples; what
+    :func:`~depthlens.stats.pooled_rank_test` pools over chunks). Exact comparisons."""
+    return float(np.sum(nulls < value) + 0.5 * np.sum(nulls == value))
 
 
 def failed_row(keys: dict, exc: DecompositionError) -> dict:
@@ -176,8 +188,9 @@ def aggregate_chunks(col: str, values: np.ndarray) -> tuple[float, bool]:
 def aggregate_heads(chunks: pd.DataFrame) -> pd.DataFrame:
     """One row per (layer, head): :func:`aggregate_chunks` of every per-chunk quantity,
     ``plain_median`` (the comma-separated scale quantities, in column order, that fell back to
-    the plain median; empty when none), null excess statistics with a sign test over chunks
-    and BH q-values over all heads."""
+    the plain median; empty when none), null excess statistics with the pooled rank test of
+    the head against its nulls over chunks (:func:`~depthlens.stats.head_rank_tests`) and BH
+    q-values over all heads."""
     keys = ["layer", "head"]
     groups = chunks.groupby(keys, sort=True)
     value_cols = [c for c in chunks.columns if c not in (*keys, "chunk", "extras") and chunks[c].dtype.kind == "f"]
@@ -191,7 +204,7 @@ def aggregate_heads(chunks: pd.DataFrame) -> pd.DataFrame:
     if "failure" in chunks:
         out["n_failed_chunks"] = groups["failure"].apply(lambda g: int(g.notna().sum())).to_numpy()
     if "delta_TR1" in chunks:
-        tests = head_sign_tests(chunks, "delta_TR1")  # the same (layer, head) order as the groups
+        tests = head_rank_tests(chunks)  # the same (layer, head) order as the groups
         out["null_p"], out["n_null_chunks"] = tests["p"].to_numpy(), tests["n"].to_numpy()
         out["null_q"] = tests["q"].to_numpy()
     return out
