@@ -1,30 +1,38 @@
-"""Formation and consolidation onsets over a checkpoint series, and their paired lag.
+"""Formation and consolidation onsets over a checkpoint series, and their calibrated lag.
 
 Seed 1 dates the resolvent organisation "to a consolidation phase after circuit formation".
-Operationally, per head of the final checkpoint's role groups:
+Operationally, per head of the final checkpoint's role groups, both onsets are found by the
+**same** rule on a continuous series:
 
-- **formation onset**: the first checkpoint from which the head's role score reaches its
-  role threshold at every later checkpoint (previous-token or induction score ≥ the routing
-  threshold, sink mass ≥ the sink threshold);
-- **consolidation onset**: the first checkpoint from which its excess reserve Δ_TR is
-  significant (BH q ≤ the FDR level) with its role's sign (positive for routing heads,
-  negative for sink heads) at every later checkpoint.
+- **formation onset**: the step (change point) of the head's role score (previous-token or
+  induction score, or sink mass);
+- **consolidation onset**: the step of its signed excess reserve ``sign · Δ_TR`` (positive
+  for routing heads, negative for sink heads).
 
-A "sustained" onset (holding from there to the end) ignores one-off crossings that later
-checkpoints undo. The lag of a head is the number of checkpoints from its formation onset to
-its consolidation onset (checkpoint order: log-spaced steps for ``depthlens train``); the
-claim's statistic is the one-sided exact sign-test p-value that lags are positive, over the
-heads with both onsets (zero lags dropped). Everything here is exact arithmetic on the
-tables' values.
+The step of a series is the least-squares single change point (:func:`step_onsets`). No rule
+of this kind is unbiased on its own: threshold rules ("from which q ≤ 0.05 holds to the end")
+delay the noisier series (with a true lag of 0 they gave one-sided p down to 1e-10), and the
+least-squares step drifts towards the middle of the series, more so for the noisier one. So
+the lag is **calibrated against a null with the same rule**: per head, both series are redrawn
+:data:`NULL_DRAWS` times from the step model fitted to them (their own levels and noise), with
+one common onset (the formation onset: a true lag of 0), and the same rule gives each draw's
+lag; ``expected_lag`` is their mean, the bias of the rule for that head.
+
+Heads of one layer share their residual stream and are not independent, so the claim's test
+is over layers (:func:`layer_lag_test`): each head's lag is placed in its own null distribution
+(a randomised probability integral transform, uniform under the null), each layer contributes
+its heads' mean, and a one-sided t-test over layers asks whether those are positive.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 from scipy import stats as _st
 
-__all__ = ["GROUPS", "head_onsets", "lag_test", "sustained_onset"]
+__all__ = ["GROUPS", "NULL_DRAWS", "head_onsets", "layer_lag_test", "step_fit", "step_onset", "step_onsets"]
 
 #: Head groups: the score that forms them, and the sign of Δ_TR that consolidates them.
 GROUPS: dict[str, tuple[str, float]] = {
@@ -34,25 +42,76 @@ GROUPS: dict[str, tuple[str, float]] = {
 }
 
 
-def sustained_onset(flags: np.ndarray) -> int | None:
-    """Index of the first entry from which ``flags`` holds to the end, or None when the last
-    entry is False (or there is none).
+#: Redraws per head of the null with a common onset (the lag's calibration).
+NULL_DRAWS = 200
+
+
+def step_onsets(x: np.ndarray) -> np.ndarray:
+    """Least-squares single change point along the last axis of ``x`` (finite values): per
+    series the ``k`` in ``1 … T−1`` whose split into ``x[:k]`` and ``x[k:]``, each at its mean,
+    leaves the smallest residual sum of squares (the first such ``k`` on ties), or −1 when the
+    series is constant, shorter than 2, or the level after the step is not above the level
+    before (no onset). Exact arithmetic on prefix sums: ``SSE(k) = Σx² − S_k²/k − (S − S_k)²/(T − k)``.
 
     Examples
     --------
-    >>> sustained_onset(np.array([False, True, False, True, True]))
+    >>> step_onsets(np.array([[0.1, 0.0, 0.2, 1.0, 0.9, 1.1], [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]]))
+    array([ 3, -1])
+    """
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[-1]
+    if n < 2:
+        return np.full(x.shape[:-1], -1)
+    k = np.arange(1, n)
+    head = np.cumsum(x, axis=-1)[..., :-1]
+    total = x.sum(axis=-1, keepdims=True)
+    best = np.argmax(head**2 / k + (total - head) ** 2 / (n - k), axis=-1)
+    at = np.take_along_axis(head, best[..., None], axis=-1)[..., 0]
+    before, after = at / k[best], (total[..., 0] - at) / (n - k[best])
+    return np.where((after > before) & (np.ptp(x, axis=-1) > 0), k[best], -1)
+
+
+def step_onset(values: np.ndarray) -> int | None:
+    """:func:`step_onsets` of one series after dropping NaN entries (the index counts the
+    finite entries), None for no onset.
+
+    Examples
+    --------
+    >>> step_onset(np.array([0.1, 0.0, 0.2, 1.0, 0.9, 1.1]))
     3
-    >>> sustained_onset(np.array([True, False])) is None
+    >>> step_onset(np.array([1.0, 1.0, 0.0])) is None
     True
     """
-    flags = np.asarray(flags, dtype=bool)
-    if flags.size == 0 or not flags[-1]:
-        return None
-    failing = np.flatnonzero(~flags)
-    return int(failing[-1] + 1) if failing.size else 0
+    x = np.asarray(values, dtype=np.float64)
+    k = int(step_onsets(x[np.isfinite(x)]))
+    return None if k < 0 else k
 
 
-def _group(final: pd.Series, routing: float, sink: float) -> str | None:
+def step_fit(x: np.ndarray, onset: int) -> tuple[float, float, float]:
+    """``(before, after, sd)`` of the step model at ``onset``: the two levels (means) and the
+    residual standard deviation (``T − 2`` degrees of freedom; 0 for ``T ≤ 2``)."""
+    x = np.asarray(x, dtype=np.float64)
+    before, after = float(x[:onset].mean()), float(x[onset:].mean())
+    resid = np.concatenate([x[:onset] - before, x[onset:] - after])
+    return before, after, float(np.sqrt((resid**2).sum() / (x.size - 2))) if x.size > 2 else 0.0
+
+
+def null_lags(score: np.ndarray, reserve: np.ndarray, formation: int, rng: np.random.Generator,
+              draws: int = NULL_DRAWS) -> np.ndarray:
+    """The lags :func:`step_onsets` gives under a true lag of 0: both series redrawn ``draws``
+    times from the step model of the null hypothesis, each fitted at the common onset
+    ``formation`` (:func:`step_fit`: its levels and residual noise ``N(0, sd)``); NaN for a
+    draw where either rule finds no onset. Monte Carlo."""
+    k = np.arange(score.size)
+    planted = []
+    for x in (score, reserve):
+        before, after, sd = step_fit(x, formation)
+        planted.append(before + (after - before) * (k >= formation) + sd * rng.standard_normal((draws, k.size)))
+    f, c = step_onsets(planted[0]), step_onsets(planted[1])
+    return np.where((f >= 0) & (c >= 0), c - f, np.nan).astype(np.float64)
+
+
+def _group(final: Mapping[str, float], routing: float, sink: float) -> str | None:
     """The group of a head from its final-checkpoint row: the larger routing score when one
     reaches ``routing``, else ``sink`` when its sink mass reaches ``sink``."""
     prev, ind = float(final["prev_token_score"]), float(final["induction_score"])
@@ -63,73 +122,114 @@ def _group(final: pd.Series, routing: float, sink: float) -> str | None:
     return None
 
 
-def head_onsets(heads: pd.DataFrame, *, routing: float = 0.3, sink: float = 0.5, q_level: float = 0.05
-                ) -> pd.DataFrame:
-    """Onsets of every grouped head of one series.
+def head_onsets(heads: pd.DataFrame, *, routing: float = 0.3, sink: float = 0.5) -> pd.DataFrame:
+    """Onsets of every grouped head of one series (:func:`step_onset` of its role score and of
+    its signed excess reserve) and the lag the rule gives under a common onset
+    (:func:`null_lags`, seeded per head by its layer and index, so deterministic).
 
     Parameters
     ----------
     heads : DataFrame
         One row per (checkpoint, layer, head) with ``order`` (the checkpoint's index in
-        training order), ``step``, ``prev_token_score``, ``induction_score``, ``sink_mass``,
-        ``delta_TR1`` and ``null_q``.
+        training order), ``step``, ``prev_token_score``, ``induction_score``, ``sink_mass`` and
+        ``delta_TR1``.
     routing, sink : float
-        Role thresholds (the attention stage's defaults).
-    q_level : float
-        FDR level of a significant Δ_TR.
+        Role thresholds (the attention stage's defaults), which set the groups at the last
+        checkpoint only.
 
     Returns
     -------
     DataFrame
         One row per head in a group at the last checkpoint: ``layer``, ``head``, ``group``,
         ``formation_order``/``formation_step`` and ``consolidation_order``/
-        ``consolidation_step`` (NaN when there is no sustained onset) and ``lag`` (in
-        checkpoints; NaN unless both onsets exist).
+        ``consolidation_step`` (NaN when the series has no rising step), ``lag`` (in
+        checkpoints; NaN unless both onsets exist), ``null_lags`` (the rule's lags under a true
+        lag of 0, :func:`null_lags`; None with a NaN ``lag``) and ``expected_lag`` (their mean).
     """
     cols = ["layer", "head", "group", "formation_order", "formation_step", "consolidation_order",
-            "consolidation_step", "lag"]
+            "consolidation_step", "lag", "expected_lag", "null_lags"]
     if heads.empty:
         return pd.DataFrame(columns=cols)
     orders = np.sort(heads["order"].unique())
-    last = orders[-1]
-    steps = heads.drop_duplicates("order").set_index("order")["step"]
+    steps = heads.drop_duplicates("order").set_index("order")["step"].reindex(orders).to_numpy(dtype=float)
+    keys = heads[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"]).reset_index(drop=True)
+    row = pd.Series(np.arange(len(keys)), index=pd.MultiIndex.from_frame(keys)).reindex(
+        pd.MultiIndex.from_frame(heads[["layer", "head"]])).to_numpy()
+    col = np.searchsorted(orders, heads["order"].to_numpy())
+    wide = {}
+    for name in ("prev_token_score", "induction_score", "sink_mass", "delta_TR1"):
+        grid = np.full((len(keys), orders.size), np.nan)
+        grid[row, col] = pd.to_numeric(heads[name], errors="coerce").to_numpy(dtype=float)
+        wide[name] = grid
     rows = []
-    for (layer, head), rows_h in heads.groupby(["layer", "head"], sort=True):
-        rows_h = rows_h.set_index("order").reindex(orders)
-        if pd.isna(rows_h.loc[last, "sink_mass"]):
+    for i, (layer, head) in enumerate(keys.itertuples(index=False)):
+        series = {name: grid[i] for name, grid in wide.items()}
+        final = {col: v[-1] for col, v in series.items()}
+        if np.isnan(final["sink_mass"]):
             continue
-        group = _group(rows_h.loc[last], routing, sink)
+        group = _group(final, routing, sink)
         if group is None:
             continue
         score, sign = GROUPS[group]
-        threshold = sink if group == "sink" else routing
-        formed = (rows_h[score] >= threshold).to_numpy()
-        q = rows_h["null_q"].to_numpy(dtype=float)
-        consolidated = (q <= q_level) & (np.sign(rows_h["delta_TR1"].to_numpy(dtype=float)) == sign)
-        f, c = sustained_onset(formed), sustained_onset(consolidated)
+        at = np.flatnonzero(np.isfinite(series[score]) & np.isfinite(series["delta_TR1"]))
+        x, r = series[score][at], sign * series["delta_TR1"][at]
+        f, c = step_onset(x), step_onset(r)
+        null = None if f is None or c is None else null_lags(
+            x, r, f, np.random.default_rng(np.random.SeedSequence([int(layer), int(head)])))
         rows.append({"layer": int(layer), "head": int(head), "group": group,
-                     "formation_order": np.nan if f is None else float(orders[f]),
-                     "formation_step": np.nan if f is None else float(steps.loc[orders[f]]),
-                     "consolidation_order": np.nan if c is None else float(orders[c]),
-                     "consolidation_step": np.nan if c is None else float(steps.loc[orders[c]]),
-                     "lag": np.nan if f is None or c is None else float(c - f)})
+                     "formation_order": np.nan if f is None else float(orders[at[f]]),
+                     "formation_step": np.nan if f is None else float(steps[at[f]]),
+                     "consolidation_order": np.nan if c is None else float(orders[at[c]]),
+                     "consolidation_step": np.nan if c is None else float(steps[at[c]]),
+                     "lag": np.nan if null is None else float(c - f),
+                     "expected_lag": np.nan if null is None or np.isnan(null).all() else float(np.nanmean(null)),
+                     "null_lags": null})
     return pd.DataFrame(rows, columns=cols)
 
 
-def lag_test(lags: np.ndarray) -> tuple[int, float, float]:
-    """``(n, median lag, p)`` over the finite non-zero ``lags``: ``p`` is the one-sided exact
-    sign-test p-value that lags are positive (consolidation after formation), 1.0 when no lag
-    is left. A p near 0 says consolidation follows formation; near 1, that it precedes it.
+def layer_lag_test(onsets: pd.DataFrame) -> tuple[int, float, float]:
+    """``(n, median, p)`` of the calibrated lag over layers.
+
+    Each head's lag is placed in its own null distribution (its :func:`null_lags` draws, a
+    true lag of 0 under the same rule) by the randomised probability integral transform
+    ``u = P(L < lag) + V·P(L = lag)``, ``V`` uniform (seeded by the layer and head, so
+    deterministic): ``u`` is uniform under the null whatever the rule's bias and the lags'
+    discreteness. Heads of one layer are not independent, so each layer contributes the mean
+    of its heads' ``u − ½`` and ``p`` is the one-sided t-test over layers that those means are
+    positive (consolidation later than the rule alone gives; 0 or 1 when every layer has the
+    same mean, ½ when that mean is 0, 1 with fewer than 2 layers). ``n`` counts the layers,
+    ``median`` is the median over layers of the mean of ``lag − expected_lag``.
 
     Examples
     --------
-    >>> n, median, p = lag_test(np.array([1, 2, 1, 3, 2, 0, np.nan]))
-    >>> n, median, round(p, 4)
-    (5, 2.0, 0.0312)
+    >>> zero = np.zeros(100)
+    >>> onsets = pd.DataFrame({"layer": [0, 0, 1, 2], "head": [0, 1, 0, 0], "lag": [1.0, 2.0, 1.0, -1.0],
+    ...                        "expected_lag": 0.0, "null_lags": [zero] * 4})
+    >>> n, median, p = layer_lag_test(onsets)
+    >>> n, median, round(p, 3)
+    (3, 1.0, 0.333)
     """
-    arr = np.asarray(lags, dtype=np.float64)
-    arr = arr[np.isfinite(arr) & (arr != 0.0)]
-    if arr.size == 0:
-        return 0, float("nan"), 1.0
-    p = float(_st.binomtest(int((arr > 0).sum()), arr.size, 0.5, alternative="greater").pvalue)
-    return int(arr.size), float(np.median(arr)), p
+    paired = onsets[np.isfinite(pd.to_numeric(onsets["lag"], errors="coerce").to_numpy(dtype=float))]
+    means, excess = [], []
+    for layer, group in paired.groupby("layer", sort=True):
+        shifts = []
+        for row in group.itertuples(index=False):
+            null = np.asarray(row.null_lags, dtype=float)
+            null = null[np.isfinite(null)]
+            if null.size == 0:
+                continue
+            v = np.random.default_rng(np.random.SeedSequence([int(layer), int(row.head), 1])).random()
+            shifts.append(float(np.mean(null < row.lag - 1e-9) + v * np.mean(np.abs(null - row.lag) <= 1e-9)) - 0.5)
+        if shifts:
+            means.append(float(np.mean(shifts)))
+            excess.append(float((group["lag"] - group["expected_lag"]).mean()))
+    n = len(means)
+    if n < 2:
+        return n, float(np.median(excess)) if excess else float("nan"), 1.0
+    m = np.array(means)
+    sd = float(m.std(ddof=1))
+    if sd == 0.0:
+        p = 0.5 if m[0] == 0 else (0.0 if m[0] > 0 else 1.0)
+    else:
+        p = float(_st.t.sf(m.mean() / (sd / np.sqrt(n)), n - 1))
+    return n, float(np.median(excess)), p
