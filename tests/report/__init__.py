@@ -6,7 +6,7 @@ Every table is written through :func:`write_table`, which puts the identity colu
 
 :func:`build_run` writes a small run whose numbers support every default claim, with samples
 at or above every claim's minimum (8
-chunks, 6 routing and 6 sink heads, 24 boundaries, 1000 permutations); tests then overwrite
+chunks, 6 routing and 6 sink heads, 40 boundaries, 1000 permutations, 18 layers of Jacobians); tests then overwrite
 single tables or summaries to produce the other verdicts, or pass ``chunks`` /
 ``boundaries`` below the minimums to get underpowered ones.
 """
@@ -83,7 +83,7 @@ def drop_stage(root: Path, stage: str) -> None:
 
 
 def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str] = ALL_STAGES,
-              pseudospectra: bool = True, chunks: int = 8, boundaries: int = 24) -> Path:
+              pseudospectra: bool = True, chunks: int = 8, boundaries: int = 40) -> Path:
     """Write a complete synthetic run directory at ``root`` and return it (``chunks`` text
     chunks, the first min(chunks, 8) with null samples; ``boundaries`` coupling boundaries
     per checkpoint)."""
@@ -92,7 +92,7 @@ def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str
     stages = tuple(stages)
     write_json(root, "manifest", {
         "config": {"model": model, "seed": 0, "chunks": chunks, "attention": {"null_chunks": 8, "null_mode": "spec"},
-                   "revisions": ["step1000"], "topology": {"n_perm": 1000}},
+                   "revisions": ["step1000"], "topology": {"n_perm": 1000}, "null_samples": 8},
         "config_hash": "0123456789abcdef",
         "created": "2026-01-01T00:00:00+00:00",
         "model": {"name": model, "revision": None, "family": "llama", "sha256": "ab" * 32},
@@ -137,11 +137,15 @@ def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra:
                      "induction_ratio": (2.0 + 0.05 * i) if role == "routing" else None,
                      "induction_ratio_control": (2.1 + 0.05 * i) if role == "routing" else None,
                      "plain_median": "", "n_chunks": chunks, "n_null_chunks": null_chunks})
+        # rank of TR1 among its 8 nulls: above all (routing), below all (sink), in the middle (other)
+        rank = {"routing": 8.0, "sink": 0.0, "other": 4.0}[role]
         for chunk in range(chunks):
             nulls = chunk < null_chunks
             chunk_rows.append({**ident, "layer": layer, "head": head, "chunk": chunk, "perron_simple": 1.0,
                                "kreiss_A": 4.0, "kreiss_A_ok": 1.0, "TR1": null_mean + delta,
-                               "delta_TR1": delta if nulls else np.nan, "delta_TR1_half": delta if nulls else np.nan})
+                               "delta_TR1": delta if nulls else np.nan, "delta_TR1_half": delta if nulls else np.nan,
+                               "null_n": 8.0 if nulls else np.nan, "null_rank_TR1": rank if nulls else np.nan,
+                               "null_rank_TR1_half": rank / 2 if nulls else np.nan})
     heads = pd.DataFrame(rows)
     for column in ("induction_ratio", "induction_ratio_control"):
         heads[column] = heads[column].astype(object)
@@ -245,11 +249,11 @@ def _contest(root: Path, ident: dict[str, str]) -> None:
 
 
 def _jacobian(root: Path, rng: np.random.Generator, ident: dict[str, str]) -> None:
-    layers = 6
+    layers = 18
     op_rows, eig_rows, cum_rows = [], [], []
     for checkpoint in ("trained", "init"):
         for layer in range(layers):
-            early = layer < 2
+            early = layer < layers // 3
             for sub in ("attn", "mlp", "layer"):
                 complex_frac = (0.97 if early else 0.3) if checkpoint == "trained" else 0.2
                 # trained: the update's symmetric share rises with depth; init: near-symmetric throughout
@@ -258,8 +262,7 @@ def _jacobian(root: Path, rng: np.random.Generator, ident: dict[str, str]) -> No
                                 "sublayer": sub, "complex_frac": complex_frac, "complex_frac_nontrivial": complex_frac,
                                 "henrici_update_rel": 0.9 - 0.1 * layer, "symmetry": 0.4 + 0.1 * layer,
                                 "symmetry_update": sym_u, "erank": 20.0, "spectral_radius": 1.5, "cond": 10.0})
-                if sub == "layer":
-                    continue
+                # trained early updates rotate (large imaginary parts), step-0 ones barely do
                 pairs = rng.normal(size=(4, 2)) * [1.0, 0.8 if complex_frac > 0.5 else 0.05]
                 for re, im in pairs:
                     for sign in (1, -1):
@@ -300,16 +303,16 @@ def _topology(root: Path, boundaries: int, ident: dict[str, str]) -> None:
                          "sublayer": ("attn", "mlp")[boundary % 2], "effect": effect, "p": 0.001 if sig else 0.5,
                          "q": 0.01 if sig else 0.7, "sign": (-1) ** boundary, "n_boundary_nodes": 16,
                          "n_interior_nodes": 48, "henrici_update_rel": 1.0 - symmetry, "symmetry": symmetry,
-                         "significant": sig})
+                         "symmetry_update": symmetry, "significant": sig})
     write_table(root, "coupling", pd.DataFrame(rows), ident)
     write_json(root, "topology", {"significant_layers": {"trained": (boundaries + 1) // 2, "init": 0},
                                   "n_boundaries": {"trained": boundaries, "init": boundaries}, "q_level": 0.05})
 
 
 def _census(root: Path, ident: dict[str, str]) -> None:
-    """Two series (RMSNorm, LayerNorm) of 8 checkpoints of 16 heads: every head forms at
-    checkpoint 2 or 3 and consolidates two checkpoints later (C1 supported), the full-depth
-    erank falls tenfold (C2) and the significant coupling boundaries rise (C3)."""
+    """Two series (RMSNorm, LayerNorm) of 8 checkpoints of 16 heads in 8 layers: every head
+    forms at checkpoint 2 or 3 and consolidates two checkpoints later (C1 supported), the
+    full-depth erank falls tenfold (C2) and the significant coupling boundaries rise (C3)."""
     steps = [0, 1, 4, 16, 64, 256, 1024, 4096]
     head_rows, rows = [], []
     for series, norm in (("series-rms", "RMSNorm"), ("series-ln", "LayerNorm")):
@@ -321,7 +324,7 @@ def _census(root: Path, ident: dict[str, str]) -> None:
                 formed = k >= 2 + h % 2
                 consolidated = k >= 4 + h % 2
                 score = 0.7 if formed else 0.1
-                head_rows.append({**key, "layer": h // 4, "head": h % 4,
+                head_rows.append({**key, "layer": h // 2, "head": h % 2,
                                   "role": ("sink" if sink else "routing") if formed else "other",
                                   "prev_token_score": 0.05 if sink else score, "induction_score": 0.02,
                                   "sink_mass": score if sink else 0.1, "TR1": 1.0,
@@ -331,7 +334,7 @@ def _census(root: Path, ident: dict[str, str]) -> None:
             rows.append({**key, "status": "done", "error": "", "family": "llama", "norm": norm,
                          "loss": 5.0 - 0.5 * k, "erank_one_step": 100.0, "erank_full_depth": 60.0 / (1 + k),
                          "funnel_ratio": 0.6 / (1 + k), "funnel_step0_over": 1.0 + k,
-                         "coupling_significant": float(k), "coupling_tested": 24.0,
+                         "coupling_significant": float(3 * k), "coupling_tested": 24.0,
                          "n_routing": 12.0 if k >= 2 else 0.0, "n_sink": 4.0 if k >= 2 else 0.0,
                          "max_prev_token_score": 0.7, "max_induction_score": 0.02, "max_sink_mass": 0.7,
                          "n_significant_reserve": 16.0 if k >= 5 else 0.0})

@@ -128,7 +128,7 @@ def test_profiles_on_normalised_depth(compared):
         return ops[(ops["checkpoint"] == "trained") & (ops["jacobian_mode"] == "isolated")
                    & (ops["sublayer"] == "layer")].sort_values("layer")
 
-    for run, n_layers in ((full, 6), (small, 4)):  # the small run's operators stop at layer 3
+    for run, n_layers in ((full, 18), (small, 4)):  # the small run's operators stop at layer 3
         want = operators(run)
         for name, column in (("complex_frac", "complex_frac_nontrivial"), ("henrici", "henrici_update_rel")):
             got = run_profile(name, RunTables(run))
@@ -138,7 +138,7 @@ def test_profiles_on_normalised_depth(compared):
     cum = cum[(cum["checkpoint"] == "trained") & (cum["jacobian_mode"] == "isolated") & (cum["direction"] == "forward")
               & (cum["alpha"] == 1.0) & (cum["truncation"] == 128)].sort_values("depth")
     got = run_profile("erank_funnel", RunTables(full))
-    np.testing.assert_allclose(got["depth"], cum["depth"] / 11)  # 12 sub-layer steps
+    np.testing.assert_allclose(got["depth"], cum["depth"] / 35)  # 36 sub-layer steps
     np.testing.assert_allclose(got["value"], cum["erank"])
     heads = pd.read_parquet(small / "tables" / "heads.parquet")
     got = run_profile("delta_tr_roles", RunTables(small))

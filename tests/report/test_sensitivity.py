@@ -3,6 +3,8 @@ runs whose answers are known; the statistics helpers against independent computa
 
 from __future__ import annotations
 
+import itertools
+
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ from depthlens.report.claims import evaluate, fragile, load_claims
 from depthlens.report.health import health_table, numerical_health
 from depthlens.report.statistics import gap_contrasts
 from depthlens.report.tables import RunTables
-from depthlens.stats import head_sign_tests, spearman
+from depthlens.stats import head_rank_tests, spearman
 
 from . import build_run, read_json, read_table, write_json, write_table
 
@@ -30,30 +32,40 @@ def run(tmp_path: Path) -> Path:
 
 
 def results(run: Path) -> dict[str, dict]:
-    return {r["id"]: r for r in evaluate(load_claims(), run)}
+    return {r["id"]: r for r in evaluate(load_claims(), run, calibrate=False)}
 
 
 def test_variants_agree_on_the_synthetic_run(run):
     got = results(run)
     b4 = got["B4-funnel-schur"]
-    assert [v["name"] for v in b4["sensitivity"]][:3] == ["canonical Schur order", "|λ| > 1 first", "|λ| < 1 first"]
+    assert [v["name"] for v in b4["sensitivity"]] == ["forward, exact products (LAPACK order)",
+                                                       "in-context operators (LAPACK order)"]
     assert {v["verdict"] for v in b4["sensitivity"]} == {"supported"} and not b4["fragile"]
-    assert got["B1-complex-early"]["sensitivity"][2]["verdict"] == "not tested"  # no isolated_observed operators
+    assert b4["interval_kind"] == "range"
     assert got["B2-funnel-trained"]["sensitivity"][-1]["name"] == "in-context operators"
 
 
 def test_a_verdict_that_flips_under_a_variant_is_fragile(run):
     cum = read_table(run, "cumulative")
-    canonical = (cum["schur_order"] == "canonical") & (cum["checkpoint"] == "trained")
-    cum.loc[canonical, "erank"] = 100.0 * (2.0 / 100.0) ** (cum.loc[canonical, "depth"] / 11)  # α = 0 keeps the funnel
+    forward = (cum["direction"] == "forward") & (cum["checkpoint"] == "trained") & (cum["alpha"] == 1.0)
+    cum.loc[forward, "erank"] = 100.0 * 0.5 ** (cum.loc[forward, "depth"] / cum["depth"].max())  # no funnel
     write_table(run, "cumulative", cum)
-    b4 = results(run)["B4-funnel-schur"]
-    assert b4["verdict"] == "supported" and b4["fragile"] is True
-    flipped = next(v for v in b4["sensitivity"] if v["name"] == "canonical Schur order")
-    assert flipped["verdict"] == "falsified" and flipped["value"] == pytest.approx(0.0, abs=1e-12)
+    b2 = results(run)["B2-funnel-trained"]
+    assert b2["verdict"] == "supported" and b2["fragile"] is True
+    flipped = next(v for v in b2["sensitivity"] if v["name"] == "forward accumulation")
+    assert flipped["verdict"] == "falsified" and flipped["value"] == pytest.approx(0.5)
     html = render_report(run).read_text()
-    assert "fragile" in html and "canonical Schur order" in html
+    assert "fragile" in html and "forward accumulation" in html
 
+
+def test_a_schur_split_that_depends_on_the_order_is_inconclusive(run):
+    cum = read_table(run, "cumulative")
+    canonical = (cum["schur_order"] == "canonical") & (cum["checkpoint"] == "trained")
+    cum.loc[canonical, "erank"] = 100.0 * (2.0 / 100.0) ** (cum.loc[canonical, "depth"] / cum["depth"].max())
+    write_table(run, "cumulative", cum)  # α = 0 keeps the whole funnel in the canonical order only
+    b4 = results(run)["B4-funnel-schur"]
+    assert b4["verdict"] == "inconclusive" and "range over protocol choices" in b4["reason"]
+    assert b4["value"] == pytest.approx(0.949, abs=1e-3) and b4["interval"][0] == pytest.approx(0.0, abs=1e-12)
 
 def test_fragile_rule():
     assert fragile("supported", ["supported", "falsified"]) and fragile("falsified", ["inconclusive"])
@@ -96,16 +108,24 @@ def test_gap_contrasts_are_paired_per_chunk():
     np.testing.assert_array_equal(gap_contrasts(depth), [7.0, 6.0])  # chunk 2 has no null: left out
 
 
-def test_head_sign_tests_and_spearman_against_scipy(rng):
-    chunks = pd.DataFrame({"layer": np.repeat([0, 0, 1], 10), "head": np.repeat([0, 1, 0], 10),
-                           "delta": rng.normal(0.3, 1.0, size=30)})
-    chunks.loc[3, "delta"] = np.nan
-    got = head_sign_tests(chunks, "delta")
+def _enumerated_p(ranks: np.ndarray, samples: int) -> float:
+    """Two-sided p of the rank sum by enumerating every outcome of uniform ranks (the reference)."""
+    sums = np.array([sum(r) for r in itertools.product(range(samples + 1), repeat=len(ranks))], dtype=float)
+    obs = ranks.sum()
+    return min(1.0, 2 * min(np.mean(sums >= obs - 1e-9), np.mean(sums <= obs + 1e-9)))
+
+
+def test_head_rank_tests_and_spearman_against_references(rng):
+    chunks = pd.DataFrame({"layer": np.repeat([0, 0, 1], 4), "head": np.repeat([0, 1, 0], 4),
+                           "delta": rng.normal(0.3, 1.0, size=12), "rank": rng.integers(0, 4, size=12).astype(float),
+                           "n": 3.0})
+    chunks.loc[3, "rank"] = np.nan
+    got = head_rank_tests(chunks, "delta", "rank", "n")
     for row, (key, group) in zip(got.itertuples(), chunks.groupby(["layer", "head"])):
-        values = group["delta"].dropna().to_numpy()
-        assert row.median == np.median(values) and row.n == len(values)
-        assert row.p == pytest.approx(st.binomtest(int((values > 0).sum()), len(values)).pvalue)
-    assert head_sign_tests(chunks.assign(delta=np.nan), "delta")["p"].eq(1.0).all()  # no evidence either way
+        used = group[group["rank"].notna()]
+        assert row.median == np.median(used["delta"]) and row.n == len(used)
+        assert row.p == pytest.approx(_enumerated_p(used["rank"].to_numpy(), 3))
+    assert head_rank_tests(chunks.assign(rank=np.nan), "delta", "rank", "n")["p"].eq(1.0).all()  # no evidence
     p_sorted = np.sort(got["p"].to_numpy())
     q_expected = np.minimum.accumulate((p_sorted * 3 / np.arange(1, 4))[::-1])[::-1].clip(max=1)
     np.testing.assert_allclose(np.sort(got["q"].to_numpy()), q_expected)

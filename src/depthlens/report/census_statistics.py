@@ -13,9 +13,9 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from ..census.onsets import head_onsets, lag_test
-from ..stats import spearman
-from .statistics import TooLittleData, _columns, _numeric, register
+from ..census.onsets import head_onsets, layer_lag_test
+from ..stats import spearman, trend_interval
+from .statistics import Estimate, TooLittleData, _columns, _numeric, register
 from .tables import RunTables
 
 
@@ -30,15 +30,15 @@ def _primary(t: RunTables, name: str) -> pd.DataFrame:
 
 def _onsets(t: RunTables) -> pd.DataFrame:
     heads = _primary(t, "census_heads")
-    _columns(heads, "census_heads.parquet", "prev_token_score", "induction_score", "sink_mass", "delta_TR1", "null_q")
-    return head_onsets(heads)
+    _columns(heads, "census_heads.parquet", "prev_token_score", "induction_score", "sink_mass", "delta_TR1")
+    return t.derived("census_onsets", lambda: head_onsets(heads))
 
 
 def _paired(t: RunTables) -> int | None:
+    """Layers with heads that have both onsets (the units of the C1 test)."""
     if t.table("census_heads") is None:
         return None
-    lags = _numeric(_onsets(t)["lag"])
-    return int(np.sum(np.isfinite(lags) & (lags != 0)))
+    return layer_lag_test(_onsets(t))[0]
 
 
 def _checkpoints(t: RunTables) -> int | None:
@@ -59,25 +59,26 @@ def _boundaries(t: RunTables) -> int | None:
 
 
 def _lags(t: RunTables) -> tuple[float, float]:
-    """``(median lag, one-sided p)`` of the paired heads (:func:`~depthlens.census.onsets.lag_test`)."""
-    n, median, p = lag_test(_numeric(_onsets(t)["lag"]))
+    """``(median lag, one-sided p)`` over layers (:func:`~depthlens.census.onsets.layer_lag_test`)."""
+    n, median, p = layer_lag_test(_onsets(t))
     if n == 0:
-        raise TooLittleData("no head has both a formation and a consolidation onset with a non-zero lag")
+        raise TooLittleData("no layer has heads with both a formation and a consolidation onset")
     return median, p
 
 
 @register("census_onset_lag_p", ["census_heads"],
-          "One-sided exact sign-test p-value that consolidation follows formation: over the heads of the final "
-          "checkpoint's role groups (previous-token, induction, sink) with both sustained onsets, the lag in "
-          "checkpoints from the onset of the role score to the onset of significant excess reserve of the role's "
-          "sign (zero lags dropped).", samples={"paired_heads": _paired})
+          "One-sided p-value over layers that consolidation follows formation: per head of the final "
+          "checkpoint's role groups (previous-token, induction, sink) both onsets are the least-squares step of a "
+          "continuous series (the role score; the excess reserve with the role's sign), the lag is placed in its "
+          "null distribution under a common onset (same rule, randomised probability integral transform), and a "
+          "t-test runs over the layers' mean transforms.", samples={"paired_layers": _paired, "checkpoints": _checkpoints})
 def _lag_p(t: RunTables) -> float:
     return _lags(t)[1]
 
 
 @register("census_onset_lag_median", ["census_heads"],
-          "Median over the paired heads of the consolidation lag in checkpoints (positive: consolidation after "
-          "formation).", samples={"paired_heads": _paired})
+          "Median over layers of their heads' mean consolidation lag minus its expected value under a common "
+          "onset, in checkpoints (positive: consolidation after formation).", samples={"paired_layers": _paired})
 def _lag_median(t: RunTables) -> float:
     return _lags(t)[0]
 
@@ -119,8 +120,17 @@ register("census_funnel_trend", ["census"],
          "Spearman rank correlation between training order and the full-depth erank over the checkpoints "
          "(negative: the funnel deepens with training).", samples={"checkpoints": _checkpoints})(
     _trend("erank_full_depth", "a funnel (run the jacobian stage)"))
-register("census_coupling_trend", ["census"],
-         "B5 as a trend: Spearman rank correlation between training order and the number of FDR-significant "
-         "coupling boundaries per checkpoint (0 when the count never changes).",
-         samples={"checkpoints": _checkpoints, "boundaries": _boundaries})(
-    _trend("coupling_significant", "coupling counts (run the topology stage)"))
+@register("census_coupling_trend", ["census"],
+          "B5 as a trend: Spearman rank correlation between training order and the number of FDR-significant "
+          "coupling boundaries per checkpoint (0 when the count never changes), with its resampling spread "
+          "(parametric bootstrap of each count among the checkpoint's tested boundaries, 95% interval).",
+          samples={"checkpoints": _checkpoints, "boundaries": _boundaries})
+def _coupling_trend(t: RunTables) -> Estimate:
+    done = _done(t)
+    _columns(done, "census.parquet", "coupling_tested")
+    counts, tested = _numeric(done["coupling_significant"]), _numeric(done["coupling_tested"])
+    ok = np.isfinite(counts) & np.isfinite(tested)
+    if ok.sum() < 3:
+        raise TooLittleData(f"{int(ok.sum())} checkpoint(s) with coupling counts (run the topology stage); a trend "
+                            "needs 3")
+    return Estimate(*trend_interval(counts[ok], tested[ok].astype(int)))

@@ -65,7 +65,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..runs.atomic import write_json
-from .statistics import SAMPLE_UNITS, STATISTICS, compute_statistic
+from .statistics import SAMPLE_UNITS, STATISTICS, Estimate, compute_estimate, compute_statistic
 from .tables import RunTables
 
 #: The verdicts, in the order the report explains them.
@@ -262,30 +262,72 @@ def _interval(x: Any, fail: Callable[[str], InputError], name: str) -> tuple[flo
 
 # ---------------------------------------------------------------------------------------
 # verdicts
-def verdict(claim: Claim, value: float | None) -> tuple[str, str]:
-    """The verdict of ``claim`` for statistic ``value`` and a short reason.
+def region(claim: Claim, x: float) -> str:
+    """Where ``x`` falls under ``claim``'s test: ``"pass"``, ``"band"`` (fails the test inside
+    an inconclusive band) or ``"fail"``."""
+    if claim.test == "between":
+        lo, hi = claim.threshold  # type: ignore[misc]
+        passed = lo <= x <= hi
+    else:
+        t = float(claim.threshold)  # type: ignore[arg-type]
+        passed = {">=": x >= t, "<=": x <= t, ">": x > t, "<": x < t}[claim.test]
+    if passed:
+        return "pass"
+    return "band" if any(lo <= x <= hi for lo, hi in claim.inconclusive_band) else "fail"
 
-    ``None`` → ``not tested``; NaN → ``inconclusive`` (too little data); passes the test →
-    ``supported``; fails it inside an inconclusive band → ``inconclusive``; else
-    ``falsified``.
+
+def _regions_met(claim: Claim, lo: float, hi: float) -> set[str]:
+    """The regions (:func:`region`) that the closed interval ``[lo, hi]`` meets: its ends, every
+    threshold or band edge inside it, and the midpoints between those."""
+    edges = [*(claim.threshold if isinstance(claim.threshold, tuple) else (claim.threshold,)),
+             *(e for band in claim.inconclusive_band for e in band)]
+    points = sorted({lo, hi, *(e for e in edges if lo < e < hi)})
+    finite = [p for p in points if math.isfinite(p)]
+    mids = [(a + b) / 2 for a, b in zip(finite, finite[1:])]
+    if len(finite) < len(points):  # an unbounded end reaches past every edge
+        mids += [min(edges) - 1.0] if lo == -math.inf else []
+        mids += [max(edges) + 1.0] if hi == math.inf else []
+    return {region(claim, p) for p in (*points, *mids)}
+
+
+#: A value's region → (its verdict, the word before the criterion, the opposite region and
+#: that region's verdict): what an interval must not reach for the verdict to be decisive (a
+#: range over protocol choices: every choice must lie in the value's region).
+_DECISIVE = {"pass": ("supported", "", "fail", "falsified"), "fail": ("falsified", "fails ", "pass", "supported")}
+
+
+def verdict(claim: Claim, value: float | None, interval: tuple[float, float] | None = None,
+            kind: str = "confidence") -> tuple[str, str]:
+    """The verdict of ``claim`` for statistic ``value`` (with its ``interval``) and a short reason.
+
+    ``None`` → ``not tested``; NaN → ``inconclusive`` (too little data). Otherwise the value's
+    region (:func:`region`) decides, and an interval can only make a decisive verdict
+    inconclusive: a value that passes is ``supported`` only when its interval does not reach
+    the falsified region (for a ``range`` over protocol choices: when every choice passes), and
+    a value that fails outside the band is ``falsified`` only when its interval does not reach
+    the supported region (a range: every choice fails). A value inside the band is
+    ``inconclusive``. So a verdict is decisive only when the run's sample (or every protocol
+    choice) decides it.
     """
     if value is None:
         return "not tested", "inputs missing"
     if math.isnan(value):
         return "inconclusive", "too little data"
-    if claim.test == "between":
-        lo, hi = claim.threshold  # type: ignore[misc]
-        passed = lo <= value <= hi
-    else:
-        t = float(claim.threshold)  # type: ignore[arg-type]
-        passed = {">=": value >= t, "<=": value <= t, ">": value > t, "<": value < t}[claim.test]
-    if passed:
-        return "supported", f"{_fmt(value)} {claim.criterion()}"
-    for lo, hi in claim.inconclusive_band:
-        if lo <= value <= hi:
-            return "inconclusive", (f"{_fmt(value)} fails {claim.criterion()} but lies in the "
-                                    f"inconclusive band [{_fmt(lo)}, {_fmt(hi)}]")
-    return "falsified", f"{_fmt(value)} fails {claim.criterion()}"
+    where = region(claim, value)
+    met = _regions_met(claim, *interval) if interval is not None else {where}
+    what = "range over protocol choices" if kind == "range" else "95% interval"
+    span = f"{what} [{_fmt(interval[0])}, {_fmt(interval[1])}]" if interval is not None else ""
+    if where in _DECISIVE:
+        name, word, opposite, other = _DECISIVE[where]
+        blocked = met != {where} if kind == "range" else opposite in met
+        text = f"{_fmt(value)} {word}{claim.criterion()}"
+        if not blocked:
+            return name, text + (f", {span}" if span else "")
+        return "inconclusive", f"{text} but its {span} reaches " + (
+            f"a choice that does not {where}" if kind == "range" else f"the {other} region")
+    band = next(b for b in claim.inconclusive_band if b[0] <= value <= b[1])
+    return "inconclusive", (f"{_fmt(value)} fails {claim.criterion()} but lies in the "
+                            f"inconclusive band [{_fmt(band[0])}, {_fmt(band[1])}]")
 
 
 def sample_sizes(claim: Claim, tables: RunTables) -> dict[str, int | None]:
@@ -310,40 +352,85 @@ def underpowered(claim: Claim, sizes: dict[str, int | None]) -> str:
     return f"underpowered ({'; '.join(short)})" if short else ""
 
 
-def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Judgement:
+    """One claim judged on one run: its verdict, the reason, the statistic's estimate (None when
+    not tested), the run's sample counts and whether they fall below a declared minimum."""
+
+    verdict: str
+    reason: str
+    estimate: Estimate | None
+    sample: dict[str, int | None]
+    underpowered: bool
+
+
+def judge(claim: Claim, tables: RunTables, *, intervals: bool = True) -> Judgement:
+    """The verdict of ``claim`` on ``tables``: its statistic's estimate (:func:`~depthlens.report.
+    statistics.compute_estimate`) under :func:`verdict`, made ``inconclusive`` (underpowered)
+    when a sample count is below a declared minimum. What :func:`evaluate` and the calibration
+    harness (:mod:`depthlens.report.calibration`) both run; ``intervals=False`` judges the
+    value alone (the point rule, which the calibration benchmark compares against)."""
+    estimate, note = compute_estimate(claim.statistic, tables)
+    value = None if estimate is None else estimate.value
+    interval = None if not intervals or estimate is None or estimate.kind == "none" else (estimate.lo, estimate.hi)
+    result, reason = verdict(claim, value, interval, "confidence" if estimate is None else estimate.kind)
+    if result == "not tested" and note:
+        reason = note
+    elif value is not None and math.isnan(value) and note and note != reason:
+        reason = f"{reason}: {note}"
+    sizes = sample_sizes(claim, tables) if value is not None else {u: None for u, _ in claim.min_sample}
+    short = underpowered(claim, sizes)
+    if short:
+        result, reason = "inconclusive", (f"{short}; {reason}" if value is not None and math.isnan(value) else short)
+    return Judgement(result, reason, estimate, sizes, bool(short))
+
+
+def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables, *, calibrate: bool = True
+             ) -> list[dict[str, Any]]:
     """Evaluate every claim on a run directory; one JSON-ready dict per claim, in order.
 
     Keys: ``id``, ``prediction``, ``statistic``, ``statistic_description``, ``value`` (a
     finite float, ``"inf"``/``"-inf"``, or None when not tested or NaN), ``value_text``,
-    ``test``, ``threshold``, ``criterion``, ``inconclusive_band``, ``verdict``, ``reason``,
-    ``falsifier``, ``source``, ``min_sample`` (unit → minimum), ``sample`` (unit → the run's
-    count, None when not tested or not recorded), ``underpowered`` (True when a count is
-    below its minimum: the verdict is then ``inconclusive`` whatever the value), ``protocol``,
-    ``descriptive`` (statistic → value), ``sensitivity`` (one dict per variant: ``name``,
-    ``statistic``, ``note``, ``value``, ``value_text``, ``verdict``, ``reason``) and
-    ``fragile`` (:func:`fragile`). Reads tables and summaries only.
+    ``interval`` (``[lo, hi]`` of the statistic's 95 % interval or range over protocol choices,
+    ends as ``value``; None when the statistic gives none), ``interval_kind``
+    (``confidence``, ``range`` or ``none``), ``test``, ``threshold``, ``criterion``,
+    ``inconclusive_band``, ``verdict``, ``reason``, ``falsifier``, ``source``, ``min_sample``
+    (unit → minimum), ``sample`` (unit → the run's count, None when not tested or not
+    recorded), ``underpowered`` (True when a count is below its minimum, or when the
+    calibration at the run's sample size fails its acceptance: the verdict is then
+    ``inconclusive`` whatever the value), ``calibration`` (with ``calibrate``: the claim's
+    error rates under planted nulls and effects at this run's sample size,
+    :func:`~depthlens.report.calibration.calibration_at`; None when the claim has no
+    scenario or was not tested), ``protocol``, ``descriptive`` (statistic → value),
+    ``sensitivity`` (one dict per variant: ``name``, ``statistic``, ``note``, ``value``,
+    ``value_text``, ``verdict``, ``reason``) and ``fragile`` (:func:`fragile`). Reads tables
+    and summaries only.
     """
+    from .calibration import calibration_at
+
     tables = run_dir if isinstance(run_dir, RunTables) else RunTables(run_dir)
     results = []
     for claim in claims:
-        value, note = compute_statistic(claim.statistic, tables)
-        result, reason = verdict(claim, value)
-        if result == "not tested" and note:
-            reason = note
-        elif value is not None and math.isnan(value) and note and note != reason:
-            reason = f"{reason}: {note}"
-        sizes = sample_sizes(claim, tables) if value is not None else {u: None for u, _ in claim.min_sample}
-        short = underpowered(claim, sizes)
-        if short:
-            result, reason = "inconclusive", (f"{short}; {reason}" if value is not None and math.isnan(value)
-                                              else short)
+        judged = judge(claim, tables)
+        result, reason, short = judged.verdict, judged.reason, judged.underpowered
+        estimate = judged.estimate
+        value = None if estimate is None else estimate.value
+        calibration = calibration_at(claim, tables) if calibrate and estimate is not None else None
+        if calibration is not None and not calibration["accepted"] and result in ("supported", "falsified"):
+            result, reason, short = "inconclusive", (
+                f"underpowered (calibration at this sample: P(supported | null) = "
+                f"{calibration['p_supported_null']:.2f}, P(falsified | effect) = "
+                f"{calibration['p_falsified_effect']:.2f}, each needs ≤ 0.05); {reason}"), True
         sensitivity = []
         for variant in claim.variants:
-            v_value, v_note = compute_statistic(variant.statistic, tables)
-            v_verdict, v_reason = verdict(claim, v_value)
+            v_est, v_note = compute_estimate(variant.statistic, tables)
+            v_value = None if v_est is None else v_est.value
+            v_interval = None if v_est is None or v_est.kind == "none" else (v_est.lo, v_est.hi)
+            v_verdict, v_reason = verdict(claim, v_value, v_interval, "confidence" if v_est is None else v_est.kind)
             sensitivity.append({"name": variant.name, "statistic": variant.statistic, "note": variant.note,
                                 "value": _json_value(v_value), "value_text": _text(v_value), "verdict": v_verdict,
                                 "reason": v_note if v_verdict == "not tested" and v_note else v_reason})
+        has_interval = estimate is not None and estimate.kind != "none"
         results.append({
             "id": claim.id,
             "prediction": claim.prediction,
@@ -351,6 +438,8 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables) -> list[d
             "statistic_description": STATISTICS[claim.statistic].description,
             "value": _json_value(value),
             "value_text": _text(value),
+            "interval": [_json_value(estimate.lo), _json_value(estimate.hi)] if has_interval else None,
+            "interval_kind": estimate.kind if estimate is not None else "none",
             "test": claim.test,
             "threshold": list(claim.threshold) if isinstance(claim.threshold, tuple) else claim.threshold,
             "criterion": claim.criterion(),
@@ -360,8 +449,9 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables) -> list[d
             "falsifier": claim.falsifier,
             "source": claim.source,
             "min_sample": dict(claim.min_sample),
-            "sample": sizes,
-            "underpowered": bool(short),
+            "sample": judged.sample,
+            "underpowered": short,
+            "calibration": calibration,
             "protocol": claim.protocol,
             "descriptive": {name: _json_value(compute_statistic(name, tables)[0]) for name in claim.descriptive},
             "sensitivity": sensitivity,

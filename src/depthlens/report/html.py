@@ -219,9 +219,10 @@ def _claims_section(results: list[dict], claims_file: Path, registered: str | No
             f"<td>{esc(r['prediction'])}<br><small>falsified if: {esc(r['falsifier'])}</small><br>"
             f"<small>source: {esc(r['source'])}</small>{_protocol_text(r)}</td>"
             f"<td><code>{esc(r['statistic'])}</code><br><small>{esc(r['statistic_description'])}</small></td>"
-            f"<td class=\"num\">{esc(r['value_text'])}</td>"
+            f"<td class=\"num\">{esc(r['value_text'])}{_interval_text(r)}</td>"
             f"<td class=\"num\">{esc(r['criterion'])}{_band_text(r)}{_sample_text(r)}</td>"
-            f"<td>{verdict_badge(r)}<br><small>{esc(r['reason'])}</small>{_sensitivity_html(r)}</td>"
+            f"<td>{verdict_badge(r)}<br><small>{esc(r['reason'])}</small>{_calibration_text(r)}"
+            f"{_sensitivity_html(r)}</td>"
             "</tr>"
         )
     counts = ", ".join(f"{sum(r['verdict'] == v for r in results)} {esc(v)}" for v in VERDICTS)
@@ -246,10 +247,36 @@ def _claims_section(results: list[dict], claims_file: Path, registered: str | No
         "Verdicts: <i>not tested</i> = the statistic's inputs are missing (stage not run); "
         "<i>inconclusive</i> = too little data, or a near miss inside the pre-registered band; "
         "<i>inconclusive: underpowered</i> = the run's sample (chunks, heads, boundaries, ...) is "
-        "below the claim's pre-registered minimum, so no verdict is drawn from it; "
+        "below the claim's pre-registered minimum, or the claim's calibration at this sample (its error "
+        "rates under a planted null and a planted effect of the seed's size) exceeds 0.05, so no verdict "
+        "is drawn from it; a decisive verdict also needs the statistic's 95% interval (or, for a range over "
+        "protocol choices, every choice) to stay out of the opposite region; "
         "<i>fragile</i> = a decisive verdict that changes under one of the claim's sensitivity variants "
         "(the same test on another operationalisation), listed under it.</p></section>"
     )
+
+
+def _interval_text(result: Mapping[str, Any]) -> str:
+    """The statistic's 95% interval (or range over protocol choices) under its value."""
+    interval = result.get("interval")
+    if not interval:
+        return ""
+    what = "range over orders" if result.get("interval_kind") == "range" else "95% interval"
+    lo, hi = (("−∞" if v == "-inf" else "+∞") if isinstance(v, str) else ("—" if v is None else _num(v))
+              for v in interval)
+    return f"<br><small>{what} [{esc(lo)}, {esc(hi)}]</small>"
+
+
+def _calibration_text(result: Mapping[str, Any]) -> str:
+    """The claim's error rates under planted nulls and effects at this run's sample size."""
+    cal = result.get("calibration")
+    if not cal:
+        return ""
+    mark = "" if cal["accepted"] else " (not accepted: above 0.05)"
+    return (f'<br><small class="calibration">calibrated at this sample ({cal["draws"]} draws a world): '
+            f"P(supported | null) = {cal['p_supported_null']:.2f}, P(falsified | effect) = "
+            f"{cal['p_falsified_effect']:.2f}{esc(mark)}, power P(supported | effect) = "
+            f"{cal['p_supported_effect']:.2f}</small>")
 
 
 def _protocol_text(result: Mapping[str, Any]) -> str:

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..stats import head_sign_tests, sign_test, spearman
+from ..stats import (bh_qvalues, head_rank_tests, median_interval, proportion_interval, sign_test, spearman,
+                     spearman_interval, trend_interval)
 from .tables import RunTables
 
 #: Sample units a claim may set a minimum for (``min_UNIT``), with the words the report uses.
@@ -31,13 +32,32 @@ SAMPLE_UNITS = {
     "boundaries": "sub-layer boundaries",
     "permutations": "label permutations",
     "layers": "layers (the contest's folds and bootstrap clusters)",
-    "paired_heads": "heads with both a formation and a consolidation onset",
     "checkpoints": "checkpoints",
+    "null_samples": "matched null samples per matrix",
+    "early_layers": "layers in the first third with trained and step-0 operators",
+    "operators": "sub-layer operators",
+    "paired_layers": "layers with heads that have both onsets",
 }
 
 
 # ---------------------------------------------------------------------------------------
 # statistics registry
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic's value with an interval the verdict reads.
+
+    ``kind`` is ``"confidence"`` (a 95 % interval: the verdict is decisive only when the whole
+    interval stays out of the opposite region, so a verdict is a measurement at the run's
+    sample size) or ``"range"`` (the least and greatest value over a declared set of protocol
+    choices, e.g. every Schur order: decisive only when every choice agrees).
+    """
+
+    value: float
+    lo: float
+    hi: float
+    kind: str = "confidence"
+
+
 class NotTested(Exception):
     """Raised inside a statistic when its inputs are missing (verdict ``not tested``)."""
 
@@ -92,6 +112,14 @@ def compute_statistic(name: str, tables: RunTables) -> tuple[float | None, str]:
     unexpected table, also issued as a ``RuntimeWarning``) and ``(nan, why)`` when they are
     too few; otherwise ``(value, "")``.
     """
+    estimate, note = compute_estimate(name, tables)
+    return (None if estimate is None else estimate.value), note
+
+
+def compute_estimate(name: str, tables: RunTables) -> tuple[Estimate | None, str]:
+    """:func:`compute_statistic` with the statistic's interval: an :class:`Estimate` (``lo``
+    = −inf and ``hi`` = +inf for a statistic that gives none, or when the value is NaN), or
+    ``None`` when the inputs are missing, and the note."""
     stat = STATISTICS[name]
     for need in stat.needs:
         if not tables.has(need):
@@ -101,14 +129,16 @@ def compute_statistic(name: str, tables: RunTables) -> tuple[float | None, str]:
     except NotTested as exc:
         return None, str(exc)
     except TooLittleData as exc:
-        return math.nan, str(exc)
+        return Estimate(math.nan, -math.inf, math.inf), str(exc)
     except Exception as exc:  # an odd table must not take the report down: say so instead
         warnings.warn(f"statistic {name} failed: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
         return None, f"{name} could not be computed ({type(exc).__name__}: {exc})"
     if value is None:
         return None, f"the inputs of {name} are missing"
-    value = float(value)
-    return value, ("too little data" if math.isnan(value) else "")
+    if not isinstance(value, Estimate):
+        value = Estimate(float(value), -math.inf, math.inf, "none")
+    value = Estimate(float(value.value), float(value.lo), float(value.hi), value.kind)
+    return value, ("too little data" if math.isnan(value.value) else "")
 
 
 def _columns(df: pd.DataFrame, name: str, *cols: str) -> None:
@@ -304,12 +334,19 @@ def gap_contrasts(depth: pd.DataFrame, which: str = "gap_e1") -> np.ndarray:
     return (model.loc[both] - null.loc[both]).to_numpy(dtype=float)
 
 
-def _contrast(which: str) -> Callable[[RunTables], float]:
-    def stat(t: RunTables) -> float:
+def median_estimate(values: np.ndarray, what: str) -> Estimate:
+    """The median of the finite-or-infinite ``values`` (NaN dropped) with its distribution-free
+    95 % interval (:func:`~depthlens.stats.median_interval`; unbounded below 6 values)."""
+    values = np.asarray(values, dtype=np.float64)
+    return Estimate(_median(values, what), *median_interval(values))
+
+
+def _contrast(which: str) -> Callable[[RunTables], Estimate]:
+    def stat(t: RunTables) -> Estimate:
         final = _final_gaps(t, which)
         if not (final["source"] == "null").any():
             raise NotTested("depth.parquet has no null samples to contrast with (--null-chunks 0?)")
-        return _median(gap_contrasts(final, which), f"{which} contrasts")
+        return median_estimate(gap_contrasts(final, which), f"{which} contrasts")
 
     return stat
 
@@ -322,6 +359,18 @@ for _which in ("gap_e1", "gap_e2"):
              samples={"null_chunks": _distinct_depth_chunks("null")})(_contrast(_which))
 
 
+@register("eig_gap_e1_null_chunks", ["depth"],
+          "Median over chunks with nulls of the chunk's mean null gap_e1 at the final depth (mean-head operator), "
+          "with its distribution-free 95% interval over chunks: whether the eigenvalue-prediction error is absent "
+          "in the matched nulls (near 0).", samples={"null_chunks": _distinct_depth_chunks("null")})
+def _null_gap(t: RunTables) -> Estimate:
+    final = _final_gaps(t)
+    null = final[final["source"] == "null"]
+    if null.empty:
+        raise NotTested("depth.parquet has no null samples (--null-chunks 0?)")
+    return median_estimate(null.groupby("chunk")["gap_e1"].mean().to_numpy(dtype=float), "null gaps")
+
+
 @register("eig_gap_contrast_sign_p", ["depth"],
           "Two-sided exact sign-test p-value of the paired gap_e1 contrasts (model minus matched "
           "nulls, per chunk) against zero.", samples={"null_chunks": _distinct_depth_chunks("null")})
@@ -332,14 +381,14 @@ def _contrast_p(t: RunTables) -> float:
     return sign_test(contrasts)
 
 
-def _routing_median(column: str) -> Callable[[RunTables], float]:
-    def stat(t: RunTables) -> float:
+def _routing_median(column: str) -> Callable[[RunTables], Estimate]:
+    def stat(t: RunTables) -> Estimate:
         df = t.trained("heads")
         _columns(df, "heads.parquet", "role", column)
         routing = df[df["role"] == "routing"]
         if routing.empty:
             raise TooLittleData("no routing heads")
-        return _median(_numeric(routing[column]), f"{column} over routing heads")
+        return median_estimate(_numeric(routing[column]), f"{column} over routing heads")
 
     return stat
 
@@ -390,63 +439,113 @@ register("sink_negative_significant_fraction", ["attention.json"],
     _summary_value("sink_negative_significant", "sink heads"))
 
 
-def _signed_significant(role: str, sign: int, column: str = "delta_TR1", first_chunks: int | None = None
-                        ) -> Callable[[RunTables], float]:
-    """Fraction of ``role`` heads whose per-chunk ``column`` (head_chunks) has median of sign
-    ``sign`` and a BH-significant sign test over the chunks with nulls (all heads form the BH
-    family, as in the stage), optionally on the first ``first_chunks`` chunks only."""
-    def stat(t: RunTables) -> float:
-        chunks, heads = t.trained("head_chunks"), t.trained("heads")
-        _columns(chunks, "head_chunks.parquet", "layer", "head", "chunk", column)
-        _columns(heads, "heads.parquet", "layer", "head", "role")
-        if first_chunks is not None:
-            chunks = chunks[chunks["chunk"] < first_chunks]
-        tests = head_sign_tests(chunks, column)
-        tests = tests.merge(heads[["layer", "head", "role"]], on=["layer", "head"])
-        sel = tests[tests["role"] == role]
-        if sel.empty:
-            raise TooLittleData(f"no {role} heads")
+def role_rank_tests(t: RunTables, role: str, rank: str = "null_rank_TR1", first_chunks: int | None = None
+                    ) -> pd.DataFrame:
+    """The pooled rank test of every ``role`` head against its matched nulls
+    (:func:`~depthlens.stats.head_rank_tests` over the chunks with nulls, optionally the first
+    ``first_chunks`` of them), with BH q-values within the role family (the heads the claim is
+    about, so unrelated heads cannot move them): columns ``layer``, ``head``, ``median``
+    (of ``delta_TR1``), ``n``, ``p``, ``q``, ``direction`` (+1 when TR1 ranks above its nulls on
+    average, −1 below, 0 level)."""
+    chunks, heads = t.trained("head_chunks"), t.trained("heads")
+    samples = "null_n" if rank == "null_rank_TR1" else "null_n_half"
+    _columns(chunks, "head_chunks.parquet", "layer", "head", "chunk", "delta_TR1", rank, "null_n")
+    _columns(heads, "heads.parquet", "layer", "head", "role")
+    keys = heads.loc[heads["role"] == role, ["layer", "head"]]
+    if keys.empty:
+        raise TooLittleData(f"no {role} heads")
+    chunks = chunks.merge(keys, on=["layer", "head"])
+    chunks = chunks[np.isfinite(_numeric(chunks[rank]))]
+    if first_chunks is not None:
+        kept = np.sort(chunks["chunk"].unique())[:first_chunks]
+        chunks = chunks[chunks["chunk"].isin(kept)]
+    if chunks.empty:
+        raise NotTested(f"head_chunks.parquet has no {rank} of {role} heads (--null-chunks 0?)")
+    chunks = chunks.assign(null_n_half=np.ceil(_numeric(chunks["null_n"]) / 2))
+    tests = head_rank_tests(chunks, "delta_TR1", rank, samples)
+    centre = chunks.assign(excess=_numeric(chunks[rank]) - _numeric(chunks[samples]) / 2).groupby(
+        ["layer", "head"], sort=True)["excess"].sum()
+    tests["direction"] = np.sign(centre.to_numpy())
+    tests["q"] = bh_qvalues(tests["p"].to_numpy())
+    return tests
+
+
+def _signed_significant(role: str, sign: int, rank: str = "null_rank_TR1", halves: bool = False
+                        ) -> Callable[[RunTables], Estimate]:
+    """Fraction of ``role`` heads that rank on the side ``sign`` of their matched nulls with BH
+    q ≤ q_level within the role (:func:`role_rank_tests`), with its Clopper–Pearson interval
+    over heads; ``halves`` uses the first half of the chunks with nulls only."""
+    def stat(t: RunTables) -> Estimate:
+        first = None
+        if halves:
+            chunks = t.trained("head_chunks")
+            _columns(chunks, "head_chunks.parquet", "chunk", rank)
+            first = int(chunks.loc[np.isfinite(_numeric(chunks[rank])), "chunk"].nunique()) // 2
+            if first < 1:
+                raise TooLittleData("fewer than 2 chunks with nulls to halve")
+        tests = role_rank_tests(t, role, rank, first)
         q_level = float((t.json("attention") or {}).get("q_level", 0.05))
-        return float(((np.sign(sel["median"]) == sign) & (sel["q"] <= q_level)).mean())
+        k, n = int(((tests["direction"] == sign) & (tests["q"] <= q_level)).sum()), len(tests)
+        return Estimate(k / n, *proportion_interval(k, n))
 
     return stat
 
 
-register("routing_positive_significant_fraction_half_nulls", ["head_chunks", "heads"],
-         "As routing_positive_significant_fraction, with Δ_TR against the first half of each matrix's null "
-         "samples (delta_TR1_half: S/2 instead of S).",
-         samples={"routing_heads": _role_heads("routing")})(_signed_significant("routing", 1, "delta_TR1_half"))
-register("routing_positive_significant_fraction_8_chunks", ["head_chunks", "heads"],
-         "As routing_positive_significant_fraction, with the sign tests on the first 8 chunks with nulls only.",
-         samples={"routing_heads": _role_heads("routing")})(_signed_significant("routing", 1, first_chunks=8))
-register("sink_negative_significant_fraction_half_nulls", ["head_chunks", "heads"],
-         "As sink_negative_significant_fraction, with Δ_TR against the first half of the null samples.",
-         samples={"sink_heads": _role_heads("sink")})(_signed_significant("sink", -1, "delta_TR1_half"))
-register("sink_negative_significant_fraction_8_chunks", ["head_chunks", "heads"],
-         "As sink_negative_significant_fraction, with the sign tests on the first 8 chunks with nulls only.",
-         samples={"sink_heads": _role_heads("sink")})(_signed_significant("sink", -1, first_chunks=8))
+def _null_samples(t: RunTables) -> int | None:
+    """Matched null samples per observed matrix (the least ``null_n`` of head_chunks, else the
+    run's ``null_samples`` option)."""
+    chunks = t.trained("head_chunks")
+    if chunks is not None and "null_n" in chunks.columns:
+        n = _numeric(chunks["null_n"])
+        n = n[np.isfinite(n)]
+        if n.size:
+            return int(n.min())
+    return _config_count(t, "null_samples")
+
+
+for _role, _sign, _word in (("routing", 1, "above"), ("sink", -1, "below")):
+    _units = {f"{_role}_heads": _role_heads(_role), "null_chunks": _NULL_HEADS[_role], "null_samples": _null_samples}
+    register(f"{_role}_{'positive' if _sign > 0 else 'negative'}_rank_fraction", ["head_chunks", "heads"],
+             f"Fraction of {_role} heads whose TR1 ranks {_word} its matched nulls, significant by the pooled rank "
+             f"test over the chunks with nulls (sum of the per-chunk ranks against its exact null distribution) "
+             f"with BH q ≤ q_level within the {_role} heads; Clopper–Pearson 95% interval over heads.",
+             samples=_units)(_signed_significant(_role, _sign))
+    register(f"{_role}_{'positive' if _sign > 0 else 'negative'}_rank_fraction_half_nulls", ["head_chunks", "heads"],
+             f"As {_role}_{'positive' if _sign > 0 else 'negative'}_rank_fraction with each rank among the first "
+             "⌈S/2⌉ null samples (null_rank_TR1_half).",
+             samples=_units)(_signed_significant(_role, _sign, "null_rank_TR1_half"))
+    register(f"{_role}_{'positive' if _sign > 0 else 'negative'}_rank_fraction_half_chunks", ["head_chunks", "heads"],
+             f"As {_role}_{'positive' if _sign > 0 else 'negative'}_rank_fraction on the first half of the chunks "
+             "with nulls.", samples=_units)(_signed_significant(_role, _sign, halves=True))
 
 
 @register("routing_reserve_tracks_prev_token", ["heads"],
           "Spearman rank correlation between Δ_TR (delta_TR1) and prev_token_score over routing heads.",
           samples={"routing_heads": _role_heads("routing", "delta_TR1")})
-def _tracks_prev(t: RunTables) -> float:
-    return _routing_spearman(t)[0]
+def _tracks_prev(t: RunTables) -> Estimate:
+    return spearman_estimate(*_routing_pairs(t), "routing heads with varying Δ_TR and previous-token scores")
 
 
 @register("routing_reserve_tracks_prev_token_p", ["heads"],
           "Two-sided p-value of that Spearman correlation (descriptive).",
           samples={"routing_heads": _role_heads("routing", "delta_TR1")})
 def _tracks_prev_p(t: RunTables) -> float:
-    return _routing_spearman(t)[1]
+    return _finite_spearman(*_routing_pairs(t), "routing heads with varying Δ_TR and previous-token scores")[1]
 
 
-def _routing_spearman(t: RunTables) -> tuple[float, float]:
+def _routing_pairs(t: RunTables) -> tuple[np.ndarray, np.ndarray]:
     df = t.trained("heads")
     _columns(df, "heads.parquet", "role", "delta_TR1", "prev_token_score")
     routing = df[df["role"] == "routing"]
-    return _finite_spearman(_numeric(routing["delta_TR1"]), _numeric(routing["prev_token_score"]),
-                            "routing heads with varying Δ_TR and previous-token scores")
+    return _numeric(routing["delta_TR1"]), _numeric(routing["prev_token_score"])
+
+
+def spearman_estimate(x: np.ndarray, y: np.ndarray, what: str) -> Estimate:
+    """Spearman ρ over the finite pairs with its 95 % interval
+    (:func:`~depthlens.stats.spearman_interval`)."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    rho = _finite_spearman(x, y, what)[0]
+    return Estimate(rho, *spearman_interval(rho, int(ok.sum())))
 
 
 def _finite_spearman(x: np.ndarray, y: np.ndarray, what: str) -> tuple[float, float]:
@@ -532,6 +631,23 @@ def _contest_criticality(t: RunTables) -> float:
     return float(((_numeric(single["score"]) > 0) & (_numeric(single["q"]) <= 0.05)).sum())
 
 
+@register("contest_criticality_best_family", ["contest"],
+          "The best single-family (P, E, S, R) cross-validated Spearman score for ablation criticality, with the "
+          "interval [largest lower, largest upper] of the families' layer-bootstrap intervals: no family predicts "
+          "criticality only when even the largest upper end is below the pre-registered margin.",
+          samples={"layers": _contest_layers})
+def _criticality_best(t: RunTables) -> Estimate:
+    rows = _contest_rows(t, "criticality")
+    _columns(rows, "contest.parquet", "score_lo", "score_hi")
+    single = rows[rows["features"].isin(["P", "E", "S", "R"])]
+    if single.empty:
+        raise NotTested("contest.parquet has no single-family rows for criticality")
+    score, lo, hi = (_numeric(single[c]) for c in ("score", "score_lo", "score_hi"))
+    if not np.isfinite(score).any():
+        raise TooLittleData("no single family has a finite criticality score")
+    return Estimate(float(np.nanmax(score)), float(np.nanmax(lo)), float(np.nanmax(hi)))
+
+
 # -- Part B ------------------------------------------------------------------------------
 def _early_operators(t: RunTables, sublayers: tuple[str, ...], checkpoint: str = "trained",
                      jacobian_mode: str = "isolated") -> pd.DataFrame:
@@ -584,6 +700,70 @@ def _attn_cap(t: RunTables) -> float:
         tol = 1e-8 * max(1.0, float(np.max(np.abs(lam))))
         fractions.append(float(np.mean(np.abs(lam - 1.0) > tol)))
     return _median(np.array(fractions), "non-trivial eigenvalue fractions")
+
+
+def weighted_rotation(lam: np.ndarray) -> float:
+    """Magnitude-weighted rotation of an update's eigenvalues μ = λ − 1:
+    ``Σ|Im μ| / Σ|μ|`` (the mean |sin arg μ| weighted by |μ|; 0 for a symmetric update, and
+    negligible rotations weigh nothing, unlike a count of complex pairs). 0 when every μ is 0."""
+    mu = np.asarray(lam, dtype=np.complex128) - 1.0
+    total = float(np.abs(mu).sum())
+    return float(np.abs(mu.imag).sum() / total) if total > 0 else 0.0
+
+
+def _layer_rotations(t: RunTables, checkpoint: str) -> pd.Series:
+    """Weighted rotation (:func:`weighted_rotation`) of each early layer's full-layer operator
+    (isolated mode) at ``checkpoint``, by layer."""
+    df = _select(t.table("eigenvalues"), "eigenvalues.parquet", jacobian_mode="isolated", sublayer="layer")
+    _columns(df, "eigenvalues.parquet", "checkpoint", "layer", "re", "im")
+    n_layers = int(df["layer"].max()) + 1
+    df = df[(df["checkpoint"] == checkpoint) & (df["layer"] < math.ceil(n_layers / 3))]
+    if df.empty:
+        raise NotTested(f"eigenvalues.parquet has no full-layer operators of {checkpoint} "
+                        "(the step-0 null: --null init)")
+    return df.groupby("layer").apply(lambda g: weighted_rotation(_numeric(g["re"]) + 1j * _numeric(g["im"])))
+
+
+def _rotation_pairs(t: RunTables) -> pd.DataFrame:
+    both = pd.concat({c: _layer_rotations(t, c) for c in ("trained", "init")}, axis=1).dropna()
+    if both.empty:
+        raise TooLittleData("no early layer has both trained and step-0 operators")
+    return both
+
+
+@register("rotation_gain_early", ["eigenvalues"],
+          "Median over the first third of layers of the weighted rotation Σ|Im μ|/Σ|μ| (μ = λ − 1) of the trained "
+          "full-layer operator minus that of the same layer at step 0 (isolated mean Jacobians), with its "
+          "distribution-free 95% interval over layers: how much training pulls early layers towards rotation.",
+          samples={"early_layers": lambda t: _count(lambda: len(_rotation_pairs(t))), **_JACOBIAN_CHUNKS})
+def _rotation_gain(t: RunTables) -> Estimate:
+    both = _rotation_pairs(t)
+    return median_estimate((both["trained"] - both["init"]).to_numpy(), "rotation gains")
+
+
+for _checkpoint in ("trained", "init"):
+    register(f"rotation_early_{_checkpoint}", ["eigenvalues"],
+             f"Median over the first third of layers of the weighted rotation of the {_checkpoint} full-layer "
+             "operator (descriptive).")(
+        lambda t, c=_checkpoint: _median(_layer_rotations(t, c).to_numpy(dtype=float), f"{c} rotations"))
+
+
+@register("complex_frac_random_baseline", ["eigenvalues"],
+          "The complex fraction a real Gaussian matrix of the operators' width d already has, 1 − √(2/(πd)) "
+          "(Edelman–Kostlan–Shub: about √(2d/π) real eigenvalues), printed beside the complex fractions.")
+def _random_baseline(t: RunTables) -> float:
+    df = _select(t.table("eigenvalues"), "eigenvalues.parquet", checkpoint="trained", sublayer="layer")
+    _columns(df, "eigenvalues.parquet", "jacobian_mode", "layer")
+    d = int(df.groupby(["jacobian_mode", "layer"]).size().max())
+    return 1.0 - math.sqrt(2.0 / (math.pi * d))
+
+
+def _count(count: Callable[[], int]) -> int | None:
+    """A sample count, None when its inputs are missing."""
+    try:
+        return count()
+    except (NotTested, TooLittleData):
+        return None
 
 
 #: The rank cap of the claims' funnel protocol (B2, the paper's figure: rank 512).
@@ -670,6 +850,10 @@ for _suffix, (_direction, _truncated, _mode) in _PROTOCOLS.items():
              "how much more rank the architecture alone keeps.", samples=_JACOBIAN_CHUNKS)(_init_over_trained())
 
 
+#: The Schur orders of the split (METHODS B4), LAPACK's own first.
+SCHUR_ORDERS = ("lapack", "canonical", "outside_first", "inside_first")
+
+
 def _schur_removed(schur_order: str, direction: str = "backward", truncated: bool = True,
                    jacobian_mode: str | None = None) -> Callable:
     def stat(t: RunTables) -> float:
@@ -683,11 +867,31 @@ def _schur_removed(schur_order: str, direction: str = "backward", truncated: boo
     return stat
 
 
-for _order in ("lapack", "canonical", "outside_first", "inside_first"):
+for _order in SCHUR_ORDERS:
     register("funnel_removed_by_schur" + ("" if _order == "lapack" else f"_{_order}"), ["cumulative"],
              "Fraction of the trained funnel (in log erank; backward, rank-truncated) removed by the Schur split "
              f"α = 0 in Schur order {_order}: 1 − log(r₀)/log(r₁), r_α = erank(full depth)/erank(one step).",
              samples=_JACOBIAN_CHUNKS)(_schur_removed(_order))
+@register("funnel_removed_by_schur_every_order", ["cumulative"],
+          "funnel_removed_by_schur in LAPACK's order with its range over every Schur order the run computed (the "
+          "α = 0 operator depends on the order): decisive only when every order agrees.", samples=_JACOBIAN_CHUNKS)
+def _schur_every_order(t: RunTables) -> Estimate:
+    values = {}
+    for order in SCHUR_ORDERS:
+        try:
+            values[order] = _schur_removed(order)(t)
+        except NotTested:
+            continue
+    if "lapack" not in values:
+        raise NotTested("cumulative.parquet has no α = 0 curve in LAPACK's Schur order")
+    finite = [v for v in values.values() if not math.isnan(v)]
+    if len(values) < len(SCHUR_ORDERS):
+        missing = ", ".join(o for o in SCHUR_ORDERS if o not in values)
+        raise TooLittleData(f"the Schur split was not computed in every order (missing: {missing}; "
+                            "--schur-orders)")
+    return Estimate(values["lapack"], min(finite), max(finite), "range")
+
+
 register("funnel_removed_by_schur_in_context", ["cumulative"],
          "As funnel_removed_by_schur on the in-context operators (LAPACK order).",
          samples=_JACOBIAN_CHUNKS)(_schur_removed("lapack", jacobian_mode="in_context"))
@@ -711,31 +915,40 @@ def checkpoint_order(t: RunTables) -> list[str]:
     return ["init", *[str(r) for r in revisions], "trained"]
 
 
+def _tested(t: RunTables, checkpoint: str) -> pd.DataFrame:
+    return _select(t.table("coupling"), "coupling.parquet", checkpoint=checkpoint)
+
+
 @register("coupling_monotone_rise", ["coupling"],
           "Spearman rank correlation between training order (init, the revisions, trained) and the number of "
-          "FDR-significant coupling boundaries per checkpoint; needs at least 3 checkpoints.",
+          "FDR-significant coupling boundaries per checkpoint, with its resampling spread (parametric bootstrap of "
+          "each checkpoint's count among its tested boundaries, 95% interval); needs at least 3 checkpoints.",
           samples={"boundaries": _boundaries("trained", "init"), "permutations": _permutations})
-def _monotone_rise(t: RunTables) -> float:
+def _monotone_rise(t: RunTables) -> Estimate:
     df = t.table("coupling")
     _columns(df, "coupling.parquet", "checkpoint", "significant")
     present = [c for c in checkpoint_order(t) if c in set(df["checkpoint"])]
     if len(present) < 3:
         raise TooLittleData(f"only {len(present)} checkpoint(s) ({', '.join(present)}); a monotone rise needs "
                             "at least 3 (pass --revisions)")
-    counts = [float(_significant(t, c).sum()) for c in present]
-    if np.ptp(counts) == 0:
-        return 0.0
-    return spearman(np.arange(len(counts), dtype=float), np.array(counts))[0]
+    counts = np.array([_significant(t, c).sum() for c in present])
+    totals = np.array([len(_tested(t, c)) for c in present])
+    return Estimate(*trend_interval(counts, totals))
 
 
 register("coupling_significant_rise", ["coupling"],
          "FDR-significant coupling boundaries of the trained checkpoint minus those of init (effect size of the "
          "rise).", samples={"boundaries": _boundaries("trained", "init"), "permutations": _permutations})(
     lambda t: float(_significant(t, "trained").sum() - _significant(t, "init").sum()))
-register("coupling_significant_fraction_init", ["coupling"],
-         "Fraction of sub-layer boundaries with FDR-significant coupling at init.",
-         samples={"boundaries": _boundaries("init"), "permutations": _permutations})(
-    lambda t: float(_significant(t, "init").mean()))
+
+
+@register("coupling_significant_fraction_init", ["coupling"],
+          "Fraction of sub-layer boundaries with FDR-significant coupling at init, with its Clopper–Pearson 95% "
+          "interval (absence is supported only when the interval's upper end is small).",
+          samples={"boundaries": _boundaries("init"), "permutations": _permutations})
+def _fraction_init(t: RunTables) -> Estimate:
+    sig = _significant(t, "init")
+    return Estimate(float(sig.mean()), *proportion_interval(int(sig.sum()), len(sig)))
 
 
 def _coupling_vs(column: str, sign: float) -> Callable[[RunTables], float]:
@@ -749,30 +962,76 @@ def _coupling_vs(column: str, sign: float) -> Callable[[RunTables], float]:
 
 
 register("coupling_sign_vs_symmetry", ["coupling"],
-         "Spearman rank correlation over the trained boundaries between the coupling effect and the symmetry of "
-         "the sub-layer's mean Jacobian (positive: boundary units are amplified in near-symmetric layers and "
-         "damped in non-normal ones).", samples={"boundaries": _boundaries("trained")})(
-    _coupling_vs("symmetry", 1.0))
+         "Spearman rank correlation over the trained boundaries between the coupling effect and symmetry_update, "
+         "the symmetric share of the sub-layer's update U = J − I (descriptive: a trend, where the seed states a "
+         "sign).", samples={"boundaries": _boundaries("trained")})(_coupling_vs("symmetry_update", 1.0))
 register("coupling_sign_vs_normality", ["coupling"],
          "As coupling_sign_vs_symmetry with −henrici_update_rel (departure from normality) as the operator type.",
          samples={"boundaries": _boundaries("trained")})(_coupling_vs("henrici_update_rel", -1.0))
 
 
-def _depth_trend(checkpoint: str) -> Callable[[RunTables], float]:
-    def stat(t: RunTables) -> float:
-        df = _select(t.table("operators"), "operators.parquet", checkpoint=checkpoint, jacobian_mode="isolated")
-        _columns(df, "operators.parquet", "layer", "sublayer", "symmetry_update")
-        df = df[df["sublayer"].isin(("attn", "mlp"))]
-        return _finite_spearman(_numeric(df["layer"]), _numeric(df["symmetry_update"]),
-                                "operators with varying symmetry")[0]
+def _sign_agreement(column: str, sign: float) -> Callable[[RunTables], Estimate]:
+    """Fraction of the trained FDR-significant boundaries whose coupling sign is the one the
+    operator type predicts: positive (amplified) where ``sign · column`` is above its median
+    over all trained boundaries (near-symmetric), negative (damped) below; Clopper–Pearson
+    interval over those boundaries."""
+    def stat(t: RunTables) -> Estimate:
+        df = _select(t.table("coupling"), "coupling.parquet", checkpoint="trained")
+        _columns(df, "coupling.parquet", "effect", "significant", column)
+        kind = sign * _numeric(df[column])
+        symmetric = kind > np.nanmedian(kind)
+        sig = df["significant"].astype(bool).to_numpy() & np.isfinite(kind) & (_numeric(df["effect"]) != 0)
+        if not sig.any():
+            raise TooLittleData("no trained boundary has significant coupling")
+        agree = np.where(symmetric, _numeric(df["effect"]) > 0, _numeric(df["effect"]) < 0)[sig]
+        k, n = int(agree.sum()), int(agree.size)
+        return Estimate(k / n, *proportion_interval(k, n))
 
     return stat
 
 
+def _significant_boundaries(t: RunTables) -> int | None:
+    df = t.table("coupling")
+    if df is None or not {"checkpoint", "significant"} <= set(df.columns):
+        return None
+    return int(df.loc[df["checkpoint"] == "trained", "significant"].astype(bool).sum())
+
+
+register("coupling_sign_follows_type", ["coupling"],
+         "Fraction of the trained FDR-significant coupling boundaries whose sign the operator type predicts: "
+         "boundary units amplified (effect > 0) where symmetry_update is above its median over the trained "
+         "boundaries (near-symmetric), damped (effect < 0) below it (non-normal); Clopper–Pearson 95% interval.",
+         samples={"boundaries": _boundaries("trained")})(_sign_agreement("symmetry_update", 1.0))
+register("coupling_sign_follows_normality", ["coupling"],
+         "As coupling_sign_follows_type with −henrici_update_rel (departure from normality of U) as the operator "
+         "type.", samples={"boundaries": _boundaries("trained")})(_sign_agreement("henrici_update_rel", -1.0))
+
+
+def _depth_trend(checkpoint: str) -> Callable[[RunTables], Estimate]:
+    def stat(t: RunTables) -> Estimate:
+        df = _select(t.table("operators"), "operators.parquet", checkpoint=checkpoint, jacobian_mode="isolated")
+        _columns(df, "operators.parquet", "layer", "sublayer", "symmetry_update")
+        df = df[df["sublayer"].isin(("attn", "mlp"))]
+        return spearman_estimate(_numeric(df["layer"]), _numeric(df["symmetry_update"]),
+                                 "operators with varying symmetry")
+
+    return stat
+
+
+def _trained_operators(t: RunTables) -> int | None:
+    """Trained isolated attention and MLP operators (the pairs of the depth trend)."""
+    df = t.table("operators")
+    if df is None or not {"checkpoint", "jacobian_mode", "sublayer"} <= set(df.columns):
+        return None
+    return int(((df["checkpoint"] == "trained") & (df["jacobian_mode"] == "isolated")
+                & df["sublayer"].isin(("attn", "mlp"))).sum())
+
+
 register("symmetry_depth_trend_trained", ["operators"],
          "Spearman rank correlation between layer and symmetry_update (the symmetric share of U = J − I) of the "
-         "trained isolated attention and MLP mean Jacobians (positive: late layers are nearer symmetric).",
-         samples=_JACOBIAN_CHUNKS)(_depth_trend("trained"))
+         "trained isolated attention and MLP mean Jacobians (positive: late layers are nearer symmetric), with its "
+         "95% interval (Fisher's z).",
+         samples={**_JACOBIAN_CHUNKS, "operators": _trained_operators})(_depth_trend("trained"))
 register("symmetry_depth_trend_init", ["operators"],
          "The same trend at step 0 (descriptive).", samples=_JACOBIAN_CHUNKS)(_depth_trend("init"))
 

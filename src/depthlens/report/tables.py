@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,14 @@ class RunTables:
         if key not in self._cache:
             path = self.root / f"{name}.json"
             self._cache[key] = self._read(key, path, lambda p: json.loads(Path(p).read_text()))
+        return self._cache[key]
+
+    def derived(self, key: str, compute: Callable[[], Any]) -> Any:
+        """A value computed from this run's tables, cached under ``key`` (for a quantity that
+        several statistics or sample counters read, e.g. the census onsets)."""
+        key = f"derived:{key}"
+        if key not in self._cache:
+            self._cache[key] = compute()
         return self._cache[key]
 
     @property

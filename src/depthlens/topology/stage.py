@@ -217,7 +217,8 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
             table = table.rename(columns={"layer": "boundary"})
             table.insert(1, "layer", table["boundary"] // 2)
             table.insert(2, "sublayer", np.where(table["boundary"] % 2, "mlp", "attn"))
-            table = table.merge(ops[["layer", "sublayer", "henrici_update_rel", "symmetry"]], on=["layer", "sublayer"], how="left")
+            table = table.merge(ops[["layer", "sublayer", "henrici_update_rel", "symmetry", "symmetry_update"]],
+                                on=["layer", "sublayer"], how="left")
             table["significant"] = table["q"] <= opts.q_level
             for part, sink in ((comm, communities), (unit_table, units), (table, coupling), (prof_table, profiles)):
                 part.insert(0, "checkpoint", name)
