@@ -99,9 +99,7 @@ def head_rank_tests(chunks: pd.DataFrame, column: str = "delta_TR1", rank: str =
     stats = pd.DataFrame({"median": groups["value"].median(), "n": groups.size(), "sum": groups["rank"].sum(),
                           "lo": groups["samples"].min(), "hi": groups["samples"].max()})
     stats["p"] = [_rank_sum_p(row.sum, (int(row.lo),) * int(row.n)) if row.lo == row.hi
-                  else pooled_rank_test(groups.get_group(row.Index)["rank"].to_numpy(),
-                                        groups.get_group(row.Index)["samples"].to_numpy().astype(np.int64))
-                  for row in stats.itertuples()] if len(used) else []
+                  else _group_rank_p(groups.get_group(row.Index)) for row in stats.itertuples()] if len(used) else []
     out = keys.merge(stats.reset_index(), on=["layer", "head"], how="left")
     out["n"] = out["n"].fillna(0).astype(int)
     out["p"] = out["p"].fillna(1.0)
@@ -203,6 +201,11 @@ def pooled_rank_test(ranks: np.ndarray, samples: np.ndarray) -> float:
     if not ok.any():
         return 1.0
     return _rank_sum_p(float(r[ok].sum()), tuple(sorted(int(x) for x in s[ok])))
+
+
+def _group_rank_p(group: pd.DataFrame) -> float:
+    """:func:`pooled_rank_test` of one head's chunks (columns ``rank`` and ``samples``)."""
+    return pooled_rank_test(group["rank"].to_numpy(), group["samples"].to_numpy().astype(np.int64))
 
 
 def _rank_sum_p(total: float, samples: tuple[int, ...]) -> float:

@@ -6,6 +6,7 @@ own sample size and turns a decisive verdict underpowered where the calibration 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def test_memory_tables_read_as_a_run_directory(tmp_path):
             if key.startswith("table:"):
                 df.to_parquet(root / "tables" / f"{key[6:]}.parquet")
             elif key.startswith("json:") and df:
-                (root / f"{key[5:]}.json").write_text(__import__("json").dumps(df))
+                (root / f"{key[5:]}.json").write_text(json.dumps(df))
         here, there = compute_estimate(name, simulated)[0], compute_estimate(name, RunTables(root))[0]
         assert here is not None and there is not None, name
         assert (here.value == there.value or (math.isnan(here.value) and math.isnan(there.value))), name

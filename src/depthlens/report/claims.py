@@ -352,6 +352,15 @@ def underpowered(claim: Claim, sizes: dict[str, int | None]) -> str:
     return f"underpowered ({'; '.join(short)})" if short else ""
 
 
+def estimate_verdict(claim: Claim, estimate: Estimate | None, *, intervals: bool = True) -> tuple[str, str]:
+    """:func:`verdict` of a statistic's :class:`Estimate` (None: not tested), with its interval
+    unless the statistic gives none or ``intervals`` is False (the value alone)."""
+    if estimate is None:
+        return verdict(claim, None)
+    use = intervals and estimate.kind != "none"
+    return verdict(claim, estimate.value, (estimate.lo, estimate.hi) if use else None, estimate.kind)
+
+
 @dataclass(frozen=True)
 class Judgement:
     """One claim judged on one run: its verdict, the reason, the statistic's estimate (None when
@@ -372,8 +381,7 @@ def judge(claim: Claim, tables: RunTables, *, intervals: bool = True) -> Judgeme
     value alone (the point rule, which the calibration benchmark compares against)."""
     estimate, note = compute_estimate(claim.statistic, tables)
     value = None if estimate is None else estimate.value
-    interval = None if not intervals or estimate is None or estimate.kind == "none" else (estimate.lo, estimate.hi)
-    result, reason = verdict(claim, value, interval, "confidence" if estimate is None else estimate.kind)
+    result, reason = estimate_verdict(claim, estimate, intervals=intervals)
     if result == "not tested" and note:
         reason = note
     elif value is not None and math.isnan(value) and note and note != reason:
@@ -425,8 +433,7 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables, *, calibr
         for variant in claim.variants:
             v_est, v_note = compute_estimate(variant.statistic, tables)
             v_value = None if v_est is None else v_est.value
-            v_interval = None if v_est is None or v_est.kind == "none" else (v_est.lo, v_est.hi)
-            v_verdict, v_reason = verdict(claim, v_value, v_interval, "confidence" if v_est is None else v_est.kind)
+            v_verdict, v_reason = estimate_verdict(claim, v_est)
             sensitivity.append({"name": variant.name, "statistic": variant.statistic, "note": variant.note,
                                 "value": _json_value(v_value), "value_text": _text(v_value), "verdict": v_verdict,
                                 "reason": v_note if v_verdict == "not tested" and v_note else v_reason})

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..stats import (bh_qvalues, head_rank_tests, median_interval, proportion_interval, sign_test, spearman,
+from ..stats import (head_rank_tests, median_interval, proportion_interval, sign_test, spearman,
                      spearman_interval, trend_interval)
 from .tables import RunTables
 
@@ -466,8 +466,7 @@ def role_rank_tests(t: RunTables, role: str, rank: str = "null_rank_TR1", first_
     centre = chunks.assign(excess=_numeric(chunks[rank]) - _numeric(chunks[samples]) / 2).groupby(
         ["layer", "head"], sort=True)["excess"].sum()
     tests["direction"] = np.sign(centre.to_numpy())
-    tests["q"] = bh_qvalues(tests["p"].to_numpy())
-    return tests
+    return tests  # head_rank_tests' q-values: BH over exactly these heads
 
 
 def _signed_significant(role: str, sign: int, rank: str = "null_rank_TR1", halves: bool = False
