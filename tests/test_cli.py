@@ -320,7 +320,7 @@ def test_revisions_reach_the_attention_stage(text_file: Path, tmp_path: Path, mo
 
     listed = [line for line in _help("attention", capsys).splitlines() if line.lstrip().startswith("--revisions")]
     assert len(listed) == 1, listed
-    monkeypatch.setattr(workflow, "spec_source", lambda spec: "hub")
+    monkeypatch.setattr(workflow, "check_spec", lambda spec: "hub")
     monkeypatch.setattr(workflow, "_revision_loader", lambda config: lambda rev: load_model("random:llama", seed=1))
     out = tmp_path / "run"
     assert main(["attention", "--model", "random:llama", "--text", str(text_file), "--chunks", "2", "--seq-len", "12",

@@ -100,6 +100,10 @@ def test_bad_sweep_writes_nothing(tmp_path, capsys):
     path = _file(tmp_path, '[sweep]\nmodels = ["random:llama"]\nrevisions = ["step1"]\nstages = ["attention"]\n')
     assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 2
     assert "--revision 'step1' only applies to hub ids" in capsys.readouterr().err and not out.exists()
+    # a cell naming a model path that is not there is refused before any cell runs
+    path = _file(tmp_path, f'[sweep]\nmodels = ["random:llama", "{tmp_path / "no" / "model"}"]\nstages = ["attention"]\n')
+    assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 2
+    assert "no file or folder at" in capsys.readouterr().err and not out.exists()
 
 
 @pytest.mark.slow
@@ -110,9 +114,11 @@ def test_sweep_end_to_end(tmp_path, text_file, capsys):
     path = _file(tmp_path, f'[sweep]\nmodels = ["random:llama", "random:gpt2", "no-such-org/no-such-model"]\n'
                            f'texts = ["{text_file}"]\nstages = ["attention"]\n')
     out = tmp_path / "sweep"
-    assert main(["sweep", str(path), "--out", str(out), "--quiet", "--jobs", "1"]) == 0
+    assert main(["sweep", str(path), "--out", str(out), "--quiet", "--jobs", "1"]) == 3  # a cell failed
     err = capsys.readouterr().err
     assert "sweep: cell no-such-org_no-such-model__corpus.txt__seed0 failed:" in err
+    assert [line for line in err.splitlines() if line.startswith("depthlens: error:")] == [
+        line for line in err.splitlines() if "sweep unit no-such-org_no-such-model__corpus.txt__seed0 failed" in line]
     table = pd.read_parquet(out / "tables" / "sweep.parquet")
     assert list(table["status"]) == ["done", "done", "failed"]
     assert list(table["model"]) == ["random:llama", "random:gpt2", "no-such-org/no-such-model"]
@@ -131,9 +137,9 @@ def test_sweep_end_to_end(tmp_path, text_file, capsys):
     # --resume: the finished cells are units of the sweep, the failed one is tried again
     heads = cell / "tables" / "heads.parquet"
     stamp = heads.stat().st_mtime_ns
-    assert main(["sweep", str(path), "--out", str(out), "--quiet", "--resume", "--jobs", "1"]) == 0
+    assert main(["sweep", str(path), "--out", str(out), "--quiet", "--resume", "--jobs", "1"]) == 3
     assert heads.stat().st_mtime_ns == stamp
     assert "no-such-model__corpus.txt__seed0 failed" in capsys.readouterr().err
     # --overwrite removes the cells' runs with the sweep's own files
-    assert main(["sweep", str(path), "--out", str(out), "--quiet", "--overwrite", "--jobs", "1"]) == 0
+    assert main(["sweep", str(path), "--out", str(out), "--quiet", "--overwrite", "--jobs", "1"]) == 3
     assert heads.stat().st_mtime_ns != stamp

@@ -59,6 +59,12 @@ def no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
     ("run", ["--revisions", "step1"], "--revisions step1", "drop --revisions"),
     ("jacobian", ["--revisions", "step1,step2"], "--revisions step1,step2", "drop --revisions"),
     ("capture", ["--revision", "main"], "--revision 'main'", "drop --revision"),
+    ("attention", ["--model", "org/tiny", "--revisions", "step{0..2000..1000}"], "--revisions 'step{0..2000..1000}'",
+     "plain comma-separated names"),
+    ("attention", ["--model", "org/tiny", "--revisions", "step-{0..}"], "'step-{0..}' is not a range",
+     "step{0..143000..1000}"),
+    ("attention", ["--model", "./no/such/folder"], "no file or folder at", "check the path"),
+    ("attention", ["--model", "no/such.gguf"], "GGUF file", "check the path"),
 ])
 def test_plan_refused_before_the_model_loads(text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                              no_model_load: None, command: str, extra: list[str], flag: str,
@@ -67,6 +73,18 @@ def test_plan_refused_before_the_model_loads(text_file: Path, tmp_path: Path, ca
     assert main(_args(command, text_file, out, *extra)) == 2
     line = _one_error_line(capsys)
     assert flag in line and fix in line
+    assert not out.exists()
+
+
+def test_a_probe_beyond_the_context_is_refused_before_anything_is_written(
+        text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The probe [BOS, r, r] of --probe-len 16 has 33 tokens; a 32-token model once failed the
+    attention stage at run time (exit 3) with a message that did not name --probe-len."""
+    out = tmp_path / "run"
+    assert main(_args("attention", text_file, out, "--model", "random:llama:max_position_embeddings=32",
+                      "--seq-len", "16", "--probe-len", "16")) == 2
+    line = _one_error_line(capsys)
+    assert "--probe-len 16" in line and "--probe-len 15 or less" in line
     assert not out.exists()
 
 

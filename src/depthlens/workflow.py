@@ -24,7 +24,7 @@ from .environment import environment_block
 from .executors import check_execution
 from .errors import InputError, RunIncomplete, StorageError
 from .models import LoadedModel, load_model
-from .models.loading import series_checkpoints, spec_source
+from .models.loading import check_spec, series_checkpoints
 from .models.random_models import random_spec
 from .models.finite import check_finite_weights
 from .report import default_claims_path, load_claims, render_report
@@ -65,27 +65,45 @@ class Prepared:
         }
 
 
-def prepare(config: RunConfig, loaded: LoadedModel | None = None) -> Prepared:
+def check_context(config: RunConfig, plan: Sequence[str], context: int | None, name: str) -> None:
+    """Refuse inputs longer than the context of the model ``name`` (``context`` tokens; None:
+    unbounded): the chunks (``--seq-len``) and whatever a stage of ``plan`` feeds the model
+    (its module's optional ``check_context(config, context, name)``, e.g. the attention stage's
+    induction probe).
+
+    Raises
+    ------
+    InputError
+        Naming the flag and the largest value that fits.
+    """
+    if context is None:
+        return
+    if config.seq_len > context:
+        raise InputError(f"--seq-len {config.seq_len} exceeds the context of {name} ({context} tokens); pass "
+                         f"--seq-len {context} or less.")
+    for stage in plan:
+        check = getattr(stages_registry.get(stage).load(), "check_context", None)
+        if check is not None:
+            check(config, context, name)
+
+
+def prepare(config: RunConfig, loaded: LoadedModel | None = None, plan: Sequence[str] = ()) -> Prepared:
     """Load the model (unless ``loaded`` is given: an in-memory model, see
     :func:`depthlens.models.wrap_model`) and the text chunks of ``config``, checking each on
-    the way.
+    the way (the stages of ``plan`` against the model's context: :func:`check_context`).
 
     Raises
     ------
     DepthlensError
-        Unknown model spec, unreadable or short text, a ``seq_len`` beyond the model's
-        context, and the other one-line errors of the loaders.
+        Unknown model spec, unreadable or short text, inputs beyond the model's context, and
+        the other one-line errors of the loaders.
     """
     if loaded is None:
         loaded = load_model(config.model, revision=config.revision, dtype=config.dtype, device=config.device,
                             trust_remote_code=config.trust_remote_code, seed=config.seed,
                             stream_layers=config.stream_layers)
     check_finite_weights(loaded.model, loaded.name)
-    context = loaded.adapter.max_seq_len
-    if context is not None and config.seq_len > context:
-        raise InputError(
-            f"--seq-len {config.seq_len} exceeds the context of {loaded.name} ({context} tokens); pass --seq-len {context} or less."
-        )
+    check_context(config, plan, loaded.adapter.max_seq_len, loaded.name)
     source = data.load_text(config.text)
     ids = data.chunks(source, loaded.tokenizer, config.chunks, config.seq_len, seed=config.seed)
     return Prepared(config, loaded, ids, source.sha256)
@@ -142,7 +160,7 @@ def run(
     check_execution(execution)  # the executor spec, its packages, a Ray address, sbatch
     claims_bytes, claims_record = claims_registration(claims)  # a malformed file is refused before any work
     check_target(out, run_mode, config.hash())  # fail fast, before the model loads
-    prepared = prepare(config, loaded)
+    prepared = prepare(config, loaded, plan)
     manifest = prepared.manifest()
     manifest["claims"] = claims_record
     run_dir = RunDirectory.open(out, run_mode, manifest)
@@ -285,7 +303,7 @@ def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False
         A ``random:`` spec with unknown keys or values its configuration rejects.
     """
     plan = stages_registry.with_requirements(list(stages), config)
-    source = "memory" if in_memory else spec_source(config.model)
+    source = "memory" if in_memory else check_spec(config.model)  # a path that is not there: refused now
     if source in _KINDS and not (source == "local" and series_checkpoints(config.model)):  # a series has revisions
         what = f"--model {config.model!r} is {_KINDS[source]}"
         if config.revision:
@@ -293,11 +311,25 @@ def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False
         if config.revisions:
             raise InputError(f"--revisions {','.join(config.revisions)} only applies to hub ids, and {what}; "
                              "drop --revisions (the jacobian stage analyses the step-0 null with --null init).")
+    if config.revisions and not in_memory:
+        _check_plain_revisions(config.revisions)
     if source == "random":
         random_spec(config.model.strip(), config.stream_layers)  # unknown keys, bad values: one line
     for stage in plan:
         stages_registry.get(stage).load().check(config)
     return plan
+
+
+def _check_plain_revisions(revisions: Sequence[str]) -> None:
+    """Refuse a range or ``@FILE`` in a run's ``--revisions``: a run takes the names as they are
+    (``depthlens census`` expands them), so ``step{0..2000..1000}`` would be looked up as a
+    revision name and fail only when its checkpoint loads."""
+    from .census.series import expand_revisions
+
+    if list(revisions) != expand_revisions(revisions):  # also refuses a malformed range in one line
+        shown = next(r for r in revisions if r.startswith("@") or "{" in r)
+        raise InputError(f"--revisions {shown!r} is a range or a file; a run takes plain comma-separated names "
+                         "(e.g. --revisions step1000,step2000), and depthlens census expands ranges and @FILE.")
 
 
 def package_versions() -> dict[str, str]:

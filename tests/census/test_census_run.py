@@ -19,7 +19,7 @@ from depthlens.census.runner import run_census
 from depthlens.cli import main
 from depthlens.config import RunConfig
 from depthlens.context import Execution
-from depthlens.errors import InputError, RunError
+from depthlens.errors import InputError, RunError, RunIncomplete
 from depthlens.models import build_random, load_model
 from depthlens.models.tokenizer import random_tokenizer
 from depthlens.report.census_figures import norm_placement
@@ -125,8 +125,12 @@ def test_a_corrupt_checkpoint_is_skipped_and_recorded(tmp_path: Path, text_file:
     series = _series(tmp_path / "ckpts")
     weights = series / "step-10" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
-    out = run_census(_config(series, text_file), CensusOptions(census_stages=("attention",)), tmp_path / "census",
-                     execution=QUIET)
+    with pytest.raises(RunIncomplete) as stopped:  # the census goes on, then says what failed
+        run_census(_config(series, text_file), CensusOptions(census_stages=("attention",)), tmp_path / "census",
+                   execution=QUIET)
+    out = Path(stopped.value.root)
+    assert [f.unit for f in stopped.value.failures] == ["step-10"]
+    assert (out / "report.html").is_file()
     table = pd.read_parquet(out / "tables" / "census.parquet")
     assert table["status"].tolist() == ["done", "failed", "done"]
     assert "step-10" in table.loc[1, "error"] or "safetensors" in table.loc[1, "error"]
@@ -134,6 +138,39 @@ def test_a_corrupt_checkpoint_is_skipped_and_recorded(tmp_path: Path, text_file:
     assert len(lines) == 1 and "step-10" in lines[0]
     heads = pd.read_parquet(out / "tables" / "census_heads.parquet")
     assert set(heads["checkpoint"]) == {"step-0", "step-100"}
+
+
+def test_a_probe_beyond_the_context_is_refused_up_front(tmp_path: Path, text_file: Path,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    """The checkpoints declare a 32-token context, and the probe [BOS, r, r] of --probe-len 16
+    needs 33: exit 2 naming --probe-len before anything is written (it once ran every checkpoint
+    to 'incomplete' and exited 0)."""
+    series = tmp_path / "ckpts"
+    for step in (0, 10):
+        model = build_random("llama", "num_hidden_layers=1,max_position_embeddings=32", seed=step)
+        model.save_pretrained(series / f"step-{step}")
+        random_tokenizer(model).save_pretrained(series / f"step-{step}")
+    target = tmp_path / "census"
+    capsys.readouterr()
+    code = main(["census", "--model", str(series), "--preset", "quick", "--text", str(text_file), "--chunks", "2",
+                 "--seq-len", "16", "--jobs", "1", "--out", str(target), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--probe-len 16" in err[0] and "--probe-len 15 or less" in err[0]
+    assert not target.exists()
+
+
+def test_an_incomplete_checkpoint_ends_the_census_with_exit_3(tmp_path: Path, text_file: Path,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    series = _series(tmp_path / "ckpts", steps=(0, 10))
+    (series / "step-10" / "model.safetensors").write_bytes(b"not weights")
+    capsys.readouterr()
+    code = main(["census", "--model", str(series), "--text", str(text_file), "--census-stages", "attention",
+                 *(f"--{k.replace('_', '-')}={v}" for k, v in SIZES.items()), "--preset", "quick", "--jobs", "1",
+                 "--out", str(tmp_path / "census"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert [line for line in err.splitlines() if line.startswith("depthlens: error:")] == [
+        line for line in err.splitlines() if "census unit step-10 failed" in line]
 
 
 def test_bad_input_writes_nothing(tmp_path: Path, text_file: Path, census: tuple[Path, Path]) -> None:

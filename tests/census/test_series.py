@@ -30,6 +30,8 @@ def test_ranges_expand_inclusively_and_lists_read_from_files(tmp_path: Path) -> 
     ("step{10..0}", "is empty"),
     ("step{0..100000000}", "more than"),
     ("@/no/such/file.txt", "cannot read the revision list"),
+    ("step-{0..}", "is not a range"),
+    ("step{0-1000}", "is not a range"),
 ])
 def test_bad_revision_items_get_one_line(item: str, message: str) -> None:
     with pytest.raises(InputError, match=message) as err:

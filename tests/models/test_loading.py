@@ -161,12 +161,23 @@ def test_byte_tokenizer_rejects_small_vocab():
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", ["no-such-model", "smollm3-1b", "a b c", "org/name/extra"])
+@pytest.mark.parametrize("spec", ["a b c", "org/name/extra", "org/"])
 def test_unknown_spec(spec):
     with pytest.raises(ModelError) as excinfo:
         load_model(spec)
     message = _one_line(excinfo)
     assert "random:<family>" in message and ".gguf" in message
+
+
+def test_a_bare_name_is_a_hub_id():
+    """The hub keeps ids without an organisation (``gpt2``): they are hub specs, refused
+    offline by the hub's own one-line error, not as an unknown form."""
+    from depthlens.models.loading import check_spec, spec_source
+
+    assert spec_source("gpt2") == check_spec("gpt2") == "hub" and spec_source("smollm2-135m") == "embedded"
+    with pytest.raises(ModelError) as excinfo:
+        check_spec("./no/such/folder")
+    assert "no file or folder at" in _one_line(excinfo)
 
 
 def test_empty_spec():

@@ -34,7 +34,7 @@ from .. import data
 from ..linalg.causal import deflate
 from ..linalg.pseudospectra import pseudospectrum
 from ..parallel import AheadExecutor, executor, ordered_map
-from ..errors import RunError, require_at_least
+from ..errors import InputError, RunError, require_at_least
 from ..config import RunConfig
 from ..context import Execution, StageContext
 from ..runs import RunDirectory
@@ -73,6 +73,23 @@ def check(config: RunConfig) -> None:
     """
     require_at_least("--seq-len", config.seq_len, MIN_SEQ_LEN, an.STAGE)
     require_at_least("--probe-len", config.options(an.STAGE).probe_len, MIN_PROBE_LEN, an.STAGE)
+
+
+def check_context(config: RunConfig, context: int, name: str) -> None:
+    """Refuse an induction probe longer than the model's context (checked once the context of
+    ``name`` is known, before anything is written): ``[BOS, r, r]`` has ``1 + 2·probe_len``
+    positions.
+
+    Raises
+    ------
+    InputError
+        Naming ``--probe-len`` and the largest value that fits.
+    """
+    probe_len = config.options(an.STAGE).probe_len
+    if 1 + 2 * probe_len > context:
+        raise InputError(f"--probe-len {probe_len} makes the induction probe [BOS, r, r] {1 + 2 * probe_len} tokens "
+                         f"long, beyond the context of {name} ({context} tokens); pass --probe-len "
+                         f"{(context - 1) // 2} or less.")
 
 
 def unit_prefix(checkpoint: str) -> str:

@@ -12,7 +12,8 @@ and ``--overwrite`` as for a run)::
 
 A checkpoint that cannot be loaded or analysed is recorded (``status`` ``failed`` with its
 one-line error, the traceback in ``logs/census.log``), announced in one line, and skipped; the
-census goes on. A finished checkpoint is a unit of the census: ``--resume`` skips it, and
+census goes on, and ends with :class:`~depthlens.errors.RunIncomplete` naming every failed or
+incomplete checkpoint once the tables and the report are written (exit 3 on the command line). A finished checkpoint is a unit of the census: ``--resume`` skips it, and
 resumes a checkpoint's own run where it stopped.
 """
 
@@ -34,10 +35,11 @@ from ..context import Execution
 from ..errors import DepthlensError, RunIncomplete, one_line
 from ..models import LoadedModel, load_model
 from ..models.finite import check_finite_weights
+from ..models.local import declared_context
 from ..report.tables import RunTables
 from ..runs import RunDirectory, RunMode, check_target
 from ..runs.directory import not_a_run, read_manifest, remove_sub_runs
-from ..runs.failures import fatal
+from ..runs.failures import UnitFailure, fatal
 from ..schema import conform_table
 from .options import CensusOptions
 from .series import Checkpoint, label_of, resolve_series
@@ -121,6 +123,20 @@ def _configs(config: RunConfig, series: dict[str, list[Checkpoint]]) -> dict[tup
     return out
 
 
+def _check_contexts(series: dict[str, list[Checkpoint]], configs: dict[tuple[str, str], RunConfig],
+                    plan: list[str]) -> None:
+    """Refuse, before anything is written, inputs longer than the context that a local
+    series' checkpoints declare (:func:`depthlens.workflow.check_context`); a hub series is
+    checked as each checkpoint loads."""
+    from ..workflow import check_context
+
+    for spec, ckpts in series.items():
+        for ckpt in ckpts:
+            if Path(spec).expanduser().is_dir() and ckpt.revision:
+                folder = Path(spec).expanduser() / ckpt.revision
+                check_context(configs[(spec, ckpt.label)], plan, declared_context(folder), f"{spec} {ckpt.revision}")
+
+
 def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_mode: RunMode = RunMode.NEW,
                execution: Execution = Execution(), delete_cache: bool = False,
                claims: str | Path | None = None) -> Path:
@@ -148,6 +164,9 @@ def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_m
         Bad input, before anything is written.
     StorageError
         A full disk or read-only file system (the census stops; ``--resume`` continues).
+    RunIncomplete
+        After the tables and the report are written, when any checkpoint failed or is
+        incomplete (one failure per checkpoint; ``--resume`` retries them).
     """
     from ..report.html import render_report
     from ..environment import environment_block
@@ -158,6 +177,7 @@ def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_m
     series = _series(config, options)
     configs = _configs(config, series)
     plan = check_plan(next(iter(configs.values())), options.census_stages)
+    _check_contexts(series, configs, plan)
     check_execution(execution)
     digest = census_hash(config, options)
     check_target(out, run_mode, digest)
@@ -186,6 +206,8 @@ def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_m
     run_dir.mark_stage(STAGE, "done", **({"checkpoints_not_done": {p.checkpoint: p.error for p in failed}}
                                          if failed else {}))
     render_report(root, claims_path=claims)
+    if run_dir.failures.failures:  # every checkpoint was visited and the report rendered: now say what failed
+        raise RunIncomplete(root, run_dir.failures.failures)
     return root
 
 
@@ -222,7 +244,7 @@ def _visit(run_dir: RunDirectory, spec: str, folder: str, ckpt: Checkpoint, conf
                             trust_remote_code=config.trust_remote_code, seed=config.seed,
                             stream_layers=config.stream_layers)
         check_finite_weights(loaded.model, f"{loaded.name}@{ckpt.revision}")
-        prepared = prepare(config, loaded)
+        prepared = prepare(config, loaded, plan)
         loss = mean_loss(loaded, prepared.token_ids, config.batch_size)
         family, norm = loaded.adapter.family, norm_kind(loaded)
         mode = RunMode.RESUME if sub.is_dir() and not_a_run(sub) is None else RunMode.NEW
@@ -231,6 +253,8 @@ def _visit(run_dir: RunDirectory, spec: str, folder: str, ckpt: Checkpoint, conf
         except RunIncomplete as exc:
             error = "; ".join(f.line() for f in exc.failures[:1])
             _say(execution, f"census: {ckpt.label} is incomplete: {error}")
+            run_dir.failures.failures.append(UnitFailure(STAGE, ckpt.label, f"incomplete: {error}",
+                                                         sub / "logs"))
             return dataclasses.replace(point, status="incomplete", error=error, loss=loss, tables=RunTables(sub),
                                        family=family, norm=norm)
         run_dir.write_unit(STAGE, key, {"point": pd.DataFrame([{"loss": loss, "family": family, "norm": norm}])})

@@ -82,7 +82,8 @@ def expand_revisions(items: tuple[str, ...] | list[str]) -> list[str]:
     Raises
     ------
     InputError
-        A range that is empty, decreasing or larger than :data:`MAX_RANGE`; an unreadable file.
+        A range that is empty, decreasing or larger than :data:`MAX_RANGE`; braces that are no
+        range (``step{0..}``); an unreadable file.
 
     Examples
     --------
@@ -105,6 +106,9 @@ def expand_revisions(items: tuple[str, ...] | list[str]) -> list[str]:
 def _expand_range(item: str) -> list[str]:
     match = _RANGE.search(item)
     if match is None:
+        if "{" in item or "}" in item:  # a range with a typo (step{0..}, step{0-1000}) is no revision name
+            raise InputError(f"--revisions {item!r} is not a range; write PREFIX{{START..STOP}} or "
+                             "PREFIX{START..STOP..STEP} with whole numbers, e.g. step{0..143000..1000}.")
         return [item]
     start, stop, stride = int(match.group(1)), int(match.group(2)), int(match.group(3) or 1)
     if stride < 1 or stop < start:

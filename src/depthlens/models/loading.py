@@ -72,6 +72,7 @@ __all__ = [
     "cache_root",
     "embedded_models",
     "init_like",
+    "check_spec",
     "load_model",
     "weights_sha256",
     "wrap_model",
@@ -106,10 +107,11 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+#: A hub id: ``org/name``, or a bare ``name`` (the hub keeps a few, e.g. ``gpt2``).
+_HUB_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
 _FORMS = (
     "'smollm2-135m' (embedded), a .gguf file path, a folder with config.json, "
-    "a hub id 'org/name' (with revision= for checkpoints), or 'random:<family>[:key=value,...]'"
+    "a hub id 'org/name' or 'name' (with revision= for checkpoints), or 'random:<family>[:key=value,...]'"
 )
 
 
@@ -361,6 +363,29 @@ def spec_source(spec: str | os.PathLike | None) -> str | None:
     if _HUB_ID.match(spec) and not spec.startswith(("/", "./", "../", "~")):
         return "hub"
     return None
+
+
+def check_spec(spec: str | os.PathLike | None) -> str:
+    """The source of ``spec`` (:func:`spec_source`), refusing before any model loads a spec
+    :func:`load_model` could never load: a missing ``.gguf`` file or path, or no form at all.
+
+    Raises
+    ------
+    ModelError
+        One line naming what is wrong and the forms a spec takes.
+    """
+    source = spec_source(spec)
+    shown = os.fspath(spec) if isinstance(spec, os.PathLike) else str(spec)
+    if source == "gguf" and not Path(shown.strip()).expanduser().is_file():
+        raise ModelError(f"GGUF file {Path(shown.strip()).expanduser()} does not exist; check the path.")
+    if source is None:
+        path = Path(shown.strip()).expanduser()
+        if path.is_file():
+            raise ModelError(f"{path} is a file but not a .gguf; pass a .gguf file or a folder with config.json.")
+        if shown.strip().startswith(("/", "./", "../", "~", ".\\")):
+            raise ModelError(f"no file or folder at {path}; check the path, or pass one of: {_FORMS}.")
+        raise ModelError(f"unknown model spec {shown!r}; pass one of: {_FORMS}.")
+    return source
 
 
 def load_model(

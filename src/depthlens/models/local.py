@@ -9,6 +9,7 @@ from the folder runs unless ``trust_remote_code=True``.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from .hashing import combined_sha256, hash_files
 from .pretrained import Checkpoint, load_config, model_from_folder, quiet_transformers, remote_code_error
 from .tokenizer import tokenizer_from
 
-__all__ = ["STEP_FOLDER", "load_local", "series_checkpoint", "series_checkpoints"]
+__all__ = ["STEP_FOLDER", "declared_context", "load_local", "series_checkpoint", "series_checkpoints"]
 
 #: The folder name of the checkpoint after ``step`` optimiser steps in a series.
 STEP_FOLDER = "step-{step}"
@@ -62,6 +63,20 @@ def series_checkpoint(folder: Path, revision: str | None) -> Path:
         raise ModelError(f"--revision {revision!r} is not a checkpoint of the series {folder}; it holds "
                          f"{', '.join(held)}.")
     return folder / revision
+
+
+def declared_context(folder: str | Path) -> int | None:
+    """The context length a checkpoint folder's ``config.json`` declares
+    (``max_position_embeddings``, else GPT-2's ``n_positions`` or ``n_ctx``), read without
+    loading the model; None when the folder has no readable config or it declares none."""
+    try:
+        values = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+        if isinstance(values, dict) and isinstance(values.get(key), int) and values[key] > 0:
+            return int(values[key])
+    return None
 
 
 def _weight_files(folder: Path) -> tuple[list[Path], bool]:

@@ -13,7 +13,9 @@ and ``--overwrite`` as for a run)::
 Cells run one after another in this process; each cell's numerical tasks go to the executor
 of ``--executor`` (local worker processes, a Ray cluster, SLURM jobs). A cell that cannot be
 loaded or analysed is recorded (``status`` ``failed`` with its one-line error, the traceback in
-``logs/sweep.log``), announced in one line, and the other cells go on; the report marks it. A
+``logs/sweep.log``), announced in one line, and the other cells go on; the report marks it, and
+the sweep ends with :class:`~depthlens.errors.RunIncomplete` naming every failed or incomplete
+cell (exit 3 on the command line). A
 finished cell is a unit of the sweep: ``--resume`` skips it and resumes an unfinished cell's
 own run where it stopped.
 """
@@ -30,6 +32,7 @@ from ..context import Execution
 from ..errors import RunIncomplete
 from ..runs import RunDirectory, RunMode, atomic, check_target
 from ..runs.directory import not_a_run, remove_sub_runs
+from ..runs.failures import UnitFailure
 from ..schema import conform_table
 from .spec import Cell, Sweep, read_sweep
 
@@ -62,6 +65,9 @@ def run_sweep(path: str | Path, out: str | Path, run_mode: RunMode = RunMode.NEW
         Bad input, before anything is written.
     StorageError
         A full disk or read-only file system (the sweep stops; ``--resume`` continues).
+    RunIncomplete
+        After the index and the cross-model report are written, when any cell failed or is
+        incomplete (one failure per cell; ``--resume`` retries them).
     """
     from ..environment import environment_block
     from ..executors import check_execution
@@ -96,6 +102,11 @@ def run_sweep(path: str | Path, out: str | Path, run_mode: RunMode = RunMode.NEW
     run_dir.mark_stage(STAGE, "done", **({"cells_not_done": dict(zip(not_done["cell"], not_done["error"]))}
                                          if len(not_done) else {}))
     _compare(root, table)
+    if len(not_done):  # every cell ran and the cross-model report is written: now say what failed
+        raise RunIncomplete(root, [UnitFailure(STAGE, cell, error, root / "cells" / cell / "logs" if status ==
+                                               "incomplete" else root / "logs" / f"{STAGE}.log")
+                                   for cell, status, error in not_done[["cell", "status", "error"]].itertuples(
+                                       index=False)])
     return root
 
 
