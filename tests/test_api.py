@@ -110,6 +110,27 @@ def test_readme_python_example_runs(tmp_path: Path) -> None:
     assert "kreiss_B" in done.stdout and "verdict" in done.stdout
 
 
+def test_a_run_at_a_scripts_top_level_is_refused_in_one_line(tmp_path: Path, text_file: Path) -> None:
+    """Spawned workers re-run a script's top level: without the ``__main__`` guard each one
+    started a run of its own (BrokenProcessPool, RunIncomplete several times over, or a hang).
+    The unguarded call is refused before any work, naming its line; a call inside a function
+    that the guard calls is fine (the README example's form is run by the test above)."""
+    call = f'depthlens.analyse("random:llama", text={str(text_file)!r}, stages=["capture"], chunks=2, seq_len=12, jobs=2)'
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    bare = tmp_path / "bare.py"
+    bare.write_text(f"import depthlens\n\nrun = {call}\nprint(run.root)\n")
+    done = subprocess.run([sys.executable, str(bare)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"{bare} line 3 starts a depthlens run at the top level" in last and "__name__" in last
+    guarded = tmp_path / "guarded.py"
+    guarded.write_text(f"import depthlens\n\n\ndef main():\n    return {call}\n\n\n"
+                       f"if __name__ == \"__main__\":\n    print(main().config.seed)\n")
+    done = subprocess.run([sys.executable, str(guarded)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_package_exports() -> None:
     assert set(depthlens.__all__) == {"Run", "RunConfig", "__version__", "analyse", "census", "open_run", "sweep"}
     for name in depthlens.__all__:

@@ -260,6 +260,15 @@ def test_relative_claims_registered_in_the_run_and_report_from_another_folder(
     assert main(["report", str(out)]) == 0
     doc = json.loads((out / "claims.json").read_text())
     assert doc["rescored"] is False and doc["claims_hash"] == doc["registered_claims_hash"] == registered
+    # the terminal shows every verdict at a glance: one line per claim, as claims.json has it
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("verdicts")
+    for result in doc["results"]:
+        line = next(row for row in printed if row.split()[:1] == [result["id"]])
+        assert f"  {result['verdict']}  " in line
+        assert line.endswith(result["criterion"]) or f"{result['criterion']} (" in line
+        if result["value_text"]:
+            assert f"  {result['value_text']}" in line
     assert 'id="rescored"' not in (out / "report.html").read_text()
     assert main(["report", str(out), "--claims", str(work / "my_claims.toml")]) == 0
     doc = json.loads((out / "claims.json").read_text())

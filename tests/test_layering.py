@@ -57,3 +57,14 @@ def test_schema_and_options_stand_alone() -> None:
     loaded = _loaded("import depthlens.schema, depthlens.options")
     assert [m for m in loaded if m == "torch" or m.startswith(("depthlens.models", "depthlens.attention",
                                                                "depthlens.jacobian", "depthlens.topology"))] == []
+
+
+def test_the_command_line_reads_its_arguments_before_the_analysis_loads() -> None:
+    """``depthlens --help`` (and every option table) loads no torch, pandas, scipy or numba,
+    nor any stage's numerics: it took 4.5–7 s when the configuration imported them
+    (``benchmarks/bench_startup.py`` measures the start)."""
+    loaded = _loaded("import depthlens.cli, depthlens.config; depthlens.cli.build_parser()")
+    heavy = ("torch", "pandas", "scipy", "numba", "igraph", "leidenalg", "sklearn", "depthlens.models",
+             "depthlens.linalg.schur", "depthlens.jacobian.cumulative", "depthlens.topology.communities",
+             "depthlens.attention.roles", "depthlens.runs.directory", "depthlens.workflow")
+    assert [m for m in loaded if any(m == h or m.startswith(h + ".") for h in heavy)] == []

@@ -286,6 +286,7 @@ def _sweep_cases(tmp: Path) -> list[tuple[str, list[str]]]:
         ("capture", ["--text", str(tmp / "missing.txt")]),
         ("capture", ["--chunks", "100000"]),
         ("capture", ["--jobs", "0"]),
+        ("capture", ["--jobs", "100000"]),
         ("capture", ["--model", str(tmp / "missing.gguf")]),
         ("capture", ["--model", "someorg/somemodel"]),
         ("capture", ["--out", str(afile / "run")]),
@@ -377,3 +378,19 @@ def test_wikitext_offline_one_complete_line(monkeypatch: pytest.MonkeyPatch) -> 
     message = str(info.value)
     _complete(message)
     assert "--text wikitext-2" in message and "HF_DATASETS_OFFLINE" in message and "\n" not in message
+
+
+def test_jobs_beyond_the_cores_are_refused_naming_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--jobs 1000 once started 33 workers on 2 cores; the bound is the usable cores (at least
+    the default 2), for a local executor and a private Ray instance, not for a cluster."""
+    from depthlens import executors
+    from depthlens.context import Execution
+
+    monkeypatch.setattr(executors, "usable_cores", lambda: 4)
+    executors.check_execution(Execution(jobs=4))
+    with pytest.raises(InputError, match="--jobs 5 is more worker processes than this machine's 4 usable CPU cores"
+                                         ".*pass --jobs 4 or less"):
+        executors.check_execution(Execution(jobs=5))
+    monkeypatch.setattr(executors, "usable_cores", lambda: 1)
+    executors.check_execution(Execution(jobs=2))  # the default always passes
+

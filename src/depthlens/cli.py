@@ -31,15 +31,11 @@ from .config import PRESET_VALUES, PRESETS, RunConfig, RunOptions  # noqa: E402
 from . import __version__  # noqa: E402
 from .errors import DepthlensError, RunIncomplete, one_line  # noqa: E402
 from .options import add_flags, flag_values  # noqa: E402
-from .runs import RunMode  # noqa: E402
-from .runs.directory import disk_line  # noqa: E402
-from .parallel import install_sigterm_handler  # noqa: E402
-from .runs import atomic  # noqa: E402
-from .runs.failures import EXIT_FAILED_UNITS  # noqa: E402
 from .stages import STAGES, with_requirements  # noqa: E402
 
 if TYPE_CHECKING:
     from .context import Execution
+    from .runs import RunMode
 
 RUN_HELP = "the main job: every stage on the chosen model and text"
 CENSUS_HELP = ("the chosen stages over every checkpoint of a series (a folder written by depthlens train, or a hub "
@@ -197,6 +193,31 @@ def _models() -> None:
     print("  " + ", ".join(FAMILIES))
 
 
+def _run_mode(args: argparse.Namespace) -> RunMode:
+    """The run mode of ``--resume`` / ``--overwrite`` (neither: a new run)."""
+    from .runs import RunMode
+
+    return RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.NEW
+
+
+def _print_disk(root: Path) -> None:
+    """The run's disk use, the last line a run prints."""
+    from .runs.directory import disk_line
+
+    print(disk_line(root))
+
+
+def _print_verdicts(root: Path) -> None:
+    """The claims' verdicts at a glance (:func:`depthlens.report.claims.verdict_lines`), when
+    the run has them."""
+    from .report.claims import verdict_lines
+
+    lines = verdict_lines(root)
+    if lines:
+        print("verdicts (value [95% interval], test; details in report.html):")
+        print("\n".join(f"  {line}" for line in lines))
+
+
 def _silence_libraries() -> None:
     """``--quiet``: no progress bars from transformers or the hub client either."""
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
@@ -213,14 +234,15 @@ def _stage(args: argparse.Namespace) -> None:
 
     options = flag_values(args, [RunOptions, *(s.options for s in STAGES.values())])
     config = RunConfig.from_sources(args.config, preset=args.preset, **options)
-    run_mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.NEW
+    run_mode = _run_mode(args)
     stages = tuple(STAGES) if args.command == "run" else (args.command,)
     root = run(config, args.out, run_mode=run_mode, stages=stages, execution=execution_from_args(args),
                claims=args.claims, report=args.command == "run")
     print(f"run directory: {root}")
     if args.command == "run":
+        _print_verdicts(root)
         print(f"report: {root / 'report.html'}")
-    print(disk_line(root))
+    _print_disk(root)
 
 
 def _census(args: argparse.Namespace) -> None:
@@ -233,12 +255,13 @@ def _census(args: argparse.Namespace) -> None:
     census_values = {k: v for k, v in flag_values(args, [CensusOptions]).items() if v is not None}
     config = RunConfig.from_sources(args.config, preset=args.preset, **options)
     census = CensusOptions(**census_values)
-    run_mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.NEW
+    run_mode = _run_mode(args)
     root = run_census(config, census, args.out, run_mode=run_mode, execution=execution_from_args(args),
                       delete_cache=args.delete_cache, claims=args.claims)
     print(f"census directory: {root}")
+    _print_verdicts(root)
     print(f"report: {root / 'report.html'}")
-    print(disk_line(root))
+    _print_disk(root)
 
 
 def _sweep(args: argparse.Namespace) -> None:
@@ -246,12 +269,12 @@ def _sweep(args: argparse.Namespace) -> None:
 
     if args.quiet:
         _silence_libraries()
-    run_mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.NEW
+    run_mode = _run_mode(args)
     root = run_sweep(args.sweep_file, args.out, run_mode=run_mode, execution=execution_from_args(args),
                      claims=args.claims)
     print(f"sweep directory: {root}")
     print(f"report: {root / 'compare' / 'compare.html'}")
-    print(disk_line(root))
+    _print_disk(root)
 
 
 def _report(args: argparse.Namespace) -> None:
@@ -259,7 +282,9 @@ def _report(args: argparse.Namespace) -> None:
     from .runs import read_manifest
 
     read_manifest(args.run_dir)  # one line when RUN_DIR is not a run
-    print(f"report: {render_report(args.run_dir, claims_path=args.claims)}")
+    page = render_report(args.run_dir, claims_path=args.claims)
+    _print_verdicts(Path(args.run_dir))
+    print(f"report: {page}")
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -280,6 +305,8 @@ def _internal_error(args: argparse.Namespace, exc: Exception) -> Path:
         fd, name = tempfile.mkstemp(prefix="depthlens-error-", suffix=".log")
         os.close(fd)
         log = Path(name)
+    from .runs import atomic
+
     atomic.record(log)
     with log.open("a") as fh:
         fh.write("".join(traceback.format_exception(exc)))
@@ -288,7 +315,9 @@ def _internal_error(args: argparse.Namespace, exc: Exception) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``depthlens`` console script; returns the exit status (module notes)."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # --help and --version end here, before numpy, pandas or torch load
+    from .parallel import install_sigterm_handler
+
     previous = install_sigterm_handler()  # SIGTERM (timeout, SLURM, OOM killers) stops like Ctrl-C
     try:
         if args.command == "models":
@@ -315,8 +344,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for failure in exc.failures:
             print(f"depthlens: error: {failure.line()}", file=sys.stderr)
         if (Path(exc.root) / "report.html").is_file():
+            _print_verdicts(Path(exc.root))
             print(f"report: {Path(exc.root) / 'report.html'}")
-        print(disk_line(exc.root))
+        _print_disk(Path(exc.root))
+        from .runs.failures import EXIT_FAILED_UNITS
+
         return EXIT_FAILED_UNITS
     except DepthlensError as exc:
         print(f"depthlens: error: {exc}", file=sys.stderr)

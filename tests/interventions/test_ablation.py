@@ -183,6 +183,17 @@ def test_bootstrap_interval() -> None:
     np.testing.assert_allclose(hi, np.percentile(ratios, 97.5, axis=1), rtol=1e-12)
 
 
+def test_one_held_out_chunk_gives_no_interval_rather_than_a_point() -> None:
+    """A bootstrap over one chunk draws that chunk every time: the interval once collapsed to
+    the point (criticality_lo == criticality_hi for every head) and nothing said so."""
+    rows = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0], "method": "mean", "chunk": 5,
+                         "delta_ce_sum": [2.0, -1.0, 0.5], "ce_clean_sum": [30.0, 30.0, 30.0], "n_tokens": 10})
+    table = ab.aggregate(rows, ["mean"], n_boot=50, seed=0)
+    np.testing.assert_array_equal(table["criticality"], [0.2, -0.1, 0.05])
+    assert table["criticality_lo"].isna().all() and table["criticality_hi"].isna().all()
+    assert (table["n_chunks"] == 1).all()
+
+
 def test_check_refuses_too_few_chunks(tmp_path: Path, text_path: Path) -> None:
     config = RunConfig(model="random:llama", text=str(text_path), chunks=1, seq_len=16)
     with pytest.raises(InputError) as info:

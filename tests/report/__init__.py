@@ -230,7 +230,7 @@ def _clamp(root: Path, ident: dict[str, str], chunks: int) -> None:
 def _contest(root: Path, ident: dict[str, str]) -> None:
     features = [{"layer": layer, "head": head, "mean_distance": 3.0 + head, "max_weight": 0.5, "diag_q25": 0.1,
                  "diag_q50": 0.2, "diag_q75": 0.3, "fro_B": 2.0, "sigma2_B": 0.5, "stable_rank_B": 1.5,
-                 "persistence": 0.1 * head - 0.1} for layer in range(12) for head in range(2)]  # 12 layers: min_layers
+                 "persistence": 0.1 * head - 0.1} for layer in range(16) for head in range(2)]  # 16 layers: the contest claims' min_layers
     write_table(root, "contest_features", pd.DataFrame(features), ident)
     rows = []
     for target, metric in (("persistence", "spearman"), ("routing", "auroc"), ("criticality", "spearman")):
@@ -290,6 +290,31 @@ def _jacobian(root: Path, rng: np.random.Generator, ident: dict[str, str]) -> No
     write_table(root, "operators", pd.concat([ops, ops.assign(jacobian_mode="in_context")], ignore_index=True), ident)
     write_table(root, "eigenvalues", pd.DataFrame(eig_rows), ident)
     write_table(root, "cumulative", pd.concat([cum, in_context], ignore_index=True), ident)
+    write_funnel_boot(root, ident)
+
+
+def write_funnel_boot(root: Path, ident: dict[str, str] | None = None, replicates: int = 50, seeds: int = 3) -> None:
+    """Write ``funnel_boot`` from the run's ``cumulative`` table: per checkpoint (and, for
+    ``init``, per step-0 seed offset) the ends of its backward, rank-truncated α = 1 isolated
+    curve, replicate 0 exactly and replicates 1.. within ±2 % of them (step-0 seed k scales the
+    full-depth erank by 1 + 0.01 k). Call it again after changing ``cumulative``."""
+    cum = read_table(root, "cumulative")
+    cum = cum[(cum["alpha"] == 1.0) & (cum["direction"] == "backward") & (cum["jacobian_mode"] == "isolated")]
+    cum = cum[cum["truncation"] == cum["truncation"].min()]
+    wobble = 1.0 + 0.02 * np.sin(np.arange(replicates + 1))  # replicate 0: 1 exactly
+    wobble_last = 1.0 + 0.02 * np.sin(1.7 * np.arange(replicates + 1))
+    parts = []
+    for checkpoint, curve in cum.groupby("checkpoint"):
+        curve = curve.sort_values("steps")
+        first, last = float(curve["erank"].iloc[0]), float(curve["erank"].iloc[-1])
+        for k in range(seeds if checkpoint == "init" else 1):
+            parts.append(pd.DataFrame({
+                "checkpoint": checkpoint, "jacobian_mode": "isolated",
+                "init_seed": float(k) if checkpoint == "init" else np.nan,
+                "truncation": int(curve["truncation"].iloc[0]), "replicate": np.arange(replicates + 1),
+                "erank_one_step": first * wobble, "erank_full_depth": last * (1.0 + 0.01 * k) * wobble_last,
+                "failure": None}))
+    write_table(root, "funnel_boot", pd.concat(parts, ignore_index=True), ident)
 
 
 def _topology(root: Path, boundaries: int, ident: dict[str, str]) -> None:
@@ -334,6 +359,7 @@ def _census(root: Path, ident: dict[str, str]) -> None:
             rows.append({**key, "status": "done", "error": "", "family": "llama", "norm": norm,
                          "loss": 5.0 - 0.5 * k, "erank_one_step": 100.0, "erank_full_depth": 60.0 / (1 + k),
                          "funnel_ratio": 0.6 / (1 + k), "funnel_step0_over": 1.0 + k,
+                         "funnel_step0_over_lo": 0.95 * (1.0 + k), "funnel_step0_over_hi": 1.05 * (1.0 + k),
                          "coupling_significant": float(3 * k), "coupling_tested": 24.0,
                          "n_routing": 12.0 if k >= 2 else 0.0, "n_sink": 4.0 if k >= 2 else 0.0,
                          "max_prev_token_score": 0.7, "max_induction_score": 0.02, "max_sink_mass": 0.7,
@@ -351,17 +377,18 @@ def need_chromium() -> Any:
     return pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
 
 
-def in_chromium(page_path: Path, queries: dict[str, str], screenshot: Path | None = None) -> tuple[list[str], dict]:
-    """Load ``page_path`` in headless Chromium and return the errors it raised (console
-    errors, page errors, failed requests) and the value of each JavaScript expression of
-    ``queries``, by name; with ``screenshot``, a full-page PNG goes there. Skips the calling
-    test without Chromium or playwright."""
+def in_chromium(page_path: Path, queries: dict[str, str], screenshot: Path | None = None,
+                viewport: tuple[int, int] = (1200, 900)) -> tuple[list[str], dict]:
+    """Load ``page_path`` in headless Chromium (a window of ``viewport`` width × height) and
+    return the errors it raised (console errors, page errors, failed requests) and the value of
+    each JavaScript expression of ``queries``, by name; with ``screenshot``, a full-page PNG
+    goes there. Skips the calling test without Chromium or playwright."""
     sync_api = need_chromium()
     errors: list[str] = []
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
             page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
             page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}"))

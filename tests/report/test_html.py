@@ -50,8 +50,8 @@ def test_report_written_with_claims_json(report):
 def test_claims_table_comes_first(report):
     _, text = report
     body = text[text.index("<body>"):]
-    first_table = body.index("<table")
-    assert body[first_table:].startswith('<table class="claims"')
+    assert body[body.index("<table"):].startswith('<table class="glance" id="verdicts"')  # verdicts at a glance
+    first_table = body.index('<table class="claims"')
     assert first_table < body.index("<img") < body.index('id="provenance"')
     assert body.index('id="claims"') < body.index('id="part-a"') < body.index('id="part-b"')
     header = body[first_table: body.index("</thead>", first_table)]
@@ -126,7 +126,7 @@ def test_stage_not_run_and_failed(tmp_path):
 def test_bare_directory_renders(tmp_path):
     text = render_report(tmp_path).read_text()
     assert "manifest.json is absent" in text
-    assert text.count(">not tested</span>") == len(load_claims())
+    assert text.count(">not tested</span>") == 2 * len(load_claims())  # at a glance and in the full table
     assert "<img" not in text
 
 
@@ -155,8 +155,39 @@ def test_report_in_headless_chromium(report, tmp_path):
                                        "scripts": "document.querySelectorAll('script').length"}, screenshot=shot)
     assert errors == []
     assert len(found["widths"]) == len(FIGURES) and all(w > 0 for w in found["widths"])
-    assert found["claims_rows"] == len(load_claims()) and found["first_table"] == "claims" and found["scripts"] == 0
+    assert found["claims_rows"] == len(load_claims()) and found["first_table"] == "glance" and found["scripts"] == 0
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+#: Per row of the verdicts at a glance: its text cells and its box in the window.
+GLANCE_ROWS = ("Array.from(document.querySelectorAll('#verdicts tbody tr')).map(r => {const b = "
+               "r.getBoundingClientRect(); return {cells: Array.from(r.cells).map(c => c.innerText.trim()), "
+               "bottom: b.bottom, right: b.right, height: b.height};})")
+#: Per row of the full claims table: the right edge of its verdict cell.
+VERDICT_RIGHTS = ("Array.from(document.querySelectorAll('#claims-table tbody tr')).map(r => "
+                  "r.cells[5].getBoundingClientRect().right)")
+
+
+@pytest.mark.parametrize("width", [1280, 1400, 1920])
+def test_every_verdict_is_on_the_first_screen(report, width):
+    """At 1280 × 800 (and wider) the first screen shows every claim's verdict, value and test,
+    one line per claim, and nothing of the page needs sideways scrolling (the full table's
+    verdict column was once off-screen at 1400 and 1920 px)."""
+    path, _ = report
+    doc = read_json(path.parent, "claims")
+    errors, found = in_chromium(path, {"glance": GLANCE_ROWS, "verdicts": VERDICT_RIGHTS,
+                                       "scroll": "document.documentElement.scrollWidth",
+                                       "line": "parseFloat(getComputedStyle(document.querySelector("
+                                               "'#verdicts td')).lineHeight)"}, viewport=(width, 800))
+    assert errors == []
+    rows = found["glance"]
+    assert [row["cells"][0] for row in rows] == [r["id"] for r in doc["results"]]
+    for row, result in zip(rows, doc["results"]):
+        assert row["bottom"] <= 800 and row["right"] <= width, row
+        assert row["height"] < 2 * found["line"], row  # one line
+        assert row["cells"][1].startswith(result["verdict"]) and row["cells"][3] == result["criterion"]
+        assert row["cells"][2].startswith(result["value_text"] or "—")
+    assert found["scroll"] <= width and max(found["verdicts"]) <= width
 
 
 def test_every_table_section_links_its_docs_page_and_has_a_glossary(report):

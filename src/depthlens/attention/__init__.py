@@ -2,7 +2,6 @@
 products (METHODS A1–A6). :mod:`.features`, :mod:`.roles`, :mod:`.depth` and :mod:`.patterns`
 take attention matrices as arrays; :mod:`.stage` runs them over a model."""
 
-from .options import AttentionOptions
-from .roles import RoleThresholds
+from .options import AttentionOptions, RoleThresholds
 
 __all__ = ["AttentionOptions", "RoleThresholds"]

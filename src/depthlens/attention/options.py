@@ -6,9 +6,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..options import check_fields
-from .roles import RoleThresholds
 
-__all__ = ["AttentionOptions"]
+__all__ = ["AttentionOptions", "RoleThresholds"]
+
+
+@dataclass(frozen=True)
+class RoleThresholds:
+    """Thresholds of the role rules (parameters, recorded with every table)."""
+
+    routing: float = 0.3
+    sink: float = 0.5
 
 
 @dataclass(frozen=True)

@@ -8,20 +8,11 @@ query ``p`` the previous token sits at ``p − 1``, the same token's first occur
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
 from ..errors import InputError
-
-
-@dataclass(frozen=True)
-class RoleThresholds:
-    """Thresholds of the role rules (parameters, recorded with every table)."""
-
-    routing: float = 0.3
-    sink: float = 0.5
+from .options import RoleThresholds
 
 
 def probe_scores(A: np.ndarray, length: int) -> dict[str, np.ndarray]:

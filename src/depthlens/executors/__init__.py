@@ -37,11 +37,13 @@ only when a stage opens such an executor.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.util
 import os
 import shutil
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,8 +55,8 @@ if TYPE_CHECKING:
     from ..context import Execution
     from ..parallel import Backend
 
-__all__ = ["ExecutorSpec", "check_execution", "job_folder", "open_backend", "parse_executor",
-           "parse_slurm_params"]
+__all__ = ["ExecutorSpec", "check_execution", "job_folder", "max_jobs", "open_backend", "parse_executor",
+           "parse_slurm_params", "usable_cores"]
 
 #: The accepted forms of ``--executor``, for error messages.
 FORMS = "local, ray, ray=HOST:PORT, ray=auto, slurm or slurm=local"
@@ -201,13 +203,68 @@ def _check_reachable(address: str) -> None:
                          "machines), or use --executor local.") from None
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity; the machine's count without one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def max_jobs() -> int:
+    """The most worker processes ``--jobs`` may ask of a local executor or a private Ray
+    instance: the usable cores, and never fewer than the default 2."""
+    return max(2, usable_cores())
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    """Whether ``node`` is ``if __name__ == "__main__":`` (either side of the ``==``)."""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
+            and isinstance(node.test.ops[0], ast.Eq)):
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    return ({"__name__"} == {s.id for s in sides if isinstance(s, ast.Name)}
+            and {"__main__"} == {s.value for s in sides if isinstance(s, ast.Constant)})
+
+
+def unguarded_script_line() -> tuple[str, int] | None:
+    """``(script, line)`` when this call comes from the top level of a script outside
+    ``if __name__ == "__main__":``, else None.
+
+    Local worker processes are spawned, and a spawned process re-runs the script's top level
+    (as ``__mp_main__``): an unguarded call would start a run in every worker. Found from the
+    call stack (the frame running the ``__main__`` module's own code) and the script's syntax
+    tree (the top-level statement holding that line). A script with no file (``python -c``,
+    an interactive session, a notebook) is never re-run, so it is never unguarded.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec = getattr(main, "__spec__", None)
+    if main is None or not path or (spec is not None and spec.name.endswith("__main__")):
+        return None  # python -m PACKAGE: multiprocessing does not re-run a package's __main__
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    line = frame.f_lineno
+    try:
+        tree = ast.parse(Path(path).read_text(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if node.lineno <= line <= (node.end_lineno or node.lineno):
+            return None if _is_main_guard(node) else (path, line)
+    return None
+
+
 def check_execution(execution: Execution) -> None:
     """Check everything ``execution`` needs before any model loads or file is written.
 
     Raises
     ------
     InputError
-        ``--jobs`` below 1, a malformed ``--executor`` or ``--slurm-params`` (or SLURM settings without a SLURM
+        ``--jobs`` below 1 or above :func:`max_jobs` (local and private Ray), a malformed ``--executor`` or ``--slurm-params`` (or SLURM settings without a SLURM
         executor), Ray or submitit not installed (``pip install 'depthlens[cluster]'``), a Ray
         address where no cluster answers, ``--executor slurm`` without ``sbatch``/``srun``
         on ``PATH``; each in one line.
@@ -215,10 +272,18 @@ def check_execution(execution: Execution) -> None:
     if isinstance(execution.jobs, bool) or not isinstance(execution.jobs, int) or execution.jobs < 1:
         raise InputError(f"--jobs {execution.jobs} is invalid; pass a positive number of worker processes.")
     spec = parse_executor(execution.executor)
+    if spec.address is None and spec.kind in ("local", "ray") and execution.jobs > max_jobs():
+        raise InputError(f"--jobs {execution.jobs} is more worker processes than this machine's {usable_cores()} usable "
+                         f"CPU cores, which only slows a run down; pass --jobs {max_jobs()} or less.")
     if spec.kind != "slurm" and str(execution.slurm_params).strip():
         raise InputError(f"--slurm-params applies to --executor slurm, and the executor is {spec.kind}; "
                          "drop --slurm-params or pass --executor slurm.")
     if spec.kind == "local":
+        unguarded = unguarded_script_line() if execution.jobs > 1 else None
+        if unguarded is not None:
+            raise InputError(f"{unguarded[0]} line {unguarded[1]} starts a depthlens run at the top level of the script, "
+                             "which every worker process re-runs; put it under `if __name__ == \"__main__\":` (or "
+                             "pass jobs=1).")
         return
     package = {"ray": "ray", "slurm": "submitit"}[spec.kind]
     if importlib.util.find_spec(package) is None:

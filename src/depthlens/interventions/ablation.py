@@ -451,7 +451,9 @@ def aggregate(rows: pd.DataFrame, methods: Sequence[str], n_boot: int, seed: int
     DataFrame
         Columns ``layer, head, method, criticality, criticality_lo, criticality_hi, ce_clean,
         n_chunks, n_tokens``; ``criticality = Σ delta_ce_sum / Σ n_tokens`` and
-        ``ce_clean = Σ ce_clean_sum / Σ n_tokens``, sums in float64 in chunk order.
+        ``ce_clean = Σ ce_clean_sum / Σ n_tokens``, sums in float64 in chunk order;
+        ``criticality_lo``/``criticality_hi`` NaN for a head measured on one chunk (a bootstrap
+        over one chunk has no spread).
     """
     order = {m: i for i, m in enumerate(methods)}
     rows = rows.assign(_m=rows["method"].map(order)).sort_values(["layer", "head", "_m", "chunk"], kind="stable")
@@ -465,7 +467,10 @@ def aggregate(rows: pd.DataFrame, methods: Sequence[str], n_boot: int, seed: int
         tokens = group["n_tokens"].to_numpy(np.float64).reshape(-1, C)
         keys = group.iloc[::C]
         total = tokens.sum(axis=1)
-        lo, hi = ratio_interval(delta, tokens[0], bootstrap_counts(C, n_boot, seed))
+        if C > 1:
+            lo, hi = ratio_interval(delta, tokens[0], bootstrap_counts(C, n_boot, seed))
+        else:  # resampling one chunk gives that chunk every time: no interval, not a point one
+            lo = hi = np.full(len(delta), np.nan)
         out.append(pd.DataFrame({
             "layer": keys["layer"].to_numpy(np.int64), "head": keys["head"].to_numpy(np.int64),
             "method": keys["method"].to_numpy(), "_m": keys["_m"].to_numpy(),

@@ -2,24 +2,19 @@
 
 :mod:`.metrics` (per-operator spectral metrics, B2) and :mod:`.cumulative` (cumulative
 products over depth and the Schur funnel, B3–B4) are model-free: they take the operators
-``J = I + U`` as arrays and return records or tidy tables."""
+``J = I + U`` as arrays and return records or tidy tables; :mod:`.engines` computes the
+Jacobians from a model. Each module loads on first use of one of its names, so importing
+:mod:`.options` (the configuration does) loads neither the numerics nor torch."""
 
-from .cumulative import ALPHAS, DIRECTIONS, cumulative_ranks, schur_funnel
-from .metrics import METRICS, SELF_ALIGN_K, OperatorSpectra, metrics_and_eigenvalues, metrics_table, operator_metrics, spectra
+from ..lazy import lazy_exports
 
-__all__ = [
-    "ALPHAS",
-    "DIRECTIONS",
-    "METRICS",
-    "SELF_ALIGN_K",
-    "OperatorSpectra",
-    "cumulative_ranks",
-    "metrics_and_eigenvalues",
-    "metrics_table",
-    "operator_metrics",
-    "schur_funnel",
-    "spectra",
-]
-from .engines import MeanAccumulator, input_state, mean_operators, sublayer_jacobian_sum, sublayer_jacobians  # noqa: E402
-
-__all__ += ["MeanAccumulator", "input_state", "mean_operators", "sublayer_jacobian_sum", "sublayer_jacobians"]
+_EXPORTS = {
+    **dict.fromkeys(["ALPHAS"], ".options"),
+    **dict.fromkeys(["DIRECTIONS", "cumulative_ranks", "schur_funnel"], ".cumulative"),
+    **dict.fromkeys(["METRICS", "SELF_ALIGN_K", "OperatorSpectra", "metrics_and_eigenvalues", "metrics_table",
+                     "operator_metrics", "spectra"], ".metrics"),
+    **dict.fromkeys(["MeanAccumulator", "input_state", "mean_operators", "sublayer_jacobian_sum",
+                     "sublayer_jacobians"], ".engines"),
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import scipy.linalg
@@ -55,13 +54,11 @@ from numpy.typing import ArrayLike
 from ..errors import InputError
 from ._checks import as_square
 from . import guarded
+from .orders import SCHUR_ORDERS, SchurOrder
 
 __all__ = ["SCHUR_ORDERS", "STRUCTURAL_TOL", "SchurForm", "SchurOrder", "check_schur_order", "schur_form", "schur_forms",
            "schur_split"]
 
-SchurOrder = Literal["lapack", "canonical", "outside_first", "inside_first"]
-#: The eigenvalue orders of a Schur form (module notes); ``lapack`` is the claims' protocol.
-SCHUR_ORDERS: tuple[SchurOrder, ...] = ("lapack", "canonical", "outside_first", "inside_first")
 
 
 STRUCTURAL_TOL = 1e-8

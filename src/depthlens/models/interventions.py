@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
+from ..interventions.options import ABLATION_METHODS, AblationMethod
 from .hooks import first_arg, replace_first_arg
 
 __all__ = ["ABLATION_METHODS", "AblationMethod", "Interventions"]
 
-AblationMethod = Literal["zero", "mean", "resample"]
-ABLATION_METHODS: tuple[AblationMethod, ...] = ("zero", "mean", "resample")
 
 
 class Interventions:

@@ -52,6 +52,7 @@ gives the verdicts.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import tomllib
@@ -519,6 +520,38 @@ def write_claims_json(run_dir: str | Path, results: list[dict[str, Any]], *,
                       "counts": counts, "underpowered": sum(bool(r.get("underpowered")) for r in results),
                       "results": results})
     return path
+
+
+def verdict_lines(run_dir: str | Path) -> list[str]:
+    """The verdicts at a glance, one line per claim of ``RUN/claims.json`` (none when it is
+    absent or unreadable): id, verdict, value with its interval (``[lo, hi]``, a range over
+    protocol choices as ``range lo..hi``), the test, and ``(underpowered)`` or ``(fragile)``
+    where that holds. What the terminal prints at the end of a run and the report's first
+    screen shows.
+
+    Examples
+    --------
+    >>> verdict_lines("/no/such/run")
+    []
+    """
+    try:
+        results = json.loads((Path(run_dir) / CLAIMS_JSON).read_text())["results"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    rows = []
+    for r in results:
+        value = r.get("value_text") or "—"
+        interval = r.get("interval")
+        if isinstance(interval, list) and len(interval) == 2 and None not in interval:
+            lo, hi = (_fmt(float(x)) for x in interval)
+            value += f" range {lo}..{hi}" if r.get("interval_kind") == "range" else f" [{lo}, {hi}]"
+        notes = [n for n in ("underpowered", "fragile") if r.get(n)]
+        rows.append((str(r.get("id", "")), str(r.get("verdict", "")), value, str(r.get("criterion", "")),
+                     f" ({', '.join(notes)})" if notes else ""))
+    if not rows:
+        return []
+    widths = [max(len(row[k]) for row in rows) for k in range(3)]
+    return [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}{e}".rstrip() for a, b, c, d, e in rows]
 
 
 def _json_value(value: float | None) -> float | str | None:

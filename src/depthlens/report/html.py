@@ -1,7 +1,7 @@
 """The run report: one self-contained HTML file, ``RUN/report.html``.
 
-Order: the pre-registered claims table first (id, prediction, statistic value, criterion,
-verdict), then the stages, part A (attention), part B (residual stream: Jacobians, funnel,
+Order: every claim's verdict, value and test on one line each (the first screen), then the
+pre-registered claims table (id, prediction, statistic value, criterion, verdict), then the stages, part A (attention), part B (residual stream: Jacobians, funnel,
 topology), each figure with its caption, then each table of the part's stages with a
 ``<details>`` glossary of its columns (from :mod:`depthlens.columns`) and a relative link to its
 page of ``RUN/docs/`` (written beside the report), and last the run's configuration and
@@ -87,8 +87,12 @@ figcaption{font-size:.88em;color:#424a53;margin-top:.5em}
 .unavailable{color:#6e7781;font-style:italic}
 pre{background:#f6f8fa;padding:.8em;overflow:auto;font-size:.8em;max-height:40em}
 small{color:#57606a}
-table.claims{width:100%}table.claims td:first-child{white-space:nowrap}
-table.claims td:nth-child(2){width:42%}table.claims td:nth-child(3){width:24%}
+table.claims{width:100%;table-layout:fixed}table.claims td{overflow-wrap:anywhere}
+table.claims td.num{white-space:normal}table.claims th:nth-child(1){width:11%}
+table.claims th:nth-child(2){width:33%}table.claims th:nth-child(3){width:17%}
+table.claims th:nth-child(4),table.claims th:nth-child(5){width:10%}table.claims th:nth-child(6){width:19%}
+table.glance{font-size:.82em;margin:.3em 0}table.glance td,table.glance th{padding:.08em .5em;white-space:nowrap}
+table.glance .verdict{padding:0 .5em}div.wide{overflow-x:auto;max-width:100%}
 .verdict.underpowered{border:2px dashed #fff;outline:1px solid #8250df}
 .rescored{background:#fff8c5;border:2px solid #bf8700;border-radius:.4em;padding:.6em .9em;margin:1em 0}
 .tableref{margin:.8em 0}.tableref h4{margin:.2em 0}details summary{cursor:pointer;color:#0969da}
@@ -164,6 +168,7 @@ def _page(tables: RunTables, results: list[dict], figures: Mapping[str, tuple[Pa
         f"<h1>{esc(title)}</h1>",
         _meta_line(manifest, claims_file),
         _rescored_banner(claims_file, registered),
+        _glance_section(results),
         _claims_section(results, claims_file, registered),
         "" if census else _health_section(tables),
         _stages_section(tables),
@@ -210,11 +215,35 @@ def verdict_badge(r: Mapping[str, Any]) -> str:
     return f"<span class=\"verdict\" style=\"background:{colour}\">{esc(r['verdict'])}</span>"
 
 
+def _glance_section(results: list[dict]) -> str:
+    """Every claim's verdict, value (with its interval) and test on one line each, the first
+    thing on the page (at 1280 × 800 the whole table is on the first screen); each id links to
+    the claim's row of the full table below."""
+    if not results:
+        return ""
+    rows = "".join(
+        f'<tr><td><a href="#claim-{esc(r["id"])}">{esc(r["id"])}</a></td><td>{verdict_badge(r)}'
+        f'{" " + FRAGILE_BADGE if r.get("fragile") else ""}</td>'
+        f'<td class="num">{esc(r["value_text"] or "—")}{esc(_interval_inline(r))}</td>'
+        f'<td class="num">{esc(r["criterion"])}</td></tr>' for r in results)
+    return ('<section id="glance"><table class="glance" id="verdicts"><thead><tr><th>claim</th><th>verdict</th>'
+            "<th>value [95% interval]</th><th>test</th></tr></thead><tbody>" + rows + "</tbody></table></section>")
+
+
+def _interval_inline(result: Mapping[str, Any]) -> str:
+    """`` [lo, hi]`` (a range over protocol choices: `` range lo..hi``) after a value, or nothing."""
+    interval = result.get("interval")
+    if not interval or None in interval:
+        return ""
+    lo, hi = (("−∞" if v == "-inf" else "+∞") if isinstance(v, str) else _num(v) for v in interval)
+    return f" range {lo}..{hi}" if result.get("interval_kind") == "range" else f" [{lo}, {hi}]"
+
+
 def _claims_section(results: list[dict], claims_file: Path, registered: str | None = None) -> str:
     rows = []
     for r in results:
         rows.append(
-            "<tr>"
+            f'<tr id="claim-{esc(r["id"])}">'
             f"<td><b>{esc(r['id'])}</b></td>"
             f"<td>{esc(r['prediction'])}<br><small>falsified if: {esc(r['falsifier'])}</small><br>"
             f"<small>source: {esc(r['source'])}</small>{_protocol_text(r)}</td>"
@@ -417,6 +446,10 @@ def _interventions_summary(tables: RunTables) -> str:
                             "n_tokens") if c in ablation.columns]
         top = ablation.sort_values("criticality", ascending=False)[cols].head(8)
         out.append("<h3>Most critical heads (ablation ΔCE, nats per token)</h3>" + _df_table(top))
+        if "n_chunks" in ablation.columns and (ablation["n_chunks"] < 2).any():
+            out.append('<p class="notrun" id="ablation-one-chunk">Measured on one held-out chunk: the '
+                       "criticality has no interval (a bootstrap over one chunk has no spread); pass "
+                       "--heldout-chunks 2 or more for one.</p>")
     interventions = tables.json("interventions")
     chain = interventions.get("clamp_chain") if isinstance(interventions, Mapping) else None
     if isinstance(chain, Mapping):
@@ -590,4 +623,5 @@ def _df_table(df) -> str:
             cls = ' class="num"' if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
             cells.append(f"<td{cls}>{esc(_num(value))}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    # a wide table scrolls inside its own box, so the page never needs sideways scrolling
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'

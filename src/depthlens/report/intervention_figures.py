@@ -63,7 +63,7 @@ def draw_criticality(t: RunTables) -> Figure:
     for role, group in df.groupby("role", sort=True):
         y = group["criticality"].to_numpy(float)
         err = None
-        if {"criticality_lo", "criticality_hi"} <= set(group.columns):
+        if {"criticality_lo", "criticality_hi"} <= set(group.columns) and group["criticality_lo"].notna().any():
             err = np.abs(np.vstack([y - group["criticality_lo"].to_numpy(float),
                                     group["criticality_hi"].to_numpy(float) - y]))
         ax.errorbar(group["TR1"].to_numpy(float), y, yerr=err, fmt="o", ms=3.5, lw=0.6, alpha=0.8,
