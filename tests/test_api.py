@@ -78,6 +78,17 @@ def test_out_resumes_and_if_exists_is_checked(attention_run: depthlens.Run, text
         depthlens.analyse("random:llama", null_sample=3)
 
 
+def test_a_failed_analyse_without_out_leaves_no_temporary_folder(tmp_path: Path, text_file: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(InputError, match="--seq-len"):
+        depthlens.analyse("random:llama:max_position_embeddings=16", text=str(text_file), stages=["capture"],
+                          chunks=2, seq_len=32, jobs=1)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("depthlens-")] == []
+
+
 def test_in_memory_model_equals_the_same_model_from_its_spec(tmp_path: Path, text_file: Path) -> None:
     """A model object built like ``random:llama`` gives the spec's numbers; only the name differs."""
     model = build_random("llama", None, seed=0)

@@ -302,7 +302,8 @@ def _help(command: str, capsys: pytest.CaptureFixture[str]) -> str:
 
 
 ATTENTION_FLAGS = ("--null-samples", "--null-chunks", "--extras-chunks", "--certify", "--probe-seqs", "--probe-len")
-JACOBIAN_FLAGS = ("--jacobian-mode", "--positions", "--funnel-rank", "--funnel-alphas", "--save-arrays")
+JACOBIAN_FLAGS = ("--jacobian-mode", "--positions", "--funnel-rank", "--funnel-alphas", "--funnel-boot", "--init-seeds",
+                  "--save-arrays")
 TOPOLOGY_FLAGS = ("--topk", "--n-perm", "--exclude-massive", "--amplification")
 
 
@@ -464,3 +465,58 @@ def test_readme_commands_parse():
     for argv in commands:
         if argv != ["--version"]:
             parser.parse_args(argv)
+
+
+def test_report_refuses_a_file_and_a_folder_of_another_tool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``depthlens report FILE`` was an internal error (NotADirectoryError), and a folder whose
+    manifest.json belongs to another tool got 14 files written into it."""
+    afile = tmp_path / "notes.txt"
+    afile.write_text("x")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.json").write_text('{"name": "someone else"}')
+    for target, why in ((afile, "it is not a folder"), (other, '"format": "depthlens-run"')):
+        capsys.readouterr()
+        assert main(["report", str(target)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is not a depthlens run directory" in err[0] and why in err[0]
+    assert sorted(p.name for p in other.iterdir()) == ["manifest.json"]
+
+
+def test_an_interrupted_stage_is_recorded_as_interrupted(text_file: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C (or SIGTERM) in a stage: exit 130 and the stage is ``interrupted`` in the manifest,
+    not ``failed`` (nothing failed; --resume continues it)."""
+    import json
+
+    from depthlens.attention import stage as attention_stage
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(attention_stage, "run", interrupted)
+    out = tmp_path / "run"
+    assert main(["attention", "--model", "random:llama", "--text", str(text_file), "--chunks", "2", "--seq-len", "16",
+                 "--jobs", "1", "--quiet", "--out", str(out)]) == 130
+    assert json.loads((out / "manifest.json").read_text())["stages"]["attention"] == {"status": "interrupted"}
+    assert "continue with --resume" in capsys.readouterr().err
+
+
+def test_the_manifest_records_the_command_line_and_the_source(text_file: Path, tmp_path: Path) -> None:
+    import json
+
+    from depthlens import __version__
+
+    out = tmp_path / "run"
+    args = _args(text_file, out)
+    assert main(args) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["command"]["argv"] == ["depthlens", *args] and manifest["command"]["cwd"] == os.getcwd()
+    assert manifest["source"]["version"] == __version__
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / ".git").exists():
+        head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        assert manifest["source"]["commit"] == head and isinstance(manifest["source"]["dirty"], bool)
+

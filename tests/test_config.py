@@ -46,7 +46,7 @@ def test_toml_errors(tmp_path: Path) -> None:
         RunConfig.from_sources(bad)
     unknown = tmp_path / "u.toml"
     unknown.write_text("chunkz = 3\n")
-    with pytest.raises(InputError, match="unknown config key 'chunkz'"):
+    with pytest.raises(InputError, match="unknown config key 'chunkz'; did you mean chunks"):
         RunConfig.from_sources(unknown)
     with pytest.raises(InputError, match="does not exist"):
         RunConfig.from_sources(tmp_path / "missing.toml")

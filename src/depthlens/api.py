@@ -15,6 +15,7 @@ tokenizer)``); it is analysed in place (eval mode, no gradients, eager attention
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ import pandas as pd
 
 from .config import RunConfig
 from .context import Execution
-from .errors import InputError, RunError
+from .errors import InputError, RunError, RunIncomplete
 from .report.tables import RunTables
 from .runs import RunMode, read_manifest
 from .schema import SCHEMA, SUMMARIES
@@ -113,9 +114,14 @@ def analyse(
         model = loaded.name
     config = RunConfig(preset=preset, model=str(model), text=str(text), **options)
     root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="depthlens-"))
-    path = run_workflow(config, root, run_mode=_IF_EXISTS[if_exists], stages=tuple(stages),
-                        execution=Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params),
-                        claims=claims, loaded=loaded)
+    try:
+        path = run_workflow(config, root, run_mode=_IF_EXISTS[if_exists], stages=tuple(stages),
+                            execution=Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params),
+                            claims=claims, loaded=loaded)
+    except Exception as exc:
+        if out is None and not isinstance(exc, RunIncomplete):  # our temporary folder holds no run: remove it
+            shutil.rmtree(root, ignore_errors=True)
+        raise
     return Run(path)
 
 

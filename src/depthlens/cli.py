@@ -42,6 +42,8 @@ CENSUS_HELP = ("the chosen stages over every checkpoint of a series (a folder wr
                "id with --revisions), with the training-dynamics claims and report")
 SWEEP_HELP = ("every cell of a sweep file (models x revisions x texts x seeds) as an ordinary run, then one "
               "cross-model report of them")
+#: The command line of the current ``depthlens`` command (set by :func:`main`; runs record it).
+COMMAND_LINE: list[str] | None = None
 #: Every option's default (the ``default`` preset), for help texts.
 _DEFAULTS = dict(RunConfig().items())
 
@@ -278,10 +280,14 @@ def _sweep(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
+    from .errors import RunError
     from .report import render_report
-    from .runs import read_manifest
+    from .runs.directory import not_a_run
 
-    read_manifest(args.run_dir)  # one line when RUN_DIR is not a run
+    why = "it is not a folder" if not Path(args.run_dir).is_dir() else not_a_run(args.run_dir)
+    if why is not None:  # refused before anything is written: a file, or a folder of another tool
+        raise RunError(f"{args.run_dir} is not a depthlens run directory ({why}); pass a folder that depthlens run, "
+                       "a stage, census or sweep wrote.")
     page = render_report(args.run_dir, claims_path=args.claims)
     _print_verdicts(Path(args.run_dir))
     print(f"report: {page}")
@@ -315,6 +321,8 @@ def _internal_error(args: argparse.Namespace, exc: Exception) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``depthlens`` console script; returns the exit status (module notes)."""
+    global COMMAND_LINE
+    COMMAND_LINE = ["depthlens", *(sys.argv[1:] if argv is None else argv)]
     args = build_parser().parse_args(argv)  # --help and --version end here, before numpy, pandas or torch load
     from .parallel import install_sigterm_handler
 

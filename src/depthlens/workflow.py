@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -60,6 +63,8 @@ class Prepared:
                 "shape": list(self.token_ids.shape),
             },
             "versions": package_versions(),
+            "source": source_version(),
+            "command": {"argv": command_line(), "cwd": os.getcwd()},
             "python": platform.python_version(),
             "environment": environment_block(),
         }
@@ -250,7 +255,7 @@ def _run_stage(run_dir: RunDirectory, stage: str, prepared: Prepared, execution:
         run_dir.mark_stage(stage, "failed", error=failure.error, log=str(failure.log))
         return
     except BaseException:
-        run_dir.mark_stage(stage, "failed", error="interrupted")
+        run_dir.mark_stage(stage, "interrupted")  # Ctrl-C or SIGTERM: nothing failed, --resume continues
         raise
     failed = run_dir.failures.of(stage)
     seconds = round(time.perf_counter() - start, 3)  # this session's wall time (a resumed stage: the rest only)
@@ -330,6 +335,32 @@ def _check_plain_revisions(revisions: Sequence[str]) -> None:
         shown = next(r for r in revisions if r.startswith("@") or "{" in r)
         raise InputError(f"--revisions {shown!r} is a range or a file; a run takes plain comma-separated names "
                          "(e.g. --revisions step1000,step2000), and depthlens census expands ranges and @FILE.")
+
+
+def command_line() -> list[str]:
+    """The command that started this run: the ``depthlens`` command line when the CLI runs
+    it, else the Python process's ``sys.argv`` (a script calling the API)."""
+    given = getattr(sys.modules.get("depthlens.cli"), "COMMAND_LINE", None)
+    return list(given) if given else list(sys.argv)
+
+
+def source_version() -> dict[str, object]:
+    """Which depthlens code ran: its version and, when it runs from a git checkout, the commit
+    and whether the checkout had uncommitted changes (``dirty``); ``commit`` None elsewhere."""
+    from . import __version__
+
+    root = Path(__file__).resolve().parents[2]
+    out: dict[str, object] = {"version": __version__, "commit": None, "dirty": None}
+    if not (root / ".git").exists():
+        return out
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return out
+    return {**out, "commit": commit or None, "dirty": bool(status.strip())}
 
 
 def package_versions() -> dict[str, str]:

@@ -362,7 +362,7 @@ def _sample_text(result: Mapping[str, Any]) -> str:
 def status_badge(status: str) -> str:
     """The badge of a stage's or run's status (``done``, ``failed``, ``running``; anything else
     grey, as not run)."""
-    cls = {"done": "done", "failed": "failed", "running": "running"}.get(status, "notrun")
+    cls = {"done": "done", "failed": "failed", "running": "running", "interrupted": "running"}.get(status, "notrun")
     return f'<span class="status status-{cls}">{esc(STATUS_TEXT.get(status, status))}</span>'
 
 

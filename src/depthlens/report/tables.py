@@ -21,7 +21,8 @@ from ..runs.atomic import read_safetensors
 from ..schema import producer, trained_rows
 
 #: How a stage status from the manifest reads in the report.
-STATUS_TEXT = {"done": "done", "running": "incomplete (interrupted)", "failed": "failed"}
+STATUS_TEXT = {"done": "done", "running": "incomplete (interrupted)", "interrupted": "interrupted (--resume continues)",
+               "failed": "failed"}
 
 
 class RunTables:

@@ -348,7 +348,7 @@ class RunDirectory:
         self._write_manifest()
 
     def mark_stage(self, stage: str, status: str, **info: Any) -> None:
-        """Record a stage's status (``running``, ``done``, ``failed``, ``skipped``) in the manifest,
+        """Record a stage's status (``running``, ``done``, ``failed``, ``interrupted``, ``skipped``) in the manifest,
         with ``info`` beside it (a finished stage's ``seconds``: the wall time this session spent on it).
 
         A finished or failed stage also records the LAPACK drivers its results came from
