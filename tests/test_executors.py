@@ -91,10 +91,13 @@ def test_slurm_params() -> None:
                               "exclusive=true") == {"partition": "cpu", "time": 60, "mem_gb": 4.5, "cpus_per_task": 1,
                                                     "array_parallelism": 32, "block": 64, "exclusive": True}
     assert parse_slurm_params("") == {}
+    assert parse_slurm_params("time=1-02:30:00") == {"time": "1-02:30:00"}  # SLURM's own time format
     with pytest.raises(InputError, match=r"key 'partitoin' is unknown; accepted keys: account, .*block.*partition"):
         parse_slurm_params("partitoin=cpu")
     for bad, message in [("partition", "is not key=value"), ("setup=x", "key 'setup' is unknown"),
-                         ("block=0", "block=0 is invalid"), ("array_parallelism=2.5", "is invalid")]:
+                         ("block=0", "block=0 is invalid"), ("array_parallelism=2.5", "is invalid"),
+                         ("time=abc", "time=abc is invalid; pass minutes"), ("time=-5", "time=-5 is invalid"),
+                         ("mem_gb=lots", "mem_gb=lots is invalid"), ("cpus_per_task=0", "cpus_per_task=0 is invalid")]:
         with pytest.raises(InputError, match=message):
             parse_slurm_params(bad)
 

@@ -41,6 +41,7 @@ import ast
 import contextlib
 import importlib.util
 import os
+import re
 import shutil
 import socket
 import sys
@@ -156,8 +157,10 @@ def parse_slurm_params(text: str) -> dict[str, Any]:
     Raises
     ------
     InputError
-        A malformed item, an unknown key (naming it and the accepted ones), or a ``block`` or
-        ``array_parallelism`` that is not a positive integer.
+        A malformed item, an unknown key (naming it and the accepted ones), a count (``block``,
+        ``time`` in minutes, ``cpus_per_task``, ``array_parallelism``, ...) that is not a positive
+        integer, a ``mem_gb`` that is not a positive number, or a ``time`` that is neither
+        minutes nor ``[DAYS-]HOURS:MINUTES[:SECONDS]``.
     """
     params: dict[str, Any] = {}
     items = [item.strip() for item in str(text).split(",") if item.strip()]
@@ -172,10 +175,24 @@ def parse_slurm_params(text: str) -> dict[str, Any]:
         if key not in accepted:
             raise InputError(f"--slurm-params key {key!r} is unknown; accepted keys: {', '.join(sorted(accepted))}.")
         params[key] = _value(value)
-    for key in (BLOCK_KEY, "array_parallelism"):
+    for key in (BLOCK_KEY, *_SLURM_COUNTS):
         if key in params and not (isinstance(params[key], int) and not isinstance(params[key], bool) and params[key] > 0):
             raise InputError(f"--slurm-params {key}={params[key]} is invalid; pass a positive integer.")
+    if "mem_gb" in params and not (isinstance(params["mem_gb"], (int, float)) and not isinstance(params["mem_gb"], bool)
+                                   and params["mem_gb"] > 0):
+        raise InputError(f"--slurm-params mem_gb={params['mem_gb']} is invalid; pass a positive number of GB.")
+    if "time" in params and not (isinstance(params["time"], int) and not isinstance(params["time"], bool)
+                                 and params["time"] > 0 or _SLURM_TIME.match(str(params["time"]))):
+        raise InputError(f"--slurm-params time={params['time']} is invalid; pass minutes (a positive integer) or "
+                         "SLURM's [DAYS-]HOURS:MINUTES[:SECONDS].")
     return params
+
+
+#: SLURM settings that count something: each a positive integer.
+_SLURM_COUNTS = ("array_parallelism", "timeout_min", "cpus_per_task", "cpus_per_gpu", "gpus_per_node",
+                 "gpus_per_task", "num_gpus", "signal_delay_s")
+#: A SLURM time limit written as text: ``[DAYS-]HOURS:MINUTES[:SECONDS]``.
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+:\d{2}(:\d{2})?$")
 
 
 def _ray_address(spec: ExecutorSpec) -> str:
