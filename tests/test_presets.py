@@ -39,6 +39,7 @@ def test_quick_preset_shrinks_every_size() -> None:
     assert quick.certify == "none" and quick.funnel_rank == 0 and quick.jacobian_mode == "isolated"
     assert len(quick.funnel_alphas) < len(default.funnel_alphas)
     assert quick.save_arrays == "none" and quick.extras_chunks <= 1
+    assert (quick.funnel_boot, quick.init_seeds) == (0, 1) and (default.funnel_boot, default.init_seeds) == (50, 3)
 
 
 def test_paper_preset_is_the_methods_protocol() -> None:
@@ -46,6 +47,7 @@ def test_paper_preset_is_the_methods_protocol() -> None:
     assert (paper.null_samples, paper.probe_seqs, paper.probe_len, paper.n_perm, paper.funnel_rank) == (16, 128, 64, 1000, 512)
     assert paper.null_chunks == paper.extras_chunks == 12  # every chunk gets nulls (A4) and radii (A3)
     assert paper.certify == "median" and paper.jacobian_mode == "both" and paper.save_arrays == "float64"
+    assert (paper.funnel_boot, paper.init_seeds) == (200, 3)  # B3 over three initialisations (METHODS B6)
 
 
 def test_explicit_values_override_the_preset(tmp_path: Path) -> None:

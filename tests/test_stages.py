@@ -63,6 +63,27 @@ def test_cumulative_alpha_one_is_the_plain_product(run_root: Path) -> None:
                                    rtol=1e-12)
 
 
+def test_funnel_bootstrap_of_every_checkpoint_and_step0_seed(run_root: Path) -> None:
+    """Default --funnel-boot 50 and --init-seeds 3: replicate 0 of each checkpoint is the
+    backward α = 1 curve's ends (d = 64 under the rank cap of 512: the exact product), the
+    run seed's null is the init checkpoint, and the nulls of seeds 1 and 2 are other draws."""
+    boot = pd.read_parquet(run_root / "tables" / "funnel_boot.parquet")
+    cum = pd.read_parquet(run_root / "tables" / "cumulative.parquet")
+    assert set(boot["jacobian_mode"]) == {"isolated"} and set(boot["truncation"]) == {64}
+    assert boot["failure"].isna().all() and np.isfinite(boot[["erank_one_step", "erank_full_depth"]]).all().all()
+    sizes = boot.groupby(["checkpoint", boot["init_seed"].fillna(-1)])["replicate"].apply(list)
+    assert sizes.to_dict() == {("init", 0.0): list(range(51)), ("init", 1.0): list(range(51)),
+                               ("init", 2.0): list(range(51)), ("trained", -1.0): list(range(51))}
+    for checkpoint in ("trained", "init"):
+        curve = cum[(cum["checkpoint"] == checkpoint) & (cum["jacobian_mode"] == "isolated") & (cum["alpha"] == 1.0)
+                    & (cum["direction"] == "backward")].sort_values("steps")
+        point = boot[(boot["checkpoint"] == checkpoint) & (boot["replicate"] == 0) & (boot["init_seed"].fillna(0) == 0)]
+        np.testing.assert_allclose(point[["erank_one_step", "erank_full_depth"]].to_numpy()[0],
+                                   curve["erank"].to_numpy()[[0, -1]], rtol=1e-10)
+    nulls = boot[(boot["checkpoint"] == "init") & (boot["replicate"] == 0)]["erank_full_depth"].to_numpy()
+    assert len(set(nulls.round(8))) == 3  # three initialisations
+
+
 def test_coupling_recomputed_from_units(run_root: Path) -> None:
     units = pd.read_parquet(run_root / "tables" / "units.parquet")
     coupling = pd.read_parquet(run_root / "tables" / "coupling.parquet")

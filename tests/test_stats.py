@@ -29,6 +29,10 @@ def test_sign_test() -> None:
     assert sign_test(np.zeros(4)) == 1.0
     x = np.array([1, -1, 2, 3, 4, -5, 6, 7.0])
     assert sign_test(x) == pytest.approx(stats.binomtest(6, 8).pvalue)
+    for n in (1, 2, 5, 20, 21, 162, 500):  # the closed form against scipy's search, every count
+        for k in range(n + 1):
+            signs = np.r_[np.ones(k), -np.ones(n - k)]
+            assert sign_test(signs) == pytest.approx(stats.binomtest(k, n).pvalue, rel=1e-10, abs=0)
 
 
 def test_log_median() -> None:
@@ -92,3 +96,25 @@ def test_trend_interval_is_the_spread_of_binomial_redraws() -> None:
     assert trend_interval(np.array([5, 5, 5]), np.array([60, 60, 60]))[0] == 0.0  # flat
     rho, lo, hi = trend_interval(np.array([4, 5, 6]), np.array([60, 60, 60]))
     assert rho == 1.0 and lo < 0 < hi  # three increasing counts, inside their resampling spread
+
+
+def test_percentile_interval_is_the_interpolated_order_statistics() -> None:
+    """Against the 2.5 and 97.5 percentiles written out (linear interpolation between order
+    statistics, as numpy's default and R's type 7), NaN dropped, and unbounded below 40 values."""
+    from depthlens.stats import percentile_interval
+
+    def by_hand(x: list[float], q: float) -> float:
+        x = sorted(x)
+        h = (len(x) - 1) * q
+        j = int(h)
+        return x[j] + (h - j) * (x[min(j + 1, len(x) - 1)] - x[j])
+
+    rng = np.random.default_rng(2)
+    for n in (40, 41, 57, 150, 1000):
+        x = rng.lognormal(size=n)
+        lo, hi = percentile_interval(np.r_[x, np.nan, np.nan])
+        assert (lo, hi) == pytest.approx((by_hand(list(x), 0.025), by_hand(list(x), 0.975)), rel=1e-14)
+    assert percentile_interval(np.arange(41.0)) == pytest.approx((1.0, 39.0), rel=1e-14)
+    assert percentile_interval(np.r_[np.arange(39.0), np.nan]) == (-np.inf, np.inf)
+    assert percentile_interval(np.arange(19.0), level=0.9) == (-np.inf, np.inf)  # 20 values needed at 90 %
+    assert percentile_interval(np.arange(20.0), level=0.9) == pytest.approx((0.95, 18.05))

@@ -21,10 +21,11 @@ the dataclass fields, and their defaults are written once, in those dataclasses.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -50,8 +51,8 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
               "certify": "none", "probe_seqs": 8, "probe_len": 16, "jacobian_mode": "isolated", "funnel_rank": 0,
               "funnel_alphas": (1.0,), "n_perm": 100, "save_arrays": "none", "heldout_chunks": 1, "ablation_boot": 200,
               "clamp_chunks": 2, "control_seeds": 1, "clamp_null_samples": 1, "contest_chunks": 2, "contest_boot": 200,
-              "contest_perm": 200},
-    "paper": {"null_samples": 16, "null_chunks": "all", "extras_chunks": "all"},
+              "contest_perm": 200, "funnel_boot": 0, "init_seeds": 1},
+    "paper": {"null_samples": 16, "null_chunks": "all", "extras_chunks": "all", "funnel_boot": 200},
 }
 
 
@@ -71,7 +72,9 @@ class RunOptions:
         hub revision (checkpoint) of --model
     revisions : tuple of str
         comma-separated extra hub revisions of --model that the attention, jacobian and
-        topology stages analyse besides it (their tables' checkpoint column names each)
+        topology stages analyse besides it (their tables' checkpoint column names each); for
+        depthlens census also a range PREFIX{START..STOP..STEP} (ends included, e.g.
+        step{0..143000..1000}) or @FILE (one revision per line)
     text : str
         python-docs (default, offline), wikitext-2 or a text file path
     chunks : int
@@ -231,8 +234,7 @@ class RunConfig:
             elif key in _OWNERS:
                 explicit[_OWNERS[key]][key] = value
             else:
-                known = ", ".join(sorted([*_OWNERS, *STAGES, "preset"]))
-                raise InputError(f"unknown config key {key!r}; known keys: {known}.")
+                raise InputError(_unknown_key(key, [*_OWNERS, *STAGES, "preset"]))
         chunks = explicit[None].get("chunks", PRESET_VALUES[preset].get("chunks", RunOptions.chunks))
         for name in PRESET_VALUES[preset]:
             owner = _OWNERS[name]
@@ -355,6 +357,20 @@ def _build_section(name: str, given: dict[str, Any]) -> Any:
         if dataclasses.is_dataclass(f.annotation) and isinstance(value, Mapping):
             given[key] = _nested(f, value)
     return cls(**given)
+
+
+def _unknown_key(key: str, known: Sequence[str]) -> str:
+    """The one-line error of an unknown config key: the closest known keys when some are
+    close (``did you mean``), else where the keys are listed.
+
+    Examples
+    --------
+    >>> _unknown_key("null_sample", ["null_samples", "null_chunks", "seed"])
+    "unknown config key 'null_sample'; did you mean null_samples? (depthlens run --help lists every key)"
+    """
+    close = difflib.get_close_matches(str(key), list(known), n=3, cutoff=0.6)
+    where = "depthlens run --help lists every key"
+    return f"unknown config key {key!r}; " + (f"did you mean {' or '.join(close)}? ({where})" if close else where)
 
 
 def _nested(f: OptionField, value: Mapping[str, Any]) -> Any:

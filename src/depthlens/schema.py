@@ -354,7 +354,8 @@ _ABLATE = {
                               "of the run, disjoint from the mean chunks). Layers below the head's are not recomputed "
                               "(they are unchanged exactly).", "nats per token; float32 forward passes, float64 sums"),
         "criticality_lo": Column(f"Lower end of the {_CI} of `criticality` over held-out chunks (`ablation_boot` "
-                                 "resamples of the chunks, each chunk's tokens kept together).", "nats per token"),
+                                 "resamples of the chunks, each chunk's tokens kept together); NaN with one held-out chunk, "
+                                 "whose resamples are all the same chunk.", "nats per token"),
         "criticality_hi": Column("Upper end of that interval.", "nats per token"),
         "ce_clean": Column("Cross-entropy of the unablated model on the same held-out tokens.",
                            "nats per token; float32 forward, float64 sum"),
@@ -583,6 +584,30 @@ _JACOBIAN = {
                            "nats (natural log); exact to rounding"),
         "failure": _FAILURE,
     },
+    "funnel_boot": {
+        **_keys("checkpoint"),
+        "jacobian_mode": Column("Jacobian mode of the resampled operators: the funnel's (`isolated` when it was "
+                                "computed).", "text"),
+        "init_seed": Column("On `init` rows: the run seed whose step-0 initialisation the weights are: `--seed` for "
+                            "the run's own null (the `init` checkpoint of the other tables), `--seed` + k for the "
+                            "extra nulls of `--init-seeds` (k = 1, 2, …); NaN on other checkpoints.",
+                            "integer-valued"),
+        "truncation": Column("Rank cap of the bootstrapped products: `--funnel-rank` capped at d, d for exact products "
+                             "(the claims read the replicates of the `cumulative` curve with the same truncation).",
+                             "integer rank"),
+        "replicate": Column("Bootstrap replicate over chunks: 0 takes every chunk once (the point estimate: the "
+                            "ends of the `cumulative` curve, to rounding); k ≥ 1 draws the run's C chunks again with "
+                            "replacement (seeded from the run seed, so replicate k resamples the same chunks on every "
+                            "checkpoint and ratios between checkpoints are paired).", "integer"),
+        "erank_one_step": Column("Effective rank exp(H(p)), p_i = σ_i² / Σσ², of the replicate's cumulative product "
+                                 "after one step under the claims' protocol (backward from the last sub-layer, "
+                                 "truncated to rank `truncation`, α = 1), every factor the replicate's mean operator "
+                                 "Σ_c w_c S_c / Σ_c w_c n_c (w_c: draws of chunk c; S_c: the sum of its n_c "
+                                 "operators).", "in [1, d]; backward stable"),
+        "erank_full_depth": Column("The same replicate's effective rank at full depth (every sub-layer).",
+                                   "in [1, d]; backward stable per step"),
+        "failure": _FAILURE,
+    },
 }
 
 # ----------------------------------------------------------------------------- topology
@@ -753,6 +778,14 @@ _CENSUS = {
         "funnel_step0_over": Column("B3 on this checkpoint: the full-depth erank of the series' step-0 checkpoint "
                                     "(else the first checkpoint's step-0 null) over this checkpoint's.",
                                     "dimensionless"),
+        "funnel_step0_over_lo": Column("Lower end of the 95% percentile interval of `funnel_step0_over` over the "
+                                       "bootstrap replicates (`funnel_boot`): every pair of a replicate of the reference "
+                                       "(of each step-0 null of `--init-seeds` when the reference is a null) with this "
+                                       "checkpoint's replicate of the same resampled chunks; 1 at the reference itself, −inf "
+                                       "without 40 pairs.",
+                                       "dimensionless"),
+        "funnel_step0_over_hi": Column("Upper end of that interval (1 at the reference, +inf without 40 pairs).",
+                                       "dimensionless"),
         "coupling_significant": Column("FDR-significant coupling boundaries of this checkpoint (topology stage).",
                                        "count"),
         "coupling_tested": Column("Boundaries tested for coupling.", "count"),
@@ -843,6 +876,10 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
     "cumulative": (("checkpoint", "jacobian_mode", "schur_order", "alpha", "direction", "truncation", "depth"),
                    "One row per (checkpoint, Schur order, alpha, direction, truncation, depth): ranks of the "
                    "cumulative Jacobian product."),
+    "funnel_boot": (("checkpoint", "jacobian_mode", "init_seed", "replicate"),
+                    "One row per (checkpoint, step-0 seed, bootstrap replicate) with `--funnel-boot` above 0: the "
+                    "claims' funnel ends (METHODS B3 under the B2 protocol) from mean operators of chunks drawn with "
+                    "replacement; the claims B2, B3 and C2 take 95% percentile intervals from them."),
     "communities": (("checkpoint", "boundary"),
                     "One row per (checkpoint, boundary): the community partition of the correlation graph."),
     "units": (("checkpoint", "boundary", "unit"),

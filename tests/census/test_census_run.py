@@ -29,7 +29,7 @@ from depthlens.workflow import prepare, run
 STEPS = (0, 10, 100)
 STAGES = ("attention", "jacobian", "topology")
 SIZES = {"chunks": 4, "seq_len": 24, "probe_seqs": 4, "probe_len": 6, "null_samples": 2, "null_chunks": 2,
-         "n_perm": 50}
+         "n_perm": 50, "funnel_boot": 40}
 QUIET = Execution(quiet=True, jobs=1)
 pytestmark = pytest.mark.slow
 
@@ -85,6 +85,19 @@ def test_census_tables_equal_each_stage_run_by_hand(census: tuple[Path, Path], t
         coupling = pd.read_parquet(by_hand / "tables" / "coupling.parquet")
         assert table.loc[k, "coupling_significant"] == coupling["significant"].sum()
         assert table.loc[k, "coupling_tested"] == len(coupling)
+    # C2's interval: step 0's replicate k over checkpoint's replicate k (the same resampled chunks)
+    def replicates(step: int) -> pd.Series:
+        boot = pd.read_parquet(out / "checkpoints" / "ckpts" / f"step-{step}" / "tables" / "funnel_boot.parquet")
+        return boot[boot["replicate"] >= 1].set_index("replicate")["erank_full_depth"]
+
+    assert (table.loc[0, "funnel_step0_over_lo"], table.loc[0, "funnel_step0_over_hi"]) == (1.0, 1.0)
+    for k, step in enumerate(STEPS[1:], start=1):
+        ratios = sorted((replicates(0) / replicates(step)).to_numpy())
+        assert len(ratios) == 40
+        for q, column in ((0.025, "funnel_step0_over_lo"), (0.975, "funnel_step0_over_hi")):
+            h = 39 * q  # linear interpolation between order statistics, written out
+            want = ratios[int(h)] + (h - int(h)) * (ratios[int(h) + 1] - ratios[int(h)])
+            assert table.loc[k, column] == pytest.approx(want, rel=1e-12)
 
 
 def test_census_loss_is_the_cross_entropy_of_the_checkpoint(census: tuple[Path, Path], text_file: Path) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy.stats import spearmanr
 
 from depthlens import workflow
 from depthlens.attention.patterns import sink_mass
@@ -439,6 +440,19 @@ def test_verdict_ties_are_not_monotone_evidence() -> None:
     heads.loc[flat, "sink_mass"] = 0.5  # the clamp does nothing: non-decreasing, but no head's ρ is defined
     mono = _verdict((heads, dims))["conditions"]["monotone"]
     assert mono["nondecreasing"] and mono["n_heads"] == 0 and mono["held"] is False
+
+
+def test_rank_rhos_are_spearman_per_row_with_exact_signs() -> None:
+    """Each row's ρ is scipy's Spearman; ties give an exact 0 and a constant row NaN, so the
+    sign test of ``monotone`` drops them."""
+    rng = np.random.default_rng(5)
+    alphas = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
+    rows = np.vstack([rng.normal(size=(20, 5)), rng.integers(0, 3, size=(20, 5)).astype(float),
+                      [[1.0, 2.0, 3.0, 2.0, 1.0], [0.5] * 5]])
+    got = cl._rank_rhos(alphas, rows)
+    want = [spearmanr(alphas, row)[0] if np.ptp(row) > 0 else np.nan for row in rows]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+    assert got[-2] == 0.0 and np.isnan(got[-1])
 
 
 def test_permutation_test_respects_layers() -> None:

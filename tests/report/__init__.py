@@ -230,7 +230,7 @@ def _clamp(root: Path, ident: dict[str, str], chunks: int) -> None:
 def _contest(root: Path, ident: dict[str, str]) -> None:
     features = [{"layer": layer, "head": head, "mean_distance": 3.0 + head, "max_weight": 0.5, "diag_q25": 0.1,
                  "diag_q50": 0.2, "diag_q75": 0.3, "fro_B": 2.0, "sigma2_B": 0.5, "stable_rank_B": 1.5,
-                 "persistence": 0.1 * head - 0.1} for layer in range(16) for head in range(2)]  # 16 layers: the contest claims' min_layers
+                 "persistence": 0.1 * head - 0.1} for layer in range(18) for head in range(2)]  # 18 layers: the contest claims' min_layers
     write_table(root, "contest_features", pd.DataFrame(features), ident)
     rows = []
     for target, metric in (("persistence", "spearman"), ("routing", "auroc"), ("criticality", "spearman")):

@@ -24,7 +24,7 @@ from depthlens.report.claims import (
 )
 from depthlens.report.tables import RunTables
 
-from . import build_run, drop_stage, read_json, read_table, set_stage, write_json, write_table
+from . import build_run, drop_stage, read_json, read_table, set_stage, write_funnel_boot, write_json, write_table
 
 DEFAULT_IDS = ["A2-eig-gap-contrast", "A2b-eig-gap-absent-in-nulls", "A4-induction-doubling", "A5-routing-positive", "A5b-routing-tracks-prev-token",
                "A6-sink-negative", "A7-clamp-chain", "A7-contest-resolvent-required",
@@ -163,6 +163,7 @@ def test_falsified(run):
     cum.loc[trained, "erank"] = 50.0 * np.exp(-cum.loc[trained, "depth"] / cum["depth"].max() * np.log(25.0))  # 50 → 2 whatever α
     cum.loc[~trained, "erank"] = 3.0  # init collapses too
     write_table(run, "cumulative", cum)
+    write_funnel_boot(run)  # the bootstrap replicates follow
     coupling = read_table(run, "coupling")
     coupling["significant"] = coupling["checkpoint"] != "trained"
     coupling.loc[coupling["checkpoint"] == "trained", "significant"] = coupling["boundary"] % 2 == 0

@@ -4,8 +4,11 @@ tables of ordinary runs (nothing here recomputes an analysis).
 A census point is one checkpoint's outputs: a run directory of its own (``depthlens census``
 runs every checkpoint as an ordinary run) or one checkpoint of a run with ``--revisions``
 (its ``checkpoint`` rows). The funnel is read under the claims' protocol (backward,
-rank-truncated, α = 1, the funnel's Jacobian mode: :func:`depthlens.report.statistics.funnel_ends`)
-and the coupling counts are the FDR-significant boundaries of the topology stage.
+rank-truncated, α = 1, the funnel's Jacobian mode: :func:`depthlens.report.statistics.funnel_ends`),
+with the 95% percentile interval of B3 over the bootstrap replicates of ``funnel_boot`` (the
+runs of a census share their chunks and seed, so replicate k resamples the same chunks on
+every checkpoint), and the coupling counts are the FDR-significant boundaries of the topology
+stage.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..report.statistics import NotTested, TooLittleData, checkpoint_order, funnel_ends
+from ..report.statistics import (NotTested, TooLittleData, checkpoint_order, funnel_ends, funnel_pair_ratios,
+                                 funnel_replicates)
 from ..report.tables import RunTables
+from ..stats import percentile_interval
 from .series import step_of
 
 __all__ = ["HEAD_COLUMNS", "Point", "census_tables", "run_points"]
@@ -92,6 +97,17 @@ def _funnel(tables: RunTables | None, checkpoint: str) -> tuple[float, float]:
         return math.nan, math.nan
 
 
+def _replicates(tables: RunTables | None, checkpoint: str) -> pd.DataFrame | None:
+    """The bootstrap replicates of the claims' funnel (:func:`~depthlens.report.statistics.funnel_replicates`),
+    None where the run has no such funnel."""
+    if tables is None or not tables.has("cumulative"):
+        return None
+    try:
+        return funnel_replicates(tables, checkpoint)
+    except (NotTested, TooLittleData):
+        return None
+
+
 def _summary(p: Point) -> dict:
     heads = _rows(p.tables, "heads", p.source)
     coupling = _rows(p.tables, "coupling", p.source)
@@ -111,16 +127,30 @@ def _summary(p: Point) -> dict:
     return out
 
 
-def _step0_erank(points: list[Point]) -> float:
-    """The full-depth erank the series' checkpoints are compared with for B3: the step-0
-    checkpoint's, else the step-0 null (``init``) of the first checkpoint's run."""
+def _step0(points: list[Point]) -> tuple[float, pd.DataFrame | None, Point | None]:
+    """The full-depth erank the series' checkpoints are compared with for B3, its bootstrap
+    replicates and the point it is taken from: the step-0 checkpoint's, else the step-0 null
+    (``init``) of the first checkpoint's run (with the replicates of every null of
+    ``--init-seeds``; the point is then None)."""
     for p in points:
         if p.step == 0 and p.status != "failed":
-            return _funnel(p.tables, p.source)[1]
+            return _funnel(p.tables, p.source)[1], _replicates(p.tables, p.source), p
     for p in points:
         if p.status != "failed":
-            return _funnel(p.tables, "init")[1]
-    return math.nan
+            return _funnel(p.tables, "init")[1], _replicates(p.tables, "init"), None
+    return math.nan, None, None
+
+
+def _step0_interval(reference: pd.DataFrame | None, p: Point, source: Point | None) -> tuple[float, float]:
+    """95% percentile interval of ``funnel_step0_over`` at ``p``: over every pair of a reference
+    replicate (and step-0 seed) with ``p``'s replicate of the same resampled chunks; exactly 1
+    at the reference itself (``source``); unbounded without replicates."""
+    if p is source:
+        return 1.0, 1.0
+    own = _replicates(p.tables, p.source)
+    if reference is None or own is None or reference.empty or own.empty:
+        return -math.inf, math.inf
+    return percentile_interval(funnel_pair_ratios(reference, own))
 
 
 def census_tables(points: list[Point], text: str) -> dict[str, pd.DataFrame]:
@@ -129,15 +159,17 @@ def census_tables(points: list[Point], text: str) -> dict[str, pd.DataFrame]:
     head_parts, rows = [], []
     for series in dict.fromkeys(p.series for p in points):
         members = [p for p in points if p.series == series]
-        reference = _step0_erank(members)
+        reference, replicates, source = _step0(members)
         for order, p in enumerate(members):
             ident = {"model": p.model, "revision": p.revision, "text": text, "series": series,
                      "checkpoint": p.checkpoint, "step": p.step, "order": order}
             summary = _summary(p) if p.status != "failed" else {}
             last = summary.get("erank_full_depth", math.nan)
+            lo, hi = _step0_interval(replicates, p, source) if p.status != "failed" else (-math.inf, math.inf)
             rows.append({**ident, "status": p.status, "error": p.error, "family": p.family, "norm": p.norm,
                          "loss": p.loss, **summary,
-                         "funnel_step0_over": reference / last if last and last > 0 else math.nan})
+                         "funnel_step0_over": reference / last if last and last > 0 else math.nan,
+                         "funnel_step0_over_lo": lo, "funnel_step0_over_hi": hi})
             heads = _rows(p.tables, "heads", p.source) if p.status != "failed" else None
             if heads is not None and len(heads):
                 part = heads[["layer", "head", *[c for c in HEAD_COLUMNS if c in heads.columns]]].copy()

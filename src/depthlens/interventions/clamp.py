@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -381,43 +382,93 @@ DIM_RULE = ("a massive dim carries the chain when clamping it alone (α = 0 agai
             "(it left out) fails monotone or predicts")
 
 
-def _select(heads: pd.DataFrame, column: str, **keys: object) -> pd.Series:
-    """``column`` of the rows of ``heads`` matching ``keys`` (``alpha=None``: the mean arm),
-    as numbers indexed by (layer, head)."""
-    sel = np.ones(len(heads), dtype=bool)
-    for key, value in keys.items():
-        if key == "alpha":
-            alpha = heads["alpha"].astype(float)
-            sel &= alpha.isna().to_numpy() if value is None else np.isclose(alpha, value, rtol=0, atol=1e-12)
-        else:
-            sel &= (heads[key] == value).to_numpy()
-    rows = heads[sel].set_index(["layer", "head"])
-    return pd.to_numeric(rows[column], errors="coerce").sort_index()
+class _Rows:
+    """The rows of one clamp table placed on a shared (layer, head) index, for selections
+    without pandas alignment: a selection is an array over that index, NaN where a head has no
+    matching row (what aligning the selected Series on the index would give).
+
+    Parameters
+    ----------
+    table : DataFrame
+        ``clamp_heads`` or ``clamp_dims`` rows.
+    index : MultiIndex
+        Sorted (layer, head) pairs holding every head of ``table``.
+    """
+
+    def __init__(self, table: pd.DataFrame, index: pd.MultiIndex) -> None:
+        self.table = table
+        self.layers = index.get_level_values("layer").to_numpy()
+        self.size = len(index)
+        self.pos = index.get_indexer(pd.MultiIndex.from_frame(table[["layer", "head"]]))
+        self._keys = {c: table[c].to_numpy() for c in ("target", "seed", "arm", "dim") if c in table.columns}
+        if "alpha" in table.columns:
+            self._keys["alpha"] = table["alpha"].to_numpy(dtype=np.float64)
+        self._numbers = {c: pd.to_numeric(table[c], errors="coerce").to_numpy(dtype=np.float64)
+                         for c in ("sink_mass", "delta_TR1")}
+
+    def mask(self, **keys: object) -> np.ndarray:
+        """Rows matching ``keys`` (``alpha`` within 1e-12)."""
+        sel = np.ones(len(self.table), dtype=bool)
+        for key, value in keys.items():
+            if key == "alpha":
+                sel &= np.isclose(self._keys["alpha"], value, rtol=0, atol=1e-12)
+            else:
+                sel &= self._keys[key] == value
+        return sel
+
+    def values(self, column: str, mask: np.ndarray) -> np.ndarray:
+        """``column`` (``sink_mass`` or ``delta_TR1``) of the rows ``mask`` as numbers on the
+        index (NaN for heads without a row)."""
+        out = np.full(self.size, np.nan)
+        out[self.pos[mask]] = self._numbers[column][mask]
+        return out
 
 
-def _rank_rho(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman ρ of two short vectors (mid-ranks); NaN when either is constant."""
-    rx, ry = _st.rankdata(x), _st.rankdata(y)
-    if np.ptp(rx) == 0 or np.ptp(ry) == 0:
-        return math.nan
-    return float(np.corrcoef(rx, ry)[0, 1])
+def _heads_index(*tables: pd.DataFrame) -> pd.MultiIndex:
+    """The sorted (layer, head) pairs of every row of ``tables``."""
+    keys = pd.concat([t[["layer", "head"]] for t in tables], ignore_index=True).drop_duplicates()
+    return pd.MultiIndex.from_frame(keys.sort_values(["layer", "head"]))
+
+
+def _rank_rhos(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Spearman ρ (mid-ranks) of ``x`` (k,) with every row of ``rows`` (m, k); NaN for a row
+    when either side is constant.
+
+    The sign and the zeros are exact: the mid-ranks are multiples of 1/2 and their means
+    (k + 1)/2, so the centred ranks and the numerator Σ (r_x − mean)(r_y − mean) are exact in
+    float64; only the normalisation rounds.
+    """
+    if rows.size == 0:
+        return np.full(rows.shape[0], np.nan)
+    rx = _st.rankdata(x)
+    ry = _st.rankdata(rows, axis=1)
+    cx, cy = rx - rx.mean(), ry - ry.mean(axis=1, keepdims=True)
+    den = math.sqrt(float(cx @ cx)) * np.sqrt(np.einsum("ij,ij->i", cy, cy))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, (cy @ cx) / den, np.nan)
 
 
 def _float(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(float(x)) else float(x)
 
 
-def _monotone(curves: pd.DataFrame) -> dict:
-    """``monotone`` on the sink masses ``curves`` (rows: heads; columns: doses, ascending):
-    the head-mean curve is non-decreasing (tolerance :data:`MONOTONE_TOL`) and a sign test over
-    heads of the per-head Spearman ρ(α, sink mass) (zero and undefined ρ dropped) has
-    p < :data:`SIGNIFICANCE` with most ρ > 0. Not tested (``held`` None) when the heads with a
-    finite curve are too few for the sign test ever to reach its level."""
-    alphas = [float(a) for a in curves.columns]
-    curve = [_head_mean(curves[a]) for a in curves.columns]
-    values = curves.to_numpy(dtype=np.float64)
-    values = values[np.all(np.isfinite(values), axis=1)]
-    rhos = np.array([_rank_rho(np.asarray(alphas), row) for row in values])
+def _mean(values: np.ndarray) -> float:
+    """Mean of the non-NaN entries (NaN when none): :func:`_head_mean` of an array."""
+    known = values[~np.isnan(values)]
+    return float(known.mean()) if known.size else math.nan
+
+
+def _monotone(alphas: Sequence[float], curves: np.ndarray) -> dict:
+    """``monotone`` on the sink masses ``curves`` (rows: heads, NaN where a head lacks a dose;
+    columns: the doses ``alphas``, ascending): the head-mean curve is non-decreasing (tolerance
+    :data:`MONOTONE_TOL`) and a sign test over heads of the per-head Spearman ρ(α, sink mass)
+    (zero and undefined ρ dropped) has p < :data:`SIGNIFICANCE` with most ρ > 0. Not tested
+    (``held`` None) when the heads with a finite curve are too few for the sign test ever to
+    reach its level."""
+    alphas = [float(a) for a in alphas]
+    curve = [_mean(curves[:, j]) for j in range(curves.shape[1])]
+    values = curves[np.all(np.isfinite(curves), axis=1)]
+    rhos = _rank_rhos(np.asarray(alphas), values)
     rhos = rhos[np.isfinite(rhos) & (rhos != 0.0)]
     steps = np.diff(curve)
     nondecreasing = len(curve) > 1 and bool(np.all(np.isfinite(curve)) and np.all(steps >= -MONOTONE_TOL))
@@ -425,7 +476,7 @@ def _monotone(curves: pd.DataFrame) -> dict:
     p = sign_test(rhos)
     out = {"alphas": alphas, "sink_mass": [_float(c) for c in curve], "nondecreasing": nondecreasing,
            "n_heads": int(rhos.size), "frac_positive": _float(frac), "p": _float(p)}
-    if sign_test(np.ones(len(values))) >= SIGNIFICANCE:
+    if 2.0 ** (1 - len(values)) >= SIGNIFICANCE:  # the sign test's least p: every head of one sign
         return {"held": None, **out, "reason": f"only {len(values)} heads of the clamped layers have a finite sink "
                                                f"mass at every dose, so the sign test cannot reach p < {SIGNIFICANCE} "
                                                "(a property of the model: no option adds heads)"}
@@ -456,31 +507,50 @@ def permutation_spearman(x: pd.Series, y: pd.Series, seed: int, n_perm: int = N_
         (p could never reach the level).
     """
     both = pd.concat([x.rename("x"), y.rename("y")], axis=1).dropna()
-    layers = both.index.get_level_values("layer").to_numpy()
-    groups = [np.flatnonzero(layers == layer) for layer in np.unique(layers)]
-    log_distinct = sum(math.lgamma(len(g) + 1) for g in groups)
-    out: dict = {"rho": None, "p": None, "n_perm": int(n_perm), "n_heads": int(len(both)), "n_layers": len(groups),
+    return _permutation_spearman(both["x"].to_numpy(), both["y"].to_numpy(),
+                                 both.index.get_level_values("layer").to_numpy(), seed, n_perm)
+
+
+def _permutation_spearman(x: np.ndarray, y: np.ndarray, layers: np.ndarray, seed: int, n_perm: int) -> dict:
+    """:func:`permutation_spearman` of NaN-free arrays, one entry per head in (layer, head) order."""
+    sizes = np.unique(layers, return_counts=True)[1]
+    log_distinct = sum(math.lgamma(int(c) + 1) for c in sizes)
+    out: dict = {"rho": None, "p": None, "n_perm": int(n_perm), "n_heads": int(x.size), "n_layers": int(sizes.size),
                  "testable": bool(log_distinct >= math.log(1.0 / SIGNIFICANCE) - 1e-9)}
-    rx, ry = _st.rankdata(both["x"].to_numpy()), _st.rankdata(both["y"].to_numpy())
+    rx, ry = _st.rankdata(x), _st.rankdata(y)
     if not out["testable"] or np.ptp(rx) == 0 or np.ptp(ry) == 0:
         return out
     zx, zy = rx - rx.mean(), ry - ry.mean()
     zx, zy = zx / np.linalg.norm(zx), zy / np.linalg.norm(zy)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, PERM_TAG]))
-    perms = np.empty((n_perm, len(both)), dtype=np.int64)
-    for g in groups:
-        perms[:, g] = g[rng.permuted(np.tile(np.arange(len(g)), (n_perm, 1)), axis=1)]
     rho = float(zx @ zy)
-    null = zx[perms] @ zy
+    null = zx[_layer_permutations(tuple(layers.tolist()), seed, n_perm)] @ zy
     out.update(rho=rho, p=float((1 + np.count_nonzero(null >= rho - 1e-12)) / (n_perm + 1)))
     return out
 
 
-def _predicts(drop: pd.Series, rise: pd.Series, seed: int) -> dict:
-    """``predicts``: per head, drop = sink(α = 1) − sink(arm) and rise = Δ_TR(arm) − Δ_TR(α = 1);
-    :func:`permutation_spearman` of drop and rise; held when ρ > 0 and p ≤ :data:`SIGNIFICANCE`.
+@lru_cache(maxsize=4)
+def _layer_permutations(layers: tuple[int, ...], seed: int, n_perm: int) -> np.ndarray:
+    """``n_perm`` random permutations of heads (one entry of ``layers`` per head, in order) that
+    move a head only within its layer, from ``SeedSequence([seed, PERM_TAG])``: row k maps
+    position i to the head whose value it takes. Read-only and memoised: every arm tested on
+    the same heads gets the same permutations, drawn once."""
+    arr = np.asarray(layers)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, PERM_TAG]))
+    perms = np.empty((n_perm, arr.size), dtype=np.int64)
+    for layer in np.unique(arr):
+        g = np.flatnonzero(arr == layer)
+        perms[:, g] = g[rng.permuted(np.tile(np.arange(len(g)), (n_perm, 1)), axis=1)]
+    perms.flags.writeable = False
+    return perms
+
+
+def _predicts(drop: np.ndarray, rise: np.ndarray, layers: np.ndarray, seed: int) -> dict:
+    """``predicts``: per head (in (layer, head) order, its layer in ``layers``), drop =
+    sink(α = 1) − sink(arm) and rise = Δ_TR(arm) − Δ_TR(α = 1); :func:`permutation_spearman`
+    of drop and rise over the heads with both; held when ρ > 0 and p ≤ :data:`SIGNIFICANCE`.
     Not tested when the heads with both are too few for the permutation test."""
-    test = permutation_spearman(drop, rise, seed)
+    both = ~(np.isnan(drop) | np.isnan(rise))
+    test = _permutation_spearman(drop[both], rise[both], layers[both], seed, N_PERM)
     testable = test.pop("testable")
     if not testable:
         return {"held": None, **test, "reason": f"only {test['n_heads']} heads in {test['n_layers']} layers have a "
@@ -491,58 +561,60 @@ def _predicts(drop: pd.Series, rise: pd.Series, seed: int) -> dict:
     return {"held": bool(rho is not None and rho > 0 and p <= SIGNIFICANCE), **test}
 
 
-def _zero_arm(heads: pd.DataFrame, rows: pd.DataFrame, seed: int) -> dict:
-    """``monotone`` and ``predicts`` of one zero arm (``rows``: its clamp_heads or clamp_dims
-    rows) against the unclamped model (the massive α = 1 rows of ``heads``), and its head means."""
-    ref_sink = _select(heads, "sink_mass", target="massive", arm="dose", alpha=1.0)
-    ref_tr = _select(heads, "delta_TR1", target="massive", arm="dose", alpha=1.0)
-    sink, tr = _select(rows, "sink_mass"), _select(rows, "delta_TR1")
-    return {"monotone": _monotone(pd.concat({0.0: sink, 1.0: ref_sink}, axis=1)),
-            "predicts": _predicts(ref_sink - sink, tr - ref_tr, seed),
-            "sink_mass": _float(_head_mean(sink)), "delta_TR1": _float(_head_mean(tr))}
+def _zero_arm(rows: _Rows, mask: np.ndarray, ref: tuple[np.ndarray, np.ndarray], seed: int) -> dict:
+    """``monotone`` and ``predicts`` of one zero arm (the rows ``mask`` of ``rows``) against the
+    unclamped model (``ref``: the massive α = 1 sink masses and Δ_TR on the same index), and
+    its head means."""
+    ref_sink, ref_tr = ref
+    sink, tr = rows.values("sink_mass", mask), rows.values("delta_TR1", mask)
+    return {"monotone": _monotone((0.0, 1.0), np.column_stack([sink, ref_sink])),
+            "predicts": _predicts(ref_sink - sink, tr - ref_tr, rows.layers, seed),
+            "sink_mass": _float(_mean(sink)), "delta_TR1": _float(_mean(tr))}
 
 
-def _moves(heads: pd.DataFrame, target: str, seed: int) -> tuple[float, float]:
-    """Mean over heads of |Δ sink mass| and |Δ delta_TR1| of the zero arm against α = 1."""
+def _moves(rows: _Rows, ref: tuple[np.ndarray, np.ndarray], target: str, seed: int) -> tuple[float, float]:
+    """Mean over heads of |Δ sink mass| and |Δ delta_TR1| of the zero arm against α = 1 (``ref``)."""
+    mask = rows.mask(target=target, seed=seed, arm="dose", alpha=0.0)
     out = []
-    for column in ("sink_mass", "delta_TR1"):
-        ref = _select(heads, column, target="massive", arm="dose", alpha=1.0)
-        delta = (_select(heads, column, target=target, seed=seed, arm="dose", alpha=0.0) - ref).abs().dropna()
-        out.append(float(delta.mean()) if len(delta) else math.nan)
+    for column, base in zip(("sink_mass", "delta_TR1"), ref):
+        delta = np.abs(rows.values(column, mask) - base)
+        out.append(_mean(delta))
     return out[0], out[1]
 
 
-def _control_inert(heads: pd.DataFrame, control_reason: str | None) -> dict:
+def _control_inert(rows: _Rows, ref: tuple[np.ndarray, np.ndarray], control_reason: str | None) -> dict:
     """``control_inert``: for every control seed, the head means of |Δ sink| and |Δ Δ_TR| of its
-    zero arm (against α = 1) are each at most :data:`CONTROL_FRACTION` × the massive zero arm's.
-    Not tested without control rows or without finite massive moves."""
-    seeds = sorted(int(s) for s in heads.loc[heads["target"] == "control", "seed"].unique())
-    m_sink, m_tr = _moves(heads, "massive", -1)
+    zero arm (against α = 1, ``ref``) are each at most :data:`CONTROL_FRACTION` × the massive
+    zero arm's. Not tested without control rows or without finite massive moves."""
+    table = rows.table
+    seeds = sorted(int(s) for s in table.loc[table["target"] == "control", "seed"].unique())
+    m_sink, m_tr = _moves(rows, ref, "massive", -1)
     out: dict = {"fraction": CONTROL_FRACTION, "massive": {"sink_mass": _float(m_sink), "delta_TR1": _float(m_tr)}}
     if not seeds:
         return {"held": None, **out, "seeds": [], "reason": control_reason or "no control rows"}
     if not (math.isfinite(m_sink) and math.isfinite(m_tr)):
         return {"held": None, **out, "seeds": [],
                 "reason": "the massive zero arm has no finite reserve change to compare (see clamp_heads.failure)"}
-    rows = []
+    records = []
     for s in seeds:
-        c_sink, c_tr = _moves(heads, "control", s)
+        c_sink, c_tr = _moves(rows, ref, "control", s)
         ok = all(math.isfinite(c) and c <= CONTROL_FRACTION * m for c, m in ((c_sink, m_sink), (c_tr, m_tr)))
-        rows.append({"seed": s, "sink_mass": _float(c_sink), "delta_TR1": _float(c_tr),
-                     "sink_mass_ratio": _float(c_sink / m_sink) if m_sink else None,
-                     "delta_TR1_ratio": _float(c_tr / m_tr) if m_tr else None, "held": bool(ok)})
-    return {"held": all(r["held"] for r in rows), **out, "seeds": rows}
+        records.append({"seed": s, "sink_mass": _float(c_sink), "delta_TR1": _float(c_tr),
+                        "sink_mass_ratio": _float(c_sink / m_sink) if m_sink else None,
+                        "delta_TR1_ratio": _float(c_tr / m_tr) if m_tr else None, "held": bool(ok)})
+    return {"held": all(r["held"] for r in records), **out, "seeds": records}
 
 
-def _per_dim(heads: pd.DataFrame, dim_heads: pd.DataFrame, dim: int, seed: int, holds: bool,
+def _per_dim(dim_rows: _Rows, ref: tuple[np.ndarray, np.ndarray], dim: int, seed: int, holds: bool,
              delta_ce: Mapping[tuple[str, int], float]) -> dict:
-    """A massive dim's ``alone`` and ``left_out`` zero arms and whether it carries the chain
-    (:data:`DIM_RULE`); a test not tested counts as neither passing nor failing, and leaving a
-    dim out can break the chain only where the massive zero arm passes both tests (``holds``)."""
+    """A massive dim's ``alone`` and ``left_out`` zero arms (clamp_dims ``dim_rows``) and whether
+    it carries the chain (:data:`DIM_RULE`); a test not tested counts as neither passing nor
+    failing, and leaving a dim out can break the chain only where the massive zero arm passes
+    both tests (``holds``)."""
     arms = {}
     for name in ("alone", "left_out"):
-        rows = dim_heads[(dim_heads["target"] == name) & (dim_heads["dim"] == dim)]
-        arms[name] = {**_zero_arm(heads, rows, seed), "delta_ce": _float(delta_ce.get((name, dim)))}
+        arms[name] = {**_zero_arm(dim_rows, dim_rows.mask(target=name, dim=dim), ref, seed),
+                      "delta_ce": _float(delta_ce.get((name, dim)))}
     alone = all(arms["alone"][c]["held"] is True for c in ("monotone", "predicts"))
     breaks = holds and any(arms["left_out"][c]["held"] is False for c in ("monotone", "predicts"))
     return {"dim": int(dim), **arms, "alone_carries": alone, "left_out_breaks": breaks, "carries": alone or breaks}
@@ -589,13 +661,21 @@ def chain_verdict(heads: pd.DataFrame, dim_heads: pd.DataFrame, dims: Sequence[i
         ``tested``, ``reason`` (one line; None when supported), ``supported``, ``dims``,
         ``all_dims``, ``conditions``, ``dim_rule`` and ``per_dim`` (one record per massive dim).
     """
-    massive_dose = heads[(heads["target"] == "massive") & (heads["arm"] == "dose")]
-    curves = massive_dose.pivot_table(index=["layer", "head"], columns="alpha", values="sink_mass", aggfunc="first")
-    zero = _zero_arm(heads, massive_dose[massive_dose["alpha"] == 0.0], seed)
-    conditions = {"monotone": _monotone(curves.reindex(columns=sorted(curves.columns))),
-                  "predicts": zero["predicts"], "control_inert": _control_inert(heads, control_reason)}
+    index = _heads_index(heads, dim_heads)
+    rows, dim_rows = _Rows(heads, index), _Rows(dim_heads, index)
+    reference = rows.mask(target="massive", arm="dose", alpha=1.0)
+    ref = (rows.values("sink_mass", reference), rows.values("delta_TR1", reference))
+    dose = rows.mask(target="massive", arm="dose")
+    alpha = heads["alpha"].to_numpy(dtype=np.float64)
+    doses = sorted(set(alpha[dose & ~np.isnan(alpha)].tolist()))
+    curves = [rows.values("sink_mass", dose & (alpha == a)) for a in doses]
+    measured = [j for j, c in enumerate(curves) if not np.isnan(c).all()]  # a dose without any value is left out
+    zero = _zero_arm(rows, dose & (alpha == 0.0), ref, seed)
+    sinks = np.column_stack([curves[j] for j in measured]) if measured else np.empty((0, 0))
+    conditions = {"monotone": _monotone([doses[j] for j in measured], sinks),
+                  "predicts": zero["predicts"], "control_inert": _control_inert(rows, ref, control_reason)}
     holds = all(zero[c]["held"] is True for c in ("monotone", "predicts"))
-    per_dim = [_per_dim(heads, dim_heads, d, seed, holds, delta_ce or {}) for d in dims]
+    per_dim = [_per_dim(dim_rows, ref, d, seed, holds, delta_ce or {}) for d in dims]
     untested = [f"{name} not tested: {c['reason']}" for name, c in conditions.items() if c["held"] is None]
     failed = [f"{name} did not hold" for name, c in conditions.items() if c["held"] is False]
     supported = None if untested else not failed

@@ -20,13 +20,18 @@ singular directions of the first operator and follows them exactly through the r
 ones; it never exceeds rank r, and with r ≥ d it is the exact curve. The running product is
 held as a d×r factor whose singular values are those of the product (the dropped right
 factor has orthonormal rows), so a truncated step costs O(d²r) instead of O(d³).
+
+:func:`cumulative_ends` runs many such products side by side (the replicates of a bootstrap,
+:mod:`depthlens.jacobian.bootstrap`) and measures only their first and last steps.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +46,13 @@ from ..linalg._checks import as_square
 from ..linalg.ranks import erank, erank_sigma, participation_ratio
 from ..linalg.schur import SCHUR_ORDERS, SchurForm, SchurOrder, check_schur_order, schur_forms
 from ..parallel import InlineExecutor
+from .options import ALPHAS
 
-__all__ = ["ALPHAS", "DIRECTIONS", "cumulative_ranks", "schur_funnel"]
+__all__ = ["ALPHAS", "DIRECTIONS", "cumulative_ends", "cumulative_ranks", "schur_funnel"]
 
 DIRECTIONS: tuple[str, ...] = ("forward", "backward")
 """Accumulation directions (see the module notes)."""
 
-ALPHAS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-"""Scales of the non-normal part in METHODS B4."""
 
 _RANKS = ("erank", "erank_sigma", "participation_ratio")
 _COLUMNS = ("depth", "steps", *_RANKS, "log_norm")
@@ -69,8 +73,14 @@ class _Accumulator:
         self.factor: Any = None
         self.log_norm = 0.0
 
-    def push(self, J: np.ndarray) -> tuple[float, float, float, float]:
-        """Multiply J in on the left; return erank, erank_sigma, participation_ratio and ln‖C‖₂."""
+    def push(self, J: np.ndarray, measure: bool = True) -> tuple[float, float, float, float] | None:
+        """Multiply J in on the left; return erank, erank_sigma, participation_ratio and ln‖C‖₂.
+
+        ``measure`` False skips the singular values where no truncation needs them and returns
+        None: the product is then divided by its largest entry instead of its spectral norm (a
+        scale, which every rank ignores; ``log_norm`` keeps it, so the next measured step again
+        reports ln‖C‖₂ to rounding).
+        """
         if self.device is not None:
             import torch
 
@@ -83,8 +93,15 @@ class _Accumulator:
             left, sv, _ = _thin_svd(prod)
             prod = left[:, : self.rank] * sv[: self.rank]
             sv = sv[: self.rank]
-        else:
+        elif measure:
             sv = _svdvals(prod)
+        else:
+            scale = float(abs(prod).max())
+            if scale == 0:
+                raise InputError("a cumulative product is exactly zero, so no effective rank is defined; check the operators.")
+            self.factor = prod / scale
+            self.log_norm += float(np.log(scale))
+            return None
         sv = np.asarray(sv.cpu() if self.device is not None else sv, dtype=np.float64)
         if not np.isfinite(sv[0]):
             raise InputError(_OVERFLOW)
@@ -196,6 +213,125 @@ def cumulative_ranks(operators: Sequence[ArrayLike], direction: str = "forward",
     ops = _operators(operators)
     order = _order(len(ops), direction)
     return _curve((_oriented(ops[b], direction) for b in order), order, _cap(rank, ops[0].shape[0]))
+
+
+def cumulative_ends(steps: Iterable[Iterable[ArrayLike]], n_steps: int, direction: str = "forward",
+                    rank: int | None = None, device: str | None = None, threads: int = 1
+                    ) -> tuple[np.ndarray, list[str | None]]:
+    """Effective ranks after one step and at full depth of several cumulative products at once,
+    their operators fed step by step (e.g. one product per bootstrap replicate).
+
+    Product i is the one :func:`cumulative_ranks` forms from the i-th operator of every step;
+    its two values are that function's ``erank`` at ``steps`` 1 and ``n_steps``, to rounding
+    (the same accumulator; the singular values of the steps in between are not computed, as no
+    rank is wanted there: those steps only rescale the running product).
+
+    Parameters
+    ----------
+    steps : iterable of iterables of array_like (d, d)
+        One iterable per step, in the order ``direction`` visits the depths (forward: the
+        operators ``J_0`` first; backward: ``J_{L−1}`` first, as :func:`cumulative_ranks`
+        multiplies them), each holding that step's operator of every product in product order.
+        A step's iterable is used up before the next is drawn, so both may be generated lazily
+        (only one operator per step needs to exist at a time).
+    n_steps : int
+        Number of steps L (the full depth).
+    direction : {"forward", "backward"}
+        As :func:`cumulative_ranks`; the operators are given in the visiting order either way.
+    rank : int or None
+        As :func:`cumulative_ranks`: None exact, r to keep the best rank-r approximation.
+    device : str, optional
+        A torch device for the products and singular values (as :func:`schur_funnel`), else
+        NumPy and LAPACK.
+    threads : int
+        Products advanced side by side in threads of this process (NumPy and LAPACK release the
+        GIL; each call keeps its own BLAS threads), ``threads`` operators of a step at a time.
+        The numbers do not depend on it: every product is computed as with one thread.
+
+    Returns
+    -------
+    ends : ndarray (R, 2) float64
+        Per product: erank after one step and at full depth (NaN for a failed product).
+    failures : list of (str or None)
+        Per product: None, or why no SVD driver of :mod:`depthlens.linalg.guarded` converged on it.
+
+    Raises
+    ------
+    InputError
+        As :func:`cumulative_ranks`, or if ``n_steps`` or ``threads`` is not a positive
+        integer, ``steps`` does not hold exactly ``n_steps`` steps, or a step holds another
+        number of operators than the first.
+
+    Notes
+    -----
+    Cost per product: the products of :func:`cumulative_ranks`, O(L d² k) with k = min(r, d),
+    and two SVDs (the first step's, which truncates, and the last); a curve computes one SVD at
+    every depth.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> ops = [np.diag([1.0, 0.5, 0.25])] * 3
+    >>> ends, failures = cumulative_ends(([J] for J in ops), 3)
+    >>> np.allclose(ends[0], cumulative_ranks(ops)["erank"].to_numpy()[[0, -1]]), failures
+    (True, [None])
+    """
+    _check_direction(direction)
+    for name, value in (("n_steps", n_steps), ("threads", threads)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise InputError(f"{name} is {value!r}; pass a positive integer.")
+    accs: list[_Accumulator] = []
+    ends: list[list[float]] = []
+    failures: list[str | None] = []
+    shape: tuple[int, ...] = ()
+
+    def advance(i: int, J: np.ndarray, step: int, last: bool) -> None:
+        """Multiply product i's operator in; record its ends, or why it has none."""
+        if failures[i] is not None:
+            return
+        try:
+            got = accs[i].push(_oriented(J, direction), measure=step == 0 or last)
+        except DecompositionError as exc:  # every SVD driver failed: this product has no ranks
+            failures[i], ends[i], accs[i].factor = str(exc), [math.nan, math.nan], None
+            return
+        if step == 0:
+            ends[i][0] = got[0]  # type: ignore[index]
+        if last:
+            ends[i][1] = got[0]  # type: ignore[index]
+
+    taken = 0
+    with ThreadPoolExecutor(max_workers=int(threads)) as workers:
+        for step, operators in enumerate(steps):
+            if step >= n_steps:
+                raise InputError(f"steps holds more than n_steps = {n_steps} steps; pass one iterable per depth.")
+            last, count, group = step == n_steps - 1, 0, []
+            for i, J in enumerate(itertools.chain(operators, [None])):
+                if J is not None:
+                    J = as_square(J, f"steps[{step}][{i}]")
+                    if step == 0:
+                        if i == 0:
+                            shape = J.shape
+                        accs.append(_Accumulator(_cap(rank, shape[0]), device))
+                        ends.append([math.nan, math.nan])
+                        failures.append(None)
+                    elif i >= len(accs):
+                        raise InputError(f"step {step} holds more operators than the first ({len(accs)}); pass one "
+                                         "per product.")
+                    if J.shape != shape:
+                        raise InputError(f"steps[{step}][{i}] has shape {J.shape}, steps[0][0] {shape}; pass "
+                                         "operators of one size.")
+                    count += 1
+                    group.append((i, J))
+                if len(group) == threads or (J is None and group):  # a group at a time: bounded memory
+                    for done in [workers.submit(advance, k, M, step, last) for k, M in group]:
+                        done.result()
+                    group = []
+            if count != len(accs) or count == 0:
+                raise InputError(f"step {step} holds {count} operators, the first {len(accs)}; pass one per product.")
+            taken += 1
+    if taken != n_steps:
+        raise InputError(f"steps holds {taken} steps, n_steps is {n_steps}; pass one iterable per depth.")
+    return np.asarray(ends, dtype=np.float64).reshape(len(ends), 2), failures
 
 
 def schur_funnel(

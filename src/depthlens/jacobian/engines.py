@@ -72,7 +72,8 @@ Cost (d model width, F MLP width, H query heads of width hd, T context)
 Modules
     :mod:`.factor` (the factored form ``U = P W A R`` and the MLP factor),
     :mod:`.attention_factors` (isolated and in-context attention), :mod:`.sublayer`
-    (validation and the per-token entry points), :mod:`.mean` (mean operators over chunks).
+    (validation and the per-token entry points), :mod:`.mean` (mean operators over chunks,
+    and their sums chunk by chunk).
     This module gathers their public names.
 
 Examples
@@ -90,13 +91,14 @@ Examples
 from __future__ import annotations
 
 from ._layers import clear_cache
-from .mean import MeanAccumulator, mean_operators
+from .mean import MeanAccumulator, chunk_operator_sums, mean_operators
 from .sublayer import KINDS, POSITIONS, input_state, sublayer_jacobian_sum, sublayer_jacobians
 
 __all__ = [
     "KINDS",
     "POSITIONS",
     "MeanAccumulator",
+    "chunk_operator_sums",
     "clear_cache",
     "input_state",
     "mean_operators",

@@ -1,13 +1,16 @@
-"""Mean sub-layer operators over many tokens: a running accumulator and the driver over chunks.
+"""Mean sub-layer operators over many tokens: a running accumulator and the drivers over chunks.
 
 :class:`MeanAccumulator` keeps float64 sums and counts per ``(layer, kind)`` (mergeable
 across workers and resumable); :func:`mean_operators` runs the forward passes and feeds it
-the engines' per-batch sums (:func:`~depthlens.jacobian.sublayer.sublayer_jacobian_sum`).
+the engines' per-batch sums (:func:`~depthlens.jacobian.sublayer.sublayer_jacobian_sum`);
+:func:`chunk_operator_sums` gives the sums chunk by chunk, one sub-layer at a time (what a
+bootstrap over chunks resamples: :mod:`depthlens.jacobian.bootstrap`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,7 +22,7 @@ from ..models.adapter import Adapter, Sublayer, check_sublayer
 from .options import JacobianMode
 from .sublayer import KINDS, check_dtype, check_jacobian_mode, input_state, select_positions, sublayer_jacobian_sum
 
-__all__ = ["MeanAccumulator", "mean_operators"]
+__all__ = ["MeanAccumulator", "chunk_operator_sums", "mean_operators"]
 
 
 class MeanAccumulator:
@@ -76,6 +79,21 @@ class MeanAccumulator:
         return {k: (self._sum[k] / self._count[k]).cpu().numpy() for k in self.keys()}
 
 
+def _checked_ids(input_ids: Any, jacobian_mode: str, dtype: Any, batch_size: int) -> torch.Tensor:
+    """``input_ids`` as a ``(N, T)`` tensor, after checking the Jacobian mode, the dtype and the
+    batch size (one-line :class:`~depthlens.errors.InputError` otherwise)."""
+    check_jacobian_mode(jacobian_mode)
+    check_dtype(dtype)
+    ids = torch.as_tensor(input_ids)
+    if ids.ndim == 1:
+        ids = ids.unsqueeze(0)
+    if ids.ndim != 2 or ids.shape[0] == 0:
+        raise InputError(f"input_ids has shape {tuple(ids.shape)}; pass token chunks (N, T).")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise InputError(f"batch_size {batch_size!r} must be a positive integer.")
+    return ids
+
+
 def mean_operators(
     adapter: Adapter,
     input_ids: Tensor,
@@ -128,15 +146,7 @@ def mean_operators(
     InputError
         Bad ids, jacobian_mode, positions, batch size or layers.
     """
-    check_jacobian_mode(jacobian_mode)
-    check_dtype(dtype)
-    ids = torch.as_tensor(input_ids)
-    if ids.ndim == 1:
-        ids = ids.unsqueeze(0)
-    if ids.ndim != 2 or ids.shape[0] == 0:
-        raise InputError(f"input_ids has shape {tuple(ids.shape)}; pass token chunks (N, T).")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise InputError(f"batch_size {batch_size!r} must be a positive integer.")
+    ids = _checked_ids(input_ids, jacobian_mode, dtype, batch_size)
     select_positions(positions, ids.shape[1])
     wanted = list(range(adapter.n_layers)) if layers is None else [adapter.check_layer(int(x)) for x in layers]
     if out is not None and accumulator is not None:
@@ -170,3 +180,86 @@ def mean_operators(
         return out
     means = acc.mean()
     return {k: means[k] for k in means if k[0] in set(wanted)} if layers is not None else means
+
+
+def chunk_operator_sums(
+    adapter: Adapter,
+    input_ids: Tensor,
+    keys: Sequence[tuple[int, Sublayer]],
+    jacobian_mode: JacobianMode = "isolated",
+    positions: str | int | Sequence[int] = "last",
+    batch_size: int = 8,
+    dtype: torch.dtype = torch.float64,
+    progress: bool = False,
+    label: str = "",
+) -> Iterator[tuple[tuple[int, Sublayer], np.ndarray, np.ndarray]]:
+    """The operators of every chunk summed per chunk, one sub-layer at a time in the order of ``keys``.
+
+    The forward passes run first (``batch_size`` chunks each) and keep the residual states the
+    engines read for ``keys`` (:func:`~depthlens.jacobian.sublayer.input_state`): in the two
+    isolated modes only the selected positions (the engines read nothing else there), in
+    ``in_context`` whole chunks. Then, per key, :func:`sublayer_jacobian_sum` runs on each
+    chunk alone.
+
+    Parameters
+    ----------
+    adapter : Adapter
+    input_ids : Tensor (C, T)
+        Token chunks, as :func:`mean_operators`.
+    keys : sequence of (layer, kind)
+        The sub-layers, in the order they are yielded (e.g. from the last one down, the order of
+        a backward product).
+    jacobian_mode, positions, batch_size, dtype, progress, label
+        As :func:`mean_operators`.
+
+    Yields
+    ------
+    (key, sums, counts)
+        ``sums`` float64 ``(C, d, d)``: ``sums[c]`` is the sum of the operators ``J = I + U`` at
+        the selected positions of chunk c, what :func:`sublayer_jacobian_sum` gives for chunk c
+        alone; ``counts`` int ``(C,)`` their numbers. Their mean
+        (:func:`~depthlens.jacobian.bootstrap.mean_of_chunks`) is the mean
+        operator of :func:`mean_operators` to rounding (it adds chunk sums, not batch sums; the
+        same arithmetic otherwise).
+
+    Raises
+    ------
+    InputError
+        Bad ids, jacobian_mode, positions, batch size or keys (raised on the first ``next``).
+
+    Notes
+    -----
+    Memory: the kept states (``C × len(positions) × d`` per state the keys read in the isolated
+    modes, ``C × T × d`` in ``in_context``, in the model dtype) and one ``(C, d, d)`` float64
+    array per key at a time. Cost: the forward passes of :func:`mean_operators` and, per key
+    and chunk, the engine's sum, whose constant left factor is applied once per chunk instead
+    of once per batch (one ``d × K × d`` product per chunk).
+    """
+    ids = _checked_ids(input_ids, jacobian_mode, dtype, batch_size)
+    selected = select_positions(positions, ids.shape[1])
+    wanted = [(adapter.check_layer(int(layer)), check_sublayer(kind)) for layer, kind in keys]
+    if not wanted:
+        raise InputError("keys is empty; pass the (layer, kind) sub-layers whose chunk sums are wanted.")
+    # the isolated engines read the selected positions alone: keep those, and select them all later
+    trim = jacobian_mode != "in_context"
+    read: str | int | Sequence[int] = "all" if trim else positions
+    states = {input_state(adapter, layer, kind, jacobian_mode): [] for layer, kind in wanted}  # type: ignore[var-annotated]
+    starts = range(0, ids.shape[0], int(batch_size))
+    name = f"{label} ({jacobian_mode})" if label else f"({jacobian_mode})"
+    for s in tqdm(starts, desc=f"forward passes {name}", unit="batch", disable=not progress):
+        hs = adapter.residual_states(ids[s : s + int(batch_size)])
+        for index, kept in states.items():
+            kept.append(hs[index][:, selected] if trim else hs[index].clone())  # copies: hs is freed
+        del hs
+    kept_states = {index: torch.cat(parts, dim=0) for index, parts in states.items()}
+    del states
+    n_chunks, d = ids.shape[0], adapter.d_model
+    for layer, kind in tqdm(wanted, desc=f"chunk jacobians {name}", unit="sub-layer", disable=not progress):
+        residuals = kept_states[input_state(adapter, layer, kind, jacobian_mode)]
+        sums = np.empty((n_chunks, d, d), dtype=np.float64)
+        counts = np.empty(n_chunks, dtype=np.int64)
+        for c in range(n_chunks):
+            total, count = sublayer_jacobian_sum(adapter, residuals[c : c + 1], layer, kind, jacobian_mode, read, dtype)
+            sums[c] = total.to(torch.float64).cpu().numpy()
+            counts[c] = count
+        yield (layer, kind), sums, counts

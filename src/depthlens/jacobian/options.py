@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
-
 from ..errors import InputError
-from ..linalg.schur import SCHUR_ORDERS, SchurOrder
+from ..linalg.orders import SCHUR_ORDERS, SchurOrder
 from ..options import check_distinct, check_fields
-from .cumulative import ALPHAS
 
-__all__ = ["ALPHAS", "JACOBIAN_MODES", "JacobianMode", "JacobianOptions"]
+__all__ = ["ALPHAS", "JACOBIAN_MODES", "JacobianMode", "JacobianOptions", "init_seed_of"]
+
+#: Scales of the non-normal part in METHODS B4 (the default ``--funnel-alphas``).
+ALPHAS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 JacobianMode = Literal["isolated", "isolated_observed", "in_context"]
 #: The Jacobian modes of METHODS B1, in the order a run computes them.
@@ -44,6 +44,16 @@ class JacobianOptions:
         protocol), canonical (descending modulus), outside_first (|λ| > 1 first),
         inside_first (|λ| ≤ 1 first); the first gets every α, the others α = 0 only, and
         α = 1 (order-free) is computed once, labelled with the first
+    funnel_boot : int
+        bootstrap replicates over chunks of the claims' funnel (backward, rank --funnel-rank, α = 1,
+        the funnel's mode): per replicate the run's chunks are drawn again with replacement (from
+        the run seed) and the erank after one step and at full depth recomputed from the
+        resampled mean operators; the claims B2, B3 and C2 take 95% percentile intervals from
+        them (at least 40 replicates; 0: none, and no interval)
+    init_seeds : int
+        step-0 nulls drawn for B3, with the initialisation of run seeds seed, seed + 1, ...: the
+        first is the init checkpoint; the others get the bootstrapped funnel ends alone (needs
+        --funnel-boot above 0 and --null init)
     null : {"init", "none"}
         also analyse the step-0 null (the same architecture at initialisation)
     save_arrays : {"float64", "float32", "none"}
@@ -61,6 +71,8 @@ class JacobianOptions:
     funnel_rank: int = field(default=512, metadata={"min": 0})
     funnel_alphas: tuple[float, ...] = ALPHAS
     schur_orders: tuple[SchurOrder, ...] = SCHUR_ORDERS
+    funnel_boot: int = field(default=50, metadata={"min": 0})
+    init_seeds: int = field(default=3, metadata={"min": 1})
     null: Literal["init", "none"] = "init"
     save_arrays: Literal["float64", "float32", "none"] = "float64"
     seed: int = field(default=0, metadata={"derived": "seed"})
@@ -89,4 +101,12 @@ class JacobianOptions:
     def init_seed(self) -> int:
         """Seed of the step-0 null, spawned from the run seed (so a ``random:`` model and its
         null never share weights)."""
-        return int(np.random.SeedSequence([self.seed, 0x1A17]).generate_state(1)[0])
+        return init_seed_of(self.seed)
+
+
+def init_seed_of(seed: int) -> int:
+    """The torch seed of the step-0 null of a run with seed ``seed`` (:attr:`JacobianOptions.init_seed`);
+    the extra nulls of ``--init-seeds`` are those of ``seed + 1``, ``seed + 2``, ...."""
+    import numpy as np  # here, not at the top: the options load with the command line, before numpy
+
+    return int(np.random.SeedSequence([int(seed), 0x1A17]).generate_state(1)[0])

@@ -12,10 +12,18 @@ eranks of the sub-layer operators for every Schur order, α, direction and trunc
 ``isolated`` operators, or the first mode run) and ``funnel_<checkpoint>_<mode>`` for every
 other mode run, at α = 0 and 1 in the first Schur order only (the funnel claims' sensitivity
 to the Jacobian mode).
+
+With ``--funnel-boot`` above 0 the funnel mode's unit also bootstraps the claims' funnel over
+chunks (:mod:`depthlens.jacobian.bootstrap`): its mean operators are then summed chunk by chunk
+(:func:`engines.chunk_operator_sums`, the same numbers to rounding), from the last sub-layer
+down, and every replicate's backward product runs as they pass (table ``boot`` of the unit);
+``boot_init_<k>`` units do the same for the extra step-0 nulls of ``--init-seeds`` (run seed
++ k), without any other analysis. The ``funnel_boot`` table gathers them.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -31,9 +39,10 @@ from ..models.adapter import SUBLAYERS
 from ..parallel import executor
 from ..runs import RunDirectory, atomic
 from . import engines
+from .bootstrap import bootstrap_weights, funnel_bootstrap, mean_of_chunks
 from .cumulative import DIRECTIONS, schur_funnel
 from .metrics import metrics_and_eigenvalues
-from .options import JacobianOptions
+from .options import JacobianOptions, init_seed_of
 
 STAGE = "jacobian"
 #: The ``sublayer`` key of the layer operators (:func:`with_layer_operators`).
@@ -108,14 +117,46 @@ def _paths(run_dir: RunDirectory, name: str, mode: str) -> tuple[Path, Path]:
             run_dir.root / "units" / STAGE / f"ops_{name}_{mode}{PRIVATE}")
 
 
+def bootstrapped(opts: JacobianOptions, mode: str) -> bool:
+    """Whether ``mode``'s mean operators are summed chunk by chunk with the funnel bootstrap:
+    the funnel's mode, with ``--funnel-boot`` above 0."""
+    return mode == opts.funnel_mode and opts.funnel_boot > 0
+
+
+def boot_rank(opts: JacobianOptions, d: int) -> int | None:
+    """The truncation of the bootstrapped funnel: the funnel's (``--funnel-rank``, capped at d;
+    None for the exact products when it is 0 or at least d), so it matches the curve the
+    claims read."""
+    return opts.funnel_rank if 0 < opts.funnel_rank < d else None
+
+
+def sublayer_keys_backward(n_layers: int) -> list[tuple[int, str]]:
+    """The sub-layers from the last one down: the order of the backward product."""
+    return [(layer, kind) for layer in reversed(range(n_layers)) for kind in reversed(SUBLAYERS)]
+
+
+def _boot(sums, weights: np.ndarray, n_layers: int, d: int, opts: JacobianOptions, device: str | None,
+          threads: int, out: dict | None = None) -> pd.DataFrame:
+    """The bootstrapped funnel ends of per-chunk sums in backward order, with the truncation used."""
+    rank = boot_rank(opts, d)
+    table = funnel_bootstrap(sums, weights, 2 * n_layers, rank, "backward", out=out, device=device, threads=threads)
+    table.insert(0, "truncation", d if rank is None else rank)
+    return table
+
+
 def _compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: torch.Tensor, opts: JacobianOptions,
-             *, batch_size: int, quiet: bool, label_suffix: str = "", copy: bool = True) -> dict[tuple[int, str], np.ndarray]:
+             *, batch_size: int, quiet: bool, label_suffix: str = "", copy: bool = True,
+             weights: np.ndarray | None = None, device: str | None = None, threads: int = 1
+             ) -> tuple[dict[tuple[int, str], np.ndarray], pd.DataFrame | None]:
     """Compute the mean operators and the layer operators of checkpoint ``name`` and ``mode``
     straight into their float64 file (``arrays/`` when ``save_arrays`` is float64, else the
     unit-private copy), one operator in memory at a time, then (with ``copy``) write the
     float32 ``arrays/`` copy when ``save_arrays`` asks for it; returns read-only memory maps
-    of the float64 file, in layer order. The numbers are those of
-    :func:`engines.mean_operators` and :func:`with_layer_operators` held in memory, bit for bit."""
+    of the float64 file, in layer order, and the funnel bootstrap (:func:`bootstrapped`
+    modes with ``weights``, else None). The numbers are those of
+    :func:`engines.mean_operators` (in a bootstrapped mode: the mean of
+    :func:`engines.chunk_operator_sums`, whatever ``weights``) and :func:`with_layer_operators`
+    held in memory, bit for bit."""
     d, keys = adapter.d_model, [(layer, kind) for layer in range(adapter.n_layers) for kind in (*SUBLAYERS, LAYER)]
     shapes = {f"{l}.{k}": (d, d) for l, k in keys}
     meta = {"checkpoint": name, "jacobian_mode": mode, "positions": opts.positions, "n_chunks": str(token_ids.shape[0])}
@@ -126,11 +167,22 @@ def _compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: to
     else:
         writer = atomic.safetensors_writer(private, shapes, np.float64,
                                            {"config_hash": str(run_dir.manifest["config_hash"]), **meta})
+    boot = None
     with writer as store:
         ops = {(l, k): store[f"{l}.{k}"] for l, k in keys}
-        engines.mean_operators(adapter, token_ids, jacobian_mode=mode, positions=opts.positions, batch_size=batch_size,
-                               progress=not quiet, label=label(name) + label_suffix,
-                               out={k: v for k, v in ops.items() if k[1] != LAYER})
+        sub = {k: v for k, v in ops.items() if k[1] != LAYER}
+        if bootstrapped(opts, mode):
+            sums = engines.chunk_operator_sums(adapter, token_ids, sublayer_keys_backward(adapter.n_layers), mode,
+                                               opts.positions, batch_size, progress=not quiet,
+                                               label=label(name) + label_suffix)
+            if weights is None:  # the operators alone
+                for key, S, counts in sums:
+                    sub[key][...] = mean_of_chunks(S, counts)
+            else:
+                boot = _boot(sums, weights, adapter.n_layers, d, opts, device, threads, out=sub)
+        else:
+            engines.mean_operators(adapter, token_ids, jacobian_mode=mode, positions=opts.positions,
+                                   batch_size=batch_size, progress=not quiet, label=label(name) + label_suffix, out=sub)
         for layer in range(adapter.n_layers):
             ops[(layer, LAYER)][...] = layer_operator(ops[(layer, "attn")], ops[(layer, "mlp")], adapter.parallel_residual)
     found = _mapped(path)
@@ -138,7 +190,7 @@ def _compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: to
         with run_dir.array_writer(public.stem, shapes, np.float32, **meta) as rounded:
             for (l, k), J in found.items():
                 rounded[f"{l}.{k}"][...] = J
-    return found
+    return found, boot
 
 
 def saved_operators(run_dir: RunDirectory, name: str, mode: str) -> dict[tuple[int, str], np.ndarray] | None:
@@ -168,8 +220,8 @@ def operators(run_dir: RunDirectory, name: str, mode: str, get: Callable, token_
     the same way, which gives the same numbers. Never a reduced-precision copy."""
     found = saved_operators(run_dir, name, mode)
     if found is None:  # into the unit-private copy (deleted again when the run ends)
-        found = _compute(run_dir, name, mode, get().adapter, token_ids, replace(opts, save_arrays="none"),
-                         batch_size=batch_size, quiet=quiet, label_suffix=", recomputed", copy=False)
+        found, _ = _compute(run_dir, name, mode, get().adapter, token_ids, replace(opts, save_arrays="none"),
+                            batch_size=batch_size, quiet=quiet, label_suffix=", recomputed", copy=False)
     return found
 
 
@@ -182,26 +234,33 @@ def finish(run_dir: RunDirectory) -> None:
 
 
 def run(context: StageContext) -> None:
-    """Run the stage (skipping finished units) and write ``operators``, ``eigenvalues`` and
-    ``cumulative`` tables. The decompositions and funnel curves run on the run's executor
-    (``--executor``, ``--jobs``); the Jacobians themselves in this process (torch), and so do
-    the funnel curves when the model is on a GPU (``--device``, :func:`schur_funnel`'s
-    ``device``). A unit
+    """Run the stage (skipping finished units) and write ``operators``, ``eigenvalues``,
+    ``cumulative`` and (with ``--funnel-boot``) ``funnel_boot`` tables. The decompositions and
+    funnel curves run on the run's executor (``--executor``, ``--jobs``); the Jacobians
+    themselves in this process (torch), and so do the funnel curves when the model is on a GPU
+    (``--device``, :func:`schur_funnel`'s ``device``), and the bootstrap's replicates (on
+    ``--jobs`` threads on the CPU, while the executor waits). A unit
     that raises is recorded in ``run_dir.failures`` and the others go on; the tables hold the
     finished units (a funnel needs its checkpoint's operators)."""
     with executor(context.execution, context.run_dir.root) as pool:
         tables = _run(context.run_dir, context.loaded, context.token_ids, context.options, context.config.batch_size,
-                      context.execution.quiet, context.load_revision, pool)
+                      context.execution.quiet, context.load_revision, pool,
+                      threads=max(1, min(context.execution.jobs, os.cpu_count() or 1)))
     for name, table in tables.items():
         table.insert(0, "revision", table["checkpoint"].map(context.revision_of))
         context.write_table(name, table)
 
 
-def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, pool) -> dict[str, pd.DataFrame]:
-    metrics, eigen, funnels = [], [], []
+def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, pool, threads: int = 1
+         ) -> dict[str, pd.DataFrame]:
+    metrics, eigen, funnels, boots = [], [], [], []
     funnel_mode = opts.funnel_mode
     # on a GPU run (--device cuda) the funnel's products and SVDs run there too
     funnel_device = None if loaded.adapter.device.type == "cpu" else str(loaded.adapter.device)
+    # the bootstrap's replicates run in this process while the pool is idle: --jobs threads on the CPU
+    threads = threads if funnel_device is None else 1
+    # the same resampled chunks for every checkpoint (ratios between checkpoints are paired)
+    weights = bootstrap_weights(int(token_ids.shape[0]), opts.funnel_boot, opts.seed)
     for name, get in checkpoints(loaded, opts, load_revision):
         model = None
         ops_by_mode = {}
@@ -210,11 +269,12 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
             if not run_dir.has_unit(STAGE, key):
                 with run_dir.failures.unit(STAGE, key):
                     model = model or get()
-                    ops = _compute(run_dir, name, mode, model.adapter, token_ids, opts, batch_size=batch_size,
-                                   quiet=quiet)
+                    ops, boot = _compute(run_dir, name, mode, model.adapter, token_ids, opts, batch_size=batch_size,
+                                         quiet=quiet, weights=weights, device=funnel_device, threads=threads)
                     op_table, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool,
                                                                    label=f"{label(name)} ({mode})")
-                    run_dir.write_unit(STAGE, key, {"metrics": op_table, "eigen": eigen_rows})
+                    run_dir.write_unit(STAGE, key, {"metrics": op_table, "eigen": eigen_rows,
+                                                    **({"boot": boot} if boot is not None else {})})
                     ops_by_mode[mode] = ops if mode == funnel_mode else None  # only the funnel reads them again
             if not run_dir.has_unit(STAGE, key):
                 continue
@@ -224,6 +284,8 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
                 t.insert(0, "checkpoint", name)
                 t.insert(1, "jacobian_mode", mode)
                 sink.append(t)
+            if bootstrapped(opts, mode):
+                boots.append(_boot_rows(run_dir, key, name, mode, opts.seed if name == "init" else None))
         for mode in [funnel_mode, *(m for m in opts.modes if m != funnel_mode)]:
             if mode not in ops_by_mode:
                 continue  # its operators failed (recorded above); the funnel needs them
@@ -251,5 +313,42 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
                 t.insert(0, "checkpoint", name)
                 t.insert(1, "jacobian_mode", mode)
                 funnels.append(t)
+    boots += _extra_nulls(run_dir, loaded, token_ids, opts, weights, batch_size, quiet, funnel_device, threads)
     return {name: pd.concat(parts, ignore_index=True)
-            for name, parts in (("operators", metrics), ("eigenvalues", eigen), ("cumulative", funnels)) if parts}
+            for name, parts in (("operators", metrics), ("eigenvalues", eigen), ("cumulative", funnels),
+                                ("funnel_boot", boots)) if parts}
+
+
+def _boot_rows(run_dir: RunDirectory, key: str, name: str, mode: str, init_seed: int | None) -> pd.DataFrame:
+    """The ``boot`` table of a finished unit as ``funnel_boot`` rows (checkpoint, mode and run seed of a step-0 null)."""
+    t = run_dir.read_units(STAGE, [key], "boot")
+    t.insert(0, "checkpoint", name)
+    t.insert(1, "jacobian_mode", mode)
+    t.insert(2, "init_seed", np.nan if init_seed is None else float(init_seed))
+    return t
+
+
+def _extra_nulls(run_dir, loaded, token_ids, opts: JacobianOptions, weights: np.ndarray, batch_size: int, quiet: bool,
+                 device: str | None, threads: int) -> list[pd.DataFrame]:
+    """The bootstrapped funnel ends of the step-0 nulls of run seeds seed + 1, ..., seed +
+    init_seeds − 1 (units ``boot_init_<k>``, the funnel's mode only, no other analysis), as
+    ``funnel_boot`` rows of checkpoint ``init``."""
+    from ..models import init_like
+
+    if opts.null != "init" or opts.funnel_boot == 0:
+        return []
+    mode, out = opts.funnel_mode, []
+    for k in range(1, opts.init_seeds):
+        key = f"boot_init_{k}"
+        if not run_dir.has_unit(STAGE, key):
+            with run_dir.failures.unit(STAGE, key):
+                adapter = init_like(loaded, seed=init_seed_of(opts.seed + k)).adapter
+                sums = engines.chunk_operator_sums(adapter, token_ids, sublayer_keys_backward(adapter.n_layers), mode,
+                                                   opts.positions, batch_size, progress=not quiet,
+                                                   label=f"step-0 null of seed {opts.seed + k}")
+                table = _boot(sums, weights, adapter.n_layers, adapter.d_model, opts, device, threads)
+                del adapter, sums  # the model goes before the next null is drawn
+                run_dir.write_unit(STAGE, key, {"boot": table})
+        if run_dir.has_unit(STAGE, key):
+            out.append(_boot_rows(run_dir, key, "init", mode, opts.seed + k))
+    return out

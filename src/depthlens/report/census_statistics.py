@@ -91,14 +91,21 @@ def _done(t: RunTables) -> pd.DataFrame:
 
 @register("census_funnel_learned", ["census"],
           "B3 at the end of the series: full-depth erank of the step-0 checkpoint (else the first checkpoint's "
-          "step-0 null) over that of the last checkpoint, under the B2 protocol (backward, rank-truncated, α = 1).",
+          "step-0 null) over that of the last checkpoint, under the B2 protocol (backward, rank-truncated, α = 1), "
+          "with that checkpoint's 95% percentile interval over the bootstrap replicates (funnel_step0_over_lo, _hi; "
+          "unbounded where the census table has none).",
           samples={"checkpoints": _checkpoints})
-def _funnel_learned(t: RunTables) -> float:
-    values = _numeric(_done(t)["funnel_step0_over"])
-    values = values[np.isfinite(values)]
-    if values.size == 0:
+def _funnel_learned(t: RunTables) -> Estimate:
+    done = _done(t)
+    values = _numeric(done["funnel_step0_over"])
+    finite = np.flatnonzero(np.isfinite(values))
+    if finite.size == 0:
         raise TooLittleData("no checkpoint has a full-depth erank (run the jacobian stage)")
-    return float(values[-1])
+    last = finite[-1]
+    if not {"funnel_step0_over_lo", "funnel_step0_over_hi"} <= set(done.columns):
+        return Estimate(float(values[last]), -np.inf, np.inf)
+    lo, hi = _numeric(done["funnel_step0_over_lo"])[last], _numeric(done["funnel_step0_over_hi"])[last]
+    return Estimate(float(values[last]), -np.inf if np.isnan(lo) else float(lo), np.inf if np.isnan(hi) else float(hi))
 
 
 def _trend(column: str, what: str) -> Callable[[RunTables], float]:

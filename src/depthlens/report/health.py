@@ -88,7 +88,7 @@ def _fallbacks(t: RunTables) -> HealthCheck:
 def _failed_rows(t: RunTables) -> HealthCheck:
     name = "rows no decomposition driver could compute"
     counts = {}
-    for table in ("head_chunks", "operators", "cumulative"):
+    for table in ("head_chunks", "operators", "cumulative", "funnel_boot"):
         df = t.table(table)
         if df is not None and "failure" in df.columns:
             counts[table] = int(df["failure"].notna().sum())

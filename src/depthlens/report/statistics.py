@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..stats import (head_rank_tests, median_interval, proportion_interval, sign_test, spearman,
-                     spearman_interval, trend_interval)
+from ..stats import (head_rank_tests, median_interval, percentile_interval, proportion_interval, sign_test,
+                     spearman, spearman_interval, trend_interval)
 from .tables import RunTables
 
 #: Sample units a claim may set a minimum for (``min_UNIT``), with the words the report uses.
@@ -37,6 +37,7 @@ SAMPLE_UNITS = {
     "early_layers": "layers in the first third with trained and step-0 operators",
     "operators": "sub-layer operators",
     "paired_layers": "layers with heads that have both onsets",
+    "init_seeds": "step-0 initialisations (--init-seeds) with bootstrapped funnel ends",
 }
 
 
@@ -813,6 +814,47 @@ def funnel_ends(t: RunTables, checkpoint: str, alpha: float = 1.0, direction: st
     return first, last
 
 
+def funnel_replicates(t: RunTables, checkpoint: str) -> pd.DataFrame:
+    """The bootstrap replicates (``replicate`` ≥ 1 of ``funnel_boot``) of ``checkpoint`` under
+    the claims' protocol: the Jacobian mode and truncation of its backward, rank-truncated α = 1
+    curve (:func:`_funnel_curve`), finite ends only; columns ``init_seed``, ``replicate``,
+    ``erank_one_step``, ``erank_full_depth``. Empty when the run has none (``--funnel-boot 0``)."""
+    curve = _funnel_curve(t, checkpoint, 1.0, "backward", True)
+    cols = ["init_seed", "replicate", "erank_one_step", "erank_full_depth"]
+    boot = t.table("funnel_boot")
+    if boot is None or boot.empty:
+        return pd.DataFrame(columns=cols)
+    _columns(boot, "funnel_boot.parquet", "checkpoint", "jacobian_mode", "truncation", *cols)
+    keep = ((boot["checkpoint"] == checkpoint) & (boot["jacobian_mode"] == curve["jacobian_mode"].iloc[0])
+            & (_numeric(boot["truncation"]) == float(curve["truncation"].iloc[0])) & (_numeric(boot["replicate"]) >= 1)
+            & np.isfinite(_numeric(boot["erank_one_step"])) & np.isfinite(_numeric(boot["erank_full_depth"])))
+    return boot.loc[keep, cols].reset_index(drop=True)
+
+
+def own_null(replicates: pd.DataFrame) -> pd.DataFrame:
+    """The replicates of the run's own step-0 null (the ``init`` checkpoint of the other
+    tables): the least ``init_seed``, the run seed (the extra nulls have seed + k)."""
+    seeds = _numeric(replicates["init_seed"])
+    return replicates[seeds == np.nanmin(seeds)] if np.isfinite(seeds).any() else replicates
+
+
+def funnel_pair_ratios(numerator: pd.DataFrame, denominator: pd.DataFrame) -> np.ndarray:
+    """Full-depth erank of ``numerator`` over ``denominator`` replicate by replicate: every row
+    of ``numerator`` (e.g. one per step-0 seed and replicate) with the ``denominator`` row of
+    its replicate (the same resampled chunks, :mod:`depthlens.jacobian.bootstrap`)."""
+    pairs = numerator.merge(denominator[["replicate", "erank_full_depth"]], on="replicate", suffixes=("", "_over"))
+    return _numeric(pairs["erank_full_depth"]) / _numeric(pairs["erank_full_depth_over"])
+
+
+def _init_seeds(t: RunTables) -> int | None:
+    """Step-0 initialisations with bootstrap replicates (``init`` rows of ``funnel_boot``)."""
+    boot = t.table("funnel_boot")
+    if boot is None or not {"checkpoint", "init_seed", "replicate"} <= set(boot.columns):
+        return None
+    init = boot[(boot["checkpoint"] == "init") & (_numeric(boot["replicate"]) >= 1)]
+    return int(init["init_seed"].nunique())
+
+
 #: The funnel's protocols: the claims' own (the paper's figure: backward, rank 512, the
 #: funnel's Jacobian mode) first.
 _PROTOCOLS = {"": ("backward", True, None), "_forward": ("forward", True, None), "_exact": ("backward", False, None),
@@ -821,32 +863,52 @@ _PROTOCOL_TEXT = {"": "backward, rank-truncated (512)", "_forward": "forward, ra
                   "_exact": "backward, exact", "_forward_exact": "forward, exact",
                   "_in_context": "backward, rank-truncated, in-context operators"}
 for _suffix, (_direction, _truncated, _mode) in _PROTOCOLS.items():
+    # the claims' own protocol carries the bootstrap's 95% percentile interval (funnel_boot);
+    # the variants stay point estimates
     def _ratio(checkpoint: str, direction: str = _direction, truncated: bool = _truncated,
-               mode: str | None = _mode) -> Callable:
-        def stat(t: RunTables) -> float:
+               mode: str | None = _mode, boot: bool = not _suffix) -> Callable:
+        def stat(t: RunTables) -> float | Estimate:
             first, last = funnel_ends(t, checkpoint, 1.0, direction, truncated, jacobian_mode=mode)
-            return last / first
+            if not boot:
+                return last / first
+            reps = funnel_replicates(t, checkpoint)
+            reps = own_null(reps) if checkpoint == "init" else reps
+            ratios = _numeric(reps["erank_full_depth"]) / _numeric(reps["erank_one_step"])
+            return Estimate(last / first, *percentile_interval(ratios))
 
         return stat
 
     def _init_over_trained(direction: str = _direction, truncated: bool = _truncated,
-                           mode: str | None = _mode) -> Callable:
-        def stat(t: RunTables) -> float:
-            return funnel_ends(t, "init", 1.0, direction, truncated, jacobian_mode=mode)[1] / funnel_ends(
+                           mode: str | None = _mode, boot: bool = not _suffix) -> Callable:
+        def stat(t: RunTables) -> float | Estimate:
+            value = funnel_ends(t, "init", 1.0, direction, truncated, jacobian_mode=mode)[1] / funnel_ends(
                 t, "trained", 1.0, direction, truncated, jacobian_mode=mode)[1]
+            if not boot:
+                return value
+            ratios = funnel_pair_ratios(funnel_replicates(t, "init"), funnel_replicates(t, "trained"))
+            return Estimate(value, *percentile_interval(ratios))
 
         return stat
 
     _text = _PROTOCOL_TEXT[_suffix]
+    _boot = (", with the 95% percentile interval of the same ratio over the bootstrap replicates of funnel_boot "
+             "(chunks redrawn with replacement; unbounded with fewer than 40)") if not _suffix else ""
     register(f"funnel_ratio_trained{_suffix}", ["cumulative"],
              f"erank of the trained cumulative Jacobian ({_text}, α = 1) at full depth over its value after one "
-             "step.", samples=_JACOBIAN_CHUNKS)(_ratio("trained"))
+             f"step{_boot}.", samples=_JACOBIAN_CHUNKS)(_ratio("trained"))
     register(f"funnel_ratio_init{_suffix}", ["cumulative"],
-             f"The same ratio on the step-0 (init) checkpoint ({_text}; descriptive).",
+             f"The same ratio on the step-0 (init) checkpoint ({_text}; descriptive)"
+             + (", with its 95% percentile interval over the bootstrap replicates of the run seed's null"
+                if not _suffix else "") + ".",
              samples=_JACOBIAN_CHUNKS)(_ratio("init"))
     register(f"funnel_init_over_trained{_suffix}", ["cumulative"],
              f"Full-depth erank of the step-0 (init) cumulative Jacobian over the trained one's ({_text}, α = 1): "
-             "how much more rank the architecture alone keeps.", samples=_JACOBIAN_CHUNKS)(_init_over_trained())
+             "how much more rank the architecture alone keeps" + (
+                 "; the value is the run seed's null, the 95% percentile interval is over every pair of a step-0 "
+                 "null (--init-seeds) and a bootstrap replicate, each null's replicate over the trained replicate "
+                 "of the same resampled chunks, so it covers the chunk sample and the initialisation (unbounded "
+                 "with fewer than 40 pairs)" if not _suffix else "") + ".",
+             samples={**_JACOBIAN_CHUNKS, **({"init_seeds": _init_seeds} if not _suffix else {})})(_init_over_trained())
 
 
 #: The Schur orders of the split (METHODS B4), LAPACK's own first.

@@ -1,0 +1,174 @@
+"""The bootstrap over chunks of the claims' funnel (METHODS B3): the replicate weights, the
+resampled means against the mean of explicitly resampled chunks, the two funnel ends of many
+products at once against whole curves, the per-chunk operator sums against the engine run on
+each chunk alone, and the stage's extra step-0 nulls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from depthlens.errors import InputError
+from depthlens.jacobian.bootstrap import bootstrap_weights, funnel_bootstrap, mean_of_chunks, resampled_means
+from depthlens.jacobian.cumulative import cumulative_ends, cumulative_ranks
+from depthlens.jacobian.engines import chunk_operator_sums, input_state, mean_operators, sublayer_jacobian_sum
+from depthlens.jacobian.options import JacobianOptions, init_seed_of
+from depthlens.jacobian.stage import sublayer_keys_backward
+from depthlens.models import init_like, load_model
+
+
+def _ends(ops: list[np.ndarray], direction: str, rank: int | None) -> np.ndarray:
+    """Erank after one step and at full depth from the whole curve of :func:`cumulative_ranks`."""
+    curve = cumulative_ranks(ops, direction, rank).sort_values("steps")["erank"].to_numpy()
+    return curve[[0, -1]]
+
+
+def test_weights_count_draws_with_replacement() -> None:
+    w = bootstrap_weights(7, 500, seed=3)
+    assert w.shape == (500, 7) and w.dtype == np.int64 and (w.sum(axis=1) == 7).all() and (w >= 0).all()
+    assert np.array_equal(w, bootstrap_weights(7, 500, seed=3))
+    assert not np.array_equal(w, bootstrap_weights(7, 500, seed=4))
+    assert np.array_equal(bootstrap_weights(7, 20, seed=3), w[:20])  # more replicates extend the same draws
+    # each count is Binomial(7, 1/7): mean 1, variance 6/7
+    assert abs(w.mean() - 1.0) < 1e-12 and abs(w.var() - 6 / 7) < 0.1
+    assert bootstrap_weights(3, 0, seed=0).shape == (0, 3)
+    for bad in ({"n_chunks": 0, "replicates": 2}, {"n_chunks": 3, "replicates": -1}, {"n_chunks": 2.0, "replicates": 1}):
+        with pytest.raises(InputError):
+            bootstrap_weights(seed=0, **bad)
+
+
+def test_resampled_mean_is_the_mean_of_the_explicitly_resampled_chunks(rng: np.random.Generator) -> None:
+    """Chunks with their own operators (here of unequal numbers): a replicate's mean is the plain
+    mean of every operator of the chunks drawn, each chunk as often as it is drawn."""
+    d, sizes = 5, [1, 3, 2, 4]
+    tokens = [rng.standard_normal((n, d, d)) for n in sizes]
+    sums = np.stack([t.sum(axis=0) for t in tokens])
+    counts = np.array(sizes)
+    weights = bootstrap_weights(len(sizes), 6, seed=1)
+    got = list(resampled_means(sums, counts, weights))
+    assert len(got) == 6
+    for w, mean in zip(weights, got, strict=True):
+        drawn = np.concatenate([tokens[c] for c in np.repeat(np.arange(len(sizes)), w)])
+        np.testing.assert_allclose(mean, drawn.mean(axis=0), rtol=0, atol=1e-14)
+    np.testing.assert_allclose(mean_of_chunks(sums, counts), np.concatenate(tokens).mean(axis=0), rtol=0, atol=1e-14)
+    with pytest.raises(InputError, match="weights cover"):
+        next(resampled_means(sums, counts, bootstrap_weights(3, 2, seed=0)))
+    with pytest.raises(InputError, match="non-negative integers"):
+        next(resampled_means(sums, counts, np.ones((2, 4))))
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("rank", [None, 4])
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_ends_of_many_products_equal_their_curves(rng: np.random.Generator, direction: str, rank: int | None,
+                                                  device: str | None) -> None:
+    """Against the LAPACK curves, in NumPy and in torch (``device``: the products and SVDs of
+    a GPU run, here on the CPU)."""
+    d, L, R = 9, 7, 3
+    products = [[np.eye(d) + rng.standard_normal((d, d)) / 2 for _ in range(L)] for _ in range(R)]
+    order = range(L) if direction == "forward" else range(L - 1, -1, -1)
+    ends, failures = cumulative_ends(([products[i][b] for i in range(R)] for b in order), L, direction, rank, device)
+    assert ends.shape == (R, 2) and failures == [None] * R
+    for i in range(R):
+        np.testing.assert_allclose(ends[i], _ends(products[i], direction, rank), rtol=1e-11)
+    threaded, _ = cumulative_ends(([products[i][b] for i in range(R)] for b in order), L, direction, rank, device,
+                                  threads=2)
+    assert np.array_equal(threaded, ends)  # each product computed as alone, whichever thread runs it
+    one, _ = cumulative_ends([[products[0][0]]], 1, direction, rank)  # one step: both ends the same
+    np.testing.assert_allclose(one[0], _ends(products[0][:1], direction, rank)[[0, 0]], rtol=1e-12)
+
+
+def test_ends_of_huge_products_keep_their_ranks(rng: np.random.Generator) -> None:
+    """60 factors of norm about 1e8: the unmeasured steps rescale by the largest entry, so
+    nothing overflows and the ranks equal the curve's."""
+    ops = [1e8 * (np.eye(6) + rng.standard_normal((6, 6)) / 3) for _ in range(60)]
+    ends, _ = cumulative_ends(([J] for J in reversed(ops)), 60, "backward", 3)
+    np.testing.assert_allclose(ends[0], _ends(ops, "backward", 3), rtol=1e-10)
+
+
+def test_ends_refuse_bad_steps(rng: np.random.Generator) -> None:
+    J = np.eye(3)
+    for steps, n, match in (([[J]], 2, "holds 1 steps"), ([[J], [J]], 1, "more than n_steps"),
+                            ([[J, J], [J]], 2, "holds 1 operators"), ([[J], [J, J]], 2, "more operators than"),
+                            ([[J], [np.eye(4)]], 2, "one size"), ([[J]], 0, "n_steps is 0"), ([[]], 1, "holds 0")):
+        with pytest.raises(InputError, match=match):
+            cumulative_ends(steps, n)
+    with pytest.raises(InputError, match="direction"):
+        cumulative_ends([[J]], 1, "sideways")
+    with pytest.raises(InputError, match="threads is 0"):
+        cumulative_ends([[J]], 1, threads=0)
+
+
+@pytest.mark.parametrize("rank", [None, 3])
+def test_bootstrap_replicates_are_the_funnels_of_the_resampled_means(rng: np.random.Generator, rank: int | None
+                                                                      ) -> None:
+    """Replicate 0 is the funnel of the point means (which go to ``out``); replicate k that of
+    the means of the chunks replicate k draws, computed here chunk by explicit chunk."""
+    d, L, C = 6, 5, 4
+    tokens = [[rng.standard_normal((2, d, d)) / 3 + np.eye(d) for _ in range(C)] for _ in range(L)]  # [op][chunk]
+    sums = [np.stack([t.sum(axis=0) for t in op]) for op in tokens]
+    counts = np.full(C, 2)
+    weights = bootstrap_weights(C, 5, seed=9)
+    out = {b: np.zeros((d, d)) for b in range(L)}
+    table = funnel_bootstrap(((b, sums[b], counts) for b in reversed(range(L))), weights, L, rank, out=out)
+    assert table["replicate"].tolist() == list(range(6)) and table["failure"].isna().all()
+    point = [np.concatenate(op).mean(axis=0) for op in tokens]
+    for b in range(L):
+        np.testing.assert_allclose(out[b], point[b], rtol=0, atol=1e-14)
+    got = table[["erank_one_step", "erank_full_depth"]].to_numpy()
+    np.testing.assert_allclose(got[0], _ends(point, "backward", rank), rtol=1e-11)
+    for k, w in enumerate(weights, start=1):
+        drawn = np.repeat(np.arange(C), w)
+        means = [np.concatenate([op[c] for c in drawn]).mean(axis=0) for op in tokens]
+        np.testing.assert_allclose(got[k], _ends(means, "backward", rank), rtol=1e-11)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    ad = load_model("random:llama").adapter
+    return ad, torch.randint(0, 256, (5, 8), generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize("mode", ["isolated", "in_context"])
+@pytest.mark.parametrize("positions", ["last", "all", [2, -1]])
+def test_chunk_sums_are_the_engine_on_each_chunk_alone(llama, mode: str, positions) -> None:
+    """Kept states trimmed to the selected positions (isolated) or whole (in context): each
+    chunk's sum is the engine's on that chunk's own full states, bit for bit, and their mean is
+    :func:`mean_operators` to rounding."""
+    ad, ids = llama
+    keys = sublayer_keys_backward(ad.n_layers)
+    got = list(chunk_operator_sums(ad, ids, keys, mode, positions, batch_size=2))
+    assert [k for k, _, _ in got] == keys == [(1, "mlp"), (1, "attn"), (0, "mlp"), (0, "attn")]
+    hs = torch.cat([ad.residual_states(ids[s : s + 2]) for s in range(0, 5, 2)], dim=1)  # the same float32 passes
+    means = mean_operators(ad, ids, jacobian_mode=mode, positions=positions, batch_size=2)
+    for (layer, kind), sums, counts in got:
+        assert sums.shape == (5, ad.d_model, ad.d_model) and sums.dtype == np.float64
+        for c in range(5):
+            total, count = sublayer_jacobian_sum(ad, hs[input_state(ad, layer, kind, mode)][c : c + 1], layer, kind,
+                                                 mode, positions)
+            assert np.array_equal(sums[c], total.numpy()) and counts[c] == count
+        np.testing.assert_allclose(mean_of_chunks(sums, counts), means[(layer, kind)], rtol=0,
+                                   atol=1e-13 * np.abs(means[(layer, kind)]).max())
+
+
+def test_chunk_sums_refuse_bad_input(llama) -> None:
+    ad, ids = llama
+    for kwargs, match in (({"keys": []}, "keys is empty"), ({"keys": [(5, "attn")]}, "layer"),
+                          ({"keys": [(0, "ffn")]}, "ffn"), ({"keys": [(0, "attn")], "batch_size": 0}, "batch_size"),
+                          ({"keys": [(0, "attn")], "positions": "middle"}, "positions")):
+        with pytest.raises(InputError, match=match):
+            next(chunk_operator_sums(ad, ids, **kwargs))
+
+
+def test_extra_step0_nulls_are_distinct_initialisations() -> None:
+    """The nulls of run seeds seed, seed + 1, seed + 2 are three different draws of the same
+    architecture; the first is the stage's ``init`` checkpoint."""
+    loaded = load_model("random:llama")
+    assert JacobianOptions(seed=5).init_seed == init_seed_of(5)
+    seeds = [init_seed_of(5 + k) for k in range(3)]
+    assert len(set(seeds)) == 3
+    weights = [init_like(loaded, seed=s).adapter.layer_weights(0).Wg for s in seeds]
+    assert all(w.shape == weights[0].shape for w in weights)
+    assert not any(torch.equal(weights[i], weights[j]) for i in range(3) for j in range(i + 1, 3))
+    assert torch.equal(weights[0], init_like(loaded, seed=seeds[0]).adapter.layer_weights(0).Wg)
