@@ -68,3 +68,13 @@ def test_the_command_line_reads_its_arguments_before_the_analysis_loads() -> Non
              "depthlens.linalg.schur", "depthlens.jacobian.cumulative", "depthlens.topology.communities",
              "depthlens.attention.roles", "depthlens.runs.directory", "depthlens.workflow")
     assert [m for m in loaded if any(m == h or m.startswith(h + ".") for h in heavy)] == []
+
+
+def test_an_export_named_like_its_submodule_stays_the_export() -> None:
+    """``depthlens.linalg.kreiss`` is both a submodule and the function it exports: once the
+    submodule is imported, the lazy package must still hand out the function (the import
+    system sets the package attribute to the module)."""
+    code = ("import types, depthlens.linalg.kreiss; from depthlens.linalg import kreiss; import depthlens.linalg as la; "
+            "print(isinstance(kreiss, types.FunctionType) and la.kreiss is kreiss)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"

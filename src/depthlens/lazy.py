@@ -9,6 +9,8 @@ exported name's module only when the name is first read.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,4 +42,19 @@ def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[st
     def __dir__() -> list[str]:
         return sorted(exports)
 
+    holder = sys.modules.get(package)
+    if holder is not None and type(holder) is types.ModuleType:
+        holder.__class__ = _ExportsFirst
     return __getattr__, __dir__
+
+
+class _ExportsFirst(types.ModuleType):
+    """A package whose exported names win over its submodules of the same name: importing
+    the submodule ``kreiss`` sets the package attribute ``kreiss`` to that module, which would
+    hide the exported function :func:`kreiss` from the lazy ``__getattr__``."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if (isinstance(value, types.ModuleType) and value.__name__ == f"{self.__name__}.{name}"
+                and name in getattr(self, "__all__", ())):
+            return  # the submodule stays in sys.modules; the exported name resolves lazily
+        super().__setattr__(name, value)
