@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from depthlens.report import calibration as calmod
 from depthlens.report.calibration import (ACCEPT, CLAMP_DIMS, SCENARIOS, calibrate, calibration_at, contest_planted,
                                           contest_row_model, contest_world, real_contest)
 from depthlens.report.claims import evaluate, judge, load_claims, write_claims_json
@@ -164,3 +165,36 @@ def test_the_report_calibrates_at_the_runs_sample_and_demotes_where_it_fails(tmp
     doc = read_json(write_claims_json(run, list(results.values())).parent, "claims")
     assert doc["results"][0]["calibration"]["draws"] > 0
     assert calibration_at(claims[1], RunTables(run)) == a6["calibration"]  # memoised, same answer
+
+
+def test_the_packaged_calibrations_are_those_of_this_code():
+    shipped = json.loads(calmod.SHIPPED.read_text())
+    assert shipped["code"] == calmod.code_fingerprint(), (
+        "the code that decides calibrations changed: refresh them with `python -m depthlens.report.calibration`")
+    by_id = {c.id: c for c in load_claims()}
+    entries = shipped["entries"]
+    assert {e["claim"] for e in entries.values()} >= {c.id for c in by_id.values() if c.statistic in SCENARIOS}
+    for key, entry in entries.items():
+        claim = by_id[entry["claim"]]
+        assert calmod.calibration_key(claim, entry["sizes"], entry["draws"]) == key
+    cheap = [k for k, e in entries.items() if e["claim"] in ("A4-induction-doubling", "B6-coupling-init")]
+    assert cheap
+    for key in cheap:  # a fresh computation gives the stored numbers
+        entry = entries[key]
+        assert calibrate(by_id[entry["claim"]], entry["sizes"], entry["draws"]) == entry["result"]
+
+
+def test_a_calibration_is_computed_once_then_read_from_the_user_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPTHLENS_CACHE", str(tmp_path / "cache"))
+    run = build_run(tmp_path / "run", chunks=7)
+    claim = next(c for c in load_claims() if c.id == "A6-sink-negative")
+    calmod._memo.cache_clear()
+    first = calibration_at(claim, RunTables(run))
+    stored = list((tmp_path / "cache" / "calibration").glob("*.json"))
+    assert len(stored) == 1 and json.loads(stored[0].read_text())["result"] == first
+    calmod._memo.cache_clear()
+    monkeypatch.setattr(calmod, "calibrate", lambda *a, **k: pytest.fail("recomputed a stored calibration"))
+    assert calibration_at(claim, RunTables(run)) == first
+    other = dataclasses.replace(claim, threshold=0.9)  # another decision rule: another key
+    assert calmod.calibration_key(other, first["sizes"], 100) != calmod.calibration_key(claim, first["sizes"], 100)
+    calmod._memo.cache_clear()

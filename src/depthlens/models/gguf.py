@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from ..cache import cache_root
 from ..errors import ModelError, one_line
 from ..runs.atomic import create_safetensors, flush
 from .hashing import combined_sha256, hash_files
@@ -53,19 +54,6 @@ _MERGED_ARCHITECTURES = frozenset({"qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss",
 _MARKER = "depthlens.json"
 #: A shard's file name: ``<stem>-<number>-of-<count>.gguf`` (gguf-py's ``SHARD_NAME_FORMAT``).
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf$")
-
-
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The depthlens cache folder: ``cache_dir``, else ``$DEPTHLENS_CACHE``, else
-    ``$XDG_CACHE_HOME/depthlens``, else ``~/.cache/depthlens``."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("DEPTHLENS_CACHE")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "depthlens"
 
 
 def _check_gguf_header(path: Path) -> None:

@@ -17,7 +17,14 @@ A claim is accepted at a sample size when both error rates are at most
 sample size where its claim is not accepted into "inconclusive: underpowered".
 :func:`calibration_at` calibrates a claim at the run's own sample sizes (counted by the
 statistic's sample counters, the scenario's defaults for a count the run does not record),
-with :data:`RUN_DRAWS` draws per world, memoised per process.
+with :data:`RUN_DRAWS` draws per world. A calibration is a deterministic function of the
+claim's decision fields, the sample sizes, the draws and the code that decides (the modules of
+:data:`DECIDING`, fingerprinted by :func:`code_fingerprint`), so it is computed once and
+stored under that key: in the packaged ``calibrations.json`` (the embedded model's presets,
+written by ``python -m depthlens.report.calibration``, checked by the suite against a fresh
+computation) and in the user cache (``<cache>/calibration/KEY.json``,
+:func:`~depthlens.cache.cache_root`), then memoised per process. A stored entry of other code
+has another key and is never read.
 
 The planted worlds are stated in each scenario's ``null`` and ``effect`` text and reported
 with every calibration. They are simulations of the statistic's inputs, not of a model, so
@@ -33,7 +40,10 @@ sampling model measured on that code over per-head simulations of the same world
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -44,20 +54,27 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtr
 
+from ..cache import cache_root
 from ..contest import cv
 from ..interventions import clamp as cl
+from ..runs.atomic import write_json
 from ..stats import percentile_interval
 from .claims import Claim, judge
 from .statistics import SCHUR_ORDERS, STATISTICS
 from .tables import RunTables
 
-__all__ = ["ACCEPT", "RUN_DRAWS", "SCENARIOS", "MemoryTables", "Scenario", "calibrate", "calibration_at",
-           "calibration_table"]
+__all__ = ["ACCEPT", "DECIDING", "RUN_DRAWS", "SCENARIOS", "SHIPPED", "MemoryTables", "Scenario", "calibrate",
+           "calibration_at", "calibration_key", "calibration_table", "code_fingerprint", "refresh_shipped"]
 
 #: Largest acceptable P(supported | null) and P(falsified | effect).
 ACCEPT = 0.05
 #: Draws per world when a run's report calibrates its claims.
 RUN_DRAWS = 100
+#: The modules (paths under the package) whose code decides a calibration's numbers.
+DECIDING = ("report/calibration.py", "report/statistics.py", "report/census_statistics.py", "report/claims.py",
+            "report/tables.py", "stats.py", "census/onsets.py", "contest/cv.py", "interventions/clamp.py")
+#: The packaged calibrations: ``{"code": fingerprint, "entries": {key: {"claim", "sizes", "draws", "result"}}}``.
+SHIPPED = Path(__file__).with_name("calibrations.json")
 
 
 class MemoryTables(RunTables):
@@ -163,15 +180,91 @@ def run_sizes(claim: Claim, tables: RunTables) -> dict[str, int]:
 
 
 def calibration_at(claim: Claim, tables: RunTables, draws: int = RUN_DRAWS) -> dict[str, Any] | None:
-    """:func:`calibrate` at the run's own sample sizes (:func:`run_sizes`), memoised."""
+    """:func:`calibrate` at the run's own sample sizes (:func:`run_sizes`): from the packaged
+    or the user's stored calibrations when they hold its key (:func:`calibration_key`), else
+    computed and stored in the user cache; memoised per process."""
     if claim.statistic not in SCENARIOS:
         return None
     return dict(_memo(claim, tuple(sorted(run_sizes(claim, tables).items())), draws))
 
 
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 (hex) of the code that decides a calibration: the modules of :data:`DECIDING`."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for name in DECIDING:
+        digest.update(name.encode() + b"\0" + (root / name).read_bytes())
+    return digest.hexdigest()
+
+
+def calibration_key(claim: Claim, sizes: Mapping[str, int], draws: int) -> str:
+    """The key of a calibration (seed 0, intervals on): sha256 of the claim's decision fields
+    (statistic, test, threshold, inconclusive band, minimums), the sizes, the draws and
+    :func:`code_fingerprint`. The claim's wording is no part of it."""
+    payload = {"statistic": claim.statistic, "test": claim.test, "threshold": claim.threshold,
+               "band": claim.inconclusive_band, "min": claim.min_sample, "sizes": sorted(sizes.items()),
+               "draws": draws, "code": code_fingerprint()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _shipped_entries() -> dict[str, Any]:
+    try:
+        return dict(json.loads(SHIPPED.read_text()).get("entries", {}))
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _user_file(key: str) -> Path:
+    return cache_root() / "calibration" / f"{key}.json"
+
+
 @lru_cache(maxsize=512)
 def _memo(claim: Claim, sizes: tuple[tuple[str, int], ...], draws: int) -> dict[str, Any]:
-    return calibrate(claim, dict(sizes), draws)  # type: ignore[return-value]
+    key = calibration_key(claim, dict(sizes), draws)
+    shipped = _shipped_entries().get(key)
+    if shipped is not None:
+        return shipped["result"]
+    path = _user_file(key)
+    try:
+        return json.loads(path.read_text())["result"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not stored (or unreadable): computed below
+    result = calibrate(claim, dict(sizes), draws)
+    assert result is not None
+    try:
+        write_json(path, {"claim": claim.id, "sizes": dict(sizes), "draws": draws, "result": result})
+    except OSError:
+        pass  # a read-only or full cache costs the next run this computation, nothing else
+    return result
+
+
+def refresh_shipped(runs: Sequence[str | Path] = (), claims: Sequence[Claim] | None = None) -> int:
+    """Rewrite :data:`SHIPPED` for the current code: every entry it holds recomputed, plus
+    every claim of ``claims`` (default: the packaged claims) at each run's sample sizes (run
+    directories, e.g. ``depthlens run --preset quick`` on the embedded model). Returns the
+    number of entries written."""
+    from .claims import load_claims
+
+    claims = list(claims) if claims is not None else load_claims()
+    by_id = {c.id: c for c in claims}
+    wanted: dict[str, tuple[Claim, dict[str, int], int]] = {}
+    for old in _shipped_entries().values():
+        if old.get("claim") in by_id:
+            claim, sizes = by_id[old["claim"]], {k: int(v) for k, v in old["sizes"].items()}
+            wanted[calibration_key(claim, sizes, old["draws"])] = (claim, sizes, int(old["draws"]))
+    for run in runs:
+        tables = RunTables(Path(run))
+        for claim in claims:
+            if claim.statistic in SCENARIOS:
+                sizes = run_sizes(claim, tables)
+                wanted[calibration_key(claim, sizes, RUN_DRAWS)] = (claim, sizes, RUN_DRAWS)
+    entries = {key: {"claim": claim.id, "sizes": sizes, "draws": draws, "result": calibrate(claim, sizes, draws)}
+               for key, (claim, sizes, draws) in sorted(wanted.items())}
+    write_json(SHIPPED, {"code": code_fingerprint(), "entries": entries})
+    _shipped_entries.cache_clear()
+    return len(entries)
 
 
 def calibration_table(claims: Sequence[Claim], draws: int = 1000, seed: int = 0, *, intervals: bool = True
@@ -812,3 +905,7 @@ def _sim_census_funnel(rng: np.random.Generator, n: Mapping[str, int], effect: b
         "series": "s", "order": np.arange(T), "status": "done", "erank_full_depth": ends[:, 0],
         "funnel_step0_over": ends[0, 0] / ends[:, 0], "funnel_step0_over_lo": [lo for lo, _ in intervals],
         "funnel_step0_over_hi": [hi for _, hi in intervals], "coupling_significant": np.nan})})
+
+
+if __name__ == "__main__":  # python -m depthlens.report.calibration [RUN ...]: refresh the packaged calibrations
+    print(f"{refresh_shipped(sys.argv[1:])} calibrations written to {SHIPPED}")
