@@ -141,7 +141,8 @@ def test_bad_config_file_one_line_exit_2(text_file: Path, tmp_path: Path, capsys
     out = tmp_path / "run"
     assert main(_args(text_file, out, "--config", str(config))) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("depthlens: error:") and "\n" not in err and "--config" in err
+    named = "config key trust_remote_code = 'false'" if kind == "string bool" else "--config"
+    assert err.startswith("depthlens: error:") and "\n" not in err and named in err
     assert "Traceback" not in err and not out.exists()
 
 
@@ -520,3 +521,37 @@ def test_the_manifest_records_the_command_line_and_the_source(text_file: Path, t
                               check=True).stdout.strip()
         assert manifest["source"]["commit"] == head and isinstance(manifest["source"]["dirty"], bool)
 
+
+
+def test_option_errors_name_the_flag_or_the_config_key_that_gave_the_value(text_file: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A value from the command line is named by its flag, one from --config by its key, also
+    when a later check refuses it (the model's context); ``--contest-targets foo`` said "fix it
+    in --config" with no config file."""
+    config, out = tmp_path / "c.toml", tmp_path / "run"
+    base = ["capture", "--model", "random:llama", "--text", str(text_file), "--chunks", "2", "--quiet", "--out", str(out)]
+    cases = [(["--contest-targets", "foo"], None,
+              "--contest-targets 'foo' is unknown; use a list of persistence, routing, criticality."),
+             ([], '[contest]\ncontest_targets = ["foo"]\n', "config key contest_targets = 'foo' is unknown;"),
+             ([], "seq_len = 100000\n", "config key seq_len = 100000 exceeds the context of random:llama (256 tokens); "
+                                      "pass config key seq_len = 256 or less."),
+             (["--seq-len", "100000"], "seq_len = 16\n", "--seq-len 100000 exceeds the context")]  # the flag wins
+    for extra, text, message in cases:
+        if text is not None:
+            config.write_text(text)
+        assert main([*base, *extra, *(["--config", str(config)] if text is not None else [])]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("depthlens: error: ") and message in err and "\n" not in err, err
+        assert not out.exists()
+
+
+def test_a_resume_with_other_options_names_them(text_file: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """It showed two configuration hashes."""
+    out = tmp_path / "run"
+    assert main(_args(text_file, out)) == 0
+    capsys.readouterr()
+    assert main(_args(text_file, out, "--resume", "--chunks", "4", "--seed", "2")) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"depthlens: error: cannot resume {out}: it was started with --chunks 6, --seed 0, not --chunks 4, --seed 2; "
+        "rerun with the options it was started with, or pass --overwrite to replace it.")

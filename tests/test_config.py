@@ -11,7 +11,7 @@ import pytest
 import dataclasses
 
 from depthlens.config import RunConfig, RunOptions, check_type, option_owner
-from depthlens.options import option_fields
+from depthlens.options import flag_name, option_fields
 from depthlens.stages import STAGES
 from depthlens.errors import InputError
 
@@ -69,14 +69,14 @@ def _line(key: str, value: str) -> str:
 def test_toml_bool_must_be_a_boolean(tmp_path: Path, key: str, value: str) -> None:
     with pytest.raises(InputError, match=f"config key {key} = .* expected a boolean") as err:
         RunConfig.from_sources(_toml(tmp_path, _line(key, value)))
-    assert f"--{key.replace('_', '-')}" in str(err.value) and "\n" not in str(err.value)
+    assert flag_name(key) not in str(err.value) and "\n" not in str(err.value)  # the file gave it, not the flag
     assert getattr(RunConfig.from_sources(_toml(tmp_path, _line(key, "false"))), key) is False
     assert getattr(RunConfig.from_sources(_toml(tmp_path, _line(key, "true"))), key) is True
 
 
 @pytest.mark.parametrize("value", ["true", "3.0", '"3"'])
 def test_toml_int_must_be_an_integer(tmp_path: Path, value: str) -> None:
-    with pytest.raises(InputError, match="config key chunks = .* expected an integer; .*--chunks"):
+    with pytest.raises(InputError, match="^config key chunks = .* expected an integer.$"):
         RunConfig.from_sources(_toml(tmp_path, f"chunks = {value}\n"))
 
 
@@ -118,7 +118,8 @@ def _all_options() -> list[tuple[str, Any]]:
 
 @pytest.mark.parametrize("field,annotation", _all_options())
 def test_every_option_is_type_checked(field: str, annotation: Any) -> None:
-    with pytest.raises(InputError, match=f"config key {field} = "):
+    named = f"config key {field} = " if dataclasses.is_dataclass(annotation) else f"{flag_name(field)} "
+    with pytest.raises(InputError, match=f"^{named}"):
         RunConfig(**{field: _wrong(annotation)})
 
 
@@ -189,10 +190,14 @@ def test_check_type_per_declared_type(annotation: Any, good: list, bad: list) ->
     for value in good:
         check_type("some_key", value, annotation)
     for value in bad:
-        with pytest.raises(InputError, match="config key some_key = .*expected .*--some-key|--some-key .* is unknown"):
+        with pytest.raises(InputError, match="^--some-key .* is .*(expected|unknown)"):
             check_type("some_key", value, annotation)
     with pytest.raises(InputError, match="^--some-key 'c' is unknown; use one of a, b.$"):
         check_type("some_key", "c", Literal["a", "b"])
+    with pytest.raises(InputError, match="^--some-key 'c' is unknown; use a list of a, b.$"):
+        check_type("some_key", ("a", "c"), tuple[Literal["a", "b"], ...])
+    with pytest.raises(InputError, match="^--some-key 'a' is a string, expected a list of one of 'a', 'b' items.$"):
+        check_type("some_key", "a", tuple[Literal["a", "b"], ...])
 
 
 def test_config_path_is_a_folder_or_binary(tmp_path: Path) -> None:

@@ -158,6 +158,36 @@ def test_missing_package_says_what_to_install(text_file: Path, tmp_path: Path, m
     assert "needs ray, which is not installed: pip install 'depthlens[cluster]'" in err
 
 
+# ----------------------------------------------------------------------------- SIGTERM
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("spec", ["local", pytest.param("ray", marks=needs_ray)])
+def test_sigterm_mid_stage_ends_the_same_on_every_executor(spec: str, text_file: Path, tmp_path: Path) -> None:
+    """SIGTERM once the stage's first unit is done: exit 130, the one line saying --resume,
+    the stage ``interrupted``, under a private Ray instance (whose start replaces the SIGTERM
+    handler, and whose stop resets it) as under the local pool; no abort, no stack dump."""
+    import json
+
+    out = tmp_path / "run"
+    argv = ["attention", *SIZES, "--chunks", "8", "--batch-size", "1", "--text", str(text_file), "--out", str(out),
+            "--quiet", "--jobs", "2", "--executor", spec]
+    proc = subprocess.Popen([sys.executable, "-m", "depthlens", *argv], env={**os.environ, **RAY_ENV},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((out / "units" / "attention").glob("*.done")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    assert err.strip().splitlines() == ["depthlens: interrupted; continue with --resume"], err[-3000:]
+    assert json.loads((out / "manifest.json").read_text())["stages"]["attention"] == {"status": "interrupted"}
+
+
 # ----------------------------------------------------------------------------- a Ray cluster
 def _processes() -> dict[int, tuple[str, int, int]]:
     """Every live process: pid -> (title, parent pid, process group)."""

@@ -262,3 +262,57 @@ def test_sigterm_does_not_wait_for_the_call_ahead(tmp_path: Path) -> None:
     out, err, seconds = _sigterm(proc, "the script")
     assert proc.returncode == 130 and out.strip() == "interrupted True", err[-2000:]
     assert seconds < 10 and not never.exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_stop_while_a_worker_starts_kills_it_quietly(monkeypatch: pytest.MonkeyPatch,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM just after the pool spawned a worker, before the worker had its start-up data:
+    the interrupt waits until the worker has it and is listed in the pool, and the stop kills
+    it (a worker left without its data printed ``EOFError`` and a traceback)."""
+    from multiprocessing import util
+
+    from depthlens.parallel import Task, local_backend
+
+    spawned: list[int] = []
+
+    def spawn_then_stop(path: str | bytes, args: list[str | bytes], passfds: tuple[int, ...]) -> int:
+        pid = spawn(path, args, passfds)
+        if "spawn_main" in " ".join(map(os.fsdecode, args)):  # a worker, not the resource tracker
+            spawned.append(pid)
+            signal.raise_signal(signal.SIGTERM)
+        return pid
+
+    spawn = util.spawnv_passfds
+    monkeypatch.setattr(util, "spawnv_passfds", spawn_then_stop)
+    previous = install_sigterm_handler()
+    try:
+        with pytest.raises(KeyboardInterrupt), local_backend(1) as backend:
+            backend.submit(Task(_square, (3,)))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(spawned) == 1
+    deadline = time.monotonic() + 30
+    while _alive(spawned[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(spawned[0]) and "EOFError" not in capfd.readouterr().err
+
+
+def test_an_abandoned_call_is_reported_until_it_ends() -> None:
+    """A stop leaves the call in flight running (the command line then ends without the
+    interpreter's finalisation, which would abort the process inside it)."""
+    import threading
+
+    from depthlens.parallel import AheadExecutor, abandoned_call_running
+
+    started, release = threading.Event(), threading.Event()
+    with pytest.raises(KeyboardInterrupt), AheadExecutor() as ahead:
+        ahead.submit(lambda: started.set() or release.wait())
+        started.wait(10)
+        raise KeyboardInterrupt
+    assert abandoned_call_running()
+    release.set()
+    deadline = time.monotonic() + 10
+    while abandoned_call_running() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not abandoned_call_running()

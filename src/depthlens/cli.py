@@ -13,6 +13,7 @@ holds the traceback). No traceback is printed to the terminal.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import signal
 import sys
@@ -27,10 +28,19 @@ from typing import TYPE_CHECKING
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from collections.abc import Sequence
 
-from .config import PRESET_VALUES, PRESETS, RunConfig, RunOptions  # noqa: E402
+from .config import (  # noqa: E402
+    OPTION_CHOICES,
+    PRESET_VALUES,
+    PRESETS,
+    RunConfig,
+    RunOptions,
+    config_file_spelling,
+    file_options,
+    read_toml,
+)
 from . import __version__  # noqa: E402
 from .errors import DepthlensError, RunIncomplete, one_line  # noqa: E402
-from .options import add_flags, flag_values  # noqa: E402
+from .options import Spelling, add_flags, flag_values, flags_restated  # noqa: E402
 from .stages import STAGES, with_requirements  # noqa: E402
 
 if TYPE_CHECKING:
@@ -228,18 +238,29 @@ def _silence_libraries() -> None:
     hf_logging.disable_progress_bar()
 
 
+def _config(args: argparse.Namespace) -> tuple[RunConfig, Spelling]:
+    """The run configuration of ``--config``, ``--preset`` and the option flags of ``args``,
+    and how messages name the options that the config file gave and no flag overrides
+    (:func:`depthlens.config.config_file_spelling`: ``config key chunks = 4``, not ``--chunks 4``)."""
+    options = flag_values(args, [RunOptions, *(s.options for s in STAGES.values())])
+    values = read_toml(Path(args.config)) if args.config is not None else {}
+    flagged = {name for name, value in options.items() if value is not None}
+    return (RunConfig.from_mapping(values, preset=args.preset, **options),
+            config_file_spelling(file_options(values) - flagged))
+
+
 def _stage(args: argparse.Namespace) -> None:
     from .workflow import run
 
     if args.quiet:
         _silence_libraries()
 
-    options = flag_values(args, [RunOptions, *(s.options for s in STAGES.values())])
-    config = RunConfig.from_sources(args.config, preset=args.preset, **options)
+    config, spelling = _config(args)
     run_mode = _run_mode(args)
     stages = tuple(STAGES) if args.command == "run" else (args.command,)
-    root = run(config, args.out, run_mode=run_mode, stages=stages, execution=execution_from_args(args),
-               claims=args.claims, report=args.command == "run")
+    with flags_restated(spelling, OPTION_CHOICES):
+        root = run(config, args.out, run_mode=run_mode, stages=stages, execution=execution_from_args(args),
+                   claims=args.claims, report=args.command == "run")
     print(f"run directory: {root}")
     if args.command == "run":
         _print_verdicts(root)
@@ -253,13 +274,13 @@ def _census(args: argparse.Namespace) -> None:
 
     if args.quiet:
         _silence_libraries()
-    options = flag_values(args, [RunOptions, *(s.options for s in STAGES.values())])
     census_values = {k: v for k, v in flag_values(args, [CensusOptions]).items() if v is not None}
-    config = RunConfig.from_sources(args.config, preset=args.preset, **options)
+    config, spelling = _config(args)
     census = CensusOptions(**census_values)
     run_mode = _run_mode(args)
-    root = run_census(config, census, args.out, run_mode=run_mode, execution=execution_from_args(args),
-                      delete_cache=args.delete_cache, claims=args.claims)
+    with flags_restated(spelling, OPTION_CHOICES):
+        root = run_census(config, census, args.out, run_mode=run_mode, execution=execution_from_args(args),
+                          delete_cache=args.delete_cache, claims=args.claims)
     print(f"census directory: {root}")
     _print_verdicts(root)
     print(f"report: {root / 'report.html'}")
@@ -280,14 +301,10 @@ def _sweep(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
-    from .errors import RunError
     from .report import render_report
-    from .runs.directory import not_a_run
+    from .runs.directory import check_run_directory
 
-    why = "it is not a folder" if not Path(args.run_dir).is_dir() else not_a_run(args.run_dir)
-    if why is not None:  # refused before anything is written: a file, or a folder of another tool
-        raise RunError(f"{args.run_dir} is not a depthlens run directory ({why}); pass a folder that depthlens run, "
-                       "a stage, census or sweep wrote.")
+    check_run_directory(args.run_dir)  # refused before anything is written: a file, or a folder of another tool
     page = render_report(args.run_dir, claims_path=args.claims)
     _print_verdicts(Path(args.run_dir))
     print(f"report: {page}")
@@ -320,13 +337,34 @@ def _internal_error(args: argparse.Namespace, exc: Exception) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``depthlens`` console script; returns the exit status (module notes)."""
+    """Entry point of the ``depthlens`` console script; returns the exit status (module notes).
+
+    A stop that left a forward pass running in a thread (:func:`depthlens.parallel.abandoned_call_running`)
+    ends the process here with that status once the exit functions have run (multiprocessing's
+    clean-up included) and the output is flushed: the interpreter's finalisation would abort it
+    (exit 134).
+    """
     global COMMAND_LINE
     COMMAND_LINE = ["depthlens", *(sys.argv[1:] if argv is None else argv)]
     args = build_parser().parse_args(argv)  # --help and --version end here, before numpy, pandas or torch load
-    from .parallel import install_sigterm_handler
+    from .parallel import abandoned_call_running, install_sigterm_handler
 
     previous = install_sigterm_handler()  # SIGTERM (timeout, SLURM, OOM killers) stops like Ctrl-C
+    try:
+        status = _command(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if abandoned_call_running():
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the command of ``args`` and return its exit status, printing its one-line errors."""
     try:
         if args.command == "models":
             _models()
@@ -368,9 +406,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         log = _internal_error(args, exc)
         print(f"depthlens: internal error: {one_line(exc)}; details in {log}", file=sys.stderr)
         return 1
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

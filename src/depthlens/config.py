@@ -25,24 +25,27 @@ import difflib
 import hashlib
 import json
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from .errors import InputError
-from .options import OptionField, check_fields, check_type, option_fields
+from .options import OptionField, Spelling, check_fields, check_type, flags_restated, option_choices, option_fields
 from .stages import STAGES
 
-__all__ = ["DTYPES", "MAX_SEED", "PRESETS", "PRESET_VALUES", "RunConfig", "RunOptions", "check_type", "option_owner"]
+__all__ = ["DTYPES", "MAX_SEED", "OPTION_CHOICES", "PRESETS", "PRESET_VALUES", "PROMPTS_SUFFIX", "RunConfig", "RunOptions",
+           "check_type", "config_file_spelling", "file_options", "is_prompts_file", "option_owner"]
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+#: The ending of a ``--text`` value that names a prompts file (:func:`is_prompts_file`).
+PROMPTS_SUFFIX = ".jsonl"
 #: Largest run seed: torch.manual_seed (random models, step-0 nulls) takes 64 bits.
 MAX_SEED = 2**64 - 1
 PRESETS = ("quick", "default", "paper")
 #: The values each preset gives the options it controls, by option name; ``default`` is every
 #: option's own default. An option given explicitly (a flag, a --config key, a keyword) always
-#: wins. ``"all"`` stands for the run's chunk count. ``quick`` is a smoke run of a minute or two
+#: wins. ``"all"`` stands for the run's chunk count. ``quick`` is a smoke run of about four minutes
 #: on SmolLM2 (2 cores); ``paper`` the protocol of METHODS.md (A3: every chunk's pseudospectral
 #: radii; A4: S = 16 nulls per observed matrix, on every chunk).
 PRESET_VALUES: dict[str, dict[str, Any]] = {
@@ -76,11 +79,14 @@ class RunOptions:
         depthlens census also a range PREFIX{START..STOP..STEP} (ends included, e.g.
         step{0..143000..1000}) or @FILE (one revision per line)
     text : str
-        python-docs (default, offline), wikitext-2 or a text file path
+        python-docs (default, offline), wikitext-2, a text file path, or a prompts file
+        (a path ending in .jsonl: one JSON object per line, {"text": ..., "positions": [...]},
+        each prompt one chunk of its own length)
     chunks : int
-        number of text chunks
+        number of text chunks (with a prompts file: the first N prompts, all of them when
+        it has fewer)
     seq_len : int
-        tokens per chunk including BOS
+        tokens per chunk including BOS (not used with a prompts file)
     seed : int
         the run's one seed; every unit spawns its own stream from it
     batch_size : int
@@ -119,7 +125,8 @@ class RunOptions:
         if not self.model:
             raise InputError("--model is empty; pass --model smollm2-135m, a hub id, a folder or a .gguf file.")
         if not self.text:
-            raise InputError("--text is empty; pass --text python-docs, wikitext-2 or a file path.")
+            raise InputError("--text is empty; pass --text python-docs, wikitext-2, a file path or a prompts "
+                             "file (.jsonl).")
         object.__setattr__(self, "revisions", tuple(self.revisions))
         _check_revisions(self.revisions, self.revision)
 
@@ -153,6 +160,19 @@ def _check_revisions(revisions: tuple[str, ...], revision: str | None) -> None:
                          f"trained); drop {revision} from --revisions.")
 
 
+def is_prompts_file(text: object) -> bool:
+    """Whether a ``--text`` value names a prompts file: a path ending in :data:`PROMPTS_SUFFIX`
+    (any case). The rule reads the name only, never the file, so a plain text corpus is never
+    taken for prompts by its contents (rename a ``.jsonl`` corpus to read it as text).
+
+    Examples
+    --------
+    >>> is_prompts_file("ioi.jsonl"), is_prompts_file("python-docs"), is_prompts_file("notes.txt")
+    (True, False, False)
+    """
+    return str(text).lower().endswith(PROMPTS_SUFFIX)
+
+
 #: Where each option lives: ``None`` for the run's own options, else the stage's name.
 def _owners() -> dict[str, str | None]:
     owners: dict[str, str | None] = {f.name: None for f in option_fields(RunOptions)}
@@ -166,6 +186,8 @@ def _owners() -> dict[str, str | None]:
 
 
 _OWNERS = _owners()
+#: The choices of every option that has them, by name (:func:`~depthlens.options.option_choices`).
+OPTION_CHOICES = option_choices([RunOptions, *(stage.options for stage in STAGES.values())])
 
 
 def option_owner(name: str) -> str | None:
@@ -258,6 +280,12 @@ class RunConfig:
         owner = _OWNERS[name]
         return getattr(self.run if owner is None else self.sections[owner], name)
 
+    @property
+    def prompts(self) -> bool:
+        """Whether ``text`` names a prompts file (:func:`is_prompts_file`): chunks are then the
+        file's prompts, of their own lengths, and ``seq_len`` is not used."""
+        return is_prompts_file(self.run.text)
+
     def options(self, stage: str) -> Any:
         """The options of ``stage`` with their derived fields filled (the run's seed, the
         topology's Jacobian mode from the jacobian section)."""
@@ -327,7 +355,9 @@ class RunConfig:
         Raises
         ------
         InputError
-            As :meth:`from_sources`, for everything but reading the file.
+            As :meth:`from_sources`, for everything but reading the file; an option the file
+            gives is named by its config key (:func:`config_file_spelling`), one an override
+            gives by its flag.
         """
         for key, value in values.items():
             if key not in STAGES and _OWNERS.get(key, None) is not None:
@@ -343,8 +373,28 @@ class RunConfig:
                     keys = ", ".join(k for k, o in _OWNERS.items() if o == name) or "(none)"
                     raise InputError(f"config key [{name}] {key} is {where}; the [{name}] keys are: {keys}.")
                 flat[key] = value
-        flat.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**flat)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        with flags_restated(config_file_spelling(file_options(values) - set(given)), OPTION_CHOICES):
+            return cls(**{**flat, **given})
+
+
+def file_options(values: Mapping[str, Any]) -> set[str]:
+    """The options a config file's contents ``values`` give: its top-level keys and the keys of
+    its ``[STAGE]`` sections."""
+    return {k for k in values if k not in STAGES} | {k for name in STAGES for k in values.get(name, {})}
+
+
+def config_file_spelling(keys: Collection[str]) -> Spelling:
+    """How a message names the options ``keys`` that a config file gave, for
+    :func:`~depthlens.options.restate_flags`: ``config key chunks = 4`` for ``--chunks 4``,
+    ``config key chunks`` for ``--chunks``; any other option keeps its flag."""
+
+    def spelling(name: str, value: str | None) -> str | None:
+        if name not in keys:
+            return None
+        return f"config key {name}" if value is None else f"config key {name} = {value}"
+
+    return spelling
 
 
 def _build_section(name: str, given: dict[str, Any]) -> Any:

@@ -8,7 +8,11 @@ each field. This module turns such a class into what the rest of depthlens needs
 - :func:`field_help` reads a field's help text from the class docstring;
 - :func:`add_flags` adds one command-line flag per field to an ``argparse`` group
   (``--null-samples`` for ``null_samples``; choices from ``Literal`` types; comma-separated
-  lists for tuple fields), and :func:`flag_values` reads them back in the fields' types.
+  lists for tuple fields), and :func:`flag_values` reads them back in the fields' types;
+- :func:`restate_flags` (and :func:`flags_restated`, for the errors of a block) words the
+  flags an error message names as the caller gave those options: a config file's keys, the
+  Python API's keyword arguments. Messages name flags; whoever takes options another way
+  restates them, with one spelling of its own.
 
 Field metadata (``dataclasses.field(metadata=...)``):
 
@@ -21,17 +25,19 @@ Field metadata (``dataclasses.field(metadata=...)``):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import re
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
-from .errors import InputError
+from .errors import DepthlensError, InputError
 
-__all__ = ["OptionField", "add_flags", "check_distinct", "check_fields", "check_type", "field_help", "flag_name",
-           "flag_values", "option_fields", "parse_flag"]
+__all__ = ["OptionField", "Spelling", "add_flags", "check_distinct", "check_fields", "check_type", "field_help",
+           "flag_name", "flag_values", "flags_restated", "option_choices", "option_fields", "parse_flag",
+           "restate_flags"]
 
 _TYPE_NAMES = {bool: "a boolean (true or false, unquoted)", int: "an integer", float: "a number",
                str: "a string (quoted)", type(None): "absent"}
@@ -83,6 +89,14 @@ def _matches(value: Any, annotation: Any) -> bool:
     raise TypeError(f"config type {annotation!r} has no check")  # a new field type needs a rule here
 
 
+def _choices(annotation: Any) -> tuple[Any, ...]:
+    """The choices of a ``Literal`` type, of ``X | None``, or of the items of a list of one."""
+    base = _base(annotation)
+    if typing.get_origin(base) in (tuple, list):
+        base = _base(typing.get_args(base)[0])
+    return typing.get_args(base) if typing.get_origin(base) is typing.Literal else ()
+
+
 def check_type(name: str, value: Any, annotation: Any) -> None:
     """Refuse a configuration value that is not of its declared type.
 
@@ -100,9 +114,11 @@ def check_type(name: str, value: Any, annotation: Any) -> None:
     Raises
     ------
     InputError
-        Naming the key, the value, the expected type and the flag (a choice of the right
-        kind that is not listed: the flag, the value and the choices). The string ``"false"``
-        for a boolean is refused, never read as true.
+        Naming the flag, the value and the expected type (a choice of the right kind that is
+        not listed, alone or in a list: the flag, that value and the choices); a nested key
+        (``thresholds.sink``), which is no flag, as its config key. Whoever took the value
+        from a config file or a keyword argument restates the flag (:func:`restate_flags`).
+        The string ``"false"`` for a boolean is refused, never read as true.
 
     Examples
     --------
@@ -110,15 +126,19 @@ def check_type(name: str, value: Any, annotation: Any) -> None:
     >>> check_type("exclude_massive", "false", bool)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    depthlens.errors.InputError: config key exclude_massive = 'false' is a string, expected a boolean ...
+    depthlens.errors.InputError: --exclude-massive 'false' is a string, expected a boolean ...
     """
     if not _matches(value, annotation):
-        choices = typing.get_args(_base(annotation)) if typing.get_origin(_base(annotation)) is typing.Literal else ()
-        if any(type(value) is type(c) for c in choices):  # the right kind, not one of the choices
-            raise InputError(f"{flag_name(name)} {value!r} is unknown; use one of {', '.join(map(str, choices))}.")
+        flagged = "." not in name and not dataclasses.is_dataclass(annotation)  # a nested table has no flag
+        what = flag_name(name) if flagged else f"config key {name} ="
+        choices = _choices(annotation)
+        many = isinstance(value, (tuple, list)) and typing.get_origin(_base(annotation)) in (tuple, list)
+        unknown = [v for v in (value if many else [value]) if not any(type(v) is type(c) and v == c for c in choices)]
+        if choices and unknown and all(any(type(v) is type(c) for c in choices) for v in unknown):  # not listed
+            raise InputError(f"{what} {unknown[0]!r} is unknown; use {'a list of' if many else 'one of'} "
+                             f"{', '.join(map(str, choices))}.")
         kind = _KINDS.get(type(value), f"a {type(value).__name__}")
-        raise InputError(f"config key {name} = {value!r} is {kind}, expected {_describe(annotation)}; "
-                         f"fix it in --config or pass {flag_name(name)}.")
+        raise InputError(f"{what} {value!r} is {kind}, expected {_describe(annotation)}.")
 
 
 class OptionField(typing.NamedTuple):
@@ -183,6 +203,72 @@ def check_distinct(obj: Any, name: str, choices: typing.Sequence[str]) -> tuple[
         shown = ",".join(values) or "(none)"
         raise InputError(f"{flag_name(name)} {shown} is invalid; pass distinct values of {','.join(choices)}.")
     return values
+
+
+def option_choices(classes: Iterable[type]) -> dict[str, tuple[str, ...]]:
+    """The choices of every option of the options ``classes`` that has them (a ``Literal``
+    type, or a list of one), by option name, for :func:`restate_flags`."""
+    return {f.name: tuple(map(str, _choices(f.annotation))) for cls in classes for f in option_fields(cls)
+            if _choices(f.annotation)}
+
+
+#: How a caller names an option that a message names by its flag: ``spelling(name, value)``
+#: gets the option's name (``seq_len`` for ``--seq-len``) and the value written after the flag
+#: (None when none is) and returns the words for both, or None to keep the flag as it is.
+Spelling = Callable[[str, str | None], str | None]
+#: A flag in a message (``--seq-len``) and what follows it: a quoted string whole, else the
+#: next word (up to a space, ``;``, or a comma followed by a space).
+_FLAG_IN_TEXT = re.compile(r"(?<![\w-])--(?P<flag>[a-z][a-z0-9]*(?:-[a-z0-9]+)*)(?![\w-])"
+                           r"(?P<after> (?:'[^']*'|\"[^\"]*\"|[^\s;,'\"]|,(?=\S))+)?")
+#: A word after a flag that is its value, not the sentence's next word: ``True``, ``False`` or
+#: ``None``, or it starts with a quote, a digit, a sign, a bracket or a path character, or holds
+#: a digit, ``=``, ``:``, ``/``, ``_``, ``.``, ``,``, ``@`` or a hyphen between letters
+#: (``python-docs``).
+_VALUE_LIKE = re.compile(r"(?!--)(?:(?:True|False|None)$|['\"\[{@~/.\d-]|.*(?:[\d=:/_.,@]|\w-\w))")
+
+
+def restate_flags(message: str, spelling: Spelling, choices: Mapping[str, Collection[str]] | None = None) -> str:
+    """``message`` with each flag it names, and the value after it, worded by ``spelling``
+    (:data:`Spelling`), for a caller who gave the options another way.
+
+    The word after a flag is taken as its value when it looks like one (a number, a quoted
+    string, a path, a spec) or is one of the option's ``choices`` (option name -> choices,
+    :func:`option_choices`); the sentence's punctuation after it stays.
+
+    Examples
+    --------
+    >>> keyword = lambda name, value: f"{name}=" if value is None else f"{name}={value}"
+    >>> restate_flags("--seq-len 1 is too short; pass --seq-len 2 or more, or another --out.", keyword)
+    'seq_len=1 is too short; pass seq_len=2 or more, or another out=.'
+    >>> restate_flags("use --executor local", keyword, {"executor": ("local", "ray")})
+    'use executor=local'
+    """
+    known = choices or {}
+
+    def restated(match: re.Match[str]) -> str:
+        name, after = match["flag"].replace("-", "_"), match["after"] or ""
+        word, tail = after[1:], ""
+        while word.endswith(".") or (word.endswith(")") and word.count(")") > word.count("(")):
+            word, tail = word[:-1], word[-1] + tail
+        value = word if word and (_VALUE_LIKE.match(word) or word in known.get(name, ())) else None
+        words = spelling(name, value)
+        if words is None:
+            return match[0]
+        return words + (tail if value is not None else after)
+
+    return _FLAG_IN_TEXT.sub(restated, message)
+
+
+@contextlib.contextmanager
+def flags_restated(spelling: Spelling, choices: Mapping[str, Collection[str]] | None = None) -> Iterator[None]:
+    """Word the flags in the message of a :class:`~depthlens.errors.DepthlensError` raised in
+    the ``with`` body (or the decorated function) by ``spelling`` (:func:`restate_flags`); the
+    error keeps its type and attributes."""
+    try:
+        yield
+    except DepthlensError as exc:
+        exc.args = (restate_flags(str(exc), spelling, choices),)
+        raise
 
 
 def _docstring_params(doc: str) -> dict[str, str]:

@@ -127,6 +127,27 @@ def _kill_workers(pool: ProcessPoolExecutor) -> None:
             process.join(timeout=5)
 
 
+@contextlib.contextmanager
+def _stops_held() -> Iterator[None]:
+    """Hold back Ctrl-C and SIGTERM during the ``with`` body, then deliver the first that came
+    to the handler this process has for it. Off the main thread, or for a handler not
+    installed from Python, the signal is left as it is."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    held: list[int] = []
+    for signum, handler in previous.items():
+        if handler is not None:
+            signal.signal(signum, lambda received, _: held.append(received))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+    if held:
+        signal.raise_signal(held[0])
+
+
 class _WorkerProcess(SpawnProcess):
     """A spawned worker process that starts with BLAS, OpenMP and numba on one thread: the
     environment says so while it starts (it is read when the libraries load), and only then,
@@ -158,6 +179,21 @@ class InlineExecutor(Executor):
         return future
 
 
+#: The threads of :class:`AheadExecutor` s that were shut down without waiting for their call.
+_ABANDONED: list[threading.Thread] = []
+
+
+def abandoned_call_running() -> bool:
+    """Whether a call that an :class:`AheadExecutor` abandoned on a stop still runs.
+
+    While one runs (a forward pass, in torch's C++ code with the GIL released), the
+    interpreter's finalisation would end its thread there, which aborts the process
+    ("terminate called without an active exception", exit 134): the command line then ends
+    with :func:`os._exit` instead.
+    """
+    return any(thread.is_alive() for thread in _ABANDONED)
+
+
 class AheadExecutor(Executor):
     """Runs submitted calls one at a time, in submission order, in one daemon thread of this
     process: work done ahead (the next forward pass) while this thread hands out the last.
@@ -165,7 +201,8 @@ class AheadExecutor(Executor):
     Unlike :class:`~concurrent.futures.ThreadPoolExecutor`, whose threads the interpreter
     joins at exit, a stop (Ctrl-C, SIGTERM) does not wait for the call in flight: leaving the
     ``with`` block on an exception cancels the queued calls and abandons the running one,
-    whose result nothing reads. On a normal exit the block waits for the calls submitted.
+    whose result nothing reads (:func:`abandoned_call_running` says whether it still runs).
+    On a normal exit the block waits for the calls submitted.
     """
 
     def __init__(self, name: str = "depthlens-ahead") -> None:
@@ -196,6 +233,8 @@ class AheadExecutor(Executor):
         self._queue.put(None)
         if wait:
             self._thread.join()
+        else:
+            _ABANDONED[:] = [t for t in _ABANDONED if t.is_alive()] + [self._thread]
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.shutdown(wait=exc_type is None, cancel_futures=exc_type is not None)
@@ -297,7 +336,11 @@ class _LocalBackend:
         self.pool = pool
 
     def submit(self, task: Task) -> Future[tuple[Any, dict[str, int]]]:
-        return self.pool.submit(task)
+        """Queue ``task``; a stop meanwhile waits until a worker the pool starts for it has its
+        start-up data and is listed in the pool, so the stop kills it with the others (a worker
+        left without that data prints ``EOFError`` and its traceback)."""
+        with _stops_held():
+            return self.pool.submit(task)
 
     def flush(self) -> None:
         """Nothing is held back: the pool queues every task at submission."""

@@ -201,8 +201,12 @@ def test_bad_inputs_give_one_line_and_write_nothing(tmp_path):
     (tmp_path / "file.txt").write_text("x")
     (tmp_path / "empty").mkdir()
     out = tmp_path / "out"
-    cases = [([tmp_path / "absent"], {}, "does not exist"), ([tmp_path / "file.txt"], {}, "is not a directory"),
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text('{"name": "another tool"}')
+    cases = [([tmp_path / "absent"], {}, "does not exist"), ([tmp_path / "file.txt"], {}, "it is not a folder"),
              ([tmp_path / "empty"], {}, "not a depthlens run directory"),
+             ([run, foreign], {}, 'foreign is not a depthlens run directory .*"format": "depthlens-run"'),
              ([run, run], {"labels": ["a"]}, "1 labels for 2"),
              ([run, run], {"labels": ["a", "a"]}, "given to two runs"), ([run], {"labels": [" "]}, "empty"),
              ([], {}, "nothing to compare")]

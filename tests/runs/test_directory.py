@@ -42,7 +42,7 @@ def test_refusals(tmp_path: Path) -> None:
     _open(root, RunMode.NEW)
     with pytest.raises(RunError, match="--resume"):
         _open(root, RunMode.NEW)
-    with pytest.raises(RunError, match="different configuration"):
+    with pytest.raises(RunError, match="it was started with other options .*hash abc, now other"):
         _open(root, RunMode.RESUME, "other")
     stranger = tmp_path / "home"
     stranger.mkdir()
@@ -228,3 +228,60 @@ def test_safetensors_laid_out_and_mapped_agree_with_the_safetensors_library(tmp_
     assert all(np.array_equal(mapped[k], v) for k, v in values.items())
     with pytest.raises(ValueError, match="int8"):
         create_safetensors(tmp_path / "bad.safetensors", {"x": (2,)}, np.int8)
+
+
+
+def test_full_disk_during_an_array_write_is_a_storage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk while safetensors writes (its ``SafetensorError`` naming the OS error) or
+    while a file of memory maps is laid out is the StorageError of any other write: "no space",
+    what to do, and no file of the write left behind; other safetensors errors stay as they are."""
+    import errno
+    import os
+
+    import safetensors.numpy
+    from safetensors import SafetensorError
+
+    from depthlens.errors import StorageError
+
+    def save_file(tensors: dict, filename: str, metadata: dict | None = None) -> None:
+        Path(filename).write_bytes(b"half")  # a partial write, then the disk is full
+        raise SafetensorError(message)
+
+    def posix_fallocate(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    run = _open(tmp_path / "r", RunMode.NEW)
+    monkeypatch.setattr(safetensors.numpy, "save_file", save_file)
+    monkeypatch.setattr(os, "posix_fallocate", posix_fallocate, raising=False)
+    message = "Error while serializing: I/O error: No space left on device (os error 28)"
+    with pytest.raises(StorageError, match="no space.*free some space, then rerun with --resume") as caught:
+        run.write_arrays("mean", {"x": np.zeros(3)})
+    assert caught.value.reason == "no space"
+    with pytest.raises(StorageError, match="no space"), run.array_writer("big", {"x": (4, 4)}, np.float64):
+        pytest.fail("the maps of a file the disk has no room for were handed out")
+    assert list((run.root / "arrays").iterdir()) == []
+    message = "Error while serializing: invalid metadata"
+    with pytest.raises(SafetensorError, match="invalid metadata"):
+        run.write_arrays("mean", {"x": np.zeros(3)})
+
+
+def test_a_resume_with_other_options_names_them(tmp_path: Path) -> None:
+    """The refusal names each option that differs, old and new, as the command line gives
+    it (it showed two configuration hashes); five or more are cut after four."""
+    root = tmp_path / "r"
+    config = {"model": "random:llama", "chunks": 4, "revision": None, "funnel_alphas": [0.0, 1.0],
+              "attention": {"null_samples": 2, "thresholds": {"sink": 0.5}}}
+    RunDirectory.open(root, RunMode.NEW, {"config_hash": "a", "config": config})
+    changed = {**config, "chunks": 8, "revision": "step1", "attention": {"null_samples": 2, "thresholds": {"sink": 0.6}}}
+    with pytest.raises(RunError) as caught:
+        check_target(root, RunMode.RESUME, "b", {"config": changed})
+    assert str(caught.value) == (
+        f"cannot resume {root}: it was started with --chunks 4, no --revision, thresholds.sink = 0.5, not --chunks 8, "
+        "--revision step1, thresholds.sink = 0.6; rerun with the options it was started with, or pass --overwrite "
+        "to replace it.")
+    changed = {**changed, "model": "random:gpt2", "funnel_alphas": (1.0,)}
+    with pytest.raises(RunError, match=r"--model random:llama, --chunks 4, no --revision, --funnel-alphas 0.0,1.0, not "
+                                       r"--model random:gpt2, --chunks 8, --revision step1, --funnel-alphas 1.0 "
+                                       r"\(and 1 more\); rerun"):
+        check_target(root, RunMode.RESUME, "b", {"config": changed})
+    check_target(root, RunMode.RESUME, "a", {"config": config})

@@ -141,7 +141,7 @@ def test_a_killed_series_resumes_to_the_same_weights(series: Path, tmp_path: Pat
     before = (out / "step-50" / "model.safetensors").stat().st_mtime_ns
     train(_options(text_file), out, RunMode.RESUME, quiet=True)  # a finished series stays as it is
     assert (out / "step-50" / "model.safetensors").stat().st_mtime_ns == before
-    with pytest.raises(RunError, match="trained with other options"):
+    with pytest.raises(RunError, match="it was started with --lr 0.003, not --lr 0.01; rerun"):
         train(_options(text_file, lr=1e-2), out, RunMode.RESUME, quiet=True)
 
 
@@ -231,3 +231,7 @@ def test_the_output_folder_is_checked_before_anything_is_written(tmp_path: Path,
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "notes.txt", "step-0", "step-1", "step-5",
                                                       "tables"]
     assert json.loads((out / "manifest.json").read_text())["options"]["seed"] == 3
+    assert main([*args, "--seed", "4", "--out", str(out), "--resume"]) == 2  # it showed two options hashes
+    assert capsys.readouterr().err.strip() == (
+        f"depthlens: error: cannot resume {out}: it was started with --seed 3, not --seed 4; rerun with the options it "
+        "was started with, or pass --overwrite to replace it.")

@@ -14,6 +14,12 @@ keeps running). A Ray already initialised in this process (by the caller of the 
 is used as it is and left running. Ray is started quietly: no dashboard, no usage
 statistics, worker output not forwarded.
 
+Starting and stopping Ray leaves this process's SIGTERM handler as it was
+(:func:`_keeping_sigterm_handler`): ``ray.init`` replaces it with its own (``sys.exit``,
+then a C++ handler that dumps a stack trace) and ``ray.shutdown`` resets it to the default
+action, which would end a SIGTERMed run with exit 134 or 143 instead of the command line's
+"interrupted; continue with --resume" and exit 130.
+
 A cluster's nodes need the same depthlens installed (and the same numpy, scipy, numba):
 tasks are references to depthlens functions with their array arguments, resolved on the
 node that runs them. Token authentication (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``) is Ray's
@@ -25,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -98,6 +105,30 @@ class RayBackend:
 
 
 @contextlib.contextmanager
+def _keeping_sigterm_handler() -> Iterator[None]:
+    """Give back, at the end of the ``with`` body (``ray.init`` or ``ray.shutdown``), the
+    SIGTERM handler this process had at its start; a SIGTERM that Ray's own handler caught in
+    the meantime (``sys.exit(SIGTERM)``) is then raised again for that handler (with
+    :func:`depthlens.parallel.install_sigterm_handler`'s, a :class:`KeyboardInterrupt`). Off the
+    main thread, or when the handler was not installed from Python, the body runs as it is."""
+    previous = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    if previous is None:
+        yield
+        return
+    caught = False
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code != signal.SIGTERM:
+            raise
+        caught = True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if caught:
+        signal.raise_signal(signal.SIGTERM)
+
+
+@contextlib.contextmanager
 def ray_backend(address: str | None, jobs: int) -> Iterator[RayBackend]:
     """A :class:`RayBackend` on a private Ray instance with ``jobs`` CPUs (``address`` None) or
     on the cluster at ``address`` (``HOST:PORT``), for the ``with`` body. When the body raises,
@@ -114,7 +145,7 @@ def ray_backend(address: str | None, jobs: int) -> Iterator[RayBackend]:
     if started:
         where = f"the Ray cluster at {address}" if address else "a private Ray instance"
         try:
-            with environ({"RAY_USAGE_STATS_ENABLED": "0"}):
+            with environ({"RAY_USAGE_STATS_ENABLED": "0"}), _keeping_sigterm_handler():
                 ray.init(address=address or "local", num_cpus=None if address else jobs, include_dashboard=False,
                          log_to_driver=False, logging_level=logging.ERROR)
         except Exception as exc:  # noqa: BLE001 - Ray raises many kinds (ConnectionError, RuntimeError, auth errors)
@@ -128,4 +159,5 @@ def ray_backend(address: str | None, jobs: int) -> Iterator[RayBackend]:
         raise
     finally:
         if started:
-            ray.shutdown()
+            with _keeping_sigterm_handler():
+                ray.shutdown()

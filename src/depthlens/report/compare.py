@@ -37,7 +37,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import InputError, RunError
-from ..runs import read_manifest
+from ..runs import check_run_directory, read_manifest
 from ..runs.atomic import write_bytes, write_json
 from .canvas import DPI, Skip
 from .claims import claims_hash, evaluate, load_claims, run_claims_path
@@ -102,7 +102,8 @@ def render_comparison(runs: Sequence[str | Path], out: str | Path, *, labels: Se
     ------
     InputError
         One line, before anything is written: no run and no failed model; a run that is
-        missing or not a run directory; labels that are not one distinct non-empty string
+        missing or not a depthlens run directory (a folder of another tool, as ``depthlens
+        report`` refuses it); labels that are not one distinct non-empty string
         per run; an ``out`` that is a file or holds anything but a previous comparison; a
         run's claims file that is malformed.
     """
@@ -139,11 +140,10 @@ def render_comparison(runs: Sequence[str | Path], out: str | Path, *, labels: Se
 # ---------------------------------------------------------------------------------------
 # inputs
 def _manifest(root: Path) -> dict[str, Any]:
-    """The manifest of the run directory ``root``, or one line saying why it is not one."""
-    if not root.is_dir():
-        why = "does not exist" if not root.exists() else "is not a directory"
-        raise InputError(f"run directory {root} {why}; pass the --out folder of a depthlens run.")
+    """The manifest of the run directory ``root``, or one line saying why it is not one
+    (:func:`depthlens.runs.check_run_directory`, as ``depthlens report`` refuses it)."""
     try:
+        check_run_directory(root)
         manifest = read_manifest(root)
     except RunError as exc:
         raise InputError(str(exc)) from None

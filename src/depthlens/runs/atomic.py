@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -157,14 +158,32 @@ def write_parquet(path: str | os.PathLike[str], table: pd.DataFrame) -> None:
         table.to_parquet(tmp, index=False)
 
 
+#: How safetensors names the OS error of a failed write: ``... No space left on device (os error 28)``.
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
 def write_safetensors(
     path: str | os.PathLike[str], arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None
 ) -> None:
-    """Atomically write numpy arrays as a safetensors file with string metadata."""
+    """Atomically write numpy arrays as a safetensors file with string metadata.
+
+    Raises
+    ------
+    StorageError
+        As :func:`atomic_path`: safetensors reports a failed write (a full disk) as a
+        ``SafetensorError`` naming the OS error, which is taken as that ``OSError``.
+    """
+    from safetensors import SafetensorError
     from safetensors.numpy import save_file
 
     with atomic_path(path) as tmp:
-        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp), metadata=metadata)
+        try:
+            save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp), metadata=metadata)
+        except SafetensorError as exc:
+            code = _OS_ERROR.search(str(exc))
+            if code is None:
+                raise
+            raise OSError(int(code[1]), os.strerror(int(code[1])), str(tmp)) from exc
 
 
 #: numpy dtypes and their safetensors names, for the files :func:`create_safetensors` lays out.
@@ -176,13 +195,17 @@ def create_safetensors(path: str | os.PathLike[str], shapes: Mapping[str, tuple[
     """Lay out a safetensors file of zeros for the tensors ``shapes`` (in that order, all of
     ``dtype``) and return a writable memory map of each, so tensors larger than memory
     together can be written, or summed into, one at a time. The header is written first and
-    the data area is sparse until written. Not atomic by itself: create it at the temporary
-    path of :func:`atomic_path` and flush and drop the maps before that renames it.
+    the data area is allocated on disk (``posix_fallocate``; reads as zeros), so a full disk
+    is an ``OSError`` here rather than a ``SIGBUS`` when a map is written. Not atomic by
+    itself: create it at the temporary path of :func:`atomic_path` and flush and drop the
+    maps before that renames it.
 
     Raises
     ------
     ValueError
         A dtype safetensors files here do not hold (float64, float32, float16, int64, int32).
+    OSError
+        The disk has no room for the file.
     """
     dt = np.dtype(dtype)
     if dt.name not in _SAFETENSORS_DTYPES:
@@ -198,7 +221,11 @@ def create_safetensors(path: str | os.PathLike[str], shapes: Mapping[str, tuple[
     header += b" " * (-len(header) % 8)  # data starts 8-byte aligned
     with open(path, "wb") as f:
         f.write(len(header).to_bytes(8, "little") + header)
-        f.truncate(8 + len(header) + offset)
+        f.flush()
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(f.fileno(), 0, 8 + len(header) + offset)
+        else:  # no way to reserve the space here (macOS): a sparse file
+            f.truncate(8 + len(header) + offset)
     return map_safetensors(path, mode="r+")
 
 

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import STORAGE_ERRNOS, RunError, StorageError, one_line
+from ..options import flag_name
 from . import atomic
 from .. import drivers
 from .failures import FailureLog
@@ -81,11 +82,32 @@ def not_a_run(path: str | Path) -> str | None:
     return None
 
 
-def check_target(path: str | Path, run_mode: RunMode, config_hash: str) -> None:
+def check_run_directory(path: str | Path) -> None:
+    """Refuse ``path`` unless it is a depthlens run directory (:func:`not_a_run`), before
+    anything reads or writes there: the one check of every command that takes a finished run
+    (``depthlens report``, ``depthlens compare``).
+
+    Raises
+    ------
+    RunError
+        One line: ``path`` does not exist, is not a folder, or is a folder another tool wrote
+        (its ``manifest.json`` has no depthlens marker).
+    """
+    root = Path(path)
+    why = "it does not exist" if not root.exists() else "it is not a folder" if not root.is_dir() else not_a_run(root)
+    if why is not None:
+        raise RunError(f"{root} is not a depthlens run directory ({why}); pass a folder that depthlens run, a stage, "
+                       "census or sweep wrote.")
+
+
+def check_target(path: str | Path, run_mode: RunMode, config_hash: str,
+                 options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     """Refuse an output directory that the requested run mode cannot use; touches nothing.
 
     Call it before any expensive work, so bad input fails fast and leaves no directory.
-    A missing or empty directory suits every run mode.
+    A missing or empty directory suits every run mode. ``options`` are the manifest fields
+    that hold the options ``config_hash`` covers (``{"config": config.to_dict()}``): a resume
+    with other options then names each option that differs (:func:`option_changes`).
 
     Raises
     ------
@@ -94,7 +116,7 @@ def check_target(path: str | Path, run_mode: RunMode, config_hash: str) -> None:
         ``--overwrite`` when it is a run, another ``--out`` when it is not); ``resume`` or
         ``overwrite`` of a non-empty directory that is not a depthlens run (see
         :func:`not_a_run`), which is never deleted; ``resume`` of a run made with a
-        different configuration.
+        different configuration (``"it was started with --chunks 4, not --chunks 8"``).
     """
     root = Path(path)
     if root.exists() and not root.is_dir():
@@ -115,12 +137,77 @@ def check_target(path: str | Path, run_mode: RunMode, config_hash: str) -> None:
         raise RunError(f"refusing to {verb} {root}: it is not a depthlens run ({why}); nothing was changed, "
                        "choose another --out.")
     if run_mode is RunMode.RESUME:
-        old = read_manifest(root).get("config_hash")
-        if old != config_hash:
-            raise RunError(
-                f"cannot resume {root}: it was started with a different configuration "
-                f"(hash {old} != {config_hash}); rerun with the same options or use --overwrite."
-            )
+        stored = read_manifest(root)
+        if stored.get("config_hash") != config_hash:
+            raise resume_refused(root, option_changes({k: stored.get(k) for k in options or {}}, options or {}),
+                                 stored.get("config_hash"), config_hash)
+
+
+#: How many differing options a refused resume names.
+_CHANGES_SHOWN = 4
+
+
+def resume_refused(root: Path, changes: list[tuple[str, str]], old_hash: object, new_hash: str) -> RunError:
+    """The one-line refusal to resume ``root`` under other options: the options that differ,
+    old and new (:func:`option_changes`; the first :data:`_CHANGES_SHOWN`), or, when none is
+    recorded by name (a sweep file, an older manifest), the two options hashes."""
+    advice = "rerun with the options it was started with, or pass --overwrite to replace it."
+    if not changes:
+        return RunError(f"cannot resume {root}: it was started with other options (options hash {old_hash}, now "
+                        f"{new_hash}); {advice}")
+    shown = changes[:_CHANGES_SHOWN]
+    more = f" (and {len(changes) - len(shown)} more)" if len(changes) > len(shown) else ""
+    return RunError(f"cannot resume {root}: it was started with {', '.join(old for old, _ in shown)}, not "
+                    f"{', '.join(new for _, new in shown)}{more}; {advice}")
+
+
+def _flat_options(tables: Mapping[str, Any]) -> dict[str, Any]:
+    """Option name -> value of the option tables of a manifest (``config``, ...): a stage's
+    section (``[attention]``) by its options' own names (unique across sections), a nested
+    table by ``NAME.KEY``; tuples as lists, as the manifest's JSON holds them."""
+    flat: dict[str, Any] = {}
+    for table in tables.values():
+        for key, value in (table if isinstance(table, Mapping) else {}).items():
+            if not isinstance(value, Mapping):
+                flat[key] = value
+                continue
+            for name, item in value.items():
+                if isinstance(item, Mapping):
+                    flat.update({f"{name}.{k}": v for k, v in item.items()})
+                else:
+                    flat[name] = item
+    return {name: list(value) if isinstance(value, tuple) else value for name, value in flat.items()}
+
+
+def _as_given(name: str, value: Any) -> str:
+    """Option ``name`` with ``value`` as the command line gives it: ``--chunks 4``,
+    ``--stream-layers``, ``no --revision`` (unset, off or empty), ``--funnel-alphas 0,0.5,1``; a
+    nested option (never a flag) as its config key, ``thresholds.sink = 0.5``."""
+    if "." in name:
+        return f"{name} = {value!r}"
+    flag = flag_name(name)
+    if value is True:
+        return flag
+    if value is None or value is False or value == [] or value == "":
+        return f"no {flag}"
+    shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    return f"{flag} {shown!r}" if any(c.isspace() for c in shown) else f"{flag} {shown}"
+
+
+def option_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The options that differ between two sets of manifest option tables (``{"config":
+    config.to_dict()}``), each as ``(old, new)`` written as the command line gives it
+    (:func:`_as_given`), in the order of ``new``.
+
+    Examples
+    --------
+    >>> option_changes({"config": {"chunks": 4, "seed": 0, "attention": {"null_samples": 2}}},
+    ...                {"config": {"chunks": 8, "seed": 0, "attention": {"null_samples": 4}}})
+    [('--chunks 4', '--chunks 8'), ('--null-samples 2', '--null-samples 4')]
+    """
+    before, after = _flat_options(old), _flat_options(new)
+    names = list(dict.fromkeys([*after, *before]))  # the stored manifest's keys are sorted
+    return [(_as_given(n, before.get(n)), _as_given(n, after.get(n))) for n in names if before.get(n) != after.get(n)]
 
 
 def _missing_folders(root: Path) -> list[Path]:

@@ -26,7 +26,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from ..errors import RunError, storage_error
 from ..models.local import STEP_FOLDER, series_checkpoints
 from ..runs import RunMode
 from ..runs.atomic import current_umask, write_json
+from ..runs.directory import option_changes, resume_refused
 from ..schema import SCHEMA
 
 __all__ = ["FORMAT", "MANIFEST", "OPTIMIZER", "STATE", "TABLE", "check_out", "is_series", "read_checkpoint", "read_state",
@@ -59,16 +60,17 @@ def is_series(root: Path) -> bool:
     return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
-def check_out(root: Path, run_mode: RunMode, options_hash: str) -> None:
+def check_out(root: Path, run_mode: RunMode, options: Mapping[str, Any], options_hash: str) -> None:
     """Refuse an output folder the run mode cannot use; touches nothing. A missing or empty
-    folder suits every mode.
+    folder suits every mode. ``options`` are the training options as the manifest records them
+    (``TrainOptions.to_dict()``), ``options_hash`` their hash.
 
     Raises
     ------
     RunError
         A file; a non-empty folder without ``--resume``/``--overwrite``; resuming or
         overwriting a folder that is no series (never deleted); resuming a series trained
-        with other options.
+        with other options (naming each that differs, :func:`depthlens.runs.directory.resume_refused`).
     """
     if root.exists() and not root.is_dir():
         raise RunError(f"--out {root} is a file; pass --out with a folder path.")
@@ -84,10 +86,10 @@ def check_out(root: Path, run_mode: RunMode, options_hash: str) -> None:
         raise RunError(f"refusing to {run_mode.value} {root}: it holds no training series (no {MANIFEST} with "
                        f'"format": "{FORMAT}"); nothing was changed, choose another --out.')
     if run_mode is RunMode.RESUME:
-        old = json.loads((root / MANIFEST).read_text(encoding="utf-8")).get("options_hash")
-        if old != options_hash:
-            raise RunError(f"cannot resume {root}: it was trained with other options (hash {old} != {options_hash}); "
-                           "rerun with the same options or pass --overwrite.")
+        stored = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+        if stored.get("options_hash") != options_hash:
+            changes = option_changes({"options": stored.get("options")}, {"options": options})
+            raise resume_refused(root, changes, stored.get("options_hash"), options_hash)
 
 
 def remove_temporaries(root: Path) -> None:

@@ -113,7 +113,7 @@ def train(options: TrainOptions, out: str | Path, run_mode: RunMode = RunMode.NE
         The folder cannot be written.
     """
     root = Path(out)
-    check_out(root, run_mode, options.hash())  # before any model loads
+    check_out(root, run_mode, options.to_dict(), options.hash())  # before any model loads
     names = [name for name, _ in series_checkpoints(root)] if run_mode is RunMode.RESUME else []
     records: list[dict[str, Any]] = []
     rows: list[dict[str, float]] = []
