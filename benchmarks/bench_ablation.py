@@ -2,12 +2,13 @@
 ablation of all 270 heads (30 layers × 9), batch size 4 (the run default).
 
 1. The stage's core (:func:`depthlens.interventions.ablation.criticality`: head means over the
-   mean chunks, one clean block-path pass per batch of held-out chunks, then per head only
-   ``block(l) … block(L−1)`` and the unembedding) on all heads with 16 held-out chunks.
+   mean chunks, one clean block-path pass per batch of held-out chunks, then per layer only
+   ``block(l) … block(L−1)`` and the unembedding, every head of the layer in one pass over
+   copies of the batch) on all heads with 16 held-out chunks.
    Target: < 6 min on 2 cores.
 2. The naive method measured in the same run: a full forward pass of the model with the
    ablation hook per head, on one head in every 6th layer, interleaved head by head with the
-   core's own per-head path on the same head (so a change of machine load hits both alike);
+   core's path run for that head alone (so a change of machine load hits both alike);
    extrapolated to 270 heads, with both ratios (same heads; extrapolated totals) and the two
    methods' ΔCE compared.
 3. The core at the default ``heldout_chunks = 4``.
@@ -93,7 +94,7 @@ def paired(adapter, ids: torch.Tensor, batch_size: int) -> dict:
                 ablated = naive_nll(adapter, held, batch_size)
             out["naive"].append(_since(start))
             start = _clock()
-            delta = sum(float((ab.ablated_nll(adapter, c, layer, SAMPLE_HEAD, "mean", value) - c.nll).sum())
+            delta = sum(float((ab.ablated_nll(adapter, c, layer, [SAMPLE_HEAD], "mean", value[None])[0] - c.nll).sum())
                         for c in cleans)
             out["core"].append(_since(start))
             out["delta_naive"].append(float((ablated - clean_naive).sum()) / clean_naive.size)

@@ -36,3 +36,20 @@ def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("text") / "corpus.txt"
     path.write_text(SENTENCES)
     return path
+
+
+#: A tiny attention run: two chunks of 16 tokens, few nulls and probe sequences, every head's
+#: median chunk certified (what :meth:`depthlens.Run.head` and the report's head explorer read).
+HEAD_RUN_OPTIONS = {"chunks": 2, "seq_len": 16, "probe_seqs": 4, "probe_len": 6, "null_samples": 2, "null_chunks": 1,
+                    "certify": "median"}
+
+
+@pytest.fixture(scope="session")
+def head_run(tmp_path_factory: pytest.TempPathFactory, text_file: Path):
+    """The attention stage of ``random:llama`` on :data:`SENTENCES` (:data:`HEAD_RUN_OPTIONS`),
+    as a :class:`depthlens.Run`; shared by the ``Run.head`` and head-explorer tests."""
+    import depthlens
+
+    out = tmp_path_factory.mktemp("head_run") / "run"
+    return depthlens.analyse("random:llama", text=str(text_file), stages=["attention"], out=out, preset="quick",
+                             jobs=1, **HEAD_RUN_OPTIONS)

@@ -8,6 +8,10 @@ exactly the same batches). Tables:
   ``row_entropy`` (METHODS A3).
 - ``attention_summary``: one row per (layer, head): the median over chunks of each.
 - ``residual_summary``: one row per (chunk, boundary): see :func:`depthlens.residual.summarise_boundaries`.
+
+Prompts (a prompts file): each chunk's attention is trimmed to its prompt's length and the
+pattern features average over its analysed rows; its residual summary is over its analysed
+positions (``max_pos`` a position of the prompt).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from tqdm.auto import tqdm
 from .attention.patterns import prev_weight, row_entropy, sink_mass
 from .config import RunConfig
 from .context import StageContext
+from .data import Chunks, as_chunks
 from .errors import require_at_least
 from .residual import summarise_boundaries
 
@@ -42,8 +47,8 @@ def check(config: RunConfig) -> None:
 
 def run(context: StageContext) -> None:
     """Capture every batch of chunks as one resumable unit, then write the stage's tables."""
-    run_dir, ids, batch_size = context.run_dir, context.token_ids, context.config.batch_size
-    starts = list(range(0, ids.shape[0], batch_size))
+    run_dir, ids, batch_size = context.run_dir, context.chunks, context.config.batch_size
+    starts = list(range(0, len(ids), batch_size))
     keys = [f"batch{start // batch_size:05d}" for start in starts]
     todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(STAGE, k)]
     bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc=STAGE, unit="batch",
@@ -51,7 +56,8 @@ def run(context: StageContext) -> None:
     with torch.inference_mode():
         for key, start in todo:
             with run_dir.failures.unit(STAGE, key):
-                run_dir.write_unit(STAGE, key, capture_batch(context.loaded.adapter, ids[start : start + batch_size], start))
+                run_dir.write_unit(STAGE, key, capture_batch(context.loaded.adapter, ids.take(slice(start, start + batch_size)),
+                                                             start))
             bar.update()
     bar.close()
     keys = [k for k in keys if run_dir.has_unit(STAGE, k)]
@@ -61,15 +67,16 @@ def run(context: StageContext) -> None:
     context.write_table("residual_summary", run_dir.read_units(STAGE, keys, "residual_summary"))
 
 
-def capture_batch(adapter, input_ids: torch.Tensor, first_chunk: int) -> dict[str, pd.DataFrame]:
+def capture_batch(adapter, input_ids: torch.Tensor | Chunks, first_chunk: int) -> dict[str, pd.DataFrame]:
     """Pattern features and residual summaries for one batch of chunks.
 
     Parameters
     ----------
     adapter : Adapter
         The model's adapter (``depthlens.models``).
-    input_ids : LongTensor, shape (B, T)
-        Token ids of ``B`` chunks.
+    input_ids : LongTensor, shape (B, T), or Chunks
+        Token ids of ``B`` chunks; :class:`~depthlens.data.Chunks` of their own lengths are
+        trimmed, and averaged over their analysed positions only.
     first_chunk : int
         Global index of the first chunk of the batch.
 
@@ -77,6 +84,10 @@ def capture_batch(adapter, input_ids: torch.Tensor, first_chunk: int) -> dict[st
     -------
     dict with tables ``attention_patterns`` and ``residual_summary``.
     """
+    batch = as_chunks(input_ids)
+    if batch.ragged:
+        return _capture_ragged(adapter, batch, first_chunk)
+    input_ids = batch.ids
     chunk_ids = np.arange(first_chunk, first_chunk + input_ids.shape[0])
     pattern_tables = []
     for layer, probs in adapter.attention_probs(input_ids):
@@ -97,6 +108,34 @@ def capture_batch(adapter, input_ids: torch.Tensor, first_chunk: int) -> dict[st
     for i, chunk in enumerate(chunk_ids):
         table = summarise_boundaries(states[:, i])
         table.insert(0, "chunk", int(chunk))
+        residual_tables.append(table)
+    return {
+        "attention_patterns": pd.concat(pattern_tables, ignore_index=True),
+        "residual_summary": pd.concat(residual_tables, ignore_index=True),
+    }
+
+
+def _capture_ragged(adapter, batch: Chunks, first_chunk: int) -> dict[str, pd.DataFrame]:
+    """:func:`capture_batch` of chunks of their own lengths: per chunk, the attention trimmed to
+    its length and the pattern features over its analysed rows; the residual summary over its
+    analysed positions."""
+    lengths = [int(n) for n in batch.lengths]
+    pattern_tables = []
+    for layer, probs in adapter.attention_probs(batch.ids):
+        A = probs.detach().cpu().numpy()  # (B, H, T, T) float64
+        n_heads = A.shape[1]
+        for i, n in enumerate(lengths):
+            table = pd.DataFrame({"layer": layer, "head": np.arange(n_heads), "chunk": first_chunk + i})
+            rows = batch.rows(i)
+            for name, feature in PATTERN_FEATURES.items():
+                table[name] = feature(A[i, :, :n, :n], rows)
+            pattern_tables.append(table)
+    states = adapter.residual_states(batch.ids).detach().to(torch.float64).cpu().numpy()
+    residual_tables = []
+    for i in range(len(lengths)):
+        positions = batch.positions(i)
+        table = summarise_boundaries(states[:, i][:, positions], positions)
+        table.insert(0, "chunk", first_chunk + i)
         residual_tables.append(table)
     return {
         "attention_patterns": pd.concat(pattern_tables, ignore_index=True),

@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 
 from .config import RunConfig
+from .data import Chunks
 from .models import LoadedModel
 from .runs import RunDirectory
 from .schema import IDENTITY, conform_table
@@ -63,12 +64,17 @@ class StageContext:
     loaded : LoadedModel
         The model as loaded (the ``trained`` checkpoint).
     token_ids : LongTensor, shape (chunks, seq_len)
-        The run's text chunks.
+        The run's text chunks (with a prompts file: the prompts, right-padded to the longest).
     execution : Execution
         Progress bars and where the numerical tasks run.
     load_revision : callable
         ``revision -> LoadedModel``: another hub revision of the same model, checked like the
         first.
+    chunks : Chunks, optional
+        The chunks with each one's length and analysed positions
+        (:class:`depthlens.data.Chunks`); by default ``token_ids`` as chunks of equal length
+        with every position analysed. A stage trims every per-chunk array to the chunk's
+        length and averages over positions only where it is analysed.
     """
 
     stage: str
@@ -78,6 +84,11 @@ class StageContext:
     token_ids: torch.Tensor
     execution: Execution
     load_revision: Callable[[str], LoadedModel]
+    chunks: Chunks | None = None
+
+    def __post_init__(self) -> None:
+        if self.chunks is None:
+            self.chunks = Chunks.of(self.token_ids)
 
     @property
     def options(self) -> Any:

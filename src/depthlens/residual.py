@@ -41,13 +41,16 @@ def massive_mask(h: np.ndarray, abs_min: float = MASSIVE_ABS, ratio: float = MAS
     return (mag >= abs_min) & (mag >= ratio * np.median(mag))
 
 
-def summarise_boundaries(states: np.ndarray) -> pd.DataFrame:
+def summarise_boundaries(states: np.ndarray, positions: np.ndarray | None = None) -> pd.DataFrame:
     """Per-boundary summary of residual states of one chunk.
 
     Parameters
     ----------
     states : ndarray, shape (2L + 1, T, d)
-        Residual states of one chunk at every boundary.
+        Residual states of one chunk at every boundary (or at the positions summarised).
+    positions : ndarray of int, shape (T,), optional
+        The chunk's position of each of the ``T`` states given (e.g. a prompt's analysed
+        positions), which ``max_pos`` reports; default ``0 … T − 1``.
 
     Returns
     -------
@@ -62,8 +65,11 @@ def summarise_boundaries(states: np.ndarray) -> pd.DataFrame:
         If ``states`` is not 3-D with an odd number of boundaries.
     """
     arr = np.asarray(states, dtype=np.float64)
-    if arr.ndim != 3 or arr.shape[0] % 2 != 1:
-        raise InputError(f"residual states have shape {arr.shape}; expected (2L + 1, T, d).")
+    if arr.ndim != 3 or arr.shape[0] % 2 != 1 or arr.shape[1] == 0:
+        raise InputError(f"residual states have shape {arr.shape}; expected (2L + 1, T, d) with T >= 1.")
+    where = np.arange(arr.shape[1]) if positions is None else np.asarray(positions, dtype=np.int64)
+    if where.shape != (arr.shape[1],):
+        raise InputError(f"positions has shape {where.shape}; pass one position per state ({arr.shape[1]}).")
     rows = []
     for b, (layer, kind) in enumerate(boundary_names(arr.shape[0] // 2)):
         h = arr[b]
@@ -76,7 +82,7 @@ def summarise_boundaries(states: np.ndarray) -> pd.DataFrame:
                 "rms": float(np.sqrt(np.mean(h * h))),
                 "median_abs": float(np.median(mag)),
                 "max_abs": float(mag[pos, dim]),
-                "max_pos": int(pos),
+                "max_pos": int(where[pos]),
                 "max_dim": int(dim),
                 "n_massive": int(massive_mask(h).sum()),
             }

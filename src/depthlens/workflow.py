@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import data
@@ -40,28 +41,34 @@ PACKAGES = ("depthlens", "numpy", "scipy", "torch", "transformers", "pandas", "p
 
 @dataclass
 class Prepared:
-    """A validated configuration with its model and token chunks, ready to run."""
+    """A validated configuration with its model and token chunks, ready to run.
+
+    ``chunks`` are the run's chunks (:class:`depthlens.data.Chunks`: with a prompts file, each
+    prompt's length and analysed positions); ``token_ids`` their padded ids. ``text_sha256`` is
+    the SHA-256 of the text, or of a prompts file's bytes."""
 
     config: RunConfig
     loaded: LoadedModel
-    token_ids: torch.Tensor
+    chunks: data.Chunks
     text_sha256: str
+
+    @property
+    def token_ids(self) -> torch.Tensor:
+        """The chunks' token ids ``(N, T)`` (right-padded with a prompts file)."""
+        return self.chunks.ids
 
     def manifest(self) -> dict:
         """The manifest of a new run (config, hashes, versions, seed, and the numerical
         environment: BLAS/LAPACK libraries and kernels, threads, CPU, as ``depthlens doctor``
-        prints them, so two runs can be compared)."""
+        prints them, so two runs can be compared). With a prompts file ``data`` also holds
+        ``kind: "prompts"``, each prompt's ``lengths``, ``lines`` and ``analysed`` (its number of
+        analysed positions), and ``tokens_sha256`` then covers the lengths and positions too."""
         return {
             "config": self.config.to_dict(),
             "config_hash": self.config.hash(),
             "seed": self.config.seed,
             "model": self.loaded.provenance,
-            "data": {
-                "source": self.config.text,
-                "text_sha256": self.text_sha256,
-                "tokens_sha256": hashlib.sha256(self.token_ids.numpy().tobytes()).hexdigest(),
-                "shape": list(self.token_ids.shape),
-            },
+            "data": _data_record(self.config.text, self.text_sha256, self.chunks),
             "versions": package_versions(),
             "source": source_version(),
             "command": {"argv": command_line(), "cwd": os.getcwd()},
@@ -70,11 +77,25 @@ class Prepared:
         }
 
 
+def _data_record(text: str, sha256: str, chunks: data.Chunks) -> dict:
+    """The manifest's ``data``: the source, its hash, a hash of the tokens and their shape (and
+    with a prompts file, each prompt's length, line and number of analysed positions)."""
+    digest = hashlib.sha256(chunks.ids.numpy().tobytes())
+    record: dict = {"source": text, "text_sha256": sha256}
+    if chunks.prompts:
+        digest.update(chunks.lengths.astype(np.int64).tobytes())
+        digest.update(np.packbits(chunks.analysed).tobytes())
+        record.update(kind="prompts", n_prompts=len(chunks), lengths=chunks.lengths.tolist(), lines=list(chunks.lines),
+                      analysed=chunks.analysed.sum(axis=1).tolist())
+    return {**record, "tokens_sha256": digest.hexdigest(), "shape": list(chunks.shape)}
+
+
 def check_context(config: RunConfig, plan: Sequence[str], context: int | None, name: str) -> None:
     """Refuse inputs longer than the context of the model ``name`` (``context`` tokens; None:
-    unbounded): the chunks (``--seq-len``) and whatever a stage of ``plan`` feeds the model
-    (its module's optional ``check_context(config, context, name)``, e.g. the attention stage's
-    induction probe).
+    unbounded): the chunks (``--seq-len``; a prompts file's prompts are checked once tokenized,
+    :func:`check_prompts`) and whatever a stage of ``plan`` feeds the model (its module's
+    optional ``check_context(config, context, name)``, e.g. the attention stage's induction
+    probe).
 
     Raises
     ------
@@ -83,7 +104,7 @@ def check_context(config: RunConfig, plan: Sequence[str], context: int | None, n
     """
     if context is None:
         return
-    if config.seq_len > context:
+    if not config.prompts and config.seq_len > context:
         raise InputError(f"--seq-len {config.seq_len} exceeds the context of {name} ({context} tokens); pass "
                          f"--seq-len {context} or less.")
     for stage in plan:
@@ -109,9 +130,35 @@ def prepare(config: RunConfig, loaded: LoadedModel | None = None, plan: Sequence
                             stream_layers=config.stream_layers)
     check_finite_weights(loaded.model, loaded.name)
     check_context(config, plan, loaded.adapter.max_seq_len, loaded.name)
+    if config.prompts:
+        prompts = data.load_prompts(config.text)
+        chunks = data.prompt_chunks(prompts, loaded.tokenizer, config.chunks)
+        check_prompts(config, plan, chunks, loaded.adapter.max_seq_len, loaded.name)
+        return Prepared(config, loaded, chunks, prompts.sha256)
     source = data.load_text(config.text)
     ids = data.chunks(source, loaded.tokenizer, config.chunks, config.seq_len, seed=config.seed)
-    return Prepared(config, loaded, ids, source.sha256)
+    return Prepared(config, loaded, data.Chunks.of(ids), source.sha256)
+
+
+def check_prompts(config: RunConfig, plan: Sequence[str], chunks: data.Chunks, context: int | None, name: str) -> None:
+    """Refuse the prompts of a prompts file that the model or a stage of ``plan`` cannot take
+    (before anything is written): a prompt longer than the context of the model ``name``
+    (``context`` tokens; None: unbounded), and whatever a stage's optional
+    ``check_chunks(config, chunks)`` refuses (e.g. too few prompts for the ablate stage).
+
+    Raises
+    ------
+    InputError
+        One line naming the prompt's line and what to do.
+    """
+    if context is not None and int(chunks.lengths.max()) > context:
+        i = int(np.argmax(chunks.lengths))
+        raise InputError(f"{chunks.name(i)} is {int(chunks.lengths[i])} tokens long (BOS included), beyond the "
+                         f"context of {name} ({context} tokens); shorten it or leave it out.")
+    for stage in plan:
+        check = getattr(stages_registry.get(stage).load(), "check_chunks", None)
+        if check is not None:
+            check(config, chunks)
 
 
 def run(
@@ -164,7 +211,7 @@ def run(
     plan = check_plan(config, stages, in_memory=loaded is not None and loaded.provenance.get("source") == "memory")
     check_execution(execution)  # the executor spec, its packages, a Ray address, sbatch
     claims_bytes, claims_record = claims_registration(claims)  # a malformed file is refused before any work
-    check_target(out, run_mode, config.hash())  # fail fast, before the model loads
+    check_target(out, run_mode, config.hash(), {"config": config.to_dict()})  # fail fast, before the model loads
     prepared = prepare(config, loaded, plan)
     manifest = prepared.manifest()
     manifest["claims"] = claims_record
@@ -244,7 +291,7 @@ def _run_stage(run_dir: RunDirectory, stage: str, prepared: Prepared, execution:
     run_dir.mark_stage(stage, "running")
     start = time.perf_counter()
     context = StageContext(stage, run_dir, prepared.config, prepared.loaded, prepared.token_ids, execution,
-                           _revision_loader(prepared.config))
+                           _revision_loader(prepared.config), prepared.chunks)
     try:
         spec.load().run(context)
     except Exception as exc:  # noqa: BLE001 - isolated: logged with its traceback, the run goes on
@@ -296,8 +343,8 @@ _KINDS = {"embedded": "an embedded model", "random": "a random model", "gguf": "
 def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False) -> list[str]:
     """Check the whole plan before any model loads and return it: ``stages`` with the stages
     they need put first (:func:`depthlens.stages.with_requirements`). Every stage of the plan
-    checks its sizes against the configuration (its module's ``check``), a ``random:`` spec is
-    parsed, and ``--revision``/``--revisions`` are refused for a model that is neither a hub id
+    checks its sizes against the configuration (its module's ``check``), a ``random:`` spec and
+    a prompts file are parsed, and ``--revision``/``--revisions`` are refused for a model that is neither a hub id
     nor a checkpoint series (an in-memory model, ``in_memory``, has no revisions either).
 
     Raises
@@ -306,6 +353,8 @@ def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False
         One line naming the flag and the value that works, or an unknown stage.
     ModelError
         A ``random:`` spec with unknown keys or values its configuration rejects.
+    DataError
+        A malformed prompts file (:func:`depthlens.data.load_prompts`).
     """
     plan = stages_registry.with_requirements(list(stages), config)
     source = "memory" if in_memory else check_spec(config.model)  # a path that is not there: refused now
@@ -320,6 +369,8 @@ def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False
         _check_plain_revisions(config.revisions)
     if source == "random":
         random_spec(config.model.strip(), config.stream_layers)  # unknown keys, bad values: one line
+    if config.prompts:
+        data.load_prompts(config.text)  # a malformed prompts file: one line, before the model loads
     for stage in plan:
         stages_registry.get(stage).load().check(config)
     return plan

@@ -251,3 +251,24 @@ def test_aggregate_order_free_and_partial() -> None:
     assert (last["n_chunks"], last["n_tokens"]) == (3, 3 * 23)
     assert last["criticality"] == pytest.approx(one["delta_ce_sum"].iloc[:3].sum() / (3 * 23), rel=1e-15)
     pd.testing.assert_frame_equal(partial.iloc[:-1], table.iloc[:-1], check_exact=True)
+
+
+def test_ablate_each_ablates_one_head_per_block_of_rows(ids: torch.Tensor) -> None:
+    ad = _model().adapter
+    held = ids[:2]
+    with torch.inference_mode():
+        h = ad.embed(held)
+        heads = [1, 0, 1]
+        values = torch.randn(3, held.shape[0], held.shape[1], ad.head_dim)
+        with ad.ablate_each(1, heads, "resample", values):
+            got = ad.block(1)(h.repeat(3, 1, 1))
+        for i, head in enumerate(heads):  # each block as ablate_head gives it on its own
+            with ad.ablate_head(1, head, "resample", values[i]):
+                want = ad.block(1)(h)
+            torch.testing.assert_close(got[i * 2 : (i + 1) * 2], want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(InputError, match="expected \\(n, hd\\)"):
+        with ad.ablate_each(1, [0, 1], "mean", torch.zeros(3, ad.head_dim)):
+            pass
+    with pytest.raises(InputError, match="not 2 blocks"):
+        with torch.inference_mode(), ad.ablate_each(1, [0, 1], "zero"):
+            ad.block(1)(h[:1])

@@ -52,7 +52,8 @@ def null_rng(seed: int, *keys: int) -> np.random.Generator:
 
 
 def head_chunk_row(
-    A: np.ndarray, layer: int, head: int, chunk: int, opts: AttentionOptions, nulls: bool, extras: bool, certify: bool
+    A: np.ndarray, layer: int, head: int, chunk: int, opts: AttentionOptions, nulls: bool, extras: bool, certify: bool,
+    rows: np.ndarray | None = None,
 ) -> dict:
     """Every per-matrix quantity of one (layer, head, chunk) attention matrix ``A`` (n, n):
     the A3 features, the matched-null excess on null chunks, and optionally the certified
@@ -63,11 +64,13 @@ def head_chunk_row(
     ``null_rank_TR1`` / ``null_rank_TR1_half`` are TR1's ranks among all ``null_n`` = S samples
     and among that first half (:func:`null_rank`). ``failure``
     is None, or the reason why no driver of :mod:`depthlens.linalg.guarded` converged (the
-    quantities of that row are then missing)."""
+    quantities of that row are then missing). ``rows`` are a prompt's analysed rows
+    (:func:`~depthlens.attention.features.matrix_features`); ``A`` is then already trimmed to
+    the prompt's length."""
     keys = {"layer": layer, "head": head, "chunk": chunk, "extras": extras}
     try:
         bracket = (opts.rtol, opts.certify_evals) if certify else None
-        row = {**keys, **features.matrix_features(A, extras=extras, certify=bracket)}
+        row = {**keys, **features.matrix_features(A, extras=extras, certify=bracket, rows=rows)}
         if nulls:
             tr = features.null_reserves(A, opts.null_mode, opts.null_samples, null_rng(opts.seed, 1, layer, head, chunk))
             sd = float(tr.std(ddof=1)) if tr.size > 1 else math.nan

@@ -71,7 +71,8 @@ def transient_peak(B: np.ndarray, kb: KreissResult) -> tuple[float, int, bool]:
 
 
 def matrix_features(
-    A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSILONS, certify: tuple[float, int] | None = None
+    A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSILONS, certify: tuple[float, int] | None = None,
+    rows: np.ndarray | None = None,
 ) -> dict[str, float]:
     """All METHODS A3 quantities of one causal attention matrix.
 
@@ -84,6 +85,10 @@ def matrix_features(
     certify : (rtol, max_evals), optional
         Also certify ``K(B)`` (the columns of :func:`certified_reserve`), from the same search
         that gives ``kreiss_B`` and the same power bound that gives ``kreiss_B_upper``.
+    rows : ndarray of bool, shape (n,), optional
+        The analysed rows (query positions) of a prompt: ``sink_mass``, ``prev_weight`` and
+        ``row_entropy`` average over them only (NaN when none qualifies); the operator
+        quantities are those of the whole matrix. Default: every row.
 
     Returns
     -------
@@ -107,9 +112,9 @@ def matrix_features(
     B = deflate(A)
     n = A.shape[-1]
     out: dict[str, float] = {
-        "sink_mass": float(sink_mass(A)),
-        "prev_weight": float(prev_weight(A)),
-        "row_entropy": float(row_entropy(A)),
+        "sink_mass": float(sink_mass(A, rows)),
+        "prev_weight": float(prev_weight(A, rows)),
+        "row_entropy": float(row_entropy(A, rows)),
         "rho_B": float(np.diagonal(A)[1:].max()) if n > 1 else 0.0,
         "norm_B": guarded.norm2(B),
     }

@@ -27,11 +27,13 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
 from ..config import RunConfig
 from ..context import Execution
+from ..data import Chunks, as_chunks
 from ..errors import DepthlensError, RunIncomplete, one_line
 from ..models import LoadedModel, load_model
 from ..models.finite import check_finite_weights
@@ -51,10 +53,16 @@ STAGE = "census"
 KIND = "census"
 
 
-def mean_loss(loaded: LoadedModel, token_ids: torch.Tensor, batch_size: int) -> float:
+def mean_loss(loaded: LoadedModel, token_ids: torch.Tensor | Chunks, batch_size: int) -> float:
     """Mean next-token cross-entropy of ``loaded`` on ``token_ids`` (nats per predicted token):
     the model's own logits, ``log_softmax`` in float64, every position but the last of every
-    chunk predicting the next token (exact to float64 rounding of the logits given)."""
+    chunk predicting the next token (exact to float64 rounding of the logits given). Prompts of
+    their own lengths (:class:`~depthlens.data.Chunks`) count their predictions at analysed
+    positions inside them only."""
+    chunks = as_chunks(token_ids)
+    if chunks.ragged:
+        return _prompts_loss(loaded, chunks, batch_size)
+    token_ids = chunks.ids
     total, count = 0.0, 0
     with torch.inference_mode():
         for start in range(0, token_ids.shape[0], batch_size):
@@ -63,6 +71,21 @@ def mean_loss(loaded: LoadedModel, token_ids: torch.Tensor, batch_size: int) -> 
             picked = logp.gather(-1, ids[:, 1:].unsqueeze(-1).to(logp.device)).squeeze(-1)
             total -= float(picked.sum())
             count += picked.numel()
+    return total / count if count else math.nan
+
+
+def _prompts_loss(loaded: LoadedModel, chunks: Chunks, batch_size: int) -> float:
+    """:func:`mean_loss` over the counted predictions of prompts (:meth:`Chunks.predicted`)."""
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for start in range(0, len(chunks), batch_size):
+            batch = chunks.take(slice(start, start + batch_size))
+            logits = loaded.adapter.logits(batch.ids)
+            for b, counted in enumerate(batch.predicted()):
+                t = torch.from_numpy(np.flatnonzero(counted))
+                logp = torch.log_softmax(logits[b, t.to(logits.device)].to(torch.float64), dim=-1)
+                total -= float(logp.gather(-1, batch.ids[b, t + 1, None].to(logp.device)).sum())
+                count += int(t.numel())
     return total / count if count else math.nan
 
 
@@ -180,7 +203,7 @@ def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_m
     _check_contexts(series, configs, plan)
     check_execution(execution)
     digest = census_hash(config, options)
-    check_target(out, run_mode, digest)
+    check_target(out, run_mode, digest, {"config": config.to_dict(), "census": dataclasses.asdict(options)})
     root = Path(out)
     if run_mode is RunMode.OVERWRITE and root.is_dir() and not_a_run(root) is None:
         _remove_checkpoint_runs(root)
@@ -245,7 +268,7 @@ def _visit(run_dir: RunDirectory, spec: str, folder: str, ckpt: Checkpoint, conf
                             stream_layers=config.stream_layers)
         check_finite_weights(loaded.model, f"{loaded.name}@{ckpt.revision}")
         prepared = prepare(config, loaded, plan)
-        loss = mean_loss(loaded, prepared.token_ids, config.batch_size)
+        loss = mean_loss(loaded, prepared.chunks, config.batch_size)
         family, norm = loaded.adapter.family, norm_kind(loaded)
         mode = RunMode.RESUME if sub.is_dir() and not_a_run(sub) is None else RunMode.NEW
         try:
@@ -253,8 +276,7 @@ def _visit(run_dir: RunDirectory, spec: str, folder: str, ckpt: Checkpoint, conf
         except RunIncomplete as exc:
             error = "; ".join(f.line() for f in exc.failures[:1])
             _say(execution, f"census: {ckpt.label} is incomplete: {error}")
-            run_dir.failures.failures.append(UnitFailure(STAGE, ckpt.label, f"incomplete: {error}",
-                                                         sub / "logs"))
+            run_dir.failures.add(UnitFailure(STAGE, ckpt.label, f"incomplete: {error}", sub / "logs"))
             return dataclasses.replace(point, status="incomplete", error=error, loss=loss, tables=RunTables(sub),
                                        family=family, norm=norm)
         run_dir.write_unit(STAGE, key, {"point": pd.DataFrame([{"loss": loss, "family": family, "norm": norm}])})

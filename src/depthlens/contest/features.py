@@ -5,7 +5,9 @@ Pure array functions on float64 causal row-stochastic matrices. The per-matrix f
 batch ``(..., n, n)`` and return one value per matrix ``(...)``; :func:`induction_mass` also takes
 the chunk's token ids; :func:`persistence` takes every head of every layer of one chunk
 ``(L, H, n, n)``. Indices are 0-based: "rows i ≥ 2" of METHODS
-are rows ``1 … n−1`` here.
+are rows ``1 … n−1`` here. The row averages (:func:`mean_distance`, :func:`max_weight`,
+:func:`induction_mass`) take ``rows``, a bool mask of the analysed rows of a prompt, and then
+average over those rows only (NaN when none qualifies); the operator features do not.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ..attention.patterns import row_mean, selected_rows
 from ..errors import InputError
 from ..linalg import guarded
 from ..linalg.causal import check_causal_stochastic, deflate
@@ -46,7 +49,7 @@ def _batch(A: ArrayLike) -> np.ndarray:
     return arr
 
 
-def mean_distance(A: ArrayLike) -> np.ndarray:
+def mean_distance(A: ArrayLike, rows: np.ndarray | None = None) -> np.ndarray:
     """Mean over all rows i of ``Σ_j A[i, j] (i − j)``: the mean attention distance (tokens).
 
     Examples
@@ -59,12 +62,16 @@ def mean_distance(A: ArrayLike) -> np.ndarray:
     arr = _batch(A)
     n = arr.shape[-1]
     dist = np.subtract.outer(np.arange(n), np.arange(n)).clip(min=0).astype(np.float64)
+    if rows is not None:
+        return row_mean((arr * dist).sum(axis=-1), selected_rows(rows, n))
     return (arr * dist).sum(axis=-1).mean(axis=-1)
 
 
-def max_weight(A: ArrayLike) -> np.ndarray:
+def max_weight(A: ArrayLike, rows: np.ndarray | None = None) -> np.ndarray:
     """Mean over rows i ≥ 2 of ``max_j A[i, j]`` (row 1 is ``e_1ᵀ`` for every head)."""
     arr = _batch(A)
+    if rows is not None:
+        return row_mean(arr.max(axis=-1), selected_rows(rows, arr.shape[-1], 1))
     return arr[..., 1:, :].max(axis=-1).mean(axis=-1)
 
 
@@ -76,7 +83,7 @@ def diag_quantiles(A: ArrayLike, quantiles: tuple[float, ...] = DIAG_QUANTILES) 
     return np.moveaxis(np.percentile(diag, quantiles, axis=-1), 0, -1)
 
 
-def induction_mass(A: ArrayLike, tokens: ArrayLike) -> np.ndarray:
+def induction_mass(A: ArrayLike, tokens: ArrayLike, rows: np.ndarray | None = None) -> np.ndarray:
     """Attention mass on the positions right after earlier occurrences of the query's token:
     the natural-text analogue of the probe's induction score (a pattern-only proxy, from the
     attention matrix and the chunk's token ids).
@@ -93,6 +100,8 @@ def induction_mass(A: ArrayLike, tokens: ArrayLike) -> np.ndarray:
         Causal row-stochastic attention matrices of one chunk, n ≥ 2.
     tokens : array_like, shape (n,)
         The chunk's token ids.
+    rows : ndarray of bool, shape (n,), optional
+        Only these queries count (a prompt's analysed positions); default every one.
 
     Returns
     -------
@@ -122,6 +131,8 @@ def induction_mass(A: ArrayLike, tokens: ArrayLike) -> np.ndarray:
     i, k = np.indices((n, n))
     targets = (k >= 1) & (k <= i - 2) & (t[np.maximum(k - 1, 0)] == t[i])
     queries = targets.any(axis=1)
+    if rows is not None:
+        queries = queries & np.isin(np.arange(n), selected_rows(rows, n))
     if not queries.any():
         return np.full(arr.shape[:-2], np.nan)
     return (arr * targets).sum(axis=-1)[..., queries].mean(axis=-1)
@@ -139,9 +150,10 @@ def norm_features(B: np.ndarray) -> dict[str, np.ndarray]:
     return {"fro_B": fro, "sigma2_B": s[..., 1], "stable_rank_B": stable}
 
 
-def head_features(A: ArrayLike) -> dict[str, np.ndarray]:
+def head_features(A: ArrayLike, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Every per-matrix feature of :data:`HEAD_FEATURES` for a batch ``(..., n, n)`` of causal
-    row-stochastic matrices, n ≥ 2: name -> array of the batch shape.
+    row-stochastic matrices, n ≥ 2: name -> array of the batch shape. ``rows`` (a prompt's
+    analysed rows) restricts the row averages ``mean_distance`` and ``max_weight``.
 
     Raises
     ------
@@ -149,7 +161,7 @@ def head_features(A: ArrayLike) -> dict[str, np.ndarray]:
         If ``A`` is not causal row-stochastic or n < 2.
     """
     arr = _batch(A)
-    out = {"mean_distance": mean_distance(arr), "max_weight": max_weight(arr)}
+    out = {"mean_distance": mean_distance(arr, rows), "max_weight": max_weight(arr, rows)}
     qs = diag_quantiles(arr)
     out.update({f"diag_q{q}": qs[..., i] for i, q in enumerate(DIAG_QUANTILES)})
     out.update(norm_features(deflate(arr)))

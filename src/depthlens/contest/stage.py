@@ -6,7 +6,9 @@ Two phases, each in resumable units:
    unit). Every layer's attention of the batch is held at once (the depth persistence runs over
    depth: ``L·H·n²`` float64 per chunk, 35 MB for SmolLM2 at n = 128); each chunk's pattern,
    eigenvalue and norm features, its induction mass (from the chunk's token ids) and its
-   persistence (:mod:`depthlens.contest.features`) are computed by the workers. The per-head table ``contest_features`` is the median over chunks
+   persistence (:mod:`depthlens.contest.features`) are computed by the workers. A prompt's
+   matrices (a prompts file) are trimmed to its length; its row averages (``mean_distance``,
+   ``max_weight``, ``induction_mass``) are over its analysed positions. The per-head table ``contest_features`` is the median over chunks
    (of logs for the scale quantities ``fro_B`` and ``sigma2_B``, METHODS A3).
 2. ``cv_<target>``: the contest of one target (:func:`depthlens.contest.cv.contest_target`)
    over the features of ``heads`` (attention stage) and ``contest_features``. The table
@@ -30,6 +32,7 @@ from tqdm.auto import tqdm
 
 from ..config import RunConfig
 from ..context import StageContext
+from ..data import Chunks, as_chunks
 from ..errors import InputError, RunError, require_at_least
 from ..parallel import executor
 from ..runs import RunDirectory
@@ -106,9 +109,9 @@ def run(context: StageContext) -> None:
             raise InputError("tables/ablation.parquet has no mean-ablation rows; rerun the ablate stage with mean in "
                              "--ablation-methods or drop criticality from --contest-targets.")
     heads = trained_rows(run_dir.read_table("heads"))  # the model as loaded, whose features are computed here
-    n_chunks = min(opts.contest_chunks, context.token_ids.shape[0])
+    n_chunks = min(opts.contest_chunks, len(context.chunks))
     with executor(context.execution, context.run_dir.root) as pool, torch.inference_mode():
-        chunks = _features_phase(run_dir, context.loaded.adapter, context.token_ids[:n_chunks], pool,
+        chunks = _features_phase(run_dir, context.loaded.adapter, context.chunks.take(slice(0, n_chunks)), pool,
                                  context.config.batch_size, context.execution.quiet)
     features = aggregate_features(chunks)
     context.write_table("contest_features", features)
@@ -116,33 +119,40 @@ def run(context: StageContext) -> None:
 
 
 # ----------------------------------------------------------------------------- features
-def chunk_features(A: np.ndarray, tokens: np.ndarray, chunk: int) -> pd.DataFrame:
+def chunk_features(A: np.ndarray, tokens: np.ndarray, chunk: int, rows: np.ndarray | None = None) -> pd.DataFrame:
     """Every head's features and persistence in one chunk: ``A`` is (L, H, n, n), every layer's
-    attention of the chunk, ``tokens`` (n,) its token ids. One row per (layer, head) with
-    ``chunk`` and :data:`FEATURE_COLUMNS`."""
+    attention of the chunk, ``tokens`` (n,) its token ids, ``rows`` its analysed positions (a
+    bool mask of the n; default every one). One row per (layer, head) with ``chunk`` and
+    :data:`FEATURE_COLUMNS`."""
     n_layers, n_heads = A.shape[:2]
-    values = head_features(A)
+    values = head_features(A, rows)
     table = pd.DataFrame({"layer": np.repeat(np.arange(n_layers), n_heads), "head": np.tile(np.arange(n_heads), n_layers),
                           "chunk": chunk})
     for name in HEAD_FEATURES:
         table[name] = values[name].reshape(-1)
-    table["induction_mass"] = induction_mass(A, tokens).reshape(-1)
+    table["induction_mass"] = induction_mass(A, tokens, rows).reshape(-1)
     table["persistence"] = persistence(A).reshape(-1)
     return table
 
 
-def _features_phase(run_dir: RunDirectory, adapter, token_ids: torch.Tensor, pool, batch_size: int,
+def _features_phase(run_dir: RunDirectory, adapter, token_ids: torch.Tensor | Chunks, pool, batch_size: int,
                     quiet: bool) -> pd.DataFrame:
-    starts = list(range(0, token_ids.shape[0], batch_size))
+    token_ids = as_chunks(token_ids)
+    starts = list(range(0, len(token_ids), batch_size))
     keys = [f"features{s // batch_size:05d}" for s in starts]
     todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(STAGE, k)]
     bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc="contest features", unit="unit", disable=quiet)
     for key, start in todo:
         with run_dir.failures.unit(STAGE, key):
-            batch = token_ids[start : start + batch_size]
-            probs = np.stack([p.cpu().numpy() for _, p in adapter.attention_probs(batch)], axis=1)  # (B, L, H, n, n)
-            ids = batch.cpu().numpy()
-            futures = [pool.submit(chunk_features, probs[i], ids[i], start + i) for i in range(probs.shape[0])]
+            batch = token_ids.take(slice(start, start + batch_size))
+            probs = np.stack([p.cpu().numpy() for _, p in adapter.attention_probs(batch.ids)], axis=1)  # (B, L, H, n, n)
+            ids = batch.ids.cpu().numpy()
+            if batch.ragged:  # each chunk's own matrices and tokens, its analysed rows
+                n = [int(length) for length in batch.lengths]
+                futures = [pool.submit(chunk_features, np.ascontiguousarray(probs[i, ..., : n[i], : n[i]]), ids[i, : n[i]],
+                                       start + i, batch.rows(i)) for i in range(probs.shape[0])]
+            else:
+                futures = [pool.submit(chunk_features, probs[i], ids[i], start + i) for i in range(probs.shape[0])]
             del probs
             run_dir.write_unit(STAGE, key, {"rows": pd.concat([f.result() for f in futures], ignore_index=True)})
         bar.update()

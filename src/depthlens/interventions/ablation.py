@@ -21,12 +21,14 @@ percentile bootstrap interval over held-out chunks (:func:`bootstrap_counts`,
 Structure (what makes it affordable): no full forward pass per head. The clean residual
 stream of a batch of held-out chunks is computed once through the adapter's own maps
 (``h = embed(ids)``, then ``block(k)`` for every layer, keeping each layer's input;
-:func:`clean_pass`), and so is the clean cross-entropy. An ablation of a head of layer ``l``
-starts from the kept input of layer ``l`` and runs only ``block(l) … block(L−1)`` and
-``unembed`` with the ablation hook active (:func:`ablated_nll`). Layers below ``l`` are
+:func:`clean_pass`), and so is the clean cross-entropy. The ablations of layer ``l``'s heads
+start from the kept input of layer ``l``, repeated once per head, and run only ``block(l) …
+block(L−1)`` and ``unembed``, each copy with its own head ablated (:func:`ablated_nll`): one
+pass per layer instead of one per head, with the same arithmetic. Layers below ``l`` are
 unchanged by the ablation, so skipping them is exact; and because clean and ablated values
-go through the identical code path (same maps, same batch, same cross-entropy grouping), a
-head whose output-projection slice is zero gets ΔCE = 0 exactly, bit for bit.
+go through the same maps and cross-entropy, a head whose output-projection slice is zero gets
+ΔCE = 0 (bit for bit in the suite, whose BLAS computes a row the same way whatever the
+batch).
 
 Arithmetic: forward passes in the model dtype (float32 by default); per-token cross-entropies
 from float32 logits (``log_softmax`` of a few chunks at a time; bfloat16/float16 logits are
@@ -53,6 +55,7 @@ from ..models.interventions import ABLATION_METHODS
 __all__ = [
     "BOOT_TAG",
     "LOGITS_BUDGET",
+    "ROWS_BUDGET",
     "CleanPass",
     "ROW_COLUMNS",
     "ablated_nll",
@@ -73,6 +76,9 @@ __all__ = [
 BOOT_TAG = 0xAB1A7E
 #: Most logits (float32 values) :func:`token_nll` forms at once: 2**25 (128 MiB).
 LOGITS_BUDGET = 2**25
+#: Most residual values (rows × model width) one pass of :func:`ablated_nll` carries: 2**24
+#: (64 MiB in float32), so the heads of a layer share passes without memory growing with them.
+ROWS_BUDGET = 2**24
 #: Columns of the per-chunk rows (:func:`layer_rows`), the stage's unit tables.
 ROW_COLUMNS = ("layer", "head", "method", "chunk", "delta_ce_sum", "ce_clean_sum", "n_tokens")
 
@@ -178,15 +184,20 @@ class CleanPass:
         kept.
     nll : Tensor, shape (B, T − 1), float64
         The clean per-token cross-entropy (:func:`token_nll`).
+    counted : BoolTensor, shape (B, T − 1), optional
+        Which predictions the sums of :func:`layer_rows` count (prompts: the analysed positions
+        inside each prompt); None: every one.
     """
 
     ids: Tensor
     chunks: np.ndarray
     states: dict[int, Tensor]
     nll: Tensor
+    counted: Tensor | None = None
 
 
-def clean_pass(adapter, ids: Tensor, chunks: Sequence[int], keep: Collection[int] | None = None) -> CleanPass:
+def clean_pass(adapter, ids: Tensor, chunks: Sequence[int], keep: Collection[int] | None = None,
+               counted: np.ndarray | None = None) -> CleanPass:
     """Run ``embed`` then ``block(0) … block(L−1)`` on ``ids`` and keep layer inputs.
 
     Parameters
@@ -197,6 +208,8 @@ def clean_pass(adapter, ids: Tensor, chunks: Sequence[int], keep: Collection[int
         Global chunk index of each row (carried along).
     keep : collection of int, optional
         Layers whose inputs are kept (default every layer): ``B·T·d`` values each.
+    counted : ndarray of bool, shape (B, T − 1), optional
+        The predictions that count (:attr:`CleanPass.counted`).
 
     Returns
     -------
@@ -211,7 +224,8 @@ def clean_pass(adapter, ids: Tensor, chunks: Sequence[int], keep: Collection[int
                 states[k] = h
             h = adapter.block(k)(h)
         nll = token_nll(adapter, h, ids)
-    return CleanPass(ids, np.asarray(chunks, dtype=np.int64), states, nll)
+    return CleanPass(ids, np.asarray(chunks, dtype=np.int64), states, nll,
+                     None if counted is None else torch.as_tensor(np.asarray(counted, dtype=bool)))
 
 
 def _block_path_with_hook(adapter, ids: Tensor, last: int, on_output: Callable[[int, Tensor], None]) -> None:
@@ -263,7 +277,7 @@ def head_outputs(adapter, ids: Tensor, layers: Collection[int] | None = None) ->
     return out
 
 
-def head_means(adapter, ids: Tensor, batch_size: int) -> Tensor:
+def head_means(adapter, ids: Tensor, batch_size: int, lengths: np.ndarray | None = None) -> Tensor:
     """Each head's mean output vector over every token of ``ids`` (the mean chunks).
 
     Parameters
@@ -272,66 +286,88 @@ def head_means(adapter, ids: Tensor, batch_size: int) -> Tensor:
     ids : LongTensor, shape (N, T)
     batch_size : int
         Chunks per forward pass.
+    lengths : ndarray of int, shape (N,), optional
+        Each chunk's length (prompts right-padded to T): only its first ``lengths[i]``
+        positions count. Default: all T.
 
     Returns
     -------
     Tensor, shape (L, H, hd), float64, on the CPU
         Sum over chunks and positions of the head outputs (each converted to float64 before
-        summing) divided by ``N·T``.
+        summing) divided by ``N·T`` (by ``Σ lengths``).
     """
     L, H, hd = adapter.n_layers, adapter.n_heads, adapter.head_dim
     sums = torch.zeros((L, H, hd), dtype=torch.float64)
     N, T = ids.shape
+    inside: list[Tensor | None] = [None]  # the current batch's real positions (B, T), with lengths
 
     def add(layer: int, x: Tensor) -> None:
+        if inside[0] is not None:
+            x = x[inside[0].to(x.device)]
         sums[layer] += x.reshape(-1, H, hd).to("cpu", torch.float64).sum(dim=0)
 
     for start in range(0, N, batch_size):
+        if lengths is not None:
+            inside[0] = torch.arange(T)[None, :] < torch.as_tensor(lengths[start : start + batch_size])[:, None]
         _block_path_with_hook(adapter, ids[start : start + batch_size], L - 1, add)
-    return sums / (N * T)
+    return sums / (N * T if lengths is None else int(np.sum(lengths)))
 
 
-def ablated_nll(adapter, clean: CleanPass, layer: int, head: int, method: str, value: Tensor | None) -> Tensor:
-    """Per-token cross-entropy of ``clean``'s chunks with head ``(layer, head)`` ablated.
+def ablated_nll(adapter, clean: CleanPass, layer: int, heads: Sequence[int], method: str,
+                values: Tensor | None) -> Tensor:
+    """Per-token cross-entropy of ``clean``'s chunks with each of ``heads`` of ``layer`` ablated
+    in turn, in one pass per group of heads.
 
-    Starts from the kept input of ``layer`` and runs ``block(layer) … block(L−1)`` and the
-    cross-entropy exactly as :func:`clean_pass` does, with
-    :meth:`~depthlens.models.adapter.Adapter.ablate_head` active.
+    The kept input of ``layer`` is repeated once per head (a block of rows each) and run through
+    ``block(layer) … block(L−1)`` and the cross-entropy exactly as :func:`clean_pass` does, with
+    :meth:`~depthlens.models.adapter.Adapter.ablate_each` ablating block ``i``'s head
+    ``heads[i]``. Layers below ``layer`` are unchanged by an ablation, so skipping them is exact.
+    Heads go :data:`ROWS_BUDGET` rows (of the model width) at a time, at least one head a pass.
 
     Parameters
     ----------
     adapter : Adapter
     clean : CleanPass
         Must keep layer ``layer``.
-    layer, head : int
+    layer : int
+    heads : sequence of int
     method : {"mean", "zero", "resample"}
-    value : Tensor or None
-        ``(hd,)`` for mean, None for zero, ``(B, T, hd)`` for resample (rows as ``clean``).
+    values : Tensor or None
+        None for zero, ``(n, hd)`` for mean, ``(n, B, T, hd)`` for resample (rows as ``clean``),
+        ``n = len(heads)``.
 
     Returns
     -------
-    Tensor, shape (B, T − 1), float64
+    Tensor, shape (n, B, T − 1), float64
     """
-    with torch.inference_mode(), adapter.ablate_head(layer, head, method, value):
-        h = clean.states[layer]
-        for k in range(layer, adapter.n_layers):
-            h = adapter.block(k)(h)
-        return token_nll(adapter, h, clean.ids)
+    B, T = clean.ids.shape
+    group = max(1, ROWS_BUDGET // (B * T * adapter.d_model))
+    out = []
+    for start in range(0, len(heads), group):
+        part = list(heads[start : start + group])
+        n = len(part)
+        with torch.inference_mode(), adapter.ablate_each(
+                layer, part, method, None if values is None else values[start : start + n]):
+            h = clean.states[layer].repeat(n, 1, 1)
+            for k in range(layer, adapter.n_layers):
+                h = adapter.block(k)(h)
+            out.append(token_nll(adapter, h, clean.ids.repeat(n, 1)).reshape(n, B, T - 1))
+    return torch.cat(out)
 
 
-def _value(method: str, layer: int, head: int, means: Tensor | None,
-           sources: dict[int, Tensor] | None) -> Tensor | None:
-    """The ``value`` of :meth:`~depthlens.models.adapter.Adapter.ablate_head` for one head."""
+def _values(method: str, layer: int, heads: Sequence[int], means: Tensor | None,
+            sources: dict[int, Tensor] | None) -> Tensor | None:
+    """The ``values`` of :meth:`~depthlens.models.adapter.Adapter.ablate_each` for ``heads`` of ``layer``."""
     if method == "zero":
         return None
     if method == "mean":
         if means is None:
             raise InputError("mean ablation needs the head means (head_means over the mean chunks).")
-        return means[layer, head]
+        return means[layer, list(heads)]
     if method == "resample":
         if sources is None or layer not in sources:
             raise InputError(f"resample ablation needs the head outputs of layer {layer} on the paired mean chunks.")
-        return sources[layer][:, :, head]
+        return sources[layer][:, :, list(heads)].movedim(2, 0)
     raise InputError(f"ablation method {method!r} is not one of {ABLATION_METHODS}.")
 
 
@@ -360,29 +396,36 @@ def layer_rows(
         :func:`head_outputs` of the mean chunks paired with ``clean``'s rows by
         :func:`resample_sources` (needed for ``resample``).
     progress : callable, optional
-        Called with 1 after each head.
+        Called with the layer's number of heads when they are done.
 
     Returns
     -------
     DataFrame
         Columns :data:`ROW_COLUMNS`, one row per (head, method, chunk): ``delta_ce_sum`` is the
         float64 sum over the chunk's predicted tokens of ``CE_ablated − CE_clean``,
-        ``ce_clean_sum`` that of ``CE_clean``, ``n_tokens = T − 1``.
+        ``ce_clean_sum`` that of ``CE_clean``, ``n_tokens = T − 1`` (with ``clean.counted``:
+        the sums over the counted predictions only, ``n_tokens`` their number; the others, a
+        prompt's padding or positions not analysed, enter no number).
     """
-    B, T = clean.ids.shape
-    clean_sum = clean.nll.sum(dim=1).cpu().numpy()
-    frames = []
-    for head in range(adapter.n_heads):
-        for method in methods:
-            nll = ablated_nll(adapter, clean, layer, head, method, _value(method, layer, head, means, sources))
-            frames.append(pd.DataFrame({
-                "layer": layer, "head": head, "method": method, "chunk": clean.chunks,
-                "delta_ce_sum": (nll - clean.nll).sum(dim=1).cpu().numpy(), "ce_clean_sum": clean_sum,
-                "n_tokens": T - 1,
-            }))
-        if progress is not None:
-            progress(1)
-    return pd.concat(frames, ignore_index=True)[list(ROW_COLUMNS)]
+    heads = list(range(adapter.n_heads))
+    counted = torch.ones_like(clean.nll, dtype=torch.bool) if clean.counted is None else clean.counted
+    zero = torch.zeros((), dtype=torch.float64)
+    clean_sum = torch.where(counted, clean.nll, zero).sum(dim=1).cpu().numpy()
+    n_tokens = counted.sum(dim=1).cpu().numpy().astype(np.int64)
+    delta = {method: torch.where(counted, ablated_nll(adapter, clean, layer, heads, method,
+                                                      _values(method, layer, heads, means, sources)) - clean.nll,
+                                 zero).sum(dim=2).cpu().numpy()
+             for method in methods}
+    if progress is not None:
+        progress(len(heads))
+    B = len(clean.chunks)
+    return pd.DataFrame({
+        "layer": layer, "head": np.repeat(heads, len(methods) * B),
+        "method": np.tile(np.repeat(list(methods), B), len(heads)), "chunk": np.tile(clean.chunks, len(heads) * len(methods)),
+        "delta_ce_sum": np.stack([delta[m] for m in methods], axis=1).reshape(-1),
+        "ce_clean_sum": np.tile(clean_sum, len(heads) * len(methods)),
+        "n_tokens": np.tile(n_tokens, len(heads) * len(methods)),
+    })[list(ROW_COLUMNS)]
 
 
 # ----------------------------------------------------------------------------- bootstrap

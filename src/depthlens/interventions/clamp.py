@@ -73,7 +73,7 @@ CLAMP_COLUMNS = [c for c in SCHEMA["clamp"].columns if c not in IDENTITY]
 
 
 # ----------------------------------------------------------------------------- detection
-def massive_entries(states: np.ndarray, first_chunk: int) -> pd.DataFrame:
+def massive_entries(states: np.ndarray, first_chunk: int, lengths: np.ndarray | None = None) -> pd.DataFrame:
     """Every massive entry of every boundary of a batch of chunks (METHODS A7).
 
     Parameters
@@ -82,6 +82,9 @@ def massive_entries(states: np.ndarray, first_chunk: int) -> pd.DataFrame:
         Residual states (``Adapter.residual_states``) of ``B`` chunks.
     first_chunk : int
         Global index of the batch's first chunk.
+    lengths : ndarray of int, shape (B,), optional
+        Each chunk's length (prompts right-padded to T): only its first ``lengths[b]``
+        positions are read. Default: all T.
 
     Returns
     -------
@@ -92,8 +95,9 @@ def massive_entries(states: np.ndarray, first_chunk: int) -> pd.DataFrame:
     names = boundary_names(arr.shape[0] // 2)
     rows: list[pd.DataFrame] = []
     for b in range(arr.shape[1]):
+        n = arr.shape[2] if lengths is None else int(lengths[b])
         for s, (layer, kind) in enumerate(names):
-            h = arr[s, b]
+            h = arr[s, b, :n]
             pos, dim = np.nonzero(massive_mask(h))
             if pos.size == 0:
                 continue
@@ -240,7 +244,7 @@ def clamp_targets(plan: ClampPlan, ordinary: np.ndarray, control_seeds: int,
 
 
 # ----------------------------------------------------------------------------- clamp values
-def layer_inputs_summary(states: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+def layer_inputs_summary(states: np.ndarray, lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """Position-0 values and ordinary-position sums of the layer inputs of a batch.
 
     Parameters
@@ -248,6 +252,9 @@ def layer_inputs_summary(states: np.ndarray) -> tuple[np.ndarray, np.ndarray, in
     states : ndarray, shape (2L + 1, B, T, d)
         Clean residual states; the layer inputs are states ``0, 2, …, 2L`` (``2L``: the
         final-norm input, clamped as "layer L").
+    lengths : ndarray of int, shape (B,), optional
+        Each chunk's length (prompts right-padded to T): its ordinary positions are
+        ``1 .. lengths[b] − 1``. Default: all T.
 
     Returns
     -------
@@ -256,9 +263,12 @@ def layer_inputs_summary(states: np.ndarray) -> tuple[np.ndarray, np.ndarray, in
     sums : ndarray (L + 1, d)
         Sums over the batch and positions ``1 .. T−1`` (float64).
     count : int
-        Entries per sum, ``B·(T−1)``.
+        Entries per sum, ``B·(T−1)`` (``Σ (lengths − 1)``).
     """
     inputs = np.asarray(states[0::2], dtype=np.float64)
+    if lengths is not None:
+        inside = np.arange(1, inputs.shape[2])[None, :] < np.asarray(lengths)[:, None]  # (B, T − 1)
+        return inputs[:, :, 0, :].copy(), inputs[:, :, 1:, :][:, inside].sum(axis=1), int(inside.sum())
     return inputs[:, :, 0, :].copy(), inputs[:, :, 1:, :].sum(axis=(1, 2)), inputs.shape[1] * (inputs.shape[2] - 1)
 
 

@@ -32,6 +32,12 @@ most of the time); the per-dimension tests add ``2·n`` units, all with reserves
 
 Memory: one batch's residual states (``(2L+1)·B·T·d`` float64) in phase 1; in phase 3 the
 attention matrices of at most :data:`MAX_PENDING` + 1 arms wait for the workers.
+
+Prompts (a prompts file, each prompt a chunk of its own length): detection reads every real
+position of each prompt (the clamp acts at position 0 whatever is analysed) and the mean arm
+averages over positions ``1 .. length − 1``; the measures are the prompt's own: sink mass over
+its analysed rows of its trimmed attention, TR1 and Δ_TR of the trimmed matrix, cross-entropy
+over its predictions at analysed positions.
 """
 
 from __future__ import annotations
@@ -49,7 +55,8 @@ from tqdm.auto import tqdm
 from ..attention.patterns import sink_mass
 from ..config import RunConfig
 from ..context import StageContext
-from ..errors import RunError, require_at_least
+from ..data import Chunks, as_chunks
+from ..errors import InputError, RunError, require_at_least
 from ..models.hooks import first_arg
 from ..parallel import executor
 from . import clamp as cl
@@ -73,6 +80,23 @@ def check(config: RunConfig) -> None:
     require_at_least("--seq-len", config.seq_len, MIN_SEQ_LEN, STAGE)
 
 
+def check_chunks(config: RunConfig, chunks: Chunks) -> None:
+    """Refuse clamp prompts (the first ``clamp_chunks`` of a prompts file) without a single
+    analysed position that predicts a next token: the arms' cross-entropy would have no term
+    (checked once they are tokenized, before anything is written).
+
+    Raises
+    ------
+    InputError
+        Naming ``--clamp-chunks`` and the prompts file.
+    """
+    n = config.options(STAGE).clamp_chunks
+    if not chunks.take(slice(0, n)).predicted().any():
+        raise InputError(f"the clamp stage measures the loss at analysed positions that predict a next token, and the "
+                         f"first {min(n, len(chunks))} prompt(s) of {chunks.source} (--clamp-chunks {n}) have none; "
+                         "add a position before a prompt's last token, or raise --clamp-chunks.")
+
+
 def run(context: StageContext) -> None:
     """Run every phase (skipping finished units), write ``massive``, ``clamp``,
     ``clamp_heads``, ``clamp_dims`` and ``interventions.json``."""
@@ -87,7 +111,7 @@ def run(context: StageContext) -> None:
                       f"the {n_detect} chunks ({len(massive)} massive entries in all)")
             _write_untested(context, reason)
             return
-        ids = context.token_ids[: opts.clamp_chunks]
+        ids = context.chunks.take(slice(0, opts.clamp_chunks))
         targets, control_reason = cl.clamp_targets(plan, cl.ordinary_dims(massive, adapter.d_model),
                                                    opts.control_seeds, opts.seed)
         units = _units(targets, opts.clamp_alphas)
@@ -139,23 +163,25 @@ def _dtype(column: str) -> str:
 def _detect_phase(context: StageContext) -> tuple[pd.DataFrame, int]:
     """Massive entries of every chunk, one unit per batch; returns the table and the number
     of chunks it covers (those of the finished units)."""
-    run_dir, ids, batch_size = context.run_dir, context.token_ids, context.config.batch_size
-    starts = list(range(0, ids.shape[0], batch_size))
+    run_dir, ids, batch_size = context.run_dir, context.chunks, context.config.batch_size
+    starts = list(range(0, len(ids), batch_size))
     keys = [f"massive{s // batch_size:05d}" for s in starts]
     todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(STAGE, k)]
     bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc=f"{STAGE} detect", unit="batch",
                disable=context.execution.quiet)
     for key, start in todo:
         with run_dir.failures.unit(STAGE, key):
-            states = context.loaded.adapter.residual_states(ids[start : start + batch_size])
-            table = cl.massive_entries(states.to(torch.float64).cpu().numpy(), start)
+            batch = ids.take(slice(start, start + batch_size))
+            states = context.loaded.adapter.residual_states(batch.ids)
+            table = cl.massive_entries(states.to(torch.float64).cpu().numpy(), start,
+                                       batch.lengths if batch.ragged else None)
             run_dir.write_unit(STAGE, key, {"rows": table})
         bar.update()
     bar.close()
     done = [(k, s) for k, s in zip(keys, starts) if run_dir.has_unit(STAGE, k)]
     if not done:
         raise RunError(f"every unit of the {STAGE} stage starting with {keys[0]} failed; see its log.")
-    n_chunks = sum(min(batch_size, ids.shape[0] - s) for _, s in done)
+    n_chunks = sum(min(batch_size, len(ids) - s) for _, s in done)
     table = run_dir.read_units(STAGE, [k for k, _ in done], "rows")
     return (table if len(table) else cl.empty_massive()), n_chunks
 
@@ -229,11 +255,13 @@ class _Clean:
     means: np.ndarray
 
 
-def _clean_inputs(adapter, ids: torch.Tensor, batch_size: int) -> _Clean:
+def _clean_inputs(adapter, ids: torch.Tensor | Chunks, batch_size: int) -> _Clean:
+    ids = as_chunks(ids)
     firsts, total, count = [], 0.0, 0
-    for start in range(0, ids.shape[0], batch_size):
-        states = adapter.residual_states(ids[start : start + batch_size]).to(torch.float64).cpu().numpy()
-        first, sums, n = cl.layer_inputs_summary(states)
+    for start in range(0, len(ids), batch_size):
+        batch = ids.take(slice(start, start + batch_size))
+        states = adapter.residual_states(batch.ids).to(torch.float64).cpu().numpy()
+        first, sums, n = cl.layer_inputs_summary(states, batch.lengths if batch.ragged else None)
         firsts.append(first)
         total, count = total + sums, count + n
     return _Clean(np.concatenate(firsts, axis=1), total / count)
@@ -290,8 +318,17 @@ def _logits_and_probs(adapter, ids: torch.Tensor,
     return logits, probs()
 
 
-def _next_token_nll(logits: torch.Tensor, ids: torch.Tensor) -> tuple[float, int]:
-    """Sum over the batch of the next-token negative log-likelihoods (float64) and their count."""
+def _next_token_nll(logits: torch.Tensor, ids: torch.Tensor, counted: np.ndarray | None = None) -> tuple[float, int]:
+    """Sum over the batch of the next-token negative log-likelihoods (float64) and their count;
+    with ``counted`` (B, T − 1) bool, of the counted predictions only (a prompt's analysed
+    positions inside it)."""
+    if counted is not None:
+        total = 0.0
+        for b in range(logits.shape[0]):
+            t = torch.from_numpy(np.flatnonzero(counted[b]))
+            logp = torch.log_softmax(logits[b, t.to(logits.device)].to(torch.float64), dim=-1)
+            total += float(-logp.gather(1, ids[b, t + 1, None].to(logp.device)).sum())
+        return total, int(np.sum(counted))
     total = 0.0
     for b in range(logits.shape[0]):
         logp = torch.log_softmax(logits[b, :-1].to(torch.float64), dim=-1)
@@ -308,28 +345,37 @@ class _Pending:
     futures: list = field(default_factory=list)
 
 
-def _measure(adapter, pool, unit: _Unit, clean: _Clean, ids: torch.Tensor, from_layer: int, batch_size: int,
+def _measure(adapter, pool, unit: _Unit, clean: _Clean, ids: torch.Tensor | Chunks, from_layer: int, batch_size: int,
              opts) -> _Pending:
-    """Forward passes of one arm over the clamp chunks; its Kreiss tasks go to the pool."""
+    """Forward passes of one arm over the clamp chunks; its Kreiss tasks go to the pool. A
+    prompt's measures are its own: its attention trimmed to its length, its sink mass over its
+    analysed rows, its cross-entropy over its counted predictions."""
+    ids = as_chunks(ids)
     sinks, ce_sum, n_tokens, futures = [], 0.0, 0, []
     layers = list(range(from_layer, adapter.n_layers))
-    for start in range(0, ids.shape[0], batch_size):
-        batch = ids[start : start + batch_size]
+    for start in range(0, len(ids), batch_size):
+        chunks = ids.take(slice(start, start + batch_size))
+        batch, ragged = chunks.ids, chunks.ragged
+        n = [int(length) for length in chunks.lengths]
         with _clamped(adapter, unit, clean, slice(start, start + batch.shape[0])):
             logits, probs_of = _logits_and_probs(adapter, batch, layers)
-            nll, n = _next_token_nll(logits, batch)
-            ce_sum, n_tokens = ce_sum + nll, n_tokens + n
+            nll, count = _next_token_nll(logits, batch, chunks.predicted() if ragged else None)
+            ce_sum, n_tokens = ce_sum + nll, n_tokens + count
             del logits
             for layer, probs in probs_of:
                 A = probs.cpu().numpy()
-                s = sink_mass(A)  # (B, H)
+                if ragged:
+                    s = np.stack([sink_mass(A[b, :, : n[b], : n[b]], chunks.rows(b)) for b in range(A.shape[0])])
+                else:
+                    s = sink_mass(A)  # (B, H)
                 B, H = s.shape
                 sinks.append(pd.DataFrame({"layer": layer, "head": np.tile(np.arange(H), B),
                                            "chunk": np.repeat(np.arange(start, start + B), H),
                                            "sink_mass": s.reshape(-1)}))
                 if unit.reserve:
-                    futures += [pool.submit(cl.reserve_task, A[b, h], layer, h, start + b, opts.clamp_null_samples,
-                                            opts.seed) for b in range(B) for h in range(H)]
+                    futures += [pool.submit(cl.reserve_task, np.ascontiguousarray(A[b, h, : n[b], : n[b]]), layer, h,
+                                            start + b, opts.clamp_null_samples, opts.seed)
+                                for b in range(B) for h in range(H)]
     return _Pending(unit, pd.concat(sinks, ignore_index=True), ce_sum, n_tokens, futures)
 
 
@@ -342,7 +388,7 @@ def _finish(run_dir, item: _Pending) -> None:
     run_dir.write_unit(STAGE, item.unit.key, {"heads": heads, "ce": ce})
 
 
-def _arm_phase(context: StageContext, pool, ids: torch.Tensor, plan: cl.ClampPlan, units: list[_Unit],
+def _arm_phase(context: StageContext, pool, ids: Chunks, plan: cl.ClampPlan, units: list[_Unit],
                batch_size: int, quiet: bool) -> set[str]:
     """Run the unfinished arm units (none with a ``source``); returns the keys of the finished
     ones. Kreiss tasks of up to :data:`MAX_PENDING` arms stay in the pool while the next arm's

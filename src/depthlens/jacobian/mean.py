@@ -106,6 +106,7 @@ def mean_operators(
     accumulator: MeanAccumulator | None = None,
     label: str = "",
     out: Mapping[tuple[int, Sublayer], np.ndarray] | None = None,
+    chunk_positions: Sequence[Sequence[int]] | None = None,
 ) -> Mapping[tuple[int, Sublayer], np.ndarray]:
     """Mean operators ``J̄ = (1/N) sum J`` of every layer's ``attn`` and ``mlp`` over chunks.
 
@@ -135,6 +136,12 @@ def mean_operators(
         there batch by batch and are divided in place at the end, so no operator is held in
         memory beyond the one being added (models of width 4096 have 8.6 GB of them). The same
         float64 arithmetic as the accumulator, so the same numbers; not with ``accumulator``.
+    chunk_positions : sequence of sequences of int, optional
+        Each chunk's own positions (0 … T − 1), in place of ``positions``: chunks of their own
+        lengths, right-padded (a prompts file). A chunk is read up to its last position only
+        (causal: the padding after it changes nothing there). The isolated engines and the
+        MLP read tokens alone, so every selected token of a batch goes to one engine call; the
+        ``in_context`` attention runs chunk by chunk.
 
     Returns
     -------
@@ -148,6 +155,7 @@ def mean_operators(
     """
     ids = _checked_ids(input_ids, jacobian_mode, dtype, batch_size)
     select_positions(positions, ids.shape[1])
+    per_chunk = _chunk_positions(chunk_positions, ids.shape)
     wanted = list(range(adapter.n_layers)) if layers is None else [adapter.check_layer(int(x)) for x in layers]
     if out is not None and accumulator is not None:
         raise InputError("pass either an accumulator or out arrays to mean_operators, not both.")
@@ -157,13 +165,19 @@ def mean_operators(
     bar = tqdm(total=len(starts) * len(wanted), desc=f"jacobians {label} ({jacobian_mode})" if label else f"jacobians ({jacobian_mode})", unit="layer", disable=not progress)
     try:
         for s in starts:
-            states = adapter.residual_states(ids[s : s + int(batch_size)])
+            if per_chunk is None:
+                states = adapter.residual_states(ids[s : s + int(batch_size)])
+            else:  # up to the batch's last selected position
+                own = per_chunk[s : s + int(batch_size)]
+                states = adapter.residual_states(ids[s : s + int(batch_size), : max(p[-1] for p in own) + 1])
             for layer in wanted:
                 for kind in KINDS:
-                    total, count = sublayer_jacobian_sum(
-                        adapter, states[input_state(adapter, layer, kind, jacobian_mode)], layer, kind, jacobian_mode,
-                        positions, dtype
-                    )
+                    residuals = states[input_state(adapter, layer, kind, jacobian_mode)]
+                    if per_chunk is None:
+                        total, count = sublayer_jacobian_sum(adapter, residuals, layer, kind, jacobian_mode, positions,
+                                                             dtype)
+                    else:
+                        total, count = _own_positions_sum(adapter, residuals, own, layer, kind, jacobian_mode, dtype)
                     if out is None:
                         acc.add_sum(layer, kind, total, count)
                     else:
@@ -182,6 +196,36 @@ def mean_operators(
     return {k: means[k] for k in means if k[0] in set(wanted)} if layers is not None else means
 
 
+def _chunk_positions(chunk_positions: Sequence[Sequence[int]] | None, shape: tuple[int, ...]) -> list[list[int]] | None:
+    """Each chunk's positions, checked (non-empty, ascending, in ``0 … T − 1``); None stays None."""
+    if chunk_positions is None:
+        return None
+    n, T = shape
+    out = [sorted(int(p) for p in pos) for pos in chunk_positions]
+    if len(out) != n:
+        raise InputError(f"chunk_positions has {len(out)} entries for {n} chunks; pass one list of positions per chunk.")
+    for c, pos in enumerate(out):
+        if not pos or pos[0] < 0 or pos[-1] >= T or len(set(pos)) != len(pos):
+            raise InputError(f"chunk_positions[{c}] = {pos} is not a non-empty list of distinct positions 0 … {T - 1}.")
+    return out
+
+
+def _own_positions_sum(adapter: Adapter, residuals: Tensor, own: Sequence[Sequence[int]], layer: int, kind: Sublayer,
+                       jacobian_mode: JacobianMode, dtype: torch.dtype) -> tuple[Tensor, int]:
+    """``(sum J, count)`` over chunk b's positions ``own[b]`` of a batch's ``residuals`` (B, T, d):
+    one engine call on all the selected tokens where the engine reads each token alone (the
+    isolated modes, the MLP), else (the ``in_context`` attention) one per chunk."""
+    if jacobian_mode == "in_context" and kind == "attn":
+        total, count = None, 0
+        for b, pos in enumerate(own):
+            t, c = sublayer_jacobian_sum(adapter, residuals[b : b + 1], layer, kind, jacobian_mode, list(pos), dtype)
+            total, count = (t if total is None else total + t), count + c
+        assert total is not None
+        return total, count
+    tokens = torch.cat([residuals[b, list(pos)] for b, pos in enumerate(own)])
+    return sublayer_jacobian_sum(adapter, tokens[None], layer, kind, jacobian_mode, "all", dtype)
+
+
 def chunk_operator_sums(
     adapter: Adapter,
     input_ids: Tensor,
@@ -192,6 +236,7 @@ def chunk_operator_sums(
     dtype: torch.dtype = torch.float64,
     progress: bool = False,
     label: str = "",
+    chunk_positions: Sequence[Sequence[int]] | None = None,
 ) -> Iterator[tuple[tuple[int, Sublayer], np.ndarray, np.ndarray]]:
     """The operators of every chunk summed per chunk, one sub-layer at a time in the order of ``keys``.
 
@@ -209,7 +254,7 @@ def chunk_operator_sums(
     keys : sequence of (layer, kind)
         The sub-layers, in the order they are yielded (e.g. from the last one down, the order of
         a backward product).
-    jacobian_mode, positions, batch_size, dtype, progress, label
+    jacobian_mode, positions, batch_size, dtype, progress, label, chunk_positions
         As :func:`mean_operators`.
 
     Yields
@@ -237,9 +282,14 @@ def chunk_operator_sums(
     """
     ids = _checked_ids(input_ids, jacobian_mode, dtype, batch_size)
     selected = select_positions(positions, ids.shape[1])
+    per_chunk = _chunk_positions(chunk_positions, ids.shape)
     wanted = [(adapter.check_layer(int(layer)), check_sublayer(kind)) for layer, kind in keys]
     if not wanted:
         raise InputError("keys is empty; pass the (layer, kind) sub-layers whose chunk sums are wanted.")
+    if per_chunk is not None:
+        yield from _own_chunk_sums(adapter, ids, wanted, jacobian_mode, per_chunk, int(batch_size), dtype, progress,
+                                   label)
+        return
     # the isolated engines read the selected positions alone: keep those, and select them all later
     trim = jacobian_mode != "in_context"
     read: str | int | Sequence[int] = "all" if trim else positions
@@ -251,15 +301,42 @@ def chunk_operator_sums(
         for index, kept in states.items():
             kept.append(hs[index][:, selected] if trim else hs[index].clone())  # copies: hs is freed
         del hs
-    kept_states = {index: torch.cat(parts, dim=0) for index, parts in states.items()}
+    kept = {index: list(torch.cat(parts, dim=0)) for index, parts in states.items()}
     del states
-    n_chunks, d = ids.shape[0], adapter.d_model
+    yield from _sums_per_chunk(adapter, kept, wanted, jacobian_mode, [read] * ids.shape[0], dtype, progress, name)
+
+
+def _sums_per_chunk(adapter: Adapter, kept: dict[int, list[Tensor]], wanted: list[tuple[int, Sublayer]],
+                    jacobian_mode: JacobianMode, reads: Sequence[str | int | Sequence[int]], dtype: torch.dtype,
+                    progress: bool, name: str) -> Iterator[tuple[tuple[int, Sublayer], np.ndarray, np.ndarray]]:
+    """Per key of ``wanted``, the engine's sum of each chunk alone: chunk ``c``'s kept states
+    ``kept[state][c]`` (T_c, d), read at ``reads[c]``."""
+    n_chunks, d = len(reads), adapter.d_model
     for layer, kind in tqdm(wanted, desc=f"chunk jacobians {name}", unit="sub-layer", disable=not progress):
-        residuals = kept_states[input_state(adapter, layer, kind, jacobian_mode)]
+        residuals = kept[input_state(adapter, layer, kind, jacobian_mode)]
         sums = np.empty((n_chunks, d, d), dtype=np.float64)
         counts = np.empty(n_chunks, dtype=np.int64)
         for c in range(n_chunks):
-            total, count = sublayer_jacobian_sum(adapter, residuals[c : c + 1], layer, kind, jacobian_mode, read, dtype)
+            total, count = sublayer_jacobian_sum(adapter, residuals[c][None], layer, kind, jacobian_mode, reads[c], dtype)
             sums[c] = total.to(torch.float64).cpu().numpy()
             counts[c] = count
         yield (layer, kind), sums, counts
+
+
+def _own_chunk_sums(adapter: Adapter, ids: Tensor, wanted: list[tuple[int, Sublayer]], jacobian_mode: JacobianMode,
+                    per_chunk: list[list[int]], batch_size: int, dtype: torch.dtype, progress: bool,
+                    label: str) -> Iterator[tuple[tuple[int, Sublayer], np.ndarray, np.ndarray]]:
+    """:func:`chunk_operator_sums` with each chunk's own positions ``per_chunk``: the kept states
+    are, per chunk, those of its positions (isolated modes) or of its positions up to its last
+    one (``in_context``), and each chunk's sum reads its own alone."""
+    trim = jacobian_mode != "in_context"
+    states: dict[int, list[Tensor]] = {input_state(adapter, layer, kind, jacobian_mode): [] for layer, kind in wanted}
+    name = f"{label} ({jacobian_mode})" if label else f"({jacobian_mode})"
+    for s in tqdm(range(0, ids.shape[0], batch_size), desc=f"forward passes {name}", unit="batch", disable=not progress):
+        own = per_chunk[s : s + batch_size]
+        hs = adapter.residual_states(ids[s : s + batch_size, : max(p[-1] for p in own) + 1])
+        for index, kept in states.items():
+            kept.extend(hs[index][b, pos] if trim else hs[index][b, : pos[-1] + 1].clone() for b, pos in enumerate(own))
+        del hs
+    reads: list[str | int | Sequence[int]] = ["all" if trim else pos for pos in per_chunk]
+    yield from _sums_per_chunk(adapter, states, wanted, jacobian_mode, reads, dtype, progress, name)

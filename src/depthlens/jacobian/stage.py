@@ -19,6 +19,11 @@ chunks (:mod:`depthlens.jacobian.bootstrap`): its mean operators are then summed
 down, and every replicate's backward product runs as they pass (table ``boot`` of the unit);
 ``boot_init_<k>`` units do the same for the extra step-0 nulls of ``--init-seeds`` (run seed
 + k), without any other analysis. The ``funnel_boot`` table gathers them.
+
+Prompts (a prompts file, each prompt a chunk of its own length): ``--positions last`` takes each
+prompt's last analysed position, ``all`` every analysed position of it; the mean operators
+average over those tokens (a prompt is read up to its last one, so padding never enters), and
+the bootstrap resamples prompts with their own numbers of tokens.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 
 from ..config import RunConfig
 from ..context import StageContext
+from ..data import Chunks, as_chunks
 from ..errors import require_at_least
 from ..models.adapter import SUBLAYERS
 from ..parallel import executor
@@ -65,6 +71,17 @@ def check(config: RunConfig) -> None:
         ``seq_len`` below :data:`MIN_SEQ_LEN`, naming ``--seq-len``.
     """
     require_at_least("--seq-len", config.seq_len, MIN_SEQ_LEN, STAGE)
+
+
+def chunk_positions(chunks: torch.Tensor | Chunks, positions: str) -> list[list[int]] | None:
+    """Each chunk's positions for the engines: None for chunks of equal length with every
+    position analysed (``positions`` then applies as it is), else per chunk its last analysed
+    position (``last``) or all of them (``all``)."""
+    chunks = as_chunks(chunks)
+    if not chunks.ragged:
+        return None
+    own = [chunks.positions(c).tolist() for c in range(len(chunks))]
+    return [pos[-1:] for pos in own] if positions == "last" else own
 
 
 def checkpoints(loaded, opts: JacobianOptions, load: Callable) -> list[tuple[str, Callable]]:
@@ -144,7 +161,7 @@ def _boot(sums, weights: np.ndarray, n_layers: int, d: int, opts: JacobianOption
     return table
 
 
-def _compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: torch.Tensor, opts: JacobianOptions,
+def _compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: torch.Tensor | Chunks, opts: JacobianOptions,
              *, batch_size: int, quiet: bool, label_suffix: str = "", copy: bool = True,
              weights: np.ndarray | None = None, device: str | None = None, threads: int = 1
              ) -> tuple[dict[tuple[int, str], np.ndarray], pd.DataFrame | None]:
@@ -159,6 +176,8 @@ def _compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: to
     held in memory, bit for bit."""
     d, keys = adapter.d_model, [(layer, kind) for layer in range(adapter.n_layers) for kind in (*SUBLAYERS, LAYER)]
     shapes = {f"{l}.{k}": (d, d) for l, k in keys}
+    own = chunk_positions(token_ids, opts.positions)
+    token_ids = as_chunks(token_ids).ids
     meta = {"checkpoint": name, "jacobian_mode": mode, "positions": opts.positions, "n_chunks": str(token_ids.shape[0])}
     public, private = _paths(run_dir, name, mode)
     path = public if opts.save_arrays == "float64" else private
@@ -174,7 +193,7 @@ def _compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: to
         if bootstrapped(opts, mode):
             sums = engines.chunk_operator_sums(adapter, token_ids, sublayer_keys_backward(adapter.n_layers), mode,
                                                opts.positions, batch_size, progress=not quiet,
-                                               label=label(name) + label_suffix)
+                                               label=label(name) + label_suffix, chunk_positions=own)
             if weights is None:  # the operators alone
                 for key, S, counts in sums:
                     sub[key][...] = mean_of_chunks(S, counts)
@@ -182,7 +201,8 @@ def _compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: to
                 boot = _boot(sums, weights, adapter.n_layers, d, opts, device, threads, out=sub)
         else:
             engines.mean_operators(adapter, token_ids, jacobian_mode=mode, positions=opts.positions,
-                                   batch_size=batch_size, progress=not quiet, label=label(name) + label_suffix, out=sub)
+                                   batch_size=batch_size, progress=not quiet, label=label(name) + label_suffix, out=sub,
+                                   chunk_positions=own)
         for layer in range(adapter.n_layers):
             ops[(layer, LAYER)][...] = layer_operator(ops[(layer, "attn")], ops[(layer, "mlp")], adapter.parallel_residual)
     found = _mapped(path)
@@ -213,7 +233,7 @@ def _mapped(path: Path) -> dict[tuple[int, str], np.ndarray]:
     return {k: found[k] for k in sorted(found, key=lambda k: (k[0], order.index(k[1])))}
 
 
-def operators(run_dir: RunDirectory, name: str, mode: str, get: Callable, token_ids: torch.Tensor,
+def operators(run_dir: RunDirectory, name: str, mode: str, get: Callable, token_ids: torch.Tensor | Chunks,
               opts: JacobianOptions, *, batch_size: int, quiet: bool) -> dict[tuple[int, str], np.ndarray]:
     """The float64 mean operators (with the layer operators) of a finished ``ops_<name>_<mode>``
     unit: as saved (:func:`saved_operators`), or computed again from the checkpoint (``get()``)
@@ -243,7 +263,7 @@ def run(context: StageContext) -> None:
     that raises is recorded in ``run_dir.failures`` and the others go on; the tables hold the
     finished units (a funnel needs its checkpoint's operators)."""
     with executor(context.execution, context.run_dir.root) as pool:
-        tables = _run(context.run_dir, context.loaded, context.token_ids, context.options, context.config.batch_size,
+        tables = _run(context.run_dir, context.loaded, context.chunks, context.options, context.config.batch_size,
                       context.execution.quiet, context.load_revision, pool,
                       threads=max(1, min(context.execution.jobs, os.cpu_count() or 1)))
     for name, table in tables.items():
@@ -260,7 +280,7 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
     # the bootstrap's replicates run in this process while the pool is idle: --jobs threads on the CPU
     threads = threads if funnel_device is None else 1
     # the same resampled chunks for every checkpoint (ratios between checkpoints are paired)
-    weights = bootstrap_weights(int(token_ids.shape[0]), opts.funnel_boot, opts.seed)
+    weights = bootstrap_weights(len(token_ids), opts.funnel_boot, opts.seed)
     for name, get in checkpoints(loaded, opts, load_revision):
         model = None
         ops_by_mode = {}
@@ -343,9 +363,11 @@ def _extra_nulls(run_dir, loaded, token_ids, opts: JacobianOptions, weights: np.
         if not run_dir.has_unit(STAGE, key):
             with run_dir.failures.unit(STAGE, key):
                 adapter = init_like(loaded, seed=init_seed_of(opts.seed + k)).adapter
-                sums = engines.chunk_operator_sums(adapter, token_ids, sublayer_keys_backward(adapter.n_layers), mode,
-                                                   opts.positions, batch_size, progress=not quiet,
-                                                   label=f"step-0 null of seed {opts.seed + k}")
+                sums = engines.chunk_operator_sums(adapter, as_chunks(token_ids).ids,
+                                                   sublayer_keys_backward(adapter.n_layers), mode, opts.positions,
+                                                   batch_size, progress=not quiet,
+                                                   label=f"step-0 null of seed {opts.seed + k}",
+                                                   chunk_positions=chunk_positions(token_ids, opts.positions))
                 table = _boot(sums, weights, adapter.n_layers, adapter.d_model, opts, device, threads)
                 del adapter, sums  # the model goes before the next null is drawn
                 run_dir.write_unit(STAGE, key, {"boot": table})

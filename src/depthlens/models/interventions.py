@@ -2,7 +2,7 @@
 
 :class:`Interventions` is mixed into :class:`~depthlens.models.adapter.Adapter` and gives it
 :meth:`~Interventions.ablate_head` (replace query heads' outputs at the input of the
-attention output projection) and :meth:`~Interventions.clamp` (overwrite residual entries at
+attention output projection), :meth:`~Interventions.ablate_each` (a head per block of rows) and :meth:`~Interventions.clamp` (overwrite residual entries at
 the input of decoder layers ``>= from_layer`` and of the final norm). Both act on every
 forward pass of the model while active, and their hooks are removed on exit, also after an
 exception.
@@ -105,6 +105,71 @@ class Interventions:
                         f"resample value has shape {tuple(v.shape)}; the input has B={B}, T={T} (B may be 1)."
                     )
                 y[:, :, idx, :] = v.expand(B, T, n, hd)
+            return (y.reshape(x.shape), *args[1:])
+
+        handle = self._oprojs[layer].register_forward_pre_hook(hook)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    @contextlib.contextmanager
+    def ablate_each(
+        self,
+        layer: int,
+        heads: Sequence[int],
+        method: AblationMethod = "zero",
+        values: Tensor | None = None,
+    ) -> Iterator[None]:
+        """One ablation per block of rows: a batch of ``len(heads) · B`` rows is read as
+        ``len(heads)`` blocks of ``B`` rows, and block ``i`` has head ``heads[i]`` of ``layer``
+        replaced as :meth:`ablate_head` would (so every head of a layer is ablated in one
+        forward pass over copies of the same inputs).
+
+        Parameters
+        ----------
+        layer : int
+        heads : sequence of int
+            The head of each block (repeats allowed, e.g. a block per method).
+        method : {"zero", "mean", "resample"}
+        values : Tensor, optional
+            None for ``zero``; ``(n, hd)`` for ``mean``; ``(n, B, T, hd)`` for ``resample``
+            (``n = len(heads)``).
+
+        Raises
+        ------
+        InputError
+            For a bad layer, head, method or value shape, or a batch that is not ``n`` blocks.
+        """
+        self.check_layer(layer)
+        if not len(heads):
+            raise InputError("no heads given; pass one head per block of rows.")
+        index = [self._check_heads(h)[0] for h in heads]
+        if method not in ABLATION_METHODS:
+            raise InputError(f"ablation method {method!r} is not one of {ABLATION_METHODS}.")
+        n, hd = len(index), self.head_dim
+        if method == "zero":
+            if values is not None:
+                raise InputError("zero ablation takes no value; leave values=None.")
+        else:
+            want = 2 if method == "mean" else 4
+            values = None if values is None else torch.as_tensor(values)
+            if values is None or values.ndim != want or values.shape[0] != n or values.shape[-1] != hd:
+                shape = "(n, hd)" if method == "mean" else "(n, B, T, hd)"
+                got = None if values is None else tuple(values.shape)
+                raise InputError(f"{method} ablation values have shape {got}; expected {shape} with n={n}, hd={hd}.")
+            if method == "mean":
+                values = values[:, None, None, :]
+        blocks, heads_t = torch.arange(n), torch.tensor(index)
+
+        def hook(module: nn.Module, args: tuple) -> tuple:
+            x = args[0]
+            if x.shape[0] % n:
+                raise InputError(f"a batch of {x.shape[0]} rows is not {n} blocks of equal size.")
+            y = x.reshape(n, x.shape[0] // n, x.shape[1], self.n_heads, hd).clone()
+            b, h = blocks.to(x.device), heads_t.to(x.device)
+            y[b, :, :, h] = 0 if values is None else values.to(device=x.device, dtype=x.dtype).expand(
+                n, y.shape[1], y.shape[2], hd)
             return (y.reshape(x.shape), *args[1:])
 
         handle = self._oprojs[layer].register_forward_pre_hook(hook)

@@ -75,8 +75,12 @@ class FailureLog:
     def record(self, stage: str, unit: str | None, exc: BaseException) -> UnitFailure:
         """Log ``exc`` and remember it."""
         failure = log_exception(self.root, stage, unit, exc)
-        self.failures.append(failure)
+        self.add(failure)
         return failure
+
+    def add(self, failure: UnitFailure) -> None:
+        """Remember a failure already logged elsewhere (e.g. a sub-run's, in its own logs)."""
+        self.failures.append(failure)
 
     def of(self, stage: str) -> list[UnitFailure]:
         """The failures recorded for ``stage``."""

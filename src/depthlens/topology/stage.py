@@ -7,6 +7,10 @@ residual of layer ``l`` (input of ``attn``), ``b = 2l + 1`` its pre-MLP residual
 ``mlp``). The resolution γ is chosen once per checkpoint from a resolution profile of a
 reference boundary (the middle one) and reused at every boundary, so communities are
 comparable across depth; the profile, γ, seed and iterations are recorded.
+
+Prompts (a prompts file, each prompt a chunk of its own length): the observations are each
+prompt's analysed positions at or after ``skip_positions``; the massive dimensions are those
+massive at some real position of some prompt (as every position of a text chunk counts).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tqdm.auto import tqdm
 
 from ..config import RunConfig
 from ..context import StageContext
+from ..data import Chunks, as_chunks
 from ..errors import InputError, RunError
 from ..residual import massive_mask
 from ..runs import RunDirectory
@@ -60,6 +65,8 @@ def check(config: RunConfig) -> None:
     InputError
         Naming ``--seq-len`` or ``--chunks`` and the smallest value that works.
     """
+    if config.prompts:
+        return  # the prompts' own lengths and positions: check_chunks, once they are tokenized
     skip, chunks, seq_len = config.options(STAGE).skip_positions, config.chunks, config.seq_len
     if seq_len <= skip:
         raise InputError(f"--seq-len {seq_len} leaves no positions for the topology stage, which skips the first "
@@ -73,7 +80,24 @@ def check(config: RunConfig) -> None:
                          f"{MIN_OBSERVATIONS}; pass --chunks {need_chunks} or --seq-len {need_len} or more.")
 
 
-def boundary_moments(adapter, token_ids: torch.Tensor, opts: TopologyOptions, batch_size: int,
+def check_chunks(config: RunConfig, chunks: Chunks) -> None:
+    """Refuse the prompts of a prompts file whose analysed positions at or after
+    ``skip_positions`` are fewer than :data:`MIN_OBSERVATIONS` in all (before anything is written).
+
+    Raises
+    ------
+    InputError
+        Naming ``--skip-positions`` and the prompts file.
+    """
+    skip = config.options(STAGE).skip_positions
+    n = int(chunks.analysed[:, skip:].sum())
+    if n < MIN_OBSERVATIONS:
+        raise InputError(f"the prompts of {chunks.source} give the topology stage {n} analysed position(s) at or after "
+                         f"position {skip} (--skip-positions {skip}), and its correlations need {MIN_OBSERVATIONS}; add "
+                         "prompts or positions, or lower --skip-positions.")
+
+
+def boundary_moments(adapter, token_ids: torch.Tensor | Chunks, opts: TopologyOptions, batch_size: int,
                      quiet: bool, label: str = "", scratch: Path | None = None) -> tuple[list[RunningMoments], np.ndarray]:
     """Streaming correlations of residual coordinates at every operator input boundary, and
     a (boundaries, d) mask of dimensions holding a massive activation in some chunk.
@@ -85,6 +109,11 @@ def boundary_moments(adapter, token_ids: torch.Tensor, opts: TopologyOptions, ba
                                                                      shape=(n_bound, d, d))
     moments = [RunningMoments(d, out=None if backing is None else backing[b].T) for b in range(n_bound)]
     massive = np.zeros((n_bound, adapter.d_model), dtype=bool)
+    chunks = as_chunks(token_ids)
+    if chunks.ragged:
+        _ragged_moments(adapter, chunks, opts, batch_size, quiet, label, moments, massive)
+        return moments, massive
+    token_ids = chunks.ids
     if token_ids.shape[1] <= opts.skip_positions:
         raise InputError(f"--seq-len {token_ids.shape[1]} leaves no positions after skipping the first {opts.skip_positions}; "
                          f"pass --seq-len {opts.skip_positions + 1} or more.")
@@ -99,6 +128,26 @@ def boundary_moments(adapter, token_ids: torch.Tensor, opts: TopologyOptions, ba
         bar.update(states.shape[1])
     bar.close()
     return moments, massive
+
+
+def _ragged_moments(adapter, chunks: Chunks, opts: TopologyOptions, batch_size: int, quiet: bool, label: str,
+                    moments: list[RunningMoments], massive: np.ndarray) -> None:
+    """:func:`boundary_moments` of chunks of their own lengths: per chunk its analysed positions
+    from ``skip_positions`` on are observations, and its real positions are searched for
+    massive activations."""
+    bar = tqdm(total=len(chunks), desc=f"topology correlations {label}".strip(), unit="chunk", disable=quiet)
+    for start in range(0, len(chunks), batch_size):
+        batch = chunks.take(slice(start, start + batch_size))
+        states = adapter.residual_states(batch.ids).to(torch.float64).cpu().numpy()
+        observed = [p[p >= opts.skip_positions] for p in (batch.positions(i) for i in range(len(batch)))]
+        for b in range(len(moments)):
+            h = np.concatenate([states[b, i, pos] for i, pos in enumerate(observed)])
+            if h.shape[0]:
+                moments[b].update(h)
+            for i, n in enumerate(batch.lengths):
+                massive[b] |= massive_mask(states[b, i, : int(n)]).any(axis=0)
+        bar.update(len(batch))
+    bar.close()
 
 
 def boundary_rows(R: np.ndarray, J: np.ndarray, keep: np.ndarray, gamma: float, opts: TopologyOptions,
@@ -142,11 +191,11 @@ def run(context: StageContext) -> None:
     batch_size, quiet = context.config.batch_size, context.execution.quiet
 
     def operators(name: str, get: Callable) -> dict:
-        return jacobian_stage.operators(context.run_dir, name, opts.jacobian_mode, get, context.token_ids, jopts,
+        return jacobian_stage.operators(context.run_dir, name, opts.jacobian_mode, get, context.chunks, jopts,
                                         batch_size=batch_size, quiet=quiet)
 
     ckpts = jacobian_stage.checkpoints(context.loaded, jopts, context.load_revision)
-    tables = analyse_checkpoints(context.run_dir, ckpts, context.token_ids, opts, batch_size=batch_size, quiet=quiet,
+    tables = analyse_checkpoints(context.run_dir, ckpts, context.chunks, opts, batch_size=batch_size, quiet=quiet,
                                  operators=operators)
     for name, table in tables.items():
         table.insert(0, "revision", table["checkpoint"].map(context.revision_of))
@@ -157,7 +206,7 @@ def run(context: StageContext) -> None:
         "q_level": opts.q_level, "n_boundaries": {name: len(t) for name, t in coupling}})
 
 
-def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Callable]], token_ids: torch.Tensor,
+def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Callable]], token_ids: torch.Tensor | Chunks,
                         opts: TopologyOptions, *, batch_size: int, quiet: bool,
                         operators: Callable[[str, Callable], dict] | None = None) -> dict[str, pd.DataFrame]:
     """Run the stage for each ``(checkpoint, loader)`` and return the ``communities``,

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import is_prompts_file
 from ..errors import InputError
 from ..options import check_fields
 
@@ -129,6 +130,9 @@ class TrainOptions:
             raise InputError("--tokenizer is empty; pass a model spec (e.g. smollm2-135m) or leave it out for bytes.")
         if not self.text:
             raise InputError("--text is empty; pass --text python-docs, wikitext-2 or a file path.")
+        if is_prompts_file(self.text):
+            raise InputError(f"--text {self.text} is a prompts file (.jsonl), which the analysis commands take; "
+                             "depthlens train needs a text corpus: pass python-docs, wikitext-2 or a text file.")
 
     def to_dict(self) -> dict[str, Any]:
         """The options as a plain JSON-serialisable dict."""
