@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -83,7 +84,7 @@ def test_a_failed_analyse_without_out_leaves_no_temporary_folder(tmp_path: Path,
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    with pytest.raises(InputError, match="--seq-len"):
+    with pytest.raises(InputError, match="seq_len=32 exceeds"):
         depthlens.analyse("random:llama:max_position_embeddings=16", text=str(text_file), stages=["capture"],
                           chunks=2, seq_len=32, jobs=1)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("depthlens-")] == []
@@ -149,3 +150,135 @@ def test_package_exports() -> None:
     with pytest.raises(AttributeError):
         depthlens.nothing  # noqa: B018
     assert set(SCHEMA) >= {"heads", "operators", "coupling"}
+
+
+# ---------------------------------------------------------------------------------------- run.head
+def _rows(table: pd.DataFrame, **keys: int) -> pd.Series:
+    mask = pd.Series(True, index=table.index)
+    for key, value in keys.items():
+        mask &= table[key] == value
+    return table[mask].iloc[0]
+
+
+def test_run_head_has_the_runs_table_values(head_run: depthlens.Run) -> None:
+    """A head recomputed on a chunk gives the run's head_chunks row (same configuration, the
+    same forward pass), and on its default chunk, the certified median one, the heads table's
+    bracket."""
+    import math
+
+    run = head_run
+    chunks, heads = run.head_chunks, run.heads
+    for layer, head, chunk in ((0, 1, 0), (1, 3, 1)):
+        view = run.head(layer, head, chunk)
+        row = _rows(chunks, layer=layer, head=head, chunk=chunk)
+        compared = [name for name, value in row.items() if name in view.values and isinstance(value, float)
+                    and not math.isnan(value)]
+        assert {"sink_mass", "rho_B", "norm_B", "kreiss_B", "kreiss_B_upper", "peak_B", "peak_k",
+                "TR1"} <= set(compared)
+        for name in compared:
+            assert view.values[name] == pytest.approx(row[name], rel=1e-9, abs=1e-12), name
+        assert view.chunk_row["kreiss_B"] == row["kreiss_B"] and view.head_row["role"] == _rows(
+            heads, layer=layer, head=head)["role"]
+    for _, h in heads.iterrows():
+        view = run.head(int(h["layer"]), int(h["head"]))
+        assert view.chunk == int(h["certified_chunk"])
+        for name in ("kreiss_B_lo", "kreiss_B_hi"):
+            assert view.values[name] == pytest.approx(h[name], rel=1e-9), name
+        assert view.kreiss_B_certified == bool(h["kreiss_B_certified"])
+
+
+def test_run_head_operators_against_numpy(head_run: depthlens.Run) -> None:
+    """A is causal and row-stochastic, B = A − 1e₁ᵀ, the transient equals explicit matrix
+    powers and the pseudospectrum a dense SVD of zI − B."""
+    view = head_run.head(1, 2, 1)
+    A, B, n = view.A, view.B, view.n
+    assert A.dtype == B.dtype == np.float64 and A.shape == (n, n) == (16, 16)
+    np.testing.assert_allclose(A.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    assert (A >= 0).all() and not np.triu(A, 1).any()
+    P = np.zeros((n, n))
+    P[:, 0] = 1.0
+    np.testing.assert_array_equal(B, A - P)
+    np.testing.assert_array_equal(view.eigenvalues, np.r_[0.0, np.diag(A)[1:]])
+    np.testing.assert_allclose(np.sort(np.linalg.eigvals(B).real), np.sort(view.eigenvalues), atol=1e-6)
+    X, norms = np.eye(n), []
+    for _ in view.powers:
+        norms.append(np.linalg.norm(X, 2))
+        X = B @ X
+    np.testing.assert_allclose(view.transient, norms, rtol=1e-10, atol=1e-300)
+    assert view.powers[-1] == max(n, 2 * view.peak_k)
+    assert view.peak_B == pytest.approx(view.transient[1:].max(), rel=1e-12)
+    grid = view.pseudospectrum
+    assert grid.sigma.shape == (121, 121) and np.array_equal(grid.x, np.linspace(-1.5, 1.5, 121))
+    for i, j in ((0, 0), (60, 100), (75, 66), (110, 15), (60, 61)):
+        z = grid.x[j] + 1j * grid.y[i]
+        dense = np.linalg.svd(z * np.eye(n) - B, compute_uv=False)[-1]
+        assert grid.sigma[i, j] == pytest.approx(dense, rel=1e-7, abs=1e-15)
+
+
+def test_run_head_matches_the_saved_explorer_arrays(head_run: depthlens.Run) -> None:
+    arrays = head_run.arrays("head_spectra")
+    assert arrays["sigma"].shape == (2, 4, 41, 41) and arrays["transient"].shape == (2, 4, 28)
+    for layer, head in ((0, 0), (1, 3)):
+        chunk = int(arrays["chunk"][layer, head])
+        view = head_run.head(layer, head, kmax=int(arrays["powers"][-1]))
+        assert view.chunk == chunk  # the default chunk is the one the explorer shows
+        np.testing.assert_allclose(arrays["transient"][layer, head], view.transient[arrays["powers"]], rtol=1e-6)
+        np.testing.assert_allclose(arrays["sigma"][layer, head], view.pseudospectrum.sigma[::3, ::3], rtol=1e-6)
+        np.testing.assert_allclose(arrays["eig"][layer, head], view.eigenvalues, rtol=1e-6, atol=1e-12)
+
+
+def test_run_head_refuses_what_it_cannot_recompute(head_run: depthlens.Run, tmp_path: Path) -> None:
+    run = head_run
+    for args, message in (((2, 0, 0), "layer=2 is out of range: the run's model has layers 0 to 1; "
+                                      "pass an integer 0 <= layer < 2."),
+                          ((0, 4, 0), "head=4 is out of range: each layer of the run's model has heads 0 to 3; "
+                                      "pass an integer 0 <= head < 4."),
+                          ((0, 0, 2), "chunk=2 is out of range: the run's text has chunks 0 to 1; "
+                                      "pass an integer 0 <= chunk < 2."),
+                          ((-1, 0, 0), "layer=-1 is out of range"), ((0, "1", 0), "head='1' is out of range"),
+                          ((True, 0, 0), "layer=True is out of range")):
+        with pytest.raises(InputError) as caught:
+            run.head(*args)
+        assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+    for change, message in ((("model", "source"), "analysed a model in memory"),
+                            (("data", "text_sha256"), "text of the run .* changed since the run")):
+        copy = tmp_path / change[0]
+        copy.mkdir()
+        manifest = json.loads((run.path / "manifest.json").read_text())
+        manifest[change[0]][change[1]] = "memory" if change[1] == "source" else "0" * 64
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(RunError, match=message):
+            depthlens.open_run(copy).head(0, 0, 0)
+
+
+def test_errors_name_keyword_arguments_where_the_command_line_names_flags(tmp_path: Path, text_file: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The same refusals through the command line and the API: the one names flags, the other
+    its keyword arguments (API errors spoke of --overwrite and --chunks)."""
+    from depthlens.cli import main
+    from depthlens.errors import DepthlensError
+
+    out = tmp_path / "run"
+    argv = ["capture", "--model", "random:llama", "--text", str(text_file), "--chunks", "2", "--seq-len", "16",
+            "--jobs", "1", "--quiet", "--out", str(out)]
+    assert main(argv) == 0
+    cases = [(["--chunks", "0"], {"chunks": 0}, "--chunks 0 must be at least 1.", "chunks=0 must be at least 1."),
+             ([], {"if_exists": "error"}, "pass --resume to continue that run or --overwrite to replace it.",
+              'pass if_exists="resume" to continue that run or if_exists="overwrite" to replace it.'),
+             (["--resume", "--chunks", "3"], {"chunks": 3},
+              "it was started with --chunks 2, not --chunks 3; rerun with the options it was started with, or pass "
+              "--overwrite to replace it.",
+              "it was started with chunks=2, not chunks=3; rerun with the options it was started with, or pass "
+              'if_exists="overwrite" to replace it.'),
+             (["--contest-targets", "foo"], {"contest_targets": ("foo",)}, "--contest-targets 'foo' is unknown",
+              "contest_targets='foo' is unknown"),
+             (["--executor", "rays"], {"executor": "rays"}, "--executor 'rays' is not understood",
+              "executor='rays' is not understood")]
+    for extra, keywords, flagged, worded in cases:
+        capsys.readouterr()
+        assert main([*argv, *extra]) == 2
+        assert flagged in capsys.readouterr().err
+        with pytest.raises(DepthlensError) as caught:
+            depthlens.analyse("random:llama", **{"text": str(text_file), "stages": ["capture"], "chunks": 2,
+                                                 "seq_len": 16, "jobs": 1, "out": out, **keywords})
+        assert worded in str(caught.value) and "--" not in str(caught.value), str(caught.value)

@@ -7,36 +7,108 @@ Example (a random-weight model of a family written in code, a tiny text)::
     run.heads                     # the heads table, a pandas DataFrame
     run.arrays("pseudospectra")   # loaded on first use
     run.verdicts                  # the pre-registered claims and their verdicts
+    run.head(1, 2)                # one head on its median chunk, recomputed: A, B, pseudospectrum, transient
     run.report()                  # report.html, as `depthlens report` renders it
 
 An already-loaded ``transformers`` model works the same way (``depthlens.analyse(model,
 tokenizer)``); it is analysed in place (eval mode, no gradients, eager attention).
+
+Bad input raises the command line's one-line errors, worded with the keyword arguments where
+the command line names its flags (``chunks=0 must be at least 1``, ``pass
+if_exists="overwrite"``: :func:`_keyword`).
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from .config import RunConfig
+from .census.options import CensusOptions
+from .config import OPTION_CHOICES, PRESETS, RunConfig, RunOptions
 from .context import Execution
 from .errors import InputError, RunError, RunIncomplete
+from .options import flags_restated, option_fields
 from .report.tables import RunTables
 from .runs import RunMode, read_manifest
 from .schema import SCHEMA, SUMMARIES
 from .stages import STAGES
+
+if TYPE_CHECKING:
+    from .attention.head_view import HeadView
 
 __all__ = ["Run", "analyse", "census", "open_run", "sweep"]
 
 _IF_EXISTS = {"resume": RunMode.RESUME, "overwrite": RunMode.OVERWRITE, "error": RunMode.NEW}
 
 
+def _kind(annotation: Any) -> type:
+    """``bool`` for a switch, ``tuple`` for a list, ``object`` for any other value."""
+    if annotation is bool:
+        return bool
+    return tuple if typing.get_origin(annotation) in (tuple, list) else object
+
+
+#: The keyword arguments of the functions below that the command line has as flags, by kind
+#: (:func:`_kind`): every option, then the settings of the run itself.
+_KEYWORDS: dict[str, type] = {
+    **{f.name: _kind(f.annotation) for cls in (RunOptions, *(stage.options for stage in STAGES.values()), CensusOptions)
+       for f in option_fields(cls) if f.is_flag},
+    "out": object, "jobs": object, "executor": object, "slurm_params": object, "preset": object, "claims": object,
+    "quiet": bool, "delete_cache": bool,
+}
+#: The run-directory switches, values of ``if_exists``.
+_SWITCHES = {"resume": 'if_exists="resume"', "overwrite": 'if_exists="overwrite"'}
+#: Keywords named otherwise than their flag.
+_RENAMED = {"census_stages": "stages"}
+#: The words after a flag that are its value (:func:`depthlens.options.restate_flags`): the
+#: options' choices and the executor's kinds.
+_CHOICES = {**OPTION_CHOICES, "executor": ("local", "ray", "slurm"), "preset": PRESETS}
+
+
+def _keyword(name: str, value: str | None) -> str | None:
+    """How the Python API names what a flag names (:data:`depthlens.options.Spelling`):
+    ``chunks=8`` for ``--chunks 8``, ``revisions=('step1', 'step2')`` for ``--revisions
+    step1,step2``, ``stream_layers=True`` for ``--stream-layers``, ``if_exists="overwrite"`` for
+    ``--overwrite``; a flag the API has no keyword for stays."""
+    if name in _SWITCHES:
+        return _SWITCHES[name]
+    kind = _KEYWORDS.get(name)
+    if kind is None:
+        return None
+    keyword = _RENAMED.get(name, name)
+    if kind is bool:
+        return f"{keyword}=True"
+    if value is None:
+        return f"{keyword}="
+    if value[0] in "'\"":
+        return f"{keyword}={value}"
+    if kind is tuple:
+        items = [_literal(item) for item in value.split(",")]
+        return f"{keyword}=({', '.join(items)}{',' if len(items) == 1 else ''})"
+    return f"{keyword}={_literal(value)}"
+
+
+def _literal(text: str) -> str:
+    """``text`` as a Python literal: a number as it is, anything else quoted."""
+    try:
+        float(text)
+    except ValueError:
+        return repr(text)
+    return text
+
+
+#: The errors of the API's functions name its keyword arguments, not the command line's flags.
+_API_ERRORS = flags_restated(_keyword, _CHOICES)
+
+
+@_API_ERRORS
 def analyse(
     model: Any = "smollm2-135m",
     tokenizer: Any = None,
@@ -122,9 +194,12 @@ def analyse(
         if out is None and not isinstance(exc, RunIncomplete):  # our temporary folder holds no run: remove it
             shutil.rmtree(root, ignore_errors=True)
         raise
-    return Run(path)
+    run = Run(path)
+    run._loaded = loaded  # an in-memory model, for run.head (a spec is loaded again from the manifest)
+    return run
 
 
+@_API_ERRORS
 def census(
     model: str | Path,
     *,
@@ -179,6 +254,7 @@ def census(
     return Run(path)
 
 
+@_API_ERRORS
 def sweep(
     path: str | Path,
     *,
@@ -220,6 +296,7 @@ def sweep(
     return Run(run_sweep(path, root, run_mode=_IF_EXISTS[if_exists], execution=execution, claims=claims))
 
 
+@_API_ERRORS
 def open_run(path: str | Path) -> "Run":
     """The :class:`Run` in the run directory ``path`` (written by the CLI or :func:`analyse`).
 
@@ -249,6 +326,8 @@ class Run:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._tables = RunTables(self.path)
+        self._loaded: Any = None  # the in-memory model an analyse() call analysed, if any
+        self._prepared: Any = None  # the model and chunks of head(), prepared on its first call
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, tables={self.tables})"
@@ -336,3 +415,145 @@ class Run:
         from .report import render_report
 
         return render_report(self.path, claims_path=claims)
+
+    def head(self, layer: int, head: int, chunk: int | None = None, *, kmax: int | None = None) -> "HeadView":
+        """One head's operators on one chunk, recomputed on demand in float64 from the run's
+        model and text: the attention matrix ``A``, the deflated operator ``B = A − P``, its
+        eigenvalues, ``σ_min(zI − B)`` on the grid of the report's pseudospectra, the transient
+        ``‖B^k‖`` with its peak, the Kreiss constant with its bounds, every METHODS A3 quantity,
+        and the run's ``head_chunks`` and ``heads`` rows of that head when present
+        (:class:`~depthlens.attention.head_view.HeadView`).
+
+        The model and the chunks are prepared as the run prepared them (its configuration, the
+        model loaded again from its spec, or the in-memory model ``analyse`` was given) on the
+        first call and kept for the next ones; the matrix comes from the forward pass of the
+        chunk's batch of ``--batch-size`` chunks, as in the attention stage, so the view's
+        ``values`` are the run's ``head_chunks`` row of the trained model (same configuration).
+
+        Parameters
+        ----------
+        layer, head : int
+            0-based, as in the tables.
+        chunk : int, optional
+            The text chunk (or prompt), 0-based; default the head's median chunk (the one the
+            stage certified and the report's head explorer shows), or 0 without the tables.
+        kmax : int, optional
+            Last power of the transient (default ``max(n, 2·peak_k)``).
+
+        Returns
+        -------
+        HeadView
+
+        Raises
+        ------
+        InputError
+            ``layer``, ``head`` or ``chunk`` out of range (one line with the valid range), or
+            the run's text or model cannot be read as the run read them.
+        RunError
+            The run analysed an in-memory model that this ``Run`` does not hold (one opened from
+            its folder), or its text or model changed since the run (their SHA-256 differ).
+
+        Examples
+        --------
+        >>> run = depthlens.open_run("runs/demo")          # doctest: +SKIP
+        >>> view = run.head(3, 1)                          # doctest: +SKIP
+        >>> view.kreiss_B, view.peak_B, view.peak_k        # doctest: +SKIP
+        >>> view.pseudospectrum.sigma.shape                # doctest: +SKIP
+        (121, 121)
+        """
+        import torch
+
+        from .attention.head_view import head_view
+
+        manifest = self.manifest
+        heads = self._tables.trained("heads")
+        rows = self._tables.trained("head_chunks")
+        if heads is not None and len(heads):  # before the model loads; checked again against the model below
+            _check_index("layer", layer, int(heads["layer"].max()) + 1, "the run's model")
+            _check_index("head", head, int(heads["head"].max()) + 1, "each layer of the run's model")
+        shape = (manifest.get("data") or {}).get("shape")
+        if chunk is not None:
+            _check_index("chunk", chunk, int(shape[0]) if shape else self.config.chunks, "the run's text")
+        prepared = self._prepare_head()
+        chunks = _run_chunks(prepared)
+        adapter = prepared.loaded.adapter
+        _check_index("layer", layer, adapter.n_layers, "the run's model")
+        _check_index("head", head, adapter.n_heads, "each layer of the run's model")
+        if chunk is None:
+            chunk = _median_chunk(heads, rows, layer, head)
+        _check_index("chunk", chunk, len(chunks), "the run's text")
+        layer, head, chunk = int(layer), int(head), int(chunk)
+        size = self.config.batch_size
+        start = chunk - chunk % size  # the chunk's batch in the heads phase: the same forward pass
+        with torch.inference_mode():
+            probs = next(adapter.attention_probs(chunks.take(slice(start, start + size)).ids, layers=[layer]))[1]
+        n = int(chunks.lengths[chunk])
+        A = np.ascontiguousarray(probs[chunk - start, head, :n, :n].cpu().numpy(), dtype=np.float64)
+        select = chunks.rows(chunk) if hasattr(chunks, "rows") else None
+        return head_view(A, self.config.options("attention"), layer=layer, head=head, chunk=chunk, kmax=kmax,
+                         rows=select, chunk_row=_row(rows, layer=layer, head=head, chunk=chunk),
+                         head_row=_row(heads, layer=layer, head=head))
+
+    def _prepare_head(self) -> Any:
+        """The run's model and chunks for :meth:`head`, prepared once (as the run prepared them)."""
+        if self._prepared is not None:
+            return self._prepared
+        from .workflow import prepare
+
+        manifest = self.manifest
+        recorded = manifest.get("model") or {}
+        if recorded.get("source") == "memory" and self._loaded is None:
+            raise RunError(f"the run in {self.path} analysed a model in memory ({recorded.get('spec')}); "
+                           "run.head needs it: call depthlens.analyse(model, ..., out=THIS_FOLDER) again, which "
+                           "resumes the finished run and returns a Run that holds the model.")
+        prepared = prepare(self.config, self._loaded)
+        data = manifest.get("data") or {}
+        for what, theirs, mine in (("text", data.get("text_sha256"), prepared.text_sha256),
+                                   ("model", recorded.get("sha256"), prepared.loaded.provenance.get("sha256"))):
+            if theirs and mine and theirs != mine:
+                raise RunError(f"the {what} of the run in {self.path} changed since the run (SHA-256 {mine[:12]}…, "
+                               f"the run's {theirs[:12]}…); run.head would not recompute the run's heads.")
+        self._prepared = prepared
+        return prepared
+
+
+def _check_index(name: str, value: Any, count: int, what: str) -> None:
+    """Refuse ``value`` unless it is an integer in ``0 … count − 1``, in one line."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value < count:
+        raise InputError(f"{name}={value!r} is out of range: {what} has {name}s 0 to {count - 1}; "
+                         f"pass an integer 0 <= {name} < {count}.")
+
+
+def _run_chunks(prepared: Any) -> Any:
+    """The chunks of a prepared run (:class:`depthlens.data.Chunks`)."""
+    from .data import as_chunks
+
+    found = getattr(prepared, "chunks", None)
+    return as_chunks(prepared.token_ids if found is None else found)
+
+
+def _median_chunk(heads: pd.DataFrame | None, rows: pd.DataFrame | None, layer: int, head: int) -> int:
+    """The head's median chunk: its certified chunk in ``heads``, else the lower median of TR1
+    over its ``head_chunks`` rows, else 0."""
+    if heads is not None and "certified_chunk" in heads:
+        found = heads.loc[(heads["layer"] == layer) & (heads["head"] == head), "certified_chunk"].dropna()
+        if len(found):
+            return int(found.iloc[0])
+    if rows is not None and {"TR1", "chunk"} <= set(rows.columns):
+        from .attention.analysis import median_chunks
+
+        mine = median_chunks(rows[(rows["layer"] == layer) & (rows["head"] == head)].dropna(subset=["TR1"]))
+        if len(mine):
+            return int(mine["chunk"].iloc[0])
+    return 0
+
+
+def _row(table: pd.DataFrame | None, **keys: int) -> dict[str, Any] | None:
+    """The first row of ``table`` with the ``keys`` as a dict, or None."""
+    if table is None or not set(keys) <= set(table.columns):
+        return None
+    mask = np.ones(len(table), dtype=bool)
+    for key, value in keys.items():
+        mask &= (table[key] == value).to_numpy()
+    found = table[mask]
+    return None if found.empty else found.iloc[0].to_dict()

@@ -65,7 +65,8 @@ IDENTITY: dict[str, Column] = {
                     "in-memory model).", "text"),
     "revision": Column("Hub revision of the weights the row was computed from; empty for the model as loaded "
                        "without `--revision` and for the step-0 null.", "text"),
-    "text": Column("Text source of the run's chunks (`python-docs`, `wikitext-2` or a file path).", "text"),
+    "text": Column("Text source of the run's chunks (`python-docs`, `wikitext-2` or a file path), or the prompts "
+                   "file (`.jsonl`) whose prompts are the chunks.", "text"),
 }
 _ID = {
     "checkpoint": Column("Which weights: `trained` (the loaded model), `init` (the same architecture at "
@@ -101,7 +102,8 @@ _ALIGN_K = (1, 8, 64)
 
 # ----------------------------------------------------------------------------- capture
 _PATTERN = {
-    "sink_mass": Column("Mean over rows i ≥ 2 of A[i, 1], the weight on the first token (METHODS A3).",
+    "sink_mass": Column("Mean over rows i ≥ 2 of A[i, 1], the weight on the first token (METHODS A3); of a "
+                        "prompt (a prompts file), over its analysed rows.",
                         "fraction in [0, 1]; exact float64 reduction"),
     "prev_weight": Column("Mean over rows i ≥ 2 of A[i, i−1], the weight on the previous token.",
                           "fraction in [0, 1]; exact float64 reduction"),
@@ -127,7 +129,8 @@ _CAPTURE = {
                            "attention and MLP) or `final` (output of the last layer, before the final norm).",
                            "text"),
         "rms": Column("Root mean square over every entry (all positions and dimensions) of the residual "
-                      "states at this boundary of this chunk.", "residual units; exact float64 reduction"),
+                      "states at this boundary of this chunk; of a prompt (a prompts file), over its analysed "
+                      "positions, as are the other columns of the row.", "residual units; exact float64 reduction"),
         "median_abs": Column("Median of |h| over every entry at this boundary of this chunk.",
                              "residual units; exact"),
         "max_abs": Column("Largest |h| at this boundary of this chunk.", "residual units; exact"),
@@ -360,7 +363,8 @@ _ABLATE = {
         "ce_clean": Column("Cross-entropy of the unablated model on the same held-out tokens.",
                            "nats per token; float32 forward, float64 sum"),
         "n_chunks": Column("Held-out chunks.", "count"),
-        "n_tokens": Column("Predicted tokens the cross-entropies average over (held-out chunks × (seq_len − 1)).",
+        "n_tokens": Column("Predicted tokens the cross-entropies average over (held-out chunks × (seq_len − 1); "
+                           "with a prompts file, the held-out prompts' analysed positions that predict a token).",
                            "count"),
     },
 }
@@ -940,8 +944,16 @@ SUMMARIES: dict[str, Summary] = {s.name: s for s in (
 
 #: Every kind of array file.
 ARRAYS: dict[str, ArrayFile] = {a.pattern: a for a in (
-    ArrayFile("pseudospectra", "attention", "σ_min grids of each head's median-chunk B (the report's contours), "
-              "of the trained model."),
+    ArrayFile("pseudospectra", "attention", "σ_min(zI − B) on a 121 × 121 grid of [−1.5, 1.5]² (keys `x`, `y`, "
+              "`sigma`, `eig` behind the prefix `routing.` or `sink.`) for two heads of the trained model, each on its "
+              "median chunk: the largest previous-token or induction score and the largest sink mass (metadata: "
+              "their `layer`, `head`, `chunk`); the report's pseudospectra figure."),
+    ArrayFile("head_spectra", "attention", "Every head of the trained model on its median chunk (by TR1), float64, "
+              "for the report's head explorer (one head on any chunk in full: `Run.head`): `sigma` (layers, heads, "
+              "41, 41) σ_min(zI − B) on the grid `x` × `y` (every third point of the pseudospectra grid, rows = `y`), "
+              "`transient` (layers, heads, 28) = ‖B^k‖ exactly at the powers `powers` (k = 1 … 16, then steps of "
+              "2^¼ to 128), `eig` (layers, heads, n) the eigenvalues of B (its diagonal), `chunk` (layers, heads); "
+              "NaN (chunk −1) for a head without a value."),
     ArrayFile("jacobians_<checkpoint>_<jacobian_mode>", "jacobian",
               "The mean sub-layer Jacobians of one checkpoint and mode, in the dtype of --save-arrays."),
 )}

@@ -175,6 +175,32 @@ def test_saved_pseudospectra(planted_run: tuple[Path, dict]) -> None:
     assert (sink["eig"] == 0).all()
 
 
+def test_saved_head_spectra(planted_run: tuple[Path, dict]) -> None:
+    """The head explorer's arrays: every head on its median chunk; the planted heads' closed
+    forms (previous-token: ‖B^k‖ = √(n − k) up to k = n − 1, then 0; sink: B = 0, σ_min = |z|)."""
+    from depthlens.attention.head_view import EXPLORER_GRID, EXPLORER_POWERS
+    from depthlens.runs.atomic import read_safetensors
+
+    root, _ = planted_run
+    arrays, meta = read_safetensors(root / "arrays" / "head_spectra.safetensors")
+    chunks = pd.read_parquet(root / "tables" / "head_chunks.parquet")
+    L, H = int(chunks["layer"].max()) + 1, int(chunks["head"].max()) + 1
+    n = 24
+    assert arrays["sigma"].shape == (L, H, 41, 41) and arrays["eig"].shape == (L, H, n)
+    assert arrays["transient"].shape == (L, H, EXPLORER_POWERS.size) and arrays["sigma"].dtype == np.float64
+    np.testing.assert_array_equal(arrays["x"], EXPLORER_GRID)
+    np.testing.assert_array_equal(arrays["powers"], EXPLORER_POWERS)
+    medians = pd.read_parquet(root / "tables" / "heads.parquet").set_index(["layer", "head"])["certified_chunk"]
+    assert all(arrays["chunk"][layer, head] == medians[(layer, head)] for layer, head in medians.index)
+    assert np.isfinite(arrays["sigma"]).all() and np.isfinite(arrays["transient"]).all()
+    k = EXPLORER_POWERS
+    np.testing.assert_allclose(arrays["transient"][0, 1], np.sqrt(np.maximum(n - k, 0)) * (k < n - 1), rtol=1e-12)
+    X, Y = np.meshgrid(EXPLORER_GRID, EXPLORER_GRID)
+    np.testing.assert_allclose(arrays["sigma"][1, 0], np.abs(X + 1j * Y), rtol=1e-12, atol=1e-14)
+    assert not arrays["transient"][1, 0].any() and not arrays["eig"][1, 0].any()
+    assert meta["config_hash"] == "x"
+
+
 def test_transient_peak_reuse_matches_peak_transient(rng: np.random.Generator) -> None:
     """The peak read off the Kreiss bound's power norms equals a fresh certified scan."""
     from depthlens.attention.features import transient_peak

@@ -100,3 +100,20 @@ def test_radius_result_is_on_the_level_set_and_cheap(rng: np.random.Generator) -
             assert r.value >= lam_max + eps - 1e-12
             assert abs(sigma_min_dense(B, r.z) - eps) < 1e-9 * max(1.0, eps)
             assert r.n_evals < 3000
+
+
+def test_grid_next_to_a_strongly_non_normal_cluster(rng: np.random.Generator) -> None:
+    """Near the eigenvalue cluster of a previous-token-like head σ_min(zI − B) is far below
+    rounding and inverse iteration overflows: such points go to the dense fallback (the numba
+    kernel once divided by a zero norm there), whatever the order of the points."""
+    from depthlens.linalg.causal import deflate
+
+    B = deflate(causal_softmax(128, np.random.default_rng(0), prev=5.0))
+    x = np.array([0.0, 0.025, 0.05])  # 0 is an eigenvalue of B; σ_min ≈ 4e-17 at 0.025 (dense)
+    for axis in (x, x[::-1]):
+        numba = pseudospectrum(B, axis, [0.0], engine="numba")
+        with np.errstate(all="ignore"):  # the numpy reference engine overflows there too, with warnings
+            numpy = pseudospectrum(B, axis, [0.0], engine="numpy")
+        np.testing.assert_allclose(numba.sigma, numpy.sigma, rtol=1e-10, atol=0)
+        assert np.all(np.isfinite(numba.sigma)) and numba.n_fallback == numpy.n_fallback == 2
+        assert np.all(numba.sigma < 1e-15)  # zero to rounding (dense SVD; 1e-141 where the iteration converged)

@@ -102,3 +102,21 @@ def test_iter_power_norms_exact_first(rng: np.random.Generator) -> None:
     np.testing.assert_allclose(got[:4], dense[:4], rtol=1e-12)
     assert np.all(got >= dense * (1 - 1e-12))
     assert got[4] > dense[4] * (1 + 1e-9)  # a cheap bound, not the exact norm
+
+
+def test_power_norms_at_equals_power_norms_at_the_sampled_powers(rng: np.random.Generator) -> None:
+    """The sampled norms are exactly those of :func:`power_norms` (the same products, the same
+    eigensolves); the powers in between are formed but not normed."""
+    from depthlens.linalg.causal import deflate
+    from depthlens.linalg.transients import power_norms_at
+
+    B = deflate(causal_softmax(24, rng, sink=1.0, prev=3.0))
+    ks = np.array([0, 1, 2, 5, 9, 30])
+    np.testing.assert_array_equal(power_norms_at(B, ks), power_norms(B, 30)[ks])
+    assert power_norms_at(B, [3]).shape == (1,)
+    P = prev_token(6)
+    P[:, 0] -= 1.0  # nilpotent: exact zeros from k = n - 1 on
+    np.testing.assert_allclose(power_norms_at(P, [0, 4, 5, 8]), [1.0, math.sqrt(2.0), 0.0, 0.0], rtol=1e-13, atol=0)
+    for bad in ([2, 1], [1, 1], [-1, 2], [], [[1, 2]], [1.0, 2.0]):
+        with pytest.raises(InputError, match="strictly increasing"):
+            power_norms_at(B, bad)

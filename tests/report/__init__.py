@@ -22,6 +22,8 @@ import numpy as np
 import pandas as pd
 from safetensors.numpy import save_file
 
+from depthlens.runs import FORMAT, FORMAT_VERSION
+from depthlens.runs.atomic import start_index
 from depthlens.schema import ARRAYS, IDENTITY, SCHEMA, SUMMARIES, conform_table
 from depthlens.stages import STAGES
 
@@ -83,14 +85,16 @@ def drop_stage(root: Path, stage: str) -> None:
 
 
 def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str] = ALL_STAGES,
-              pseudospectra: bool = True, chunks: int = 8, boundaries: int = 40) -> Path:
+              pseudospectra: bool = True, chunks: int = 8, boundaries: int = 40, explorer: bool = True) -> Path:
     """Write a complete synthetic run directory at ``root`` and return it (``chunks`` text
     chunks, the first min(chunks, 8) with null samples; ``boundaries`` coupling boundaries
-    per checkpoint)."""
+    per checkpoint; with ``explorer`` the head explorer's arrays, :func:`write_head_spectra`)."""
     rng = np.random.default_rng(0)
     root.mkdir(parents=True, exist_ok=True)
     stages = tuple(stages)
+    start_index(root)  # with the manifest's format marker, a run as depthlens report and compare take it
     write_json(root, "manifest", {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
         "config": {"model": model, "seed": 0, "chunks": chunks, "attention": {"null_chunks": 8, "null_mode": "spec"},
                    "revisions": ["step1000"], "topology": {"n_perm": 1000}, "null_samples": 8},
         "config_hash": "0123456789abcdef",
@@ -104,6 +108,8 @@ def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str
     ident = {**IDENT, "model": model}
     if "attention" in stages:
         _attention(root, rng, ident, pseudospectra, chunks)
+        if explorer:
+            write_head_spectra(root)
     if "ablate" in stages:
         _ablate(root, ident)
     if "clamp" in stages:
@@ -190,6 +196,28 @@ def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra:
 
 
 _HEADS = [divmod(i, 4) for i in range(16)]  # (layer, head) of the synthetic heads table
+
+
+def write_head_spectra(root: Path, layers: int = 4, heads: int = 4, n: int = 16) -> None:
+    """Write ``arrays/head_spectra.safetensors`` as the attention stage lays it out, for the
+    synthetic heads: head (l, h) has the eigenvalues ``0, 0.05·(l + h) + j/(2n)`` (j = 1 … n−1),
+    σ_min = its distance to them scaled by ``1/(1 + h)`` (more non-normal with h), the
+    transient ``(2 + h)·0.8^k``, and median chunk ``l``."""
+    from depthlens.attention.head_view import EXPLORER_GRID, EXPLORER_POWERS
+
+    x = np.ascontiguousarray(EXPLORER_GRID)  # a strided view of the pseudospectra axis: saved as it reads
+    z = x[None, :] + 1j * x[:, None]
+    sigma = np.empty((layers, heads, x.size, x.size))
+    eig = np.empty((layers, heads, n))
+    for layer in range(layers):
+        for head in range(heads):
+            eig[layer, head] = np.r_[0.0, 0.05 * (layer + head) + np.arange(1, n) / (2 * n)]
+            sigma[layer, head] = np.min(np.abs(z[..., None] - eig[layer, head]), axis=-1) / (1 + head)
+    transient = np.ones((layers, 1, 1)) * (2.0 + np.arange(heads))[None, :, None] * 0.8 ** EXPLORER_POWERS
+    arrays = {"x": x, "y": x.copy(), "powers": EXPLORER_POWERS, "sigma": sigma, "transient": transient, "eig": eig,
+              "chunk": np.repeat(np.arange(layers), heads).reshape(layers, heads).astype(np.int64)}
+    (root / "arrays").mkdir(exist_ok=True)
+    save_file(arrays, str(root / "arrays" / "head_spectra.safetensors"), metadata={"config_hash": "0123456789abcdef"})
 
 
 def _ablate(root: Path, ident: dict[str, str]) -> None:

@@ -64,7 +64,9 @@ def test_claims_table_comes_first(report):
 def test_run_text_is_escaped(report):
     _, text = report
     assert MALICIOUS not in text
-    assert "<script" not in text.lower()
+    # the one script is the head explorer's (its data a JSON block): none comes from the run
+    assert re.findall(r"<script\b[^>]*>", text, re.I) == ['<script type="application/json" id="hx-data">',
+                                                          '<script id="hx-code">']
     assert html_escaped(MALICIOUS) in text
     assert text.count(html_escaped(MALICIOUS)) >= 4  # title, heading, summary, provenance
 
@@ -136,14 +138,16 @@ def test_not_a_directory(tmp_path):
 
 
 def test_rendering_reads_tables_only(tmp_path):
-    """Re-rendering imports no analysis code (nor torch): it cannot recompute anything."""
-    run = build_run(tmp_path / "run", stages=("topology",))
+    """Re-rendering imports no analysis code (nor torch): it cannot recompute anything (the
+    head explorer included)."""
+    run = build_run(tmp_path / "run", stages=("attention", "topology"))
     code = ("import sys; from depthlens.report import render_report; render_report(sys.argv[1]); "
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.split('.')[:2] in "
             "[['depthlens', p] for p in ('attention', 'jacobian', 'topology', 'linalg', 'models', 'capture')]); "
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+    assert "hx-code" in (run / "report.html").read_text()
 
 
 def test_report_in_headless_chromium(report, tmp_path):
@@ -155,7 +159,8 @@ def test_report_in_headless_chromium(report, tmp_path):
                                        "scripts": "document.querySelectorAll('script').length"}, screenshot=shot)
     assert errors == []
     assert len(found["widths"]) == len(FIGURES) and all(w > 0 for w in found["widths"])
-    assert found["claims_rows"] == len(load_claims()) and found["first_table"] == "glance" and found["scripts"] == 0
+    assert found["claims_rows"] == len(load_claims()) and found["first_table"] == "glance"
+    assert found["scripts"] == 2  # the head explorer's data and code (tests/report/test_explorer.py)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

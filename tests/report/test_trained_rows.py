@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from depthlens.report.explorer import explorer_data
 from depthlens.report.figures import SPECS, render_figure
 from depthlens.report.health import numerical_health
 from depthlens.report.statistics import STATISTICS, checkpoint_order, compute_statistic
@@ -75,6 +76,7 @@ def test_health_and_figures_read_the_trained_rows(runs: tuple[Path, Path], tmp_p
     for name in FIGURES:
         paths = [render_figure(SPECS[name], t, tmp_path / str(i))[0] for i, t in enumerate((plain, mixed))]
         assert paths[0].read_bytes() == paths[1].read_bytes(), name
+    assert explorer_data(mixed) == explorer_data(plain)  # the head explorer's roles and Δ_TR
 
 
 def test_tables_without_a_checkpoint_column_read_whole(runs: tuple[Path, Path]) -> None:

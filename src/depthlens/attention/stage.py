@@ -5,15 +5,23 @@
 Checkpoints: the model as loaded (``trained``) and every extra hub revision of ``--revisions``,
 each analysed alone by the same phases, one at a time (a revision is loaded when one of its
 units has work to do, and released before the next). The tables hold every checkpoint's rows
-(key ``checkpoint``); ``attention.json`` and the pseudospectra arrays are about the trained
-model. Units: ``probe``, ``headsNNNNN``, ``certifyNNNNN``, ``induction`` and ``depthNNNNN`` for
-the trained model, the same keys behind the prefix of :func:`unit_prefix` for a revision.
+(key ``checkpoint``); ``attention.json``, the pseudospectra arrays and the head explorer's
+(``arrays/head_spectra.safetensors``, :func:`_explorer_phase`) are about the trained model.
+Units: ``probe``, ``headsNNNNN``, ``certifyNNNNN``, ``induction`` and ``depthNNNNN`` for the
+trained model, the same keys behind the prefix of :func:`unit_prefix` for a revision.
 
 Memory: the attention matrices of one layer for one batch of chunks are the most held at a
 time (each layer's matrices go to the worker pool and are released before the next layer),
 except in the depth phase, whose products need every layer of a chunk: there one batch's
 matrices of all layers are held (``L·H·n²`` float64 per chunk, 35 MB for SmolLM2 at n = 128).
-The certify phase queues one matrix per head (its median chunk) for the workers.
+The certify and explorer phases queue one matrix per head (its median chunk) for the workers.
+
+Prompts (a prompts file, :class:`depthlens.data.Chunks`): every matrix is trimmed to its
+prompt's length, so it is the prompt's own operator (causal and row-stochastic); the A3 row
+features (``sink_mass``, ``prev_weight``, ``row_entropy``) average over the prompt's analysed
+positions, the operator quantities, nulls, certified brackets, depth products and
+pseudospectra are those of the whole trimmed matrix. The probe and its control are the
+stage's own sequences, as without prompts.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from ..context import Execution, StageContext
 from ..runs import RunDirectory
 from ..schema import TRAINED
 from . import analysis as an
+from . import head_view as hv
+from .head_view import PSEUDO_GRID, PSEUDO_TOL
 from .options import AttentionOptions
 from .roles import assign_roles, probe_scores, role_overlap
 
@@ -48,11 +58,8 @@ PROBE_BATCH = 16
 #: the last ones of this layer finish (no idle worker at a layer's end), and the matrices in
 #: flight stay bounded (256 of 128 × 128 float64: 34 MB).
 MAX_PENDING = 256
-#: Grid axis of the saved pseudospectra (the square [−1.5, 1.5]², 121 points a side).
-PSEUDO_GRID = np.linspace(-1.5, 1.5, 121)
-#: Relative tolerance of σ_min on that grid: contours need far less than the default 1e-14,
-#: and clustered singular values of routing heads made 1e-14 fall back to dense SVDs.
-PSEUDO_TOL = 1e-9
+# PSEUDO_GRID (the saved pseudospectra's axis) and PSEUDO_TOL (their σ_min tolerance) live in
+# :mod:`depthlens.attention.head_view`, beside the head explorer's grid taken from them.
 #: Smallest sizes the stage handles: attention matrices (n, n) with n >= 2 (the deflated
 #: operator B is then at least 1 x 1), and a probe block of at least one token.
 MIN_SEQ_LEN = 2
@@ -143,7 +150,7 @@ def run(context: StageContext) -> None:
     ``attention.json``: the trained model's summary, with ``revisions`` holding each analysed
     revision's (the same keys, without ``options``)."""
     sizes = {"batch_size": context.config.batch_size, "execution": context.execution}
-    tables, summary = analyse(context.run_dir, context.loaded, context.token_ids, context.options, **sizes)
+    tables, summary = analyse(context.run_dir, context.loaded, context.chunks, context.options, **sizes)
     parts = {name: [_labelled(context, TRAINED, table)] for name, table in tables.items()}
     summaries = {}
     for rev in context.config.revisions:
@@ -170,18 +177,22 @@ def _revision(context: StageContext, rev: str, sizes: dict[str, Any]) -> tuple[d
     the unit named by its prefix)."""
     with context.run_dir.failures.unit(an.STAGE, unit_prefix(rev).rstrip("_")):
         model = _OnDemand(lambda: context.load_revision(rev))
-        return analyse(context.run_dir, model, context.token_ids, context.options, checkpoint=rev, **sizes)
+        return analyse(context.run_dir, model, context.chunks, context.options, checkpoint=rev, **sizes)
     return None
 
 
-def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: AttentionOptions, *, batch_size: int,
-            execution: Execution, checkpoint: str = TRAINED) -> tuple[dict[str, pd.DataFrame], dict]:
+def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor | data.Chunks, opts: AttentionOptions, *,
+            batch_size: int, execution: Execution, checkpoint: str = TRAINED) -> tuple[dict[str, pd.DataFrame], dict]:
     """Run every phase of ``checkpoint`` on the model ``loaded`` (skipping finished units; the
-    pseudospectra arrays for the trained model only) and return the tables ``heads``,
-    ``head_chunks``, ``head_probe``, ``depth`` and the JSON summary. ``loaded`` is read only
+    pseudospectra and head explorer arrays for the trained model only) and return the tables
+    ``heads``, ``head_chunks``, ``head_probe``, ``depth`` and the JSON summary. ``loaded`` is read only
     where a unit has work to do (an :class:`_OnDemand` then loads); the numerical tasks go
-    to the executor of ``execution`` (:func:`depthlens.parallel.executor`)."""
+    to the executor of ``execution`` (:func:`depthlens.parallel.executor`). ``token_ids`` are
+    the chunks (:class:`depthlens.data.Chunks`, or a tensor of equal-length chunks): every
+    matrix is that of its chunk alone, trimmed to the chunk's length, and the row features
+    average over its analysed positions."""
     quiet = execution.quiet
+    token_ids = data.as_chunks(token_ids)
     with executor(execution, run_dir.root) as pool, torch.inference_mode():
         probe = _probe_phase(run_dir, loaded, opts, pool, quiet, checkpoint)
         chunks = _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, checkpoint)
@@ -199,6 +210,7 @@ def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor, opts: Attent
                              checkpoint)
         if checkpoint == TRAINED:
             _pseudospectra_phase(run_dir, loaded, token_ids, heads, chunks)
+            _explorer_phase(run_dir, loaded, token_ids, chunks, pool, batch_size, quiet)
     summary = an.summarise(heads, depth)
     summary["role_overlap"] = role_overlap(heads["role"].to_numpy(), heads["delta_TR1"].to_numpy()).to_dict()
     summary["numerical_health"] = an.numerical_health(heads)
@@ -242,17 +254,28 @@ def _probe_phase(run_dir, loaded, opts, pool, quiet, checkpoint) -> pd.DataFrame
 
 
 def _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, checkpoint) -> pd.DataFrame:
-    starts = list(range(0, token_ids.shape[0], batch_size))
+    starts = list(range(0, len(token_ids), batch_size))
     keys = [f"{unit_prefix(checkpoint)}heads{s // batch_size:05d}" for s in starts]
     todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(an.STAGE, k)]
     bar = _bar(len(keys), len(keys) - len(todo), _desc("heads", checkpoint), quiet)
+    ragged = token_ids.ragged
 
     def matrices(start: int) -> Iterator[tuple[int, np.ndarray]]:
         """Every layer's matrices of one unit; the forward pass runs here, and each layer's
         float64 matrices are formed when the iterator reaches it (one layer at a time)."""
-        layers = loaded.adapter.attention_probs(token_ids[start : start + batch_size])
+        layers = loaded.adapter.attention_probs(token_ids.take(slice(start, start + batch_size)).ids)
         first = next(layers)  # the forward pass
         return ((layer, p.cpu().numpy()) for layer, p in itertools.chain([first], layers))
+
+    def task(A: np.ndarray, layer: int, b: int, h: int, start: int) -> tuple:
+        """One matrix's task: with chunks of their own lengths, trimmed to its chunk's length and
+        with the chunk's analysed rows."""
+        c = start + b
+        common = (layer, h, c, opts, c < opts.null_chunks, c < opts.extras_chunks, opts.certify == "all")
+        if not ragged:
+            return (A[b, h], *common)
+        n = int(token_ids.lengths[c])
+        return (np.ascontiguousarray(A[b, h, :n, :n]), *common, token_ids.rows(c))
 
     # the next unit's forward pass runs in a thread while the workers take this unit's matrices
     # (torch releases the GIL; no other thread runs the model during this phase); a stop does
@@ -262,8 +285,7 @@ def _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, chec
         for i, (key, start) in enumerate(todo):
             current, following = following, ahead.submit(matrices, todo[i + 1][1]) if i + 1 < len(todo) else None
             with run_dir.failures.unit(an.STAGE, key):
-                tasks = ((A[b, h], layer, h, start + b, opts, start + b < opts.null_chunks, start + b < opts.extras_chunks,
-                          opts.certify == "all")
+                tasks = (task(A, layer, b, h, start)
                          for layer, A in current.result() for b in range(A.shape[0]) for h in range(A.shape[1]))
                 rows = ordered_map(pool, an.head_chunk_row, tasks, max_pending=MAX_PENDING)
                 run_dir.write_unit(an.STAGE, key, {"rows": pd.DataFrame(rows)})
@@ -308,10 +330,12 @@ def _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, q
     for key, group in todo:
         wanted = targets[targets["chunk"].isin(group)]
         futures = []
-        for layer, probs in loaded.adapter.attention_probs(token_ids[group], layers=sorted(wanted["layer"].unique())):
+        for layer, probs in loaded.adapter.attention_probs(token_ids.take(group).ids,
+                                                           layers=sorted(wanted["layer"].unique())):
             A = probs.cpu().numpy()
             for head, chunk in wanted.loc[wanted["layer"] == layer, ["head", "chunk"]].itertuples(index=False):
-                matrix = A[group.index(int(chunk)), int(head)].copy()
+                n = int(token_ids.lengths[int(chunk)])  # the chunk's own matrix (a prompt's length)
+                matrix = A[group.index(int(chunk)), int(head), :n, :n].copy()
                 future = pool.submit(an.certify_row, matrix, layer, int(head), int(chunk), opts)
                 future.add_done_callback(lambda _: bar.update())  # as each bracket ends (inline: at once)
                 futures.append(future)
@@ -370,7 +394,7 @@ def _pseudospectra_phase(run_dir, loaded, token_ids, heads, chunks) -> None:
     for role, row in picks.items():
         layer, head = int(row["layer"]), int(row["head"])
         chunk = int(medians.loc[(layer, head)])
-        probs = next(loaded.adapter.attention_probs(token_ids[chunk : chunk + 1], layers=[layer]))[1]
+        probs = next(loaded.adapter.attention_probs(token_ids.take([chunk]).ids, layers=[layer]))[1]  # its own length
         B = deflate(probs[0, head].cpu().numpy())
         grid = pseudospectrum(B, PSEUDO_GRID, PSEUDO_GRID, tol=PSEUDO_TOL)
         arrays.update({f"{role}.x": grid.x, f"{role}.y": grid.y, f"{role}.sigma": grid.sigma,
@@ -379,11 +403,55 @@ def _pseudospectra_phase(run_dir, loaded, token_ids, heads, chunks) -> None:
     run_dir.write_arrays("pseudospectra", arrays, **meta)
 
 
+def _explorer_phase(run_dir, loaded, token_ids, chunks, pool, batch_size, quiet) -> None:
+    """The head explorer's data (:func:`~depthlens.attention.head_view.explorer_arrays`) of
+    every head's median chunk, saved to ``arrays/head_spectra.safetensors``: ``sigma`` (L, H,
+    g, g) = σ_min(zI − B) on the grid ``x``, ``y`` (every third point of the pseudospectra's),
+    ``transient`` (L, H, K) = ``‖B^k‖`` at ``powers`` (K), ``eig`` (L, H, n) = the eigenvalues
+    of B (NaN-padded past a shorter prompt), ``chunk`` (L, H); NaN (chunk −1) for a head
+    without a value. One file, written at the end (an interrupted phase starts again). The
+    chunks are read in batches of ``batch_size``; every head's matrix goes to the workers as
+    soon as it is read (about 0.13 CPU-seconds per head at n = 128: 34 s for SmolLM2-135M)."""
+    path = run_dir.root / "arrays" / f"{hv.EXPLORER_ARRAYS}.safetensors"
+    if path.is_file():
+        return
+    targets = an.median_chunks(chunks)
+    order = sorted(int(c) for c in targets["chunk"].unique())
+    groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    bar = tqdm(total=len(targets), desc=_desc("explorer", TRAINED), unit="head", disable=quiet)
+    futures: dict[tuple[int, int], tuple[int, Any]] = {}
+    for group in groups:
+        wanted = targets[targets["chunk"].isin(group)]
+        for layer, probs in loaded.adapter.attention_probs(token_ids.take(group).ids,
+                                                           layers=sorted(wanted["layer"].unique())):
+            A = probs.cpu().numpy()
+            for head, chunk in wanted.loc[wanted["layer"] == layer, ["head", "chunk"]].itertuples(index=False):
+                n = int(token_ids.lengths[int(chunk)])  # the chunk's own matrix (a prompt's length)
+                future = pool.submit(hv.explorer_arrays, A[group.index(int(chunk)), int(head), :n, :n].copy())
+                future.add_done_callback(lambda _: bar.update())
+                futures[(int(layer), int(head))] = (int(chunk), future)
+    results = {key: (chunk, future.result()) for key, (chunk, future) in futures.items()}
+    bar.close()
+    shape = (loaded.adapter.n_layers, loaded.adapter.n_heads)
+    g, k = hv.EXPLORER_GRID.size, hv.EXPLORER_POWERS.size
+    n = max((r["eig"].size for _, r in results.values() if r is not None), default=0)
+    arrays = {"x": hv.EXPLORER_GRID.copy(), "y": hv.EXPLORER_GRID.copy(), "powers": hv.EXPLORER_POWERS.copy(),
+              "sigma": np.full((*shape, g, g), np.nan), "transient": np.full((*shape, k), np.nan),
+              "eig": np.full((*shape, n), np.nan), "chunk": np.full(shape, -1, dtype=np.int64)}
+    for (layer, head), (chunk, r) in results.items():
+        arrays["chunk"][layer, head] = chunk
+        if r is not None:
+            arrays["sigma"][layer, head] = r["sigma"]
+            arrays["transient"][layer, head] = r["transient"]
+            arrays["eig"][layer, head, : r["eig"].size] = r["eig"]
+    run_dir.write_arrays(hv.EXPLORER_ARRAYS, arrays, sigma_tol=f"{hv.PSEUDO_TOL:g}", heads="median chunk (TR1)")
+
+
 def _depth_phase(run_dir, loaded, token_ids, chains, opts, pool, batch_size, quiet, checkpoint) -> pd.DataFrame:
     """Depth products per chunk, computed by the workers from every layer's matrices of one
     batch (the one phase that holds all layers at once: the product runs over depth). The
     next batch's forward pass runs while the workers compute the previous batch's products."""
-    keys = [f"{unit_prefix(checkpoint)}depth{c:05d}" for c in range(token_ids.shape[0])]
+    keys = [f"{unit_prefix(checkpoint)}depth{c:05d}" for c in range(len(token_ids))]
     todo = [c for c, k in enumerate(keys) if not run_dir.has_unit(an.STAGE, k)]
     bar = _bar(len(keys), len(keys) - len(todo), _desc("depth", checkpoint), quiet)
 
@@ -396,8 +464,11 @@ def _depth_phase(run_dir, loaded, token_ids, chains, opts, pool, batch_size, qui
     previous: tuple[list[int], list] | None = None
     for start in range(0, len(todo), batch_size):
         group = todo[start : start + batch_size]
-        probs = np.stack([p.cpu().numpy() for _, p in loaded.adapter.attention_probs(token_ids[group])], axis=1)
-        futures = [pool.submit(an.depth_chunk_rows, probs[i], chains, c, opts, c < opts.null_chunks) for i, c in enumerate(group)]
+        probs = np.stack([p.cpu().numpy() for _, p in loaded.adapter.attention_probs(token_ids.take(group).ids)], axis=1)
+        n = [int(token_ids.lengths[c]) for c in group]  # each chunk's products over its own length
+        futures = [pool.submit(an.depth_chunk_rows, np.ascontiguousarray(probs[i, ..., : n[i], : n[i]]), chains, c, opts,
+                               c < opts.null_chunks)
+                   for i, c in enumerate(group)]
         del probs
         if previous is not None:
             finish(*previous)

@@ -31,7 +31,8 @@ _EXPORTS = {
                      "pseudospectrum"],
                     ".pseudospectra"),
     **dict.fromkeys(["SigmaResult", "TriangularForm", "sigma_min", "triangular_form"], ".sigma"),
-    **dict.fromkeys(["SpijkerCheck", "TransientResult", "peak_transient", "power_norms", "spijker_check"],
+    **dict.fromkeys(["SpijkerCheck", "TransientResult", "peak_transient", "power_norms", "power_norms_at",
+                     "spijker_check"],
                     ".transients"),
 }
 __all__ = sorted(_EXPORTS)

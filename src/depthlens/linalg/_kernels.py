@@ -42,7 +42,9 @@ point after the first starts from the previous point's right singular vector plu
 (the admixture keeps a component along every singular direction, so a start that happens to
 be a non-dominant singular vector of the new point cannot stall the iteration); after a point
 that did not converge the next one starts from ``v0``. A shift equal to a diagonal entry of
-``L`` (an eigenvalue) is not iterated and is reported as not converged.
+``L`` (an eigenvalue) is not iterated and is reported as not converged, and so is a point
+whose iterate overflows (``σ_min`` below about ``1e-300·‖u‖``, next to a strongly non-normal
+cluster of eigenvalues: a previous-token head's ``B`` near 0).
 
 Real problems: where ``L``, the shift and the start vector are all real, every iterate is real
 (the singular vectors of a real matrix can be taken real), and the numba kernel runs that
@@ -181,15 +183,24 @@ def _residuals(Lr, Li, cplx, im, zr, zi, sig, ur, ui, vr, vi, wr, wi):  # pragma
 
 @njit(cache=True)
 def _normalize(xr, xi):  # pragma: no cover - compiled
-    """Scale ``x`` to unit 2-norm in place and return the old norm."""
+    """Scale ``x`` to unit 2-norm in place and return the old norm; a norm that is 0 or not
+    finite (an overflowed iterate) is returned with ``x`` left as it is, for the caller to stop."""
     s = 0.0
     for i in range(xr.shape[0]):
         s += xr[i] * xr[i] + xi[i] * xi[i]
     nrm = np.sqrt(s)
+    if not (nrm > 0.0 and nrm < np.inf):
+        return nrm
     for i in range(xr.shape[0]):
         xr[i] /= nrm
         xi[i] /= nrm
     return nrm
+
+
+@njit(cache=True)
+def _finite_norm(nrm):  # pragma: no cover - compiled
+    """Whether a norm returned by :func:`_normalize` is positive and finite (its vector was scaled)."""
+    return nrm > 0.0 and nrm < np.inf
 
 
 _RR_GUARD = 1e-6
@@ -333,7 +344,8 @@ def sigma_min_batch(Lr, Li, zs, v0, tol, maxiter, warm, keep, resid):  # pragma:
         while it < maxiter and not singular:
             it += 1
             _solve_h(Lr, Li, cplx, im, zr, zi, vr, vi, xr, xi)
-            _normalize(xr, xi)
+            if not _finite_norm(_normalize(xr, xi)):
+                break  # the solve overflowed (σ_min far below rounding): the dense fallback takes it
             _solve(Lr, Li, cplx, im, zr, zi, xr, xi, yr, yi)
             s = -1.0
             if have_prev:
@@ -349,7 +361,10 @@ def sigma_min_batch(Lr, Li, zs, v0, tol, maxiter, warm, keep, resid):  # pragma:
                     xr[i] = tr[i]
                     xi[i] = ti[i]
             else:
-                s = 1.0 / _normalize(yr, yi)
+                ny = _normalize(yr, yi)
+                if not _finite_norm(ny):
+                    break  # as above: not converged
+                s = 1.0 / ny
                 for i in range(n):
                     vr[i] = yr[i]
                     vi[i] = yi[i]

@@ -57,7 +57,7 @@ import math
 import re
 import tomllib
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -540,11 +540,7 @@ def verdict_lines(run_dir: str | Path) -> list[str]:
         return []
     rows = []
     for r in results:
-        value = r.get("value_text") or "—"
-        interval = r.get("interval")
-        if isinstance(interval, list) and len(interval) == 2 and None not in interval:
-            lo, hi = (_fmt(float(x)) for x in interval)
-            value += f" range {lo}..{hi}" if r.get("interval_kind") == "range" else f" [{lo}, {hi}]"
+        value = (r.get("value_text") or "—") + interval_inline(r)
         notes = [n for n in ("underpowered", "fragile") if r.get(n)]
         rows.append((str(r.get("id", "")), str(r.get("verdict", "")), value, str(r.get("criterion", "")),
                      f" ({', '.join(notes)})" if notes else ""))
@@ -560,6 +556,27 @@ def _json_value(value: float | None) -> float | str | None:
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return value
+
+
+def interval_ends(result: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The two ends of a claim result's ``interval`` as text (``−∞``/``+∞`` for infinite ends,
+    ``—`` for a missing one), or None when it has no interval; one format for the terminal,
+    the glance table and the claims table."""
+    interval = result.get("interval")
+    if not isinstance(interval, (list, tuple)) or len(interval) != 2:
+        return None
+    lo, hi = ("—" if x is None else _fmt(float(x)) for x in interval)  # float("-inf") reads the JSON text ends
+    return lo, hi
+
+
+def interval_inline(result: Mapping[str, Any]) -> str:
+    """`` [lo, hi]`` (a range over protocol choices: `` range lo..hi``) to follow a value, or
+    nothing when the interval is absent or an end is missing."""
+    ends = interval_ends(result)
+    if ends is None or "—" in ends:
+        return ""
+    lo, hi = ends
+    return f" range {lo}..{hi}" if result.get("interval_kind") == "range" else f" [{lo}, {hi}]"
 
 
 def _fmt(x: float) -> str:

@@ -5,8 +5,9 @@ pre-registered claims table (id, prediction, statistic value, criterion, verdict
 topology), each figure with its caption, then each table of the part's stages with a
 ``<details>`` glossary of its columns (from :mod:`depthlens.columns`) and a relative link to its
 page of ``RUN/docs/`` (written beside the report), and last the run's configuration and
-provenance (manifest). Images are embedded as base64 ``data:`` URIs; the file has no scripts
-and no external resources (the docs links are the only non-anchor links). Every string that comes from a run or a model is escaped with
+provenance (manifest). Images are embedded as base64 ``data:`` URIs; the one script is the head
+explorer's (:mod:`depthlens.report.explorer`: hand-written, its data inline as JSON), and
+there are no external resources (the docs links are the only non-anchor links). Every string that comes from a run or a model is escaped with
 :func:`html.escape`. Rendering reads tables, summaries and arrays only: no analysis is
 recomputed (claims and figures are re-derived from the tables each time).
 """
@@ -29,11 +30,14 @@ from .claims import (
     VERDICTS,
     claims_hash,
     evaluate,
+    interval_ends,
+    interval_inline,
     load_claims,
     registered_claims,
     run_claims_path,
     write_claims_json,
 )
+from .explorer import explorer_html
 from .figures import FIGURES, build_figures
 from .health import numerical_health
 from .statistics import SAMPLE_UNITS, STATISTICS
@@ -224,19 +228,10 @@ def _glance_section(results: list[dict]) -> str:
     rows = "".join(
         f'<tr><td><a href="#claim-{esc(r["id"])}">{esc(r["id"])}</a></td><td>{verdict_badge(r)}'
         f'{" " + FRAGILE_BADGE if r.get("fragile") else ""}</td>'
-        f'<td class="num">{esc(r["value_text"] or "—")}{esc(_interval_inline(r))}</td>'
+        f'<td class="num">{esc(r["value_text"] or "—")}{esc(interval_inline(r))}</td>'
         f'<td class="num">{esc(r["criterion"])}</td></tr>' for r in results)
     return ('<section id="glance"><table class="glance" id="verdicts"><thead><tr><th>claim</th><th>verdict</th>'
             "<th>value [95% interval]</th><th>test</th></tr></thead><tbody>" + rows + "</tbody></table></section>")
-
-
-def _interval_inline(result: Mapping[str, Any]) -> str:
-    """`` [lo, hi]`` (a range over protocol choices: `` range lo..hi``) after a value, or nothing."""
-    interval = result.get("interval")
-    if not interval or None in interval:
-        return ""
-    lo, hi = (("−∞" if v == "-inf" else "+∞") if isinstance(v, str) else _num(v) for v in interval)
-    return f" range {lo}..{hi}" if result.get("interval_kind") == "range" else f" [{lo}, {hi}]"
 
 
 def _claims_section(results: list[dict], claims_file: Path, registered: str | None = None) -> str:
@@ -287,13 +282,11 @@ def _claims_section(results: list[dict], claims_file: Path, registered: str | No
 
 def _interval_text(result: Mapping[str, Any]) -> str:
     """The statistic's 95% interval (or range over protocol choices) under its value."""
-    interval = result.get("interval")
-    if not interval:
+    ends = interval_ends(result)
+    if ends is None:
         return ""
     what = "range over orders" if result.get("interval_kind") == "range" else "95% interval"
-    lo, hi = (("−∞" if v == "-inf" else "+∞") if isinstance(v, str) else ("—" if v is None else _num(v))
-              for v in interval)
-    return f"<br><small>{what} [{esc(lo)}, {esc(hi)}]</small>"
+    return f"<br><small>{what} [{esc(ends[0])}, {esc(ends[1])}]</small>"
 
 
 def _calibration_text(result: Mapping[str, Any]) -> str:
@@ -399,6 +392,8 @@ def _part_section(key: str, title: str, stages: tuple[str, ...], blurb: str, tab
     for spec in (s for s in FIGURES if s.part == key):
         path, why = figures.get(spec.name, (None, "not drawn"))
         out.append(figure_html(spec.name, spec.title, spec.caption, None if path is None else path.read_bytes(), why))
+    if key == "A":  # every head's pseudospectrum and transient, interactive (one line when the run has none)
+        out.append(explorer_html(tables))
     out.append(_tables_html(stages, tables))
     out.append("</section>")
     return "\n".join(out)
