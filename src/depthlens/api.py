@@ -475,7 +475,7 @@ class Run:
         if chunk is not None:
             _check_index("chunk", chunk, int(shape[0]) if shape else self.config.chunks, "the run's text")
         prepared = self._prepare_head()
-        chunks = _run_chunks(prepared)
+        chunks = prepared.chunks
         adapter = prepared.loaded.adapter
         _check_index("layer", layer, adapter.n_layers, "the run's model")
         _check_index("head", head, adapter.n_heads, "each layer of the run's model")
@@ -489,9 +489,8 @@ class Run:
             probs = next(adapter.attention_probs(chunks.take(slice(start, start + size)).ids, layers=[layer]))[1]
         n = int(chunks.lengths[chunk])
         A = np.ascontiguousarray(probs[chunk - start, head, :n, :n].cpu().numpy(), dtype=np.float64)
-        select = chunks.rows(chunk) if hasattr(chunks, "rows") else None
         return head_view(A, self.config.options("attention"), layer=layer, head=head, chunk=chunk, kmax=kmax,
-                         rows=select, chunk_row=_row(rows, layer=layer, head=head, chunk=chunk),
+                         rows=chunks.rows(chunk), chunk_row=_row(rows, layer=layer, head=head, chunk=chunk),
                          head_row=_row(heads, layer=layer, head=head))
 
     def _prepare_head(self) -> Any:
@@ -522,14 +521,6 @@ def _check_index(name: str, value: Any, count: int, what: str) -> None:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value < count:
         raise InputError(f"{name}={value!r} is out of range: {what} has {name}s 0 to {count - 1}; "
                          f"pass an integer 0 <= {name} < {count}.")
-
-
-def _run_chunks(prepared: Any) -> Any:
-    """The chunks of a prepared run (:class:`depthlens.data.Chunks`)."""
-    from .data import as_chunks
-
-    found = getattr(prepared, "chunks", None)
-    return as_chunks(prepared.token_ids if found is None else found)
 
 
 def _median_chunk(heads: pd.DataFrame | None, rows: pd.DataFrame | None, layer: int, head: int) -> int:

@@ -63,32 +63,30 @@ class StageContext:
         The run's configuration.
     loaded : LoadedModel
         The model as loaded (the ``trained`` checkpoint).
-    token_ids : LongTensor, shape (chunks, seq_len)
-        The run's text chunks (with a prompts file: the prompts, right-padded to the longest).
+    chunks : Chunks
+        The run's chunks (:class:`depthlens.data.Chunks`: with a prompts file, the prompts
+        right-padded to the longest, with each one's length and analysed positions). A stage
+        trims every per-chunk array to the chunk's length and averages over positions only
+        where it is analysed.
     execution : Execution
         Progress bars and where the numerical tasks run.
     load_revision : callable
         ``revision -> LoadedModel``: another hub revision of the same model, checked like the
         first.
-    chunks : Chunks, optional
-        The chunks with each one's length and analysed positions
-        (:class:`depthlens.data.Chunks`); by default ``token_ids`` as chunks of equal length
-        with every position analysed. A stage trims every per-chunk array to the chunk's
-        length and averages over positions only where it is analysed.
     """
 
     stage: str
     run_dir: RunDirectory
     config: RunConfig
     loaded: LoadedModel
-    token_ids: torch.Tensor
+    chunks: Chunks
     execution: Execution
     load_revision: Callable[[str], LoadedModel]
-    chunks: Chunks | None = None
 
-    def __post_init__(self) -> None:
-        if self.chunks is None:
-            self.chunks = Chunks.of(self.token_ids)
+    @property
+    def token_ids(self) -> torch.Tensor:
+        """The chunks' token ids ``(N, T)`` (right-padded with a prompts file)."""
+        return self.chunks.ids
 
     @property
     def options(self) -> Any:

@@ -290,8 +290,8 @@ def _run_stage(run_dir: RunDirectory, stage: str, prepared: Prepared, execution:
         return
     run_dir.mark_stage(stage, "running")
     start = time.perf_counter()
-    context = StageContext(stage, run_dir, prepared.config, prepared.loaded, prepared.token_ids, execution,
-                           _revision_loader(prepared.config), prepared.chunks)
+    context = StageContext(stage, run_dir, prepared.config, prepared.loaded, prepared.chunks, execution,
+                           _revision_loader(prepared.config))
     try:
         spec.load().run(context)
     except Exception as exc:  # noqa: BLE001 - isolated: logged with its traceback, the run goes on

@@ -60,7 +60,8 @@ def _run(root: Path, loaded: LoadedModel, token_ids: torch.Tensor, load: Callabl
     """The attention stage as the workflow runs it, into ``root``."""
     config = RunConfig(**{**SMALL, **options})
     run_dir = RunDirectory.open(root, mode, {"config_hash": config.hash()})
-    context = StageContext("attention", run_dir, config, loaded, token_ids, Execution(quiet=True, jobs=1), load)
+    context = StageContext("attention", run_dir, config, loaded, data.Chunks.of(token_ids), Execution(quiet=True, jobs=1),
+                           load)
     stage.run(context)
     return run_dir
 
