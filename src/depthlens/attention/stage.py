@@ -303,6 +303,26 @@ def _finished(run_dir: RunDirectory, keys: list[str]) -> list[str]:
     return done
 
 
+def _chunk_groups(targets: pd.DataFrame, batch_size: int) -> list[list[int]]:
+    """The chunks of ``targets`` (a ``chunk`` column), ascending, in groups of ``batch_size``:
+    one forward pass each."""
+    order = sorted(int(c) for c in targets["chunk"].unique())
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _median_matrices(loaded, token_ids: data.Chunks, targets: pd.DataFrame,
+                     group: list[int]) -> Iterator[tuple[int, int, int, np.ndarray]]:
+    """``(layer, head, chunk, A)`` for every row of ``targets`` (``layer``, ``head``, ``chunk``)
+    whose chunk is in ``group``: the head's float64 matrix on that chunk, trimmed to the chunk's
+    own length (a prompt's), from one forward pass over the group's chunks."""
+    wanted = targets[targets["chunk"].isin(group)]
+    for layer, probs in loaded.adapter.attention_probs(token_ids.take(group).ids, layers=sorted(wanted["layer"].unique())):
+        A = probs.cpu().numpy()
+        for head, chunk in wanted.loc[wanted["layer"] == layer, ["head", "chunk"]].itertuples(index=False):
+            n = int(token_ids.lengths[int(chunk)])
+            yield int(layer), int(head), int(chunk), A[group.index(int(chunk)), int(head), :n, :n].copy()
+
+
 def _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, quiet, checkpoint) -> pd.DataFrame:
     """Certified brackets of every head's median chunk. The target chunks are read in batches
     of ``batch_size`` (one unit each); every bracket is submitted as soon as its matrix is
@@ -314,8 +334,7 @@ def _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, q
     if opts.certify == "all":
         merged = targets.merge(chunks[["layer", "head", "chunk", *cols]], on=["layer", "head", "chunk"])
         return merged.rename(columns={"chunk": "certified_chunk"})
-    order = sorted(int(c) for c in targets["chunk"].unique())
-    groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    groups = _chunk_groups(targets, batch_size)
     keys = [f"{unit_prefix(checkpoint)}certify{g:05d}" for g in range(len(groups))]
     todo = [(k, g) for k, g in zip(keys, groups) if not run_dir.has_unit(an.STAGE, k)]
     bar = _bar(len(targets), len(targets) - sum(int(targets["chunk"].isin(g).sum()) for _, g in todo),
@@ -328,17 +347,11 @@ def _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, q
             run_dir.write_unit(an.STAGE, key, {"rows": pd.DataFrame([f.result() for f in futures])})
 
     for key, group in todo:
-        wanted = targets[targets["chunk"].isin(group)]
         futures = []
-        for layer, probs in loaded.adapter.attention_probs(token_ids.take(group).ids,
-                                                           layers=sorted(wanted["layer"].unique())):
-            A = probs.cpu().numpy()
-            for head, chunk in wanted.loc[wanted["layer"] == layer, ["head", "chunk"]].itertuples(index=False):
-                n = int(token_ids.lengths[int(chunk)])  # the chunk's own matrix (a prompt's length)
-                matrix = A[group.index(int(chunk)), int(head), :n, :n].copy()
-                future = pool.submit(an.certify_row, matrix, layer, int(head), int(chunk), opts)
-                future.add_done_callback(lambda _: bar.update())  # as each bracket ends (inline: at once)
-                futures.append(future)
+        for layer, head, chunk, matrix in _median_matrices(loaded, token_ids, targets, group):
+            future = pool.submit(an.certify_row, matrix, layer, head, chunk, opts)
+            future.add_done_callback(lambda _: bar.update())  # as each bracket ends (inline: at once)
+            futures.append(future)
         pending.append((key, futures))
         flush(block=False)
     flush(block=True)
@@ -416,20 +429,13 @@ def _explorer_phase(run_dir, loaded, token_ids, chunks, pool, batch_size, quiet)
     if path.is_file():
         return
     targets = an.median_chunks(chunks)
-    order = sorted(int(c) for c in targets["chunk"].unique())
-    groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     bar = tqdm(total=len(targets), desc=_desc("explorer", TRAINED), unit="head", disable=quiet)
     futures: dict[tuple[int, int], tuple[int, Any]] = {}
-    for group in groups:
-        wanted = targets[targets["chunk"].isin(group)]
-        for layer, probs in loaded.adapter.attention_probs(token_ids.take(group).ids,
-                                                           layers=sorted(wanted["layer"].unique())):
-            A = probs.cpu().numpy()
-            for head, chunk in wanted.loc[wanted["layer"] == layer, ["head", "chunk"]].itertuples(index=False):
-                n = int(token_ids.lengths[int(chunk)])  # the chunk's own matrix (a prompt's length)
-                future = pool.submit(hv.explorer_arrays, A[group.index(int(chunk)), int(head), :n, :n].copy())
-                future.add_done_callback(lambda _: bar.update())
-                futures[(int(layer), int(head))] = (int(chunk), future)
+    for group in _chunk_groups(targets, batch_size):
+        for layer, head, chunk, matrix in _median_matrices(loaded, token_ids, targets, group):
+            future = pool.submit(hv.explorer_arrays, matrix)
+            future.add_done_callback(lambda _: bar.update())
+            futures[(layer, head)] = (chunk, future)
     results = {key: (chunk, future.result()) for key, (chunk, future) in futures.items()}
     bar.close()
     shape = (loaded.adapter.n_layers, loaded.adapter.n_heads)
