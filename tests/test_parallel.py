@@ -316,3 +316,31 @@ def test_an_abandoned_call_is_reported_until_it_ends() -> None:
     while abandoned_call_running() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not abandoned_call_running()
+
+
+def _worker_pid(_: int) -> int:
+    return os.getpid()
+
+
+def test_kept_workers_serve_every_body_and_a_failed_body_gets_fresh_ones() -> None:
+    """Inside kept_workers, two executor bodies of the same size run on the same worker
+    processes (a run's stages spawn once); a body that raises kills its workers and the next
+    body starts new ones; after the block the workers are gone."""
+    from depthlens.parallel import kept_workers
+
+    with kept_workers():
+        with executor(2) as pool:
+            first = set(ordered_map(pool, _worker_pid, [(i,) for i in range(8)]))
+        with executor(2) as pool:
+            second = set(ordered_map(pool, _worker_pid, [(i,) for i in range(8)]))
+        assert second <= first and os.getpid() not in first
+        with pytest.raises(RuntimeError), executor(2) as pool:
+            ordered_map(pool, _worker_pid, [(0,)])
+            raise RuntimeError("a failed stage")
+        with executor(2) as pool:
+            third = set(ordered_map(pool, _worker_pid, [(i,) for i in range(8)]))
+        assert not third & first
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in first | third) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in first | third)

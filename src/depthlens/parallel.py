@@ -346,6 +346,39 @@ class _LocalBackend:
         """Nothing is held back: the pool queues every task at submission."""
 
 
+def _new_pool(jobs: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=_WorkerContext(), initializer=_worker_init,
+                               initargs=(os.getpid(),))
+
+
+#: The pools that :func:`kept_workers` keeps, innermost last: ``{jobs: pool}`` each.
+_KEPT: list[dict[int, ProcessPoolExecutor]] = []
+
+
+@contextlib.contextmanager
+def kept_workers() -> Iterator[None]:
+    """Keep the local worker processes that :func:`local_backend` starts in the ``with`` body
+    alive until the body ends, for the next :func:`local_backend` of the same size to reuse.
+
+    A worker imports torch and depthlens when it starts (seconds of CPU each), so the stages
+    of one run share one pool instead of spawning their own. A pool whose body raised is
+    killed as before and a fresh one is started by the next :func:`local_backend`; when this
+    body ends the kept pools are shut down (killed when it raised).
+    """
+    kept: dict[int, ProcessPoolExecutor] = {}
+    _KEPT.append(kept)
+    try:
+        yield
+    except BaseException:
+        for pool in kept.values():
+            _kill_workers(pool)
+        raise
+    finally:
+        _KEPT.remove(kept)
+        for pool in kept.values():
+            pool.shutdown(wait=True)
+
+
 @contextlib.contextmanager
 def local_backend(jobs: int) -> Iterator[_LocalBackend]:
     """``jobs`` single-threaded worker processes on this machine (the ``local`` executor).
@@ -354,16 +387,24 @@ def local_backend(jobs: int) -> Iterator[_LocalBackend]:
     is never duplicated; BLAS, OpenMP and numba get one thread through the environment each
     worker starts with (:class:`_WorkerProcess`; workers start as tasks arrive). Workers exit
     when this process dies (even by SIGKILL); when the body raises, queued tasks are
-    cancelled and the workers killed instead of finishing their running tasks.
+    cancelled and the workers killed instead of finishing their running tasks. Inside
+    :func:`kept_workers` the pool outlives the body (unless the body raised) and is reused.
     """
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=_WorkerContext(), initializer=_worker_init,
-                               initargs=(os.getpid(),))
+    kept = _KEPT[-1] if _KEPT else None
+    pool = kept.pop(jobs, None) if kept is not None else None
+    if pool is not None and getattr(pool, "_broken", False):  # a worker died: start afresh
+        _kill_workers(pool)
+        pool = None
+    if pool is None:
+        pool = _new_pool(jobs)
     try:
         yield _LocalBackend(pool)
     except BaseException:
         _kill_workers(pool)
         raise
-    finally:
+    if kept is not None:
+        kept[jobs] = pool
+    else:
         pool.shutdown(wait=True)
 
 

@@ -31,6 +31,7 @@ from .models import LoadedModel, load_model
 from .models.loading import check_spec, series_checkpoints
 from .models.random_models import random_spec
 from .models.finite import check_finite_weights
+from .parallel import kept_workers
 from .report import default_claims_path, load_claims, render_report
 from .report.claims import CLAIMS_COPY
 from .runs import RunDirectory, RunMode, atomic, check_target
@@ -219,8 +220,9 @@ def run(
     register_claims(run_dir, claims_bytes)
     stopped = False
     try:
-        for stage in plan:
-            _run_stage(run_dir, stage, prepared, execution)
+        with kept_workers():  # the stages share one pool of worker processes
+            for stage in plan:
+                _run_stage(run_dir, stage, prepared, execution)
         if config.revisions:
             _write_census(run_dir, config)
     except StorageError:
