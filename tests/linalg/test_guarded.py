@@ -156,6 +156,27 @@ def test_schur_fallbacks_keep_the_factorisation(monkeypatch, counts, output):
     assert np.allclose(np.tril(t, -1), 0)
 
 
+@pytest.mark.parametrize("a", [A, AC], ids=["real", "complex"])
+def test_schur_values_is_a_schur_form_with_its_eigenvalues(monkeypatch, counts, a):
+    """No Schur vectors, but a Schur form: (quasi-)triangular, of a's Frobenius norm (a unitary
+    similarity), with eigenvalues w in its diagonal order equal to numpy's; the shifted
+    fallback gives the same."""
+    t, w = guarded.schur_values(a)
+    assert np.all(np.tril(t, -1 if a.dtype.kind == "c" else -2) == 0)
+    assert np.linalg.norm(t) == pytest.approx(np.linalg.norm(a), rel=1e-13)
+    _assert_same_spectrum(w, np.linalg.eigvals(a))
+    _assert_same_spectrum(np.linalg.eigvals(t), w)
+    if a.dtype.kind != "c":  # a pair's block [[p, b], [c, p]]: w holds p + i√(−bc) first
+        k = int(np.flatnonzero(np.diagonal(t, -1))[0])
+        assert w[k] == pytest.approx(t[k, k] + 1j * np.sqrt(-t[k, k + 1] * t[k + 1, k]), rel=1e-12)
+    assert counts() == {"schur:gees": 1}
+    monkeypatch.setattr(guarded, "_gees_without_vectors", _fail_first(1, guarded._gees_without_vectors))
+    t2, w2 = guarded.schur_values(a)
+    _assert_same_spectrum(w2, w)
+    assert np.linalg.norm(t2) == pytest.approx(np.linalg.norm(a), rel=1e-12)
+    assert counts() == {"schur:gees": 1, "schur:gees+shift": 1}
+
+
 def test_solve_falls_back_to_least_squares(counts):
     b = RNG.standard_normal(9)
     np.testing.assert_allclose(guarded.solve(A, b), np.linalg.solve(A, b), rtol=1e-12)
@@ -175,7 +196,7 @@ def test_every_driver_failing_raises_one_line(monkeypatch):
     assert isinstance(info.value, np.linalg.LinAlgError)
 
 
-@pytest.mark.parametrize("fn", [guarded.svdvals, guarded.eigvals, guarded.eigvalsh, guarded.schur])
+@pytest.mark.parametrize("fn", [guarded.svdvals, guarded.eigvals, guarded.eigvalsh, guarded.schur, guarded.schur_values])
 def test_non_finite_input_is_refused(fn):
     bad = A.copy()
     bad[3, 4] = np.nan

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from depthlens.linalg.normality import (
     numerical_abscissa,
     numerical_radius,
     rotation_angle_mean,
+    schur_departure,
     symmetry_index,
 )
 
@@ -60,6 +62,29 @@ def test_henrici_normal_matrices_are_zero(rng: np.random.Generator) -> None:
     R = ortho_group.rvs(9, random_state=2)  # orthogonal: normal with complex eigenvalues
     assert henrici(R) <= 1e-13
     assert henrici(np.zeros((3, 3))) == 0 and henrici_rel(np.zeros((3, 3))) == 0
+
+
+@pytest.mark.parametrize("n", [2, 7, 40])
+def test_schur_departure_of_a_real_schur_form_equals_the_complex_one(rng: np.random.Generator, n: int) -> None:
+    """From LAPACK's real Schur form (2×2 blocks for the pairs), no complex arithmetic: equal to
+    ‖N‖_F of the complex Schur form of the same matrix (the rsf2csf triangle), to rounding."""
+    from depthlens.linalg import guarded
+
+    for _ in range(5):
+        M = rng.standard_normal((n, n))
+        t, _ = guarded.schur_values(M)
+        triangle = scipy.linalg.rsf2csf(*scipy.linalg.schur(M, output="real"))[0]
+        assert schur_departure(t) == pytest.approx(np.linalg.norm(np.triu(triangle, 1)), rel=1e-12, abs=1e-13)
+        assert schur_departure(t) == pytest.approx(float(henrici(M)), rel=1e-10)
+        assert schur_departure(triangle) == pytest.approx(np.linalg.norm(np.triu(triangle, 1)), rel=1e-15)
+
+
+def test_schur_departure_of_an_unstandardised_block() -> None:
+    """A 2×2 block [[p, b], [c, q]] with p ≠ q (not LAPACK's standard form) still gives
+    √((p − q)² + (b + c)²), the closed form, equal to the general formula."""
+    t = np.array([[1.0, 2.0], [-3.0, 4.0]])  # (p − q)² + 4bc = 9 − 24 < 0: a conjugate pair
+    assert schur_departure(t) == pytest.approx(np.hypot(1.0 - 4.0, 2.0 - 3.0), rel=1e-15)
+    assert schur_departure(t) == pytest.approx(_henrici_by_eigs(t), rel=1e-12)
 
 
 def test_henrici_batched_mixed(rng: np.random.Generator) -> None:

@@ -18,7 +18,8 @@ eigvals     ``geev``, ``gees`` (diagonal of the complex Schur form), ``ggev`` (p
 eigh        ``heevd`` (numpy), ``heevr``, ``heev`` (SciPy drivers ``evr`` and ``ev``); a subset of
             the eigenvalues (``eigh_subset``): ``heevr``, ``heevx``, ``heev``
 schur       ``gees``, then for complex output of a real matrix ``gees-real+rsf2csf``, then
-            ``gees+shift`` (``A + σI = Q(T + σI)Q*``: same Q, T recovered by subtracting σ)
+            ``gees+shift`` (``A + σI = Q(T + σI)Q*``: same Q, T recovered by subtracting σ);
+            without vectors (``schur_values``): ``gees``, ``gees+shift``
 solve       ``gesv`` (LU), ``gelsd`` (least squares through the SVD) for a singular system
 svd_torch   ``torch.linalg.svd`` on the tensor's device (a GPU), then the ``svd`` drivers on the
             CPU (:func:`svd_torch`)
@@ -51,6 +52,7 @@ __all__ = [
     "merge_counts",
     "norm2",
     "schur",
+    "schur_values",
     "solve",
     "svd",
     "svd_torch",
@@ -330,6 +332,59 @@ def schur(a: np.ndarray, output: str = "complex") -> tuple[np.ndarray, np.ndarra
         ("gees-real+rsf2csf", real_then_complex),
         ("gees+shift", shifted),
     ])
+
+
+def _gees_without_vectors(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """LAPACK ``gees`` with ``JOBVS = 'N'``: the Schur form and its eigenvalues, no Schur vectors."""
+    gees = scipy.linalg.get_lapack_funcs("gees", (a,))
+    unsorted = lambda *_: None  # noqa: E731 - gees wants a selection callback even when it does not sort
+    lwork = int(gees(unsorted, a, compute_v=0, lwork=-1)[-2][0].real)
+    out = gees(unsorted, a, compute_v=0, sort_t=0, lwork=max(lwork, 1))
+    if out[-1] != 0:
+        raise np.linalg.LinAlgError(f"gees returned info {out[-1]}")
+    return out[0], (out[2] + 1j * out[3] if a.dtype.kind != "c" else out[2])
+
+
+def schur_values(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Schur form of ``a`` without its Schur vectors, and the eigenvalues in its order.
+
+    Parameters
+    ----------
+    a : ndarray, shape (n, n)
+        A finite square matrix, real or complex.
+
+    Returns
+    -------
+    t : ndarray, shape (n, n)
+        For real ``a`` the real Schur form (quasi-triangular, in LAPACK's standard form: each
+        2×2 diagonal block ``[[p, b], [c, p]]`` with ``b c < 0`` holds a conjugate pair
+        ``p ± i√(−bc)``); for complex ``a`` the triangular one. Backward stable: the Schur
+        form of ``a + E`` with ``‖E‖_F`` about ``n ε ‖a‖_F`` (``gees`` balances by
+        permutation only, which leaves norms alone).
+    w : ndarray, shape (n,), complex128
+        The eigenvalues, in the order of ``t``'s diagonal (a pair: positive imaginary part
+        first).
+
+    Raises
+    ------
+    DecompositionError
+        If ``a`` is not finite or no driver converges (``gees``, then ``gees+shift``).
+
+    Notes
+    -----
+    Cheaper than :func:`schur` by the accumulation of the Schur vectors (about 10 % at
+    n = 576); the QR sweeps over ``t`` are the same.
+    """
+    a = np.asarray(a)
+    _finite(a, "schur")
+    eye = np.eye(a.shape[0])
+
+    def shifted() -> tuple[np.ndarray, np.ndarray]:
+        sigma = _shift(a)
+        t, w = _gees_without_vectors(a + sigma * eye)
+        return t - sigma * eye, w - sigma
+
+    return _attempt("schur", [("gees", lambda: _gees_without_vectors(a)), ("gees+shift", shifted)])
 
 
 def solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ __all__ = [
     "numerical_abscissa",
     "numerical_radius",
     "rotation_angle_mean",
+    "schur_departure",
     "symmetry_index",
 ]
 
@@ -78,6 +79,37 @@ def henrici(M: ArrayLike, relative: bool = False) -> np.ndarray:
 def henrici_rel(M: ArrayLike) -> np.ndarray:
     """Relative Henrici departure ``henrici(M) / ‖M‖_F`` in [0, 1]; see :func:`henrici`."""
     return henrici(M, relative=True)
+
+
+def schur_departure(t: ArrayLike) -> float:
+    """Henrici departure ``‖N‖_F`` of a matrix from a Schur form ``t`` of it, real or complex.
+
+    Parameters
+    ----------
+    t : array_like, shape (n, n)
+        A complex (upper-triangular) Schur form, or a real one (quasi-triangular: 2×2 diagonal
+        blocks for the conjugate pairs, as LAPACK ``gees`` returns it, e.g.
+        :func:`depthlens.linalg.guarded.schur_values`).
+
+    Returns
+    -------
+    float
+        ``‖N‖_F``, N the strictly upper part of the complex Schur form. For a real form, the
+        unitary rotations that triangularise each 2×2 block ``[[p, b], [c, q]]`` keep the
+        Frobenius norms of the rows and columns they mix, and turn the block into
+        ``[[λ, x], [0, λ̄]]`` with ``|x|² = p² + b² + c² + q² − 2|λ|²`` and
+        ``|λ|² = pq − bc``, so ``|x| = √((p − q)² + (b + c)²)``: the departure is the norm of
+        the entries above the blocks with each block's ``b`` replaced by that ``|x|``, with no
+        complex arithmetic and no cancellation against ``Σ|λ|²`` (exact to rounding, O(n²)).
+    """
+    t = np.asarray(t)
+    if t.dtype.kind == "c":
+        return float(np.linalg.norm(np.triu(t, 1)))
+    rows = np.flatnonzero(np.diagonal(t, offset=-1))  # the first row of each 2×2 block
+    upper = np.triu(t, 1)
+    block = np.hypot(t[rows, rows] - t[rows + 1, rows + 1], t[rows, rows + 1] + t[rows + 1, rows])
+    upper[rows, rows + 1] = 0.0
+    return float(np.hypot(np.linalg.norm(upper), np.linalg.norm(block)))
 
 
 def numerical_abscissa(M: ArrayLike) -> np.ndarray:
