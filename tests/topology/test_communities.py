@@ -116,6 +116,23 @@ def test_same_seed_same_partition(rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(pa.memberships, pb.memberships)
 
 
+def test_profile_on_workers_equals_inline_and_splits_the_widest_first(rng: np.random.Generator) -> None:
+    """A round's Leiden runs on two worker processes give the inline profile exactly; each
+    round halves the widest splittable intervals, so the first round after the two ends
+    evaluates their geometric midpoint, and the cap counts every run."""
+    from depthlens.parallel import executor
+
+    edges, blocks = _planted(rng)
+    inline = resolution_profile(edges, blocks.size, seed=5, max_evals=9)
+    with executor(2) as pool:
+        pooled = resolution_profile(edges, blocks.size, seed=5, max_evals=9, pool=pool)
+    pd.testing.assert_frame_equal(inline.table, pooled.table, check_exact=True)
+    np.testing.assert_array_equal(inline.memberships, pooled.memberships)
+    gammas = inline.table["gamma"].to_numpy()
+    assert len(gammas) <= 9 and gammas[0] == 1e-3 and gammas[-1] == 0.5
+    assert np.any(np.isclose(gammas, np.sqrt(1e-3 * 0.5), rtol=1e-15))
+
+
 def test_quality_matches_hand_and_leidenalg() -> None:
     # triangle 0-1-2 (+0.5, +0.4, −0.3), edge 2-3 (+0.2), isolated node 4
     e = Edges(i=np.array([0, 0, 1, 2]), j=np.array([1, 2, 2, 3]), weight=np.array([0.5, -0.3, 0.4, 0.2]))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,6 +31,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from ..errors import InputError
+from ..parallel import InlineExecutor, submitted
 from .correlation import Edges, _as_edges
 
 __all__ = [
@@ -46,6 +48,9 @@ __all__ = [
 #: edge weights of order 0.01 – 0.9, so γ = 1 (leidenalg's default) leaves only singletons,
 #: while below about 1e-3 the size penalty stops mattering and whole components merge.
 GAMMA_RANGE: tuple[float, float] = (1e-3, 0.5)
+#: Intervals a round of :func:`resolution_profile`'s bisection halves at once (their Leiden
+#: runs are independent, so a pool runs them side by side; fixed, so results never depend on it).
+PROFILE_ROUND = 4
 
 
 @dataclass(frozen=True)
@@ -271,14 +276,17 @@ def resolution_profile(
     scale: Literal["log", "linear"] = "log",
     tol: float = 0.05,
     max_evals: int = 32,
+    pool: Executor | None = None,
 ) -> ResolutionProfile:
     """Signed Leiden partitions over a sweep of the resolution ``γ``.
 
     With ``gammas`` given, :func:`signed_leiden` runs at each of them. Otherwise ``γ`` is
-    bisected in ``gamma_range``: both ends are evaluated, and an interval is halved (at its
-    geometric midpoint for ``scale="log"``, arithmetic for ``"linear"``) while the numbers
-    of communities at its ends differ and it is wider than ``tol`` (in ``log γ`` or ``γ``),
-    up to ``max_evals`` Leiden runs, widest intervals first. ``leidenalg``'s own
+    bisected in ``gamma_range``: both ends are evaluated, then in rounds the
+    :data:`PROFILE_ROUND` widest intervals whose numbers of communities at their ends differ
+    and that are wider than ``tol`` (in ``log γ`` or ``γ``) are halved (at the geometric
+    midpoint for ``scale="log"``, arithmetic for ``"linear"``; ties: lower ``γ`` first), up
+    to ``max_evals`` Leiden runs. The runs of a round are independent and go to ``pool``;
+    the round's size is fixed, so the profile does not depend on the pool. ``leidenalg``'s own
     ``Optimiser.resolution_profile`` bisects a single graph and cannot drive the signed
     two-layer model, hence this implementation.
 
@@ -305,6 +313,9 @@ def resolution_profile(
         Smallest interval that is still split (``log γ`` units for ``"log"``, so 0.05 ≈ 5 %).
     max_evals : int
         Cap on Leiden runs of the bisection (at least 2).
+    pool : Executor, optional
+        Worker processes for the Leiden runs (:func:`depthlens.parallel.executor`); default
+        inline. The result does not depend on it.
 
     Returns
     -------
@@ -318,34 +329,33 @@ def resolution_profile(
 
     Notes
     -----
-    Cost: the number of evaluated ``γ`` times one :func:`signed_leiden` run; the two layer
-    graphs are built once. Every run starts from singletons with the same ``seed``, so each
+    Cost: the number of evaluated ``γ`` times one :func:`signed_leiden` run, a round's runs
+    side by side on a pool. Every run starts from singletons with the same ``seed``, so each
     row is exactly the :func:`signed_leiden` partition at its ``γ`` (before the envelope).
     """
     e = _as_edges(edges, n)
     if scale not in ("log", "linear"):
         raise InputError(f"scale must be 'log' or 'linear', got {scale!r}.")
-    graph = _SignedGraph(e, n)
+    pool = pool if pool is not None else InlineExecutor()
     runs: dict[float, tuple[np.ndarray, LeidenRecord]] = {}
 
-    def run(gamma: float) -> None:
-        if gamma not in runs:
-            runs[gamma] = graph.leiden(gamma, seed, n_iterations)
+    def run(new: list[float]) -> None:
+        new = [g for g in dict.fromkeys(new) if g not in runs]
+        for gamma, future in zip(new, submitted(pool, signed_leiden, ((e, n, g, seed, n_iterations) for g in new))):
+            runs[gamma] = future.result()
 
     if gammas is not None:
         grid = sorted({_check_resolution(g) for g in gammas})
         if not grid or (scale == "log" and grid[0] <= 0.0):
             raise InputError("gammas must be a non-empty list of resolutions, positive on the log scale.")
-        for g in grid:
-            run(g)
+        run(grid)
     else:
         low, high = (_check_resolution(g) for g in gamma_range)
         if not (low < high and (scale == "linear" or low > 0.0)):
             raise InputError(f"gamma_range must be (low, high) with 0 < low < high, got {gamma_range!r}.")
         if max_evals < 2:
             raise InputError(f"max_evals must be at least 2, got {max_evals}.")
-        run(low)
-        run(high)
+        run([low, high])
         while len(runs) < max_evals:
             grid = sorted(runs)
             counts = _envelope(runs, grid)[1]
@@ -353,9 +363,8 @@ def resolution_profile(
             split = [k for k in range(len(grid) - 1) if counts[k] != counts[k + 1] and widths[k] > tol]
             if not split:
                 break
-            k = max(split, key=lambda s: (widths[s], -s))
-            mid = math.sqrt(grid[k] * grid[k + 1]) if scale == "log" else (grid[k] + grid[k + 1]) / 2.0
-            run(mid)
+            chosen = sorted(split, key=lambda s: (-widths[s], s))[:min(PROFILE_ROUND, max_evals - len(runs))]
+            run([math.sqrt(grid[k] * grid[k + 1]) if scale == "log" else (grid[k] + grid[k + 1]) / 2.0 for k in chosen])
     grid = sorted(runs)
     source, counts, quality = _envelope(runs, grid)
     table = pd.DataFrame(

@@ -20,6 +20,7 @@ import functools
 import json
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import Executor
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import RunConfig
+from ..parallel import InlineExecutor, executor, submitted
 from ..context import StageContext
 from ..data import Chunks, as_chunks
 from ..errors import InputError, RunError
@@ -47,6 +49,8 @@ from . import (
 from .options import TopologyOptions
 
 STAGE = "topology"
+#: Boundaries handed to the workers ahead of the one being written (bounds the arrays in flight).
+PENDING = 8
 
 
 #: Fewest observations (token positions over all chunks, after ``skip_positions``) the
@@ -195,8 +199,9 @@ def run(context: StageContext) -> None:
                                         batch_size=batch_size, quiet=quiet)
 
     ckpts = jacobian_stage.checkpoints(context.loaded, jopts, context.load_revision)
-    tables = analyse_checkpoints(context.run_dir, ckpts, context.chunks, opts, batch_size=batch_size, quiet=quiet,
-                                 operators=operators)
+    with executor(context.execution, context.run_dir.root) as pool:
+        tables = analyse_checkpoints(context.run_dir, ckpts, context.chunks, opts, batch_size=batch_size, quiet=quiet,
+                                     operators=operators, pool=pool)
     for name, table in tables.items():
         table.insert(0, "revision", table["checkpoint"].map(context.revision_of))
         context.write_table(name, table)
@@ -208,18 +213,21 @@ def run(context: StageContext) -> None:
 
 def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Callable]], token_ids: torch.Tensor | Chunks,
                         opts: TopologyOptions, *, batch_size: int, quiet: bool,
-                        operators: Callable[[str, Callable], dict] | None = None) -> dict[str, pd.DataFrame]:
+                        operators: Callable[[str, Callable], dict] | None = None, pool: Executor | None = None
+                        ) -> dict[str, pd.DataFrame]:
     """Run the stage for each ``(checkpoint, loader)`` and return the ``communities``,
     ``units``, ``coupling`` and ``topology_profile`` tables. Needs the jacobian stage's mean operators:
     ``operators(name, loader)`` gives them as ``{(layer, sublayer): J}`` in float64
     (:func:`depthlens.jacobian.stage.operators`; default: read the saved arrays), and is
-    called only when a boundary unit of that checkpoint is still to do.
-    Each checkpoint is one isolated unit of failure (``checkpoint_<name>`` in
+    called only when a boundary unit of that checkpoint is still to do. The boundaries' Leiden
+    runs go to ``pool`` (:func:`depthlens.parallel.executor`; default inline); the results do
+    not depend on it. Each checkpoint is one isolated unit of failure (``checkpoint_<name>`` in
     ``run_dir.failures``); the tables hold the checkpoints that finished."""
     from ..jacobian.stage import label
 
     communities, units, coupling, profiles = [], [], [], []
     operators = operators or _saved_arrays(run_dir, opts.jacobian_mode)
+    pool = pool if pool is not None else InlineExecutor()
     op_table = run_dir.read_table("operators")
     for name, get in checkpoints:
         get = functools.cache(get)  # the operators may need the model too (recomputed)
@@ -242,19 +250,21 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
                 if not run_dir.has_unit(STAGE, profile_key):
                     nodes = np.flatnonzero(keep_all[ref])
                     R = moments[ref].correlation()[np.ix_(nodes, nodes)]
-                    prof = resolution_profile(topk_graph(R, k=min(opts.topk, len(nodes) - 1)), len(nodes), seed=opts.seed)
+                    prof = resolution_profile(topk_graph(R, k=min(opts.topk, len(nodes) - 1)), len(nodes), seed=opts.seed,
+                                              pool=pool)
                     plateau = choose_plateau(prof)
                     table = prof.table.assign(reference_boundary=ref, chosen=lambda t: t.index == plateau.row)
                     run_dir.write_unit(STAGE, profile_key, {"profile": table})
                 prof_table = run_dir.read_units(STAGE, [profile_key], "profile")
                 gamma = float(prof_table.loc[prof_table["chosen"], "gamma"].iloc[0])
-                bar = tqdm(total=len(keys), desc=f"topology {label(name)}", unit="boundary", disable=quiet)
-                for b, key in enumerate(keys):
-                    if not run_dir.has_unit(STAGE, key):
-                        layer, kind = divmod(b, 2)
-                        summary, unit_rows = boundary_rows(moments[b].correlation(), J[(layer, "mlp" if kind else "attn")],
-                                                           keep_all[b], gamma, opts, b)
-                        run_dir.write_unit(STAGE, key, {"communities": pd.DataFrame([summary]), "units": unit_rows})
+                todo = [b for b, key in enumerate(keys) if not run_dir.has_unit(STAGE, key)]
+                tasks = ((moments[b].correlation(), J[(b // 2, "mlp" if b % 2 else "attn")], keep_all[b], gamma, opts, b)
+                         for b in todo)
+                bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc=f"topology {label(name)}",
+                           unit="boundary", disable=quiet)
+                for b, future in zip(todo, submitted(pool, boundary_rows, tasks, max_pending=PENDING)):
+                    summary, unit_rows = future.result()
+                    run_dir.write_unit(STAGE, keys[b], {"communities": pd.DataFrame([summary]), "units": unit_rows})
                     bar.update()
                 bar.close()
             prof_table = run_dir.read_units(STAGE, [profile_key], "profile")
