@@ -419,7 +419,7 @@ def test_progress_bars_name_the_checkpoint(text_file: Path, tmp_path: Path, caps
     """The jacobian and topology stages loop over the trained model and its step-0 null: every
     bar says which one it runs."""
     out = tmp_path / "run"
-    assert main(["topology", "--model", "random:llama", "--text", str(text_file), "--preset", "quick",
+    assert main(["topology", "--model", "random:llama", "--text", str(text_file), "--preset", "quick", "--null", "init",
                  "--out", str(out), "--jobs", "1"]) == 0
     err = capsys.readouterr().err
     for desc in ("jacobians trained model (isolated)", "jacobians step-0 null (isolated)",

@@ -99,7 +99,7 @@ def save_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     roots = {}
     for save in ("float64", "float32", "none"):
         roots[save] = folder / save
-        assert main(["topology", "--model", "random:llama", "--text", str(text), "--preset", "quick",
+        assert main(["topology", "--model", "random:llama", "--text", str(text), "--preset", "quick", "--null", "init",
                      "--jacobian-mode", "both", "--save-arrays", save, "--out", str(roots[save]), "--quiet",
                      "--jobs", "1"]) == 0
     return roots
@@ -152,7 +152,7 @@ def test_resume_recomputes_deleted_operators_exactly(save_runs: dict[str, Path],
     for name in TABLES:
         (root / "tables" / f"{name}.parquet").unlink()
     config = json.loads((root / "manifest.json").read_text())["config"]
-    assert main(["topology", "--model", "random:llama", "--text", config["text"], "--preset", "quick",
+    assert main(["topology", "--model", "random:llama", "--text", config["text"], "--preset", "quick", "--null", "init",
                  "--jacobian-mode", "both", "--save-arrays", save, "--out", str(root), "--resume", "--quiet",
                  "--jobs", "1"]) == 0
     for name in TABLES:

@@ -14,8 +14,9 @@ and needs boundary and interior nodes in every layer's communities, which 2 chun
 do not give for some draws (llama and gpt_neox seed 0, gpt2 seeds 0 and 2 fail there); 8 tokens
 is the least that passed seeds 0-5 of each family, and 12 leaves a margin.
 
-The one option beyond the quick preset and the sizes is ``funnel_alphas = (0.0, 1.0)``: the
-quick preset computes only the α = 1 funnel, which leaves B4 (the Schur split) not tested.
+The two options beyond the quick preset and the sizes are ``funnel_alphas = (0.0, 1.0)``: the
+quick preset computes only the α = 1 funnel, which leaves B4 (the Schur split) not tested; and
+``null = "init"``: the quick preset analyses no step-0 null, which leaves B1 and B6 not tested.
 
 Claims of absence may rightly be supported on a random model and are exempt
 (:data:`ABSENCE`); every other claim id of the file asserts learned structure.
@@ -48,7 +49,8 @@ FAMILIES = {
 }
 SEEDS = (0, 1, 2)
 #: The quick preset with about the smallest sizes every stage runs on (see the module docstring).
-OPTIONS: dict[str, Any] = {"chunks": 2, "seq_len": 12, "probe_seqs": 2, "probe_len": 2, "funnel_alphas": (0.0, 1.0)}
+OPTIONS: dict[str, Any] = {"chunks": 2, "seq_len": 12, "probe_seqs": 2, "probe_len": 2, "funnel_alphas": (0.0, 1.0),
+                           "null": "init"}
 
 #: Claims of absence: on a random model they may rightly be supported.
 ABSENCE = frozenset({"A2b-eig-gap-absent-in-nulls", "A7-criticality-unpredicted", "B6-coupling-init"})

@@ -45,8 +45,8 @@ MAX_SEED = 2**64 - 1
 PRESETS = ("quick", "default", "paper")
 #: The values each preset gives the options it controls, by option name; ``default`` is every
 #: option's own default. An option given explicitly (a flag, a --config key, a keyword) always
-#: wins. ``"all"`` stands for the run's chunk count. ``quick`` is a smoke run of about four minutes
-#: on SmolLM2 (2 cores); ``paper`` the protocol of METHODS.md (A3: every chunk's pseudospectral
+#: wins. ``"all"`` stands for the run's chunk count. ``quick`` is a smoke run of about 2.5 minutes
+#: on SmolLM2 (2 cores), without the step-0 null; ``paper`` the protocol of METHODS.md (A3: every chunk's pseudospectral
 #: radii; A4: S = 16 nulls per observed matrix, on every chunk).
 PRESET_VALUES: dict[str, dict[str, Any]] = {
     "default": {},
@@ -54,7 +54,7 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
               "certify": "none", "probe_seqs": 8, "probe_len": 16, "jacobian_mode": "isolated", "funnel_rank": 0,
               "funnel_alphas": (1.0,), "n_perm": 100, "save_arrays": "none", "heldout_chunks": 1, "ablation_boot": 200,
               "clamp_chunks": 2, "control_seeds": 1, "clamp_null_samples": 1, "contest_chunks": 2, "contest_boot": 200,
-              "contest_perm": 200, "funnel_boot": 0, "init_seeds": 1},
+              "contest_perm": 200, "funnel_boot": 0, "init_seeds": 1, "null": "none"},
     "paper": {"null_samples": 16, "null_chunks": "all", "extras_chunks": "all", "funnel_boot": 200},
 }
 

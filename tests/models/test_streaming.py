@@ -240,7 +240,7 @@ def test_a_streamed_run_writes_the_same_tables(tmp_path):
     import depthlens
 
     options = {"stages": ["attention", "jacobian"], "preset": "quick", "chunks": 2, "seq_len": 12, "jobs": 1,
-               "quiet": True, "null_samples": 2}
+               "quiet": True, "null_samples": 2, "null": "init"}
     memory = depthlens.analyse(LAYERWISE, out=tmp_path / "memory", **options)
     streamed = depthlens.analyse(LAYERWISE, out=tmp_path / "streamed", stream_layers=True, **options)
     names = sorted(p.name for p in (memory.path / "tables").glob("*.parquet"))
