@@ -5,7 +5,7 @@ Every table is written through :func:`write_table`, which puts the identity colu
 :mod:`depthlens.schema`, so the synthetic runs have the real runs' layout.
 
 :func:`build_run` writes a small run whose numbers support every default claim, with samples
-at or above every claim's minimum (8
+at or above every claim's minimum (10
 chunks, 6 routing and 6 sink heads, 40 boundaries, 1000 permutations, 18 layers of Jacobians); tests then overwrite
 single tables or summaries to produce the other verdicts, or pass ``chunks`` /
 ``boundaries`` below the minimums to get underpowered ones.
@@ -84,10 +84,14 @@ def drop_stage(root: Path, stage: str) -> None:
     set_stage(root, stage, None)
 
 
+#: The default preset's --null-chunks.
+NULL_CHUNKS = 10
+
+
 def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str] = ALL_STAGES,
-              pseudospectra: bool = True, chunks: int = 8, boundaries: int = 40, explorer: bool = True) -> Path:
+              pseudospectra: bool = True, chunks: int = NULL_CHUNKS, boundaries: int = 40, explorer: bool = True) -> Path:
     """Write a complete synthetic run directory at ``root`` and return it (``chunks`` text
-    chunks, the first min(chunks, 8) with null samples; ``boundaries`` coupling boundaries
+    chunks, the first min(chunks, NULL_CHUNKS) with null samples; ``boundaries`` coupling boundaries
     per checkpoint; with ``explorer`` the head explorer's arrays, :func:`write_head_spectra`)."""
     rng = np.random.default_rng(0)
     root.mkdir(parents=True, exist_ok=True)
@@ -95,7 +99,7 @@ def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str
     start_index(root)  # with the manifest's format marker, a run as depthlens report and compare take it
     write_json(root, "manifest", {
         "format": FORMAT, "format_version": FORMAT_VERSION,
-        "config": {"model": model, "seed": 0, "chunks": chunks, "attention": {"null_chunks": 8, "null_mode": "spec"},
+        "config": {"model": model, "seed": 0, "chunks": chunks, "attention": {"null_chunks": NULL_CHUNKS, "null_mode": "spec"},
                    "revisions": ["step1000"], "topology": {"n_perm": 1000}, "null_samples": 8},
         "config_hash": "0123456789abcdef",
         "created": "2026-01-01T00:00:00+00:00",
@@ -129,7 +133,7 @@ def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra:
     ident = {**ident, "checkpoint": "trained"}  # every row is the model's as loaded
     roles = ["routing", "sink", "routing", "sink", "other", "sink", "routing", "sink",
              "routing", "other", "sink", "routing", "routing", "sink", "other", "other"]
-    null_chunks = min(chunks, 8)
+    null_chunks = min(chunks, NULL_CHUNKS)
     rows, chunk_rows = [], []
     for i, role in enumerate(roles):
         layer, head = divmod(i, 4)

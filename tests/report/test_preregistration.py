@@ -44,13 +44,14 @@ def test_every_default_claim_declares_a_minimum_its_statistic_counts():
 
 
 def test_full_synthetic_run_meets_every_minimum(tmp_path):
-    got = results(build_run(tmp_path / "run"))
+    got = results(build_run(tmp_path / "run", chunks=10))  # the default preset's 10 null chunks
     assert not any(r["underpowered"] for r in got.values())
     a5 = got["A5-routing-positive"]
-    assert a5["sample"] == {"null_chunks": 8, "routing_heads": 6} and a5["min_sample"] == {
-        "null_chunks": 6, "routing_heads": 4}
+    assert a5["sample"] == {"null_chunks": 10, "routing_heads": 6} and a5["min_sample"] == {
+        "null_chunks": 8, "routing_heads": 4}
+    assert got["A6-sink-negative"]["min_sample"] == {"null_chunks": 10, "sink_heads": 5}
     assert got["B6-coupling-init"]["sample"] == {"boundaries": 40, "permutations": 1000}
-    assert got["A2-eig-gap-contrast"]["sample"] == {"null_chunks": 8}
+    assert got["A2-eig-gap-contrast"]["sample"] == {"null_chunks": 10}
 
 
 def _significant_routing(run: Path, keep: int) -> None:
@@ -70,11 +71,12 @@ def test_two_chunks_no_significant_routing_head_is_underpowered_not_falsified(tm
     got = results(run)
     a5 = got["A5-routing-positive"]
     assert a5["verdict"] == "inconclusive" and a5["underpowered"] is True
-    assert a5["reason"] == "underpowered (n = 2 chunks with null samples, needs 6)"
+    assert a5["reason"] == "underpowered (n = 2 chunks with null samples, needs 8)"
     assert a5["value"] == 0.0  # the statistic is still reported
     for cid in ("A2-eig-gap-contrast", "A6-sink-negative", *JACOBIAN_IDS):
         assert got[cid]["verdict"] == "inconclusive" and got[cid]["underpowered"], cid
-        assert "n = 2 chunks" in got[cid]["reason"] and "needs 6" in got[cid]["reason"], cid
+        need = 10 if cid == "A6-sink-negative" else 6
+        assert "n = 2 chunks" in got[cid]["reason"] and f"needs {need})" in got[cid]["reason"], cid
     # counted in routing heads only: powered, keeps its verdict
     assert got["A5b-routing-tracks-prev-token"]["verdict"] == "supported"
     # topology is counted in boundaries and permutations, not chunks
@@ -96,7 +98,9 @@ def test_same_values_with_enough_chunks_get_normal_verdicts(tmp_path):
 
 
 def test_minimum_is_inclusive(tmp_path):
-    got = results(build_run(tmp_path / "run", chunks=6))
+    got = results(build_run(tmp_path / "run", chunks=6))  # the minimum of the chunk claims but A5's (8) and A6's (10)
+    assert sorted(cid for cid, r in got.items() if r["underpowered"]) == ["A5-routing-positive", "A6-sink-negative"]
+    got = results(build_run(tmp_path / "run10", chunks=10))  # A6's minimum
     assert all(not r["underpowered"] for r in got.values())
     got = results(build_run(tmp_path / "run5", chunks=5))
     assert got["B1-complex-early"]["reason"] == "underpowered (n = 5 chunks, needs 6)"

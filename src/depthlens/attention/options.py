@@ -56,7 +56,7 @@ class AttentionOptions:
 
     null_mode: Literal["spec", "sink", "full"] = "spec"
     null_samples: int = field(default=8, metadata={"min": 1})
-    null_chunks: int = field(default=8, metadata={"min": 0})
+    null_chunks: int = field(default=10, metadata={"min": 0})
     extras_chunks: int = field(default=1, metadata={"min": 0})
     certify: Literal["median", "all", "none"] = "median"
     rtol: float = field(default=1e-3, metadata={"min": 0.0})

@@ -327,7 +327,7 @@ def _depth(rng: np.random.Generator, chunks: int, samples: int, model: float, nu
     return pd.DataFrame(rows).assign(operator="mean", depth=30, gap_e2=lambda d: d["gap_e1"])
 
 
-@scenario("eig_gap_e1_contrast", {"null_chunks": 8, "null_samples": 8},
+@scenario("eig_gap_e1_contrast", {"null_chunks": 10, "null_samples": 8},
           null="model and null gaps both N(2, 1) per chunk (the model errs no more than its nulls)",
           effect="model gap N(9, 1) (the seed's 7–11 orders), null gaps N(0.5, 1)")
 def _sim_contrast(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
@@ -335,7 +335,7 @@ def _sim_contrast(rng: np.random.Generator, n: Mapping[str, int], effect: bool) 
     return MemoryTables({"depth": _depth(rng, n["null_chunks"], n["null_samples"], model, null)})
 
 
-@scenario("eig_gap_e1_null_chunks", {"null_chunks": 8, "null_samples": 8},
+@scenario("eig_gap_e1_null_chunks", {"null_chunks": 10, "null_samples": 8},
           null="null gaps N(4, 1) (the error is present in the matched nulls too)",
           effect="null gaps N(0.3, 1) (absent in the nulls, as the seed says)")
 def _sim_null_gap(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
@@ -372,7 +372,7 @@ def _role_ranks(role: str, sign: float) -> Simulator:
 
 for _role, _sign, _size in (("routing", 1.0, 24), ("sink", -1.0, 120)):
     scenario(f"{_role}_{'positive' if _sign > 0 else 'negative'}_rank_fraction",
-             {f"{_role}_heads": _size, "null_chunks": 8, "null_samples": 8},
+             {f"{_role}_heads": _size, "null_chunks": 10, "null_samples": 8},
              null=f"every {_role} head's TR1 exchangeable with its nulls (N(0, 1) each)",
              effect=f"every {_role} head's TR1 one null standard deviation {'above' if _sign > 0 else 'below'} its "
                     "nulls' mean in every chunk")(_role_ranks(_role, _sign))
