@@ -20,7 +20,7 @@ from depthlens.report.statistics import gap_contrasts
 from depthlens.report.tables import RunTables
 from depthlens.stats import head_rank_tests, spearman
 
-from . import build_run, read_json, read_table, write_json, write_table
+from . import NULL_CHUNKS, build_run, read_json, read_table, write_json, write_table
 
 # The full leg only: rendering and claims read tables, which no thread count or BLAS kernel changes.
 pytestmark = pytest.mark.slow
@@ -78,7 +78,7 @@ def test_descriptive_statistics_are_reported_beside(run):
     got = results(run)
     a2 = got["A2-eig-gap-contrast"]
     assert set(a2["descriptive"]) == {"eig_gap_e1_model_final", "eig_gap_e1_null_final", "eig_gap_contrast_sign_p"}
-    assert a2["descriptive"]["eig_gap_contrast_sign_p"] == pytest.approx(2 * 0.5 ** 8)  # 8 chunks, all positive
+    assert a2["descriptive"]["eig_gap_contrast_sign_p"] == pytest.approx(2 * 0.5 ** NULL_CHUNKS)  # every chunk positive
     assert got["B3-funnel-learned"]["value"] == pytest.approx(60.0 / 2.0)
     assert got["B3-funnel-learned"]["descriptive"]["funnel_ratio_init"] == pytest.approx(0.6)
     assert all(r["protocol"] for r in got.values())
