@@ -346,11 +346,6 @@ class _LocalBackend:
         """Nothing is held back: the pool queues every task at submission."""
 
 
-def _new_pool(jobs: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=_WorkerContext(), initializer=_worker_init,
-                               initargs=(os.getpid(),))
-
-
 #: The pools that :func:`kept_workers` keeps, innermost last: ``{jobs: pool}`` each.
 _KEPT: list[dict[int, ProcessPoolExecutor]] = []
 
@@ -396,7 +391,8 @@ def local_backend(jobs: int) -> Iterator[_LocalBackend]:
         _kill_workers(pool)
         pool = None
     if pool is None:
-        pool = _new_pool(jobs)
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=_WorkerContext(), initializer=_worker_init,
+                                   initargs=(os.getpid(),))
     try:
         yield _LocalBackend(pool)
     except BaseException:

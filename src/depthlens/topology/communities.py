@@ -99,7 +99,8 @@ def _consider_comms(resolution: float) -> int:
 
 
 class _SignedGraph:
-    """The positive and negative layers of a signed graph, built once and reused across ``γ``."""
+    """The positive and negative layers of a signed graph (built for each Leiden run, in the
+    process that runs it: a profile's runs may go to worker processes)."""
 
     def __init__(self, e: Edges, n: int) -> None:
         pos = e.weight > 0
