@@ -19,9 +19,10 @@ from depthlens.errors import InputError
 TEXT = " ".join(f"Line {i} of a text about subject {i % 11}, with detail {i % 3}." for i in range(300))
 
 #: The numbers of ``depthlens run`` before presets existed; ``default`` must keep them, except
-#: ``null_chunks``: 10 since the calibration harness showed A6 undecidable at 8 (A5 at 6).
+#: ``null_chunks``: 10 since the calibration harness showed A6 undecidable at 8 (A5 at 6), and
+#: ``ratio_seqs``: 16 (was 4) since A4's interval resamples the probe sequences.
 HISTORICAL = {"chunks": 32, "seq_len": 128, "null_samples": 8, "null_chunks": 10, "extras_chunks": 1, "certify": "median",
-              "probe_seqs": 128, "probe_len": 64, "jacobian_mode": "both", "funnel_rank": 512, "n_perm": 1000,
+              "probe_seqs": 128, "probe_len": 64, "ratio_seqs": 16, "jacobian_mode": "both", "funnel_rank": 512, "n_perm": 1000,
               "funnel_alphas": (0.0, 0.25, 0.5, 0.75, 1.0),
               "topk": 20, "null": "init", "positions": "last", "null_mode": "spec"}
 
@@ -35,7 +36,7 @@ def test_default_preset_keeps_the_historical_numbers() -> None:
 
 def test_quick_preset_shrinks_every_size() -> None:
     quick, default = RunConfig(preset="quick"), RunConfig()
-    for name in ("chunks", "seq_len", "null_samples", "null_chunks", "probe_seqs", "probe_len", "n_perm"):
+    for name in ("chunks", "seq_len", "null_samples", "null_chunks", "probe_seqs", "probe_len", "ratio_seqs", "n_perm"):
         assert getattr(quick, name) < getattr(default, name), name
     assert quick.certify == "none" and quick.funnel_rank == 0 and quick.jacobian_mode == "isolated"
     assert len(quick.funnel_alphas) < len(default.funnel_alphas)

@@ -51,8 +51,9 @@ PRESETS = ("quick", "default", "paper")
 PRESET_VALUES: dict[str, dict[str, Any]] = {
     "default": {},
     "quick": {"chunks": 4, "seq_len": 32, "null_samples": 2, "null_chunks": 1, "extras_chunks": 1,
-              "certify": "none", "probe_seqs": 8, "probe_len": 16, "jacobian_mode": "isolated", "funnel_rank": 0,
-              "funnel_alphas": (1.0,), "n_perm": 100, "save_arrays": "none", "heldout_chunks": 1, "ablation_boot": 200,
+              "certify": "none", "probe_seqs": 8, "probe_len": 16, "ratio_seqs": 4, "jacobian_mode": "isolated",
+              "funnel_rank": 0, "funnel_alphas": (1.0,), "n_perm": 100, "save_arrays": "none", "heldout_chunks": 1,
+              "ablation_boot": 200,
               "clamp_chunks": 2, "control_seeds": 1, "clamp_null_samples": 1, "contest_chunks": 2, "contest_boot": 200,
               "contest_perm": 200, "funnel_boot": 0, "init_seeds": 1, "null": "none"},
     "paper": {"null_samples": 16, "null_chunks": "all", "extras_chunks": "all", "funnel_boot": 200},

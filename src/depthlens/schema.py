@@ -322,6 +322,18 @@ _ATTENTION = {
         **_keys("checkpoint", "layer", "head"),
         **_PROBE,
     },
+    "induction_seqs": {
+        **_keys("checkpoint", "layer", "head"),
+        "seq": Column("Probe sequence, 0-based: the first `ratio_seqs` sequences of the repeated-random-token "
+                      "probe (METHODS A5), and their length-matched controls.", "integer"),
+        "delta_TR1_first_copy": Column("Excess reserve of the sequence's leading [BOS, r] block (before induction "
+                                       "can engage) against its own matched null.", "nats"),
+        "delta_TR1_second_copy": Column("Excess reserve of the whole [BOS, r, r] probe matrix (induction engaged) "
+                                        "against its own matched null.", "nats"),
+        "delta_TR1_control": Column("Excess reserve of the length-matched control [BOS, r, r′] (a fresh random "
+                                    "r′, no repeat) against its own matched null.", "nats"),
+        "failure": _FAILURE,
+    },
     "depth": {
         **_keys("checkpoint", "chunk"),
         "operator": Column("Per-layer operator A_l of the product (METHODS A6): `mean` (head mean), `rollout` "
@@ -851,6 +863,9 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
                     "A and its Perron deflation B = A − P."),
     "head_probe": (("checkpoint", "layer", "head"),
                    "One row per (checkpoint, layer, head): repeated-random-token probe scores."),
+    "induction_seqs": (("checkpoint", "layer", "head", "seq"),
+                       "One row per (checkpoint, routing head, probe sequence): the excess reserves whose medians "
+                       "over sequences are the heads table's induction columns (what A4's interval resamples)."),
     "depth": (("checkpoint", "chunk", "operator", "source", "sample", "depth"),
               "One row per (checkpoint, operator, chunk, source, sample, depth): the surviving deviation of a depth "
               "product against its eigenvalue predictions."),

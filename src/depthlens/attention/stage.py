@@ -185,9 +185,10 @@ def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor | data.Chunks
             batch_size: int, execution: Execution, checkpoint: str = TRAINED) -> tuple[dict[str, pd.DataFrame], dict]:
     """Run every phase of ``checkpoint`` on the model ``loaded`` (skipping finished units; the
     pseudospectra and head explorer arrays for the trained model only) and return the tables
-    ``heads``, ``head_chunks``, ``head_probe``, ``depth`` and the JSON summary. ``loaded`` is read only
-    where a unit has work to do (an :class:`_OnDemand` then loads); the numerical tasks go
-    to the executor of ``execution`` (:func:`depthlens.parallel.executor`). ``token_ids`` are
+    ``heads``, ``head_chunks``, ``head_probe``, ``induction_seqs``, ``depth`` and the JSON
+    summary. ``loaded`` is read only where a unit has work to do (an :class:`_OnDemand` then
+    loads); the numerical tasks go to the executor of ``execution``
+    (:func:`depthlens.parallel.executor`). ``token_ids`` are
     the chunks (:class:`depthlens.data.Chunks`, or a tensor of equal-length chunks): every
     matrix is that of its chunk alone, trimmed to the chunk's length, and the row features
     average over its analysed positions."""
@@ -204,8 +205,8 @@ def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor | data.Chunks
         heads = heads.drop(columns=[c for c in certified.columns if c not in ("layer", "head") and c in heads])
         heads = heads.merge(certified, on=["layer", "head"], how="left")
         heads["kreiss_B_in_bracket"] = an.bracket_check(heads, chunks, opts.rtol)
-        heads = heads.merge(_induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint),
-                            on=["layer", "head"], how="left")
+        seqs = _induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint)
+        heads = heads.merge(an.aggregate_induction(seqs), on=["layer", "head"], how="left")
         depth = _depth_phase(run_dir, loaded, token_ids, an.chain_heads(heads), opts, pool, batch_size, quiet,
                              checkpoint)
         if checkpoint == TRAINED:
@@ -215,7 +216,7 @@ def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor | data.Chunks
     summary["role_overlap"] = role_overlap(heads["role"].to_numpy(), heads["delta_TR1"].to_numpy()).to_dict()
     summary["numerical_health"] = an.numerical_health(heads)
     summary["options"] = an.options_record(opts)
-    return {"heads": heads, "head_chunks": chunks, "head_probe": probe, "depth": depth}, summary
+    return {"heads": heads, "head_chunks": chunks, "head_probe": probe, "induction_seqs": seqs, "depth": depth}, summary
 
 
 
@@ -363,8 +364,8 @@ def _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, q
 def _induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint) -> pd.DataFrame:
     """Excess reserves of every routing head on the first ``ratio_seqs`` probe sequences and
     on their length-matched controls ``[BOS, r, r′]`` (each batch of ``PROBE_BATCH`` holds
-    probe and control sequences alike), aggregated per head by
-    :func:`~depthlens.attention.analysis.aggregate_induction`."""
+    probe and control sequences alike): the ``induction_seqs`` table, one row per head and
+    sequence (aggregated per head by :func:`~depthlens.attention.analysis.aggregate_induction`)."""
     key = f"{unit_prefix(checkpoint)}induction"
     routing = heads[heads["role"] == "routing"]
     if not run_dir.has_unit(an.STAGE, key):
@@ -390,7 +391,7 @@ def _induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint) -> p
             bar.close()
         table = pd.DataFrame(rows, columns=["layer", "head", "seq", *an.INDUCTION, "failure"])
         run_dir.write_unit(an.STAGE, key, {"rows": table})
-    return an.aggregate_induction(run_dir.read_units(an.STAGE, [key], "rows"))
+    return run_dir.read_units(an.STAGE, [key], "rows")
 
 
 def _pseudospectra_phase(run_dir, loaded, token_ids, heads, chunks) -> None:

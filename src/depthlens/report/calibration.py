@@ -41,6 +41,7 @@ sampling model measured on that code over per-head simulations of the same world
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import sys
@@ -54,6 +55,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtr
 
+from ..attention.analysis import aggregate_induction
 from ..cache import cache_root
 from ..contest import cv
 from ..interventions import clamp as cl
@@ -64,7 +66,7 @@ from .statistics import SCHUR_ORDERS, STATISTICS
 from .tables import RunTables
 
 __all__ = ["ACCEPT", "DECIDING", "RUN_DRAWS", "SCENARIOS", "SHIPPED", "MemoryTables", "Scenario", "calibrate",
-           "calibration_at", "calibration_key", "calibration_table", "code_fingerprint", "refresh_shipped"]
+           "calibration_at", "calibration_key", "calibration_points", "calibration_table", "code_fingerprint", "refresh_shipped"]
 
 #: Largest acceptable P(supported | null) and P(falsified | effect).
 ACCEPT = 0.05
@@ -72,7 +74,8 @@ ACCEPT = 0.05
 RUN_DRAWS = 100
 #: The modules (paths under the package) whose code decides a calibration's numbers.
 DECIDING = ("report/calibration.py", "report/statistics.py", "report/census_statistics.py", "report/claims.py",
-            "report/tables.py", "stats.py", "census/onsets.py", "contest/cv.py", "interventions/clamp.py")
+            "report/tables.py", "stats.py", "attention/analysis.py", "census/onsets.py", "contest/cv.py",
+            "interventions/clamp.py")
 #: The packaged calibrations: ``{"code": fingerprint, "entries": {key: {"claim", "sizes", "draws", "result"}}}``.
 SHIPPED = Path(__file__).with_name("calibrations.json")
 
@@ -267,22 +270,44 @@ def refresh_shipped(runs: Sequence[str | Path] = (), claims: Sequence[Claim] | N
     return len(entries)
 
 
+def calibration_points(claim: Claim) -> list[tuple[str, dict[str, int]]]:
+    """Where ``claim`` is calibrated, as ``(at, sizes)`` (sizes not named keep the scenario's
+    defaults): ``default``, then every corner of the box between its declared minimums and the
+    defaults, each unit with a minimum at its minimum or at its default: ``minimum`` where all
+    are at their minimums, ``mixed`` otherwise (a minimum must hold whatever the other units'
+    sizes, e.g. few null chunks with many heads). Empty for a claim without a scenario.
+
+    Examples
+    --------
+    >>> from depthlens.report.claims import load_claims
+    >>> a5 = next(c for c in load_claims() if c.id == "A5-routing-positive")
+    >>> [at for at, _ in calibration_points(a5)]
+    ['default', 'mixed', 'mixed', 'minimum']
+    """
+    found = SCENARIOS.get(claim.statistic)
+    if found is None:
+        return []
+    minimum = sorted((unit, n) for unit, n in claim.min_sample if unit in found.default)
+    points: list[tuple[str, dict[str, int]]] = [("default", {})]
+    for corner in itertools.product((False, True), repeat=len(minimum)):
+        if any(corner):
+            points.append(("minimum" if all(corner) else "mixed",
+                           {unit: n for (unit, n), low in zip(minimum, corner) if low}))
+    return points
+
+
 def calibration_table(claims: Sequence[Claim], draws: int = 1000, seed: int = 0, *, intervals: bool = True
                       ) -> pd.DataFrame:
-    """Every claim's calibration at the default sizes and at its declared minimum sizes (the
-    ``min_UNIT`` fields replacing the defaults they name): one row per (claim, sizes) with
-    ``claim``, ``at`` (``default`` or ``minimum``), ``sizes`` (text), the four rates,
-    ``accepted``; claims without a scenario get one row with ``at`` = ``no scenario``."""
+    """Every claim's calibration at each of its :func:`calibration_points`: one row per
+    (claim, sizes) with ``claim``, ``at`` (``default``, ``mixed`` or ``minimum``), ``sizes``
+    (text), the four rates, ``accepted``; claims without a scenario get one row with ``at`` =
+    ``no scenario``."""
     rows = []
     for claim in claims:
-        found = SCENARIOS.get(claim.statistic)
-        if found is None:
+        if claim.statistic not in SCENARIOS:
             rows.append({"claim": claim.id, "at": "no scenario"})
             continue
-        minimum = {unit: n for unit, n in claim.min_sample if unit in found.default}
-        for at, sizes in (("default", {}), ("minimum", minimum)):
-            if at == "minimum" and not minimum:
-                continue
+        for at, sizes in calibration_points(claim):
             result = calibrate(claim, sizes, draws, seed, intervals=intervals)
             assert result is not None
             rows.append({"claim": claim.id, "at": at,
@@ -342,14 +367,22 @@ def _sim_null_gap(rng: np.random.Generator, n: Mapping[str, int], effect: bool) 
     return MemoryTables({"depth": _depth(rng, n["null_chunks"], n["null_samples"], 9.0, 0.3 if effect else 4.0)})
 
 
-@scenario("induction_ratio_control_median", {"routing_heads": 24},
-          null="per routing head log ratio N(0, 0.4): no change when induction engages",
-          effect="per routing head log ratio N(log 2, 0.4): the seed's doubling")
+@scenario("induction_ratio_control_median", {"routing_heads": 24, "probe_seqs": 16},
+          null="per routing head a control excess reserve |N(0.15, 0.12)| nats and a ratio exp N(0, 0.4) of the "
+               "probe's to it; each sequence adds N(0, 0.025²) nats to both (SmolLM2's spread between sequences)",
+          effect="the same with ratios exp N(log 2, 0.4): the seed's doubling")
 def _sim_induction(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
-    heads = _heads(9, n["routing_heads"], "routing")
-    heads["induction_ratio_control"] = np.exp((math.log(2.0) if effect else 0.0)
-                                              + 0.4 * rng.standard_normal(len(heads)))
-    return MemoryTables({"heads": heads})
+    heads, seqs = _heads(9, n["routing_heads"], "routing"), n["probe_seqs"]
+    control = np.abs(0.15 + 0.12 * rng.standard_normal(len(heads)))
+    ratio = np.exp((math.log(2.0) if effect else 0.0) + 0.4 * rng.standard_normal(len(heads)))
+    noise = 0.025 * rng.standard_normal((3, len(heads), seqs))
+    rows = pd.DataFrame({"layer": np.repeat(heads["layer"], seqs), "head": np.repeat(heads["head"], seqs),
+                         "seq": np.tile(np.arange(seqs), len(heads)),
+                         "delta_TR1_first_copy": (control[:, None] + noise[0]).ravel(),
+                         "delta_TR1_second_copy": ((control * ratio)[:, None] + noise[1]).ravel(),
+                         "delta_TR1_control": (control[:, None] + noise[2]).ravel()})
+    return MemoryTables({"heads": heads.merge(aggregate_induction(rows), on=["layer", "head"]),
+                         "induction_seqs": rows})
 
 
 def _role_ranks(role: str, sign: float) -> Simulator:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..attention.analysis import induction_ratio_replicates
 from ..stats import (head_rank_tests, median_interval, percentile_interval, proportion_interval, sign_test,
                      spearman, spearman_interval, trend_interval)
 from .tables import RunTables
@@ -37,6 +38,7 @@ SAMPLE_UNITS = {
     "early_layers": "layers in the first third with trained and step-0 operators",
     "operators": "sub-layer operators",
     "paired_layers": "layers with heads that have both onsets",
+    "probe_seqs": "probe sequences (each with its length-matched control)",
     "init_seeds": "step-0 initialisations (--init-seeds) with bootstrapped funnel ends",
 }
 
@@ -394,15 +396,45 @@ def _routing_median(column: str) -> Callable[[RunTables], Estimate]:
     return stat
 
 
+def _induction_ratio(column: str, base: str) -> Callable[[RunTables], Estimate]:
+    """The median over routing heads of ``column`` (heads.parquet) with its 95 % percentile
+    interval over bootstrap replicates that redraw the probe sequences and the heads
+    (:func:`~depthlens.attention.analysis.induction_ratio_replicates` of induction_seqs.parquet);
+    a run without that table gets the distribution-free interval over heads alone."""
+    median = _routing_median(column)
+
+    def stat(t: RunTables) -> Estimate:
+        estimate = median(t)
+        seqs = t.trained("induction_seqs")
+        if seqs is None:
+            return estimate
+        _columns(seqs, "induction_seqs.parquet", "layer", "head", "seq", "delta_TR1_second_copy", base)
+        if seqs.empty:
+            return estimate
+        return Estimate(estimate.value, *percentile_interval(induction_ratio_replicates(seqs, base)))
+
+    return stat
+
+
+def _probe_seqs(t: RunTables) -> int | None:
+    """Probe sequences behind the induction ratios: the distinct ``seq`` of induction_seqs."""
+    seqs = t.trained("induction_seqs")
+    return None if seqs is None or "seq" not in seqs.columns else int(seqs["seq"].nunique())
+
+
 register("induction_ratio_median", ["heads"],
          "Median over routing heads of induction_ratio: Δ_TR of the whole [BOS, r, r] probe over Δ_TR "
-         "of its first-copy block (confounded by length: descriptive).",
-         samples={"routing_heads": _role_heads("routing", "induction_ratio")})(_routing_median("induction_ratio"))
+         "of its first-copy block (confounded by length: descriptive), with its 95% interval over probe "
+         "sequences and heads redrawn.",
+         samples={"routing_heads": _role_heads("routing", "induction_ratio"), "probe_seqs": _probe_seqs})(
+    _induction_ratio("induction_ratio", "delta_TR1_first_copy"))
 register("induction_ratio_control_median", ["heads"],
          "Median over routing heads of induction_ratio_control: Δ_TR of the [BOS, r, r] probe over Δ_TR of "
-         "the length-matched control [BOS, r, r′] (a fresh random r′: no repeat, no induction).",
-         samples={"routing_heads": _role_heads("routing", "induction_ratio_control")})(
-    _routing_median("induction_ratio_control"))
+         "the length-matched control [BOS, r, r′] (a fresh random r′: no repeat, no induction), with its 95% "
+         "interval over bootstrap replicates that redraw the probe sequences (the same for every head) and "
+         "the heads.",
+         samples={"routing_heads": _role_heads("routing", "induction_ratio_control"), "probe_seqs": _probe_seqs})(
+    _induction_ratio("induction_ratio_control", "delta_TR1_control"))
 
 
 def _summary_value(key: str, what: str) -> Callable[[RunTables], float]:
