@@ -290,7 +290,7 @@ def aggregate_induction(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def induction_ratio_replicates(seqs: pd.DataFrame, base: str = "delta_TR1_control", draws: int = 2000,
+def induction_ratio_replicates(seqs: pd.DataFrame, base: str = "delta_TR1_control", draws: int = 1000,
                                seed: int = 0) -> np.ndarray:
     """Bootstrap replicates of the median over routing heads of the induction ratio
     (``delta_TR1_second_copy`` / ``base``, as :func:`aggregate_induction` forms it per head),
@@ -322,10 +322,15 @@ def induction_ratio_replicates(seqs: pd.DataFrame, base: str = "delta_TR1_contro
     at_heads = rng.integers(0, heads, (draws, heads))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices (failed rows) give NaN
-        top = np.nanmedian(second[:, at_seqs], axis=2)
-        bottom = np.nanmedian(reference[:, at_seqs], axis=2)
+        top = _nanmedian(second[:, at_seqs], axis=2)
+        bottom = _nanmedian(reference[:, at_seqs], axis=2)
         ratio = np.where(bottom > EXCESS_ZERO, top / np.where(bottom > EXCESS_ZERO, bottom, 1.0), np.nan)
-        return np.nanmedian(ratio[at_heads, np.arange(draws)[:, None]], axis=1)
+        return _nanmedian(ratio[at_heads, np.arange(draws)[:, None]], axis=1)
+
+
+def _nanmedian(x: np.ndarray, axis: int) -> np.ndarray:
+    """``np.nanmedian``, through the several times faster ``np.median`` when nothing is NaN."""
+    return np.nanmedian(x, axis=axis) if np.isnan(x).any() else np.median(x, axis=axis)
 
 
 def summarise(heads: pd.DataFrame, depth: pd.DataFrame, q_level: float = 0.05) -> dict:
