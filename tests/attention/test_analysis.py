@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from depthlens.attention.analysis import (EXCESS_ZERO, aggregate_heads, aggregate_induction, induction_ratio_replicates,
-                                         summarise)
+from depthlens.attention.analysis import aggregate_heads, summarise
+from depthlens.stats import EXCESS_ZERO, aggregate_induction, induction_ratio_replicates
 
 
 def _depth() -> pd.DataFrame:

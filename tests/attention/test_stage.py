@@ -15,7 +15,7 @@ import torch
 
 from depthlens import data
 from depthlens.attention import stage
-from depthlens.attention.analysis import EXCESS_ZERO
+from depthlens.stats import EXCESS_ZERO
 from depthlens.attention.options import AttentionOptions
 from depthlens.context import Execution
 from depthlens.attention.features import kreiss_b, matrix_features, null_reserves

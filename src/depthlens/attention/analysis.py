@@ -19,7 +19,6 @@ The worker functions take arrays and seeds only, so results do not depend on ``j
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import asdict
 
 import numpy as np
@@ -27,7 +26,7 @@ import pandas as pd
 
 from ..errors import DecompositionError
 from ..linalg.nulls import shuffle_null
-from ..stats import head_rank_tests, log_median
+from ..stats import INDUCTION, head_rank_tests, log_median
 from . import features
 from .depth import depth_table, layer_operators
 from .options import AttentionOptions
@@ -37,13 +36,6 @@ STAGE = "attention"
 SCALE = ("norm_B", "kreiss_B", "kreiss_B_upper", "peak_B", "num_radius_B")
 #: Per-chunk 0/1 flags aggregated per head by the minimum (1 only if every chunk has it).
 FLAGS = ("peak_certified",)
-#: Per-sequence excess reserves of the induction phase (:func:`induction_row`), aggregated per
-#: routing head by the median over probe sequences.
-INDUCTION = ("delta_TR1_first_copy", "delta_TR1_second_copy", "delta_TR1_control")
-#: Excess reserves at or below this (nats) are zero to the accuracy of the Kreiss search (about
-#: 1e-10 relative per value): no induction ratio is taken over them. A head that attends only
-#: to BOS, or one pattern whatever the shuffle, has an excess of about ±1e-15 in float64.
-EXCESS_ZERO = 1e-8
 
 
 # ----------------------------------------------------------------------------- workers
@@ -277,62 +269,6 @@ def chain_heads(heads: pd.DataFrame) -> dict[str, list[int]]:
     return out
 
 
-def aggregate_induction(table: pd.DataFrame) -> pd.DataFrame:
-    """Per routing head, from the :func:`induction_row` rows of its probe sequences: the median
-    over sequences of each excess reserve (:data:`INDUCTION`), ``induction_ratio`` = second
-    copy / first copy where the first-copy excess is positive (above :data:`EXCESS_ZERO`), and
-    ``induction_ratio_control`` = second copy / length-matched control where the control
-    excess is positive (NaN otherwise)."""
-    out = table.groupby(["layer", "head"])[list(INDUCTION)].median().reset_index()
-    second = out["delta_TR1_second_copy"]
-    for name, base in (("induction_ratio", "delta_TR1_first_copy"), ("induction_ratio_control", "delta_TR1_control")):
-        out[name] = (second / out[base]).where(out[base] > EXCESS_ZERO)
-    return out
-
-
-def induction_ratio_replicates(seqs: pd.DataFrame, base: str = "delta_TR1_control", draws: int = 1000,
-                               seed: int = 0) -> np.ndarray:
-    """Bootstrap replicates of the median over routing heads of the induction ratio
-    (``delta_TR1_second_copy`` / ``base``, as :func:`aggregate_induction` forms it per head),
-    from the per-sequence rows ``seqs`` (the ``induction_seqs`` table: ``layer``, ``head``,
-    ``seq`` and the :data:`INDUCTION` columns).
-
-    Each replicate draws the probe sequences with replacement, the same draw for every head
-    (the heads read the same sequences), and the heads with replacement, then recomputes each
-    drawn head's medians over the drawn sequences, its ratio (NaN where the ``base`` median is
-    not above :data:`EXCESS_ZERO`) and the median over heads of the defined ratios (NaN when
-    none is). So the spread holds both the sequences' and the heads' sampling. With the
-    identity draw a replicate equals the statistic itself. Seeded by ``seed``: deterministic.
-
-    Examples
-    --------
-    >>> seqs = pd.DataFrame({"layer": 0, "head": [0, 0, 1, 1], "seq": [0, 1, 0, 1],
-    ...                      "delta_TR1_second_copy": [0.4, 0.4, 0.3, 0.3], "delta_TR1_control": 0.2,
-    ...                      "delta_TR1_first_copy": 0.2})
-    >>> np.unique(induction_ratio_replicates(seqs, draws=50)).round(12).tolist()
-    [1.5, 1.75, 2.0]
-    """
-    def wide(column: str) -> np.ndarray:
-        return seqs.set_index(["layer", "head", "seq"])[column].unstack("seq").to_numpy(dtype=np.float64)
-
-    second, reference = wide("delta_TR1_second_copy"), wide(base)
-    heads, n_seqs = second.shape
-    rng = np.random.default_rng(seed)
-    at_seqs = rng.integers(0, n_seqs, (draws, n_seqs))
-    at_heads = rng.integers(0, heads, (draws, heads))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices (failed rows) give NaN
-        top = _nanmedian(second[:, at_seqs], axis=2)
-        bottom = _nanmedian(reference[:, at_seqs], axis=2)
-        ratio = np.where(bottom > EXCESS_ZERO, top / np.where(bottom > EXCESS_ZERO, bottom, 1.0), np.nan)
-        return _nanmedian(ratio[at_heads, np.arange(draws)[:, None]], axis=1)
-
-
-def _nanmedian(x: np.ndarray, axis: int) -> np.ndarray:
-    """``np.nanmedian``, through the several times faster ``np.median`` when nothing is NaN."""
-    return np.nanmedian(x, axis=axis) if np.isnan(x).any() else np.median(x, axis=axis)
-
-
 def summarise(heads: pd.DataFrame, depth: pd.DataFrame, q_level: float = 0.05) -> dict:
     """The JSON summary: signed organisation, K(A) check counts, eig_gap model vs null and
     the induction-engagement ratios.
@@ -342,7 +278,7 @@ def summarise(heads: pd.DataFrame, depth: pd.DataFrame, q_level: float = 0.05) -
     heads). ``induction_routing_heads``: the routing heads considered for the ratios;
     ``induction_excluded_first`` / ``induction_excluded_control``: those of them without
     ``induction_ratio`` (``induction_ratio_control``) because ``delta_TR1_first_copy``
-    (``delta_TR1_control``) is not positive (≤ :data:`EXCESS_ZERO`, or missing when every
+    (``delta_TR1_control``) is not positive (≤ :data:`~depthlens.stats.EXCESS_ZERO`, or missing when every
     probe sequence failed); ``induction_ratio_median`` /
     ``induction_ratio_control_median``: the median over routing heads of the defined ratios
     (None when none is)."""

@@ -47,6 +47,7 @@ from ..config import RunConfig
 from ..context import Execution, StageContext
 from ..runs import RunDirectory
 from ..schema import TRAINED
+from ..stats import aggregate_induction
 from . import analysis as an
 from . import head_view as hv
 from .head_view import PSEUDO_GRID, PSEUDO_TOL
@@ -206,7 +207,7 @@ def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor | data.Chunks
         heads = heads.merge(certified, on=["layer", "head"], how="left")
         heads["kreiss_B_in_bracket"] = an.bracket_check(heads, chunks, opts.rtol)
         seqs = _induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint)
-        heads = heads.merge(an.aggregate_induction(seqs), on=["layer", "head"], how="left")
+        heads = heads.merge(aggregate_induction(seqs), on=["layer", "head"], how="left")
         depth = _depth_phase(run_dir, loaded, token_ids, an.chain_heads(heads), opts, pool, batch_size, quiet,
                              checkpoint)
         if checkpoint == TRAINED:
@@ -365,7 +366,7 @@ def _induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint) -> p
     """Excess reserves of every routing head on the first ``ratio_seqs`` probe sequences and
     on their length-matched controls ``[BOS, r, r′]`` (each batch of ``PROBE_BATCH`` holds
     probe and control sequences alike): the ``induction_seqs`` table, one row per head and
-    sequence (aggregated per head by :func:`~depthlens.attention.analysis.aggregate_induction`)."""
+    sequence (aggregated per head by :func:`~depthlens.stats.aggregate_induction`)."""
     key = f"{unit_prefix(checkpoint)}induction"
     routing = heads[heads["role"] == "routing"]
     if not run_dir.has_unit(an.STAGE, key):

@@ -55,12 +55,11 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtr
 
-from ..attention.analysis import aggregate_induction
 from ..cache import cache_root
 from ..contest import cv
 from ..interventions import clamp as cl
 from ..runs.atomic import write_json
-from ..stats import percentile_interval
+from ..stats import aggregate_induction, percentile_interval
 from .claims import Claim, judge
 from .statistics import SCHUR_ORDERS, STATISTICS
 from .tables import RunTables
@@ -74,8 +73,7 @@ ACCEPT = 0.05
 RUN_DRAWS = 100
 #: The modules (paths under the package) whose code decides a calibration's numbers.
 DECIDING = ("report/calibration.py", "report/statistics.py", "report/census_statistics.py", "report/claims.py",
-            "report/tables.py", "stats.py", "attention/analysis.py", "census/onsets.py", "contest/cv.py",
-            "interventions/clamp.py")
+            "report/tables.py", "stats.py", "census/onsets.py", "contest/cv.py", "interventions/clamp.py")
 #: The packaged calibrations: ``{"code": fingerprint, "entries": {key: {"claim", "sizes", "draws", "result"}}}``.
 SHIPPED = Path(__file__).with_name("calibrations.json")
 

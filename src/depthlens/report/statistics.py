@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..attention.analysis import induction_ratio_replicates
-from ..stats import (head_rank_tests, median_interval, percentile_interval, proportion_interval, sign_test,
-                     spearman, spearman_interval, trend_interval)
+from ..stats import (head_rank_tests, induction_ratio_replicates, median_interval, percentile_interval,
+                     proportion_interval, sign_test, spearman, spearman_interval, trend_interval)
 from .tables import RunTables
 
 #: Sample units a claim may set a minimum for (``min_UNIT``), with the words the report uses.
@@ -399,7 +398,7 @@ def _routing_median(column: str) -> Callable[[RunTables], Estimate]:
 def _induction_ratio(column: str, base: str) -> Callable[[RunTables], Estimate]:
     """The median over routing heads of ``column`` (heads.parquet) with its 95 % percentile
     interval over bootstrap replicates that redraw the probe sequences and the heads
-    (:func:`~depthlens.attention.analysis.induction_ratio_replicates` of induction_seqs.parquet);
+    (:func:`~depthlens.stats.induction_ratio_replicates` of induction_seqs.parquet);
     a run without that table gets the distribution-free interval over heads alone."""
     median = _routing_median(column)
 
