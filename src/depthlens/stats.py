@@ -306,10 +306,10 @@ EXCESS_ZERO = 1e-8
 
 def aggregate_induction(table: pd.DataFrame) -> pd.DataFrame:
     """Per routing head, from the :func:`~depthlens.attention.analysis.induction_row` rows of
-    its probe sequences: the median over sequences of each excess reserve (:data:`INDUCTION`), ``induction_ratio`` = second
-    copy / first copy where the first-copy excess is positive (above :data:`EXCESS_ZERO`), and
-    ``induction_ratio_control`` = second copy / length-matched control where the control
-    excess is positive (NaN otherwise)."""
+    its probe sequences: the median over sequences of each excess reserve (:data:`INDUCTION`),
+    ``induction_ratio`` = second copy / first copy where the first-copy excess is positive
+    (above :data:`EXCESS_ZERO`), and ``induction_ratio_control`` = second copy /
+    length-matched control where the control excess is positive (NaN otherwise)."""
     out = table.groupby(["layer", "head"])[list(INDUCTION)].median().reset_index()
     second = out["delta_TR1_second_copy"]
     for name, base in (("induction_ratio", "delta_TR1_first_copy"), ("induction_ratio_control", "delta_TR1_control")):

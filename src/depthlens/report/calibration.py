@@ -65,7 +65,8 @@ from .statistics import SCHUR_ORDERS, STATISTICS
 from .tables import RunTables
 
 __all__ = ["ACCEPT", "DECIDING", "RUN_DRAWS", "SCENARIOS", "SHIPPED", "MemoryTables", "Scenario", "calibrate",
-           "calibration_at", "calibration_key", "calibration_points", "calibration_table", "code_fingerprint", "refresh_shipped"]
+           "calibration_at", "calibration_key", "calibration_points", "calibration_table", "code_fingerprint",
+           "refresh_shipped"]
 
 #: Largest acceptable P(supported | null) and P(falsified | effect).
 ACCEPT = 0.05
