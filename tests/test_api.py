@@ -32,7 +32,7 @@ def attention_run(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> 
 
 def test_tables_are_the_run_directorys_dataframes(attention_run: depthlens.Run) -> None:
     run = attention_run
-    assert run.tables == ["heads", "head_chunks", "head_probe", "depth"]
+    assert run.tables == ["heads", "head_chunks", "head_probe", "induction_seqs", "depth"]
     heads = run.heads
     assert isinstance(heads, pd.DataFrame) and len(heads) > 0
     pd.testing.assert_frame_equal(heads, pd.read_parquet(run.path / "tables" / "heads.parquet"))
