@@ -278,8 +278,8 @@ def summarise(heads: pd.DataFrame, depth: pd.DataFrame, q_level: float = 0.05) -
     heads). ``induction_routing_heads``: the routing heads considered for the ratios;
     ``induction_excluded_first`` / ``induction_excluded_control``: those of them without
     ``induction_ratio`` (``induction_ratio_control``) because ``delta_TR1_first_copy``
-    (``delta_TR1_control``) is not positive (≤ :data:`~depthlens.stats.EXCESS_ZERO`, or missing when every
-    probe sequence failed); ``induction_ratio_median`` /
+    (``delta_TR1_control``) is not positive (≤ :data:`~depthlens.stats.EXCESS_ZERO`, or
+    missing when every probe sequence failed); ``induction_ratio_median`` /
     ``induction_ratio_control_median``: the median over routing heads of the defined ratios
     (None when none is)."""
     routing = heads[heads["role"] == "routing"]
