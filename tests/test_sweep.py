@@ -143,3 +143,26 @@ def test_sweep_end_to_end(tmp_path, text_file, capsys):
     # --overwrite removes the cells' runs with the sweep's own files
     assert main(["sweep", str(path), "--out", str(out), "--quiet", "--overwrite", "--jobs", "1"]) == 3
     assert heads.stat().st_mtime_ns != stamp
+
+
+def test_a_refused_resume_names_what_differs(tmp_path, capsys):
+    """A sweep directory resumed with another sweep file is refused before any work, naming
+    the cells and options that differ, not two hashes."""
+    from depthlens.runs import RunDirectory, RunMode
+    from depthlens.sweep.runner import KIND, sweep_changes
+
+    first = read_sweep(_file(tmp_path, '[sweep]\nmodels = ["random:llama", "random:gpt2"]\nstages = ["attention"]\n'))
+    out = tmp_path / "out"
+    stored = {"kind": KIND, "config_hash": "started",
+              "cells": [{"label": c.label, "config": c.config.to_dict()} for c in first.cells]}
+    RunDirectory.open(out, RunMode.NEW, stored)
+    path = _file(tmp_path, '[sweep]\nmodels = ["random:llama", "random:gpt_neox"]\nstages = ["attention"]\n',
+                 shared=SMALL.replace("chunks = 2", "chunks = 3"))
+    before = sorted(p.name for p in out.rglob("*"))
+    assert main(["sweep", str(path), "--out", str(out), "--quiet", "--resume"]) == 2
+    err = capsys.readouterr().err
+    llama, gpt2, neox = (f"random_{f}__python-docs__seed0" for f in ("llama", "gpt2", "gpt_neox"))
+    assert f"it was started with cell {llama}: --chunks 2, no cell {neox}, cell {gpt2}, not cell {llama}: " \
+           f"--chunks 3, cell {neox}, no cell {gpt2};" in err and "hash" not in err
+    assert sorted(p.name for p in out.rglob("*")) == before  # nothing written
+    assert sweep_changes(stored, first.cells) == []  # other stages or claims: nothing to name but the hashes

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 import json
 import os
 import re
@@ -101,13 +101,16 @@ def check_run_directory(path: str | Path) -> None:
 
 
 def check_target(path: str | Path, run_mode: RunMode, config_hash: str,
-                 options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 options: Mapping[str, Mapping[str, Any]] | None = None,
+                 changes: Callable[[Mapping[str, Any]], list[tuple[str, str]]] | None = None) -> None:
     """Refuse an output directory that the requested run mode cannot use; touches nothing.
 
     Call it before any expensive work, so bad input fails fast and leaves no directory.
     A missing or empty directory suits every run mode. ``options`` are the manifest fields
     that hold the options ``config_hash`` covers (``{"config": config.to_dict()}``): a resume
     with other options then names each option that differs (:func:`option_changes`).
+    ``changes`` replaces that comparison where the hash covers more than one set of options
+    (a sweep's cells): given the stored manifest, it returns the ``(old, new)`` pairs to name.
 
     Raises
     ------
@@ -139,8 +142,9 @@ def check_target(path: str | Path, run_mode: RunMode, config_hash: str,
     if run_mode is RunMode.RESUME:
         stored = read_manifest(root)
         if stored.get("config_hash") != config_hash:
-            raise resume_refused(root, option_changes({k: stored.get(k) for k in options or {}}, options or {}),
-                                 stored.get("config_hash"), config_hash)
+            differ = changes(stored) if changes is not None else option_changes(
+                {k: stored.get(k) for k in options or {}}, options or {})
+            raise resume_refused(root, differ, stored.get("config_hash"), config_hash)
 
 
 #: How many differing options a refused resume names.
@@ -150,7 +154,7 @@ _CHANGES_SHOWN = 4
 def resume_refused(root: Path, changes: list[tuple[str, str]], old_hash: object, new_hash: str) -> RunError:
     """The one-line refusal to resume ``root`` under other options: the options that differ,
     old and new (:func:`option_changes`; the first :data:`_CHANGES_SHOWN`), or, when none is
-    recorded by name (a sweep file, an older manifest), the two options hashes."""
+    recorded by name (a sweep's stages or claims file, an older manifest), the two options hashes."""
     advice = "rerun with the options it was started with, or pass --overwrite to replace it."
     if not changes:
         return RunError(f"cannot resume {root}: it was started with other options (options hash {old_hash}, now "

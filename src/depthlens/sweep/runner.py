@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -31,12 +32,12 @@ import pandas as pd
 from ..context import Execution
 from ..errors import RunIncomplete
 from ..runs import RunDirectory, RunMode, atomic, check_target
-from ..runs.directory import not_a_run, remove_sub_runs
+from ..runs.directory import not_a_run, option_changes, remove_sub_runs
 from ..runs.failures import UnitFailure
 from ..schema import conform_table
 from .spec import Cell, Sweep, read_sweep
 
-__all__ = ["KIND", "STAGE", "run_sweep"]
+__all__ = ["KIND", "STAGE", "run_sweep", "sweep_changes"]
 
 STAGE = "sweep"
 KIND = "sweep"
@@ -79,7 +80,7 @@ def run_sweep(path: str | Path, out: str | Path, run_mode: RunMode = RunMode.NEW
     plans = {cell.label: check_plan(cell.config, sweep.stages) for cell in sweep.cells}
     check_execution(execution)
     digest = Sweep(sweep.source, sweep.cells, sweep.stages, claims).digest()
-    check_target(out, run_mode, digest)
+    check_target(out, run_mode, digest, changes=lambda stored: sweep_changes(stored, sweep.cells))
     root = Path(out)
     if run_mode is RunMode.OVERWRITE and root.is_dir() and not_a_run(root) is None:
         remove_sub_runs(root / "cells")
@@ -108,6 +109,35 @@ def run_sweep(path: str | Path, out: str | Path, run_mode: RunMode = RunMode.NEW
                                    for cell, status, error in not_done[["cell", "status", "error"]].itertuples(
                                        index=False)])
     return root
+
+
+def sweep_changes(stored: dict, cells: Sequence[Cell]) -> list[tuple[str, str]]:
+    """What differs between the sweep a directory was started with (its ``stored`` manifest)
+    and this one, as ``(old, new)`` pairs for :func:`~depthlens.runs.directory.resume_refused`:
+    a cell only in one of them and each option of a cell that differs (``cell LABEL: --chunks
+    4``, :func:`~depthlens.runs.directory.option_changes`). Empty when only the stages or the
+    claims file differ (the manifest records neither by value: the refusal then shows the two
+    hashes).
+
+    Examples
+    --------
+    >>> from depthlens.config import RunConfig
+    >>> stored = {"cells": [{"label": "a", "config": RunConfig(chunks=4).to_dict()}]}
+    >>> sweep_changes(stored, [Cell("a", RunConfig(chunks=8))])
+    [('cell a: --chunks 4', 'cell a: --chunks 8')]
+    """
+    old = {c.get("label"): c.get("config") or {} for c in stored.get("cells") or []}
+    new = {c.label: c.config.to_dict() for c in cells}
+    found = []
+    for label in dict.fromkeys([*new, *old]):
+        if label not in old:
+            found.append((f"no cell {label}", f"cell {label}"))
+        elif label not in new:
+            found.append((f"cell {label}", f"no cell {label}"))
+        else:
+            found += [(f"cell {label}: {a}", f"cell {label}: {b}")
+                      for a, b in option_changes({"config": old[label]}, {"config": new[label]})]
+    return found
 
 
 def _say(execution: Execution, line: str) -> None:
