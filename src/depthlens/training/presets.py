@@ -31,7 +31,10 @@ __all__ = ["PRESETS", "resolve"]
 #: repeated blocks, and a context of 160 so that the default preset's probe (1 + 2 × 64
 #: tokens) fits. Measured at seed 0: its census decides C2 and C3 (both falsified: no funnel
 #: and no significant coupling is learned), but C1 stays underpowered, as by step 1500 one
-#: head in one layer has a role (a sink; no routing head forms).
+#: head in one layer has a role (a sink; no routing head forms). At 4000 steps (seed 0; 30
+#: minutes on one thread) the default probe finds a previous-token head in layer 0 (0.49), an
+#: induction head in layer 1 (0.61, formed near step 1600) and a sink in layer 3 (0.80): three
+#: layers of C1's five. Eight heads a layer (d = 64) made a step 1.7 times slower.
 PRESETS: dict[str, dict[str, Any]] = {
     "induction": {"family": "llama", "n_layers": 2, "d_model": 128, "n_heads": 4, "d_ff": 512, "seq_len": 160,
                   "batch_size": 32, "steps": 2000, "lr": 1e-3, "warmup": 100, "checkpoints": 12,
