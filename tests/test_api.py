@@ -87,7 +87,25 @@ def test_a_failed_analyse_without_out_leaves_no_temporary_folder(tmp_path: Path,
     with pytest.raises(InputError, match="seq_len=32 exceeds"):
         depthlens.analyse("random:llama:max_position_embeddings=16", text=str(text_file), stages=["capture"],
                           chunks=2, seq_len=32, jobs=1)
+    with pytest.raises(InputError, match="sweep file"):  # so do a census and a sweep
+        depthlens.sweep(tmp_path / "no-such-sweep.toml")
+    with pytest.raises(InputError, match="no checkpoint series"):
+        depthlens.census("random:llama", jobs=1)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("depthlens-")] == []
+
+
+def test_census_and_sweep_stay_the_api_functions_beside_their_subpackages() -> None:
+    """``depthlens.census`` and ``depthlens.sweep`` are the API's functions, also once the
+    subpackages of the same names are imported (the API itself imports one)."""
+    import subprocess
+    import sys
+
+    code = ("import depthlens, depthlens.api, depthlens.census.runner, depthlens.sweep.runner\n"
+            "assert depthlens.census is depthlens.api.census and depthlens.sweep is depthlens.api.sweep\n"
+            "from depthlens.sweep import read_sweep\n"
+            "from depthlens.census.onsets import head_onsets")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 def test_in_memory_model_equals_the_same_model_from_its_spec(tmp_path: Path, text_file: Path) -> None:

@@ -8,15 +8,33 @@ light::
     run.heads  # a pandas DataFrame
 """
 
+import sys
+import types
 from typing import Any
 
 __version__ = "0.1.0"
 
 __all__ = ["Run", "RunConfig", "__version__", "analyse", "census", "open_run", "sweep"]
+_API = ("Run", "analyse", "census", "open_run", "sweep")
+
+
+class _Package(types.ModuleType):
+    """This package's module type. ``census`` and ``sweep`` name both an API function and a
+    subpackage; importing a subpackage binds it to the parent's attribute, which would hide
+    the function. The binding is dropped here, so ``depthlens.census`` stays the function
+    (the subpackages are imported by their full names, through ``sys.modules``)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _API and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Run", "analyse", "census", "open_run", "sweep"):
+    if name in _API:
         from . import api
 
         return getattr(api, name)

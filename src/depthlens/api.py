@@ -20,10 +20,11 @@ if_exists="overwrite"``: :func:`_keyword`).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,27 @@ if TYPE_CHECKING:
 __all__ = ["Run", "analyse", "census", "open_run", "sweep"]
 
 _IF_EXISTS = {"resume": RunMode.RESUME, "overwrite": RunMode.OVERWRITE, "error": RunMode.NEW}
+
+
+def _run_mode(if_exists: str) -> RunMode:
+    """The run mode of ``if_exists``; an unknown value is refused in one line."""
+    if if_exists not in _IF_EXISTS:
+        raise InputError(f"if_exists={if_exists!r} is unknown; use one of {', '.join(_IF_EXISTS)}.")
+    return _IF_EXISTS[if_exists]
+
+
+@contextlib.contextmanager
+def _target(out: str | Path | None, prefix: str) -> Iterator[Path]:
+    """The folder a run, census or sweep writes into: ``out``, else a new temporary folder
+    (named ``prefix…``), which is removed again when the work fails before it holds a run
+    (anything but :class:`~depthlens.errors.RunIncomplete`)."""
+    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield root
+    except Exception as exc:
+        if out is None and not isinstance(exc, RunIncomplete):
+            shutil.rmtree(root, ignore_errors=True)
+        raise
 
 
 def _kind(annotation: Any) -> type:
@@ -176,8 +198,7 @@ def analyse(
     """
     from .workflow import run as run_workflow
 
-    if if_exists not in _IF_EXISTS:
-        raise InputError(f"if_exists={if_exists!r} is unknown; use one of {', '.join(_IF_EXISTS)}.")
+    mode = _run_mode(if_exists)
     loaded = None
     if not isinstance(model, (str, Path)):
         from .models.loading import wrap_model
@@ -185,15 +206,10 @@ def analyse(
         loaded = wrap_model(model, tokenizer)
         model = loaded.name
     config = RunConfig(preset=preset, model=str(model), text=str(text), **options)
-    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="depthlens-"))
-    try:
-        path = run_workflow(config, root, run_mode=_IF_EXISTS[if_exists], stages=tuple(stages),
+    with _target(out, "depthlens-") as root:
+        path = run_workflow(config, root, run_mode=mode, stages=tuple(stages),
                             execution=Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params),
                             claims=claims, loaded=loaded)
-    except Exception as exc:
-        if out is None and not isinstance(exc, RunIncomplete):  # our temporary folder holds no run: remove it
-            shutil.rmtree(root, ignore_errors=True)
-        raise
     run = Run(path)
     run._loaded = loaded  # an in-memory model, for run.head (a spec is loaded again from the manifest)
     return run
@@ -243,14 +259,13 @@ def census(
     from .census.options import CensusOptions
     from .census.runner import run_census
 
-    if if_exists not in _IF_EXISTS:
-        raise InputError(f"if_exists={if_exists!r} is unknown; use one of {', '.join(_IF_EXISTS)}.")
+    mode = _run_mode(if_exists)
     config = RunConfig(preset=preset, model=str(model), text=str(text), revisions=tuple(revisions), **options)
-    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="depthlens-census-"))
-    path = run_census(config, CensusOptions(census_stages=tuple(stages), compare=tuple(map(str, compare))), root,
-                      run_mode=_IF_EXISTS[if_exists],
-                      execution=Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params),
-                      delete_cache=delete_cache, claims=claims)
+    with _target(out, "depthlens-census-") as root:
+        path = run_census(config, CensusOptions(census_stages=tuple(stages), compare=tuple(map(str, compare))), root,
+                          run_mode=mode,
+                          execution=Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params),
+                          delete_cache=delete_cache, claims=claims)
     return Run(path)
 
 
@@ -289,11 +304,12 @@ def sweep(
     """
     from .sweep import run_sweep
 
-    if if_exists not in _IF_EXISTS:
-        raise InputError(f"if_exists={if_exists!r} is unknown; use one of {', '.join(_IF_EXISTS)}.")
-    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="depthlens-sweep-"))
-    execution = Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params)
-    return Run(run_sweep(path, root, run_mode=_IF_EXISTS[if_exists], execution=execution, claims=claims))
+    mode = _run_mode(if_exists)
+    with _target(out, "depthlens-sweep-") as root:
+        found = run_sweep(path, root, run_mode=mode,
+                          execution=Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params),
+                          claims=claims)
+    return Run(found)
 
 
 @_API_ERRORS

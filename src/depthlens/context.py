@@ -7,6 +7,7 @@ Tables go out through :meth:`StageContext.write_table`, which puts the identity 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,11 @@ class Execution:
     jobs: int = 2
     executor: str = "local"
     slurm_params: str = ""
+
+    def say(self, line: str) -> None:
+        """Print ``line`` to stderr unless :attr:`quiet` (a census's or sweep's progress)."""
+        if not self.quiet:
+            print(line, file=sys.stderr, flush=True)
 
 
 @dataclass

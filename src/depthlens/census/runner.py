@@ -220,7 +220,7 @@ def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_m
     total = sum(len(c) for c in series.values())
     for spec, ckpts in series.items():
         for ckpt in ckpts:
-            _say(execution, f"census: {folders[spec]} {ckpt.label} ({len(points) + 1}/{total})")
+            execution.say(f"census: {folders[spec]} {ckpt.label} ({len(points) + 1}/{total})")
             points.append(_visit(run_dir, spec, folders[spec], ckpt, configs[(spec, ckpt.label)], plan, execution,
                                  delete_cache))
     for name, table in census_tables(points, config.text).items():
@@ -232,11 +232,6 @@ def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_m
     if run_dir.failures.failures:  # every checkpoint was visited and the report rendered: now say what failed
         raise RunIncomplete(root, run_dir.failures.failures)
     return root
-
-
-def _say(execution: Execution, line: str) -> None:
-    if not execution.quiet:
-        print(line, file=sys.stderr, flush=True)
 
 
 def _remove_checkpoint_runs(root: Path) -> None:
@@ -275,7 +270,7 @@ def _visit(run_dir: RunDirectory, spec: str, folder: str, ckpt: Checkpoint, conf
             run(config, sub, run_mode=mode, stages=plan, execution=execution, loaded=loaded)
         except RunIncomplete as exc:
             error = "; ".join(f.line() for f in exc.failures[:1])
-            _say(execution, f"census: {ckpt.label} is incomplete: {error}")
+            execution.say(f"census: {ckpt.label} is incomplete: {error}")
             run_dir.failures.add(UnitFailure(STAGE, ckpt.label, f"incomplete: {error}", sub / "logs"))
             return dataclasses.replace(point, status="incomplete", error=error, loss=loss, tables=RunTables(sub),
                                        family=family, norm=norm)
@@ -299,4 +294,4 @@ def _visit(run_dir: RunDirectory, spec: str, folder: str, ckpt: Checkpoint, conf
             from .cache import delete_cached_revision
 
             freed = delete_cached_revision(ckpt.spec, ckpt.revision)
-            _say(execution, f"census: removed {ckpt.spec}@{ckpt.revision} from the hub cache ({freed / 1e6:.1f} MB)")
+            execution.say(f"census: removed {ckpt.spec}@{ckpt.revision} from the hub cache ({freed / 1e6:.1f} MB)")

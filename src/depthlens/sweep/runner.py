@@ -95,7 +95,7 @@ def run_sweep(path: str | Path, out: str | Path, run_mode: RunMode = RunMode.NEW
     run_dir.mark_stage(STAGE, "running")
     rows = []
     for k, cell in enumerate(sweep.cells):
-        _say(execution, f"sweep: cell {cell.label} ({k + 1}/{len(sweep.cells)})")
+        execution.say(f"sweep: cell {cell.label} ({k + 1}/{len(sweep.cells)})")
         rows.append(_cell(run_dir, cell, plans[cell.label], execution, claims))
     table = pd.DataFrame(rows)
     run_dir.write_table(STAGE, conform_table(STAGE, table))
@@ -140,11 +140,6 @@ def sweep_changes(stored: dict, cells: Sequence[Cell]) -> list[tuple[str, str]]:
     return found
 
 
-def _say(execution: Execution, line: str) -> None:
-    if not execution.quiet:
-        print(line, file=sys.stderr, flush=True)
-
-
 def _cell(run_dir: RunDirectory, cell: Cell, plan: list[str], execution: Execution, claims: Path | None) -> dict:
     """Run one cell (or take its finished unit) and return its row of the ``sweep`` table."""
     from ..workflow import run
@@ -161,7 +156,7 @@ def _cell(run_dir: RunDirectory, cell: Cell, plan: list[str], execution: Executi
             run(cell.config, sub, run_mode=mode, stages=plan, execution=execution, claims=claims, report=True)
         except RunIncomplete as exc:
             error = exc.failures[0].line() if exc.failures else "some units failed"
-            _say(execution, f"sweep: cell {cell.label} is incomplete: {error}")
+            execution.say(f"sweep: cell {cell.label} is incomplete: {error}")
             return {**row, "status": "incomplete", "error": error}
         finally:
             gc.collect()  # the cell's model holds reference cycles: free it before the next cell loads
