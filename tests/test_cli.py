@@ -520,6 +520,12 @@ def test_the_manifest_records_the_command_line_and_the_source(text_file: Path, t
         head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
         assert manifest["source"]["commit"] == head and isinstance(manifest["source"]["dirty"], bool)
+    # the command belongs to that run: a later API run in this process records its own sys.argv
+    import depthlens
+
+    api = depthlens.analyse("random:llama", text=str(text_file), stages=["capture"], chunks=2, seq_len=16,
+                            out=tmp_path / "api", jobs=1)
+    assert json.loads((api.path / "manifest.json").read_text())["command"]["argv"] == sys.argv
 
 
 

@@ -52,8 +52,6 @@ CENSUS_HELP = ("the chosen stages over every checkpoint of a series (a folder wr
                "id with --revisions), with the training-dynamics claims and report")
 SWEEP_HELP = ("every cell of a sweep file (models x revisions x texts x seeds) as an ordinary run, then one "
               "cross-model report of them")
-#: The command line of the current ``depthlens`` command (set by :func:`main`; runs record it).
-COMMAND_LINE: list[str] | None = None
 #: Every option's default (the ``default`` preset), for help texts.
 _DEFAULTS = dict(RunConfig().items())
 
@@ -138,10 +136,12 @@ def add_execution_flags(parser: argparse.ArgumentParser) -> None:
 def execution_from_args(args: argparse.Namespace) -> Execution:
     """The :class:`~depthlens.context.Execution` of a command's ``--quiet``, ``--jobs``,
     ``--executor`` and ``--slurm-params`` (checked by the run, census or sweep before any
-    model loads: :func:`depthlens.executors.check_execution`)."""
+    model loads: :func:`depthlens.executors.check_execution`), with the command line that
+    :func:`main` parsed."""
     from .context import Execution
 
-    return Execution(quiet=args.quiet, jobs=args.jobs, executor=args.executor, slurm_params=args.slurm_params)
+    return Execution(quiet=args.quiet, jobs=args.jobs, executor=args.executor, slurm_params=args.slurm_params,
+                     command=tuple(getattr(args, "command_line", ())))
 
 
 def _census_parser(sub: argparse._SubParsersAction) -> None:
@@ -344,9 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     clean-up included) and the output is flushed: the interpreter's finalisation would abort it
     (exit 134).
     """
-    global COMMAND_LINE
-    COMMAND_LINE = ["depthlens", *(sys.argv[1:] if argv is None else argv)]
     args = build_parser().parse_args(argv)  # --help and --version end here, before numpy, pandas or torch load
+    args.command_line = ("depthlens", *(sys.argv[1:] if argv is None else argv))
     from .parallel import abandoned_call_running, install_sigterm_handler
 
     previous = install_sigterm_handler()  # SIGTERM (timeout, SLURM, OOM killers) stops like Ctrl-C

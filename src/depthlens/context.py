@@ -42,12 +42,16 @@ class Execution:
     slurm_params : str
         ``key=value,...`` settings of the SLURM jobs
         (:func:`depthlens.executors.parse_slurm_params`); only with a ``slurm`` executor.
+    command : tuple of str
+        The command line that started the work, for the manifest (``depthlens run ...``); empty:
+        this process's ``sys.argv`` (a script calling the API).
     """
 
     quiet: bool = False
     jobs: int = 2
     executor: str = "local"
     slurm_params: str = ""
+    command: tuple[str, ...] = ()
 
     def say(self, line: str) -> None:
         """Print ``line`` to stderr unless :attr:`quiet` (a census's or sweep's progress)."""

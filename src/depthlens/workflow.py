@@ -58,12 +58,13 @@ class Prepared:
         """The chunks' token ids ``(N, T)`` (right-padded with a prompts file)."""
         return self.chunks.ids
 
-    def manifest(self) -> dict:
+    def manifest(self, command: Sequence[str] = ()) -> dict:
         """The manifest of a new run (config, hashes, versions, seed, and the numerical
         environment: BLAS/LAPACK libraries and kernels, threads, CPU, as ``depthlens doctor``
         prints them, so two runs can be compared). With a prompts file ``data`` also holds
         ``kind: "prompts"``, each prompt's ``lengths``, ``lines`` and ``analysed`` (its number of
-        analysed positions), and ``tokens_sha256`` then covers the lengths and positions too."""
+        analysed positions), and ``tokens_sha256`` then covers the lengths and positions too.
+        ``command`` is the command line that started the run (empty: ``sys.argv``)."""
         return {
             "config": self.config.to_dict(),
             "config_hash": self.config.hash(),
@@ -72,7 +73,7 @@ class Prepared:
             "data": _data_record(self.config.text, self.text_sha256, self.chunks),
             "versions": package_versions(),
             "source": source_version(),
-            "command": {"argv": command_line(), "cwd": os.getcwd()},
+            "command": {"argv": list(command) or list(sys.argv), "cwd": os.getcwd()},
             "python": platform.python_version(),
             "environment": environment_block(),
         }
@@ -214,7 +215,7 @@ def run(
     claims_bytes, claims_record = claims_registration(claims)  # a malformed file is refused before any work
     check_target(out, run_mode, config.hash(), {"config": config.to_dict()})  # fail fast, before the model loads
     prepared = prepare(config, loaded, plan)
-    manifest = prepared.manifest()
+    manifest = prepared.manifest(execution.command)
     manifest["claims"] = claims_record
     run_dir = RunDirectory.open(out, run_mode, manifest)
     register_claims(run_dir, claims_bytes)
@@ -388,13 +389,6 @@ def _check_plain_revisions(revisions: Sequence[str]) -> None:
         shown = next(r for r in revisions if r.startswith("@") or "{" in r)
         raise InputError(f"--revisions {shown!r} is a range or a file; a run takes plain comma-separated names "
                          "(e.g. --revisions step1000,step2000), and depthlens census expands ranges and @FILE.")
-
-
-def command_line() -> list[str]:
-    """The command that started this run: the ``depthlens`` command line when the CLI runs
-    it, else the Python process's ``sys.argv`` (a script calling the API)."""
-    given = getattr(sys.modules.get("depthlens.cli"), "COMMAND_LINE", None)
-    return list(given) if given else list(sys.argv)
 
 
 def source_version() -> dict[str, object]:
