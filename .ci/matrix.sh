@@ -20,8 +20,8 @@
 #                   MKL on AVX2, where float32 forwards depend on batch
 #                   size and thread count)
 #
-# Fast tier: `pytest -m "not real and not slow"` (everything except the tests marked `real`, which
-# load the embedded SmolLM2, and those marked `slow`: training and censuses of tiny models, which
+# Fast tier: `pytest -m "not real and not full_leg"` (everything except the tests marked `real`, which
+# load the embedded SmolLM2, and those marked `full_leg`: training and censuses of tiny models, which
 # change no LAPACK kernel's result the other tests do not cover). The e2e run is a small
 # `depthlens run` of every stage on SmolLM2, with every Schur order, on the legs that change the
 # LAPACK kernels (where a decomposition can fail to converge); the legs that change only thread
@@ -106,7 +106,7 @@ for leg in $LEGS; do
         SUMMARY+=("$(printf '%-16s %-10s %-10s %5s' "$leg" skipped "(= full)" 0)")
         continue
     fi
-    tier=(-m "not real and not slow")
+    tier=(-m "not real and not full_leg")
     tier_name=fast
     if [[ $leg == full ]]; then
         tier=()

@@ -278,7 +278,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
         shutil.rmtree(temp, ignore_errors=True)
 
 
-@pytest.mark.slow
+@pytest.mark.full_leg
 def test_ray_cluster_gives_the_local_tables(ray_cluster: tuple[str, set[int]], local_tables: dict[str, pd.DataFrame],
                                             text_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     address, _ = ray_cluster
@@ -292,7 +292,7 @@ def test_ray_cluster_gives_the_local_tables(ray_cluster: tuple[str, set[int]], l
     assert "raised on a Ray worker" in caught.value.__notes__[0]
 
 
-@pytest.mark.slow
+@pytest.mark.full_leg
 def test_killed_ray_worker_is_retried(ray_cluster: tuple[str, set[int]], local_tables: dict[str, pd.DataFrame],
                                       text_file: Path, tmp_path: Path) -> None:
     """SIGKILL a worker while it runs a task of the stage: Ray runs the task again and the run
@@ -324,7 +324,7 @@ def test_killed_ray_worker_is_retried(ray_cluster: tuple[str, set[int]], local_t
 
 # ----------------------------------------------------------------------------- SLURM (submitit)
 @needs_submitit
-@pytest.mark.slow
+@pytest.mark.full_leg
 def test_slurm_local_gives_the_local_tables(local_tables: dict[str, pd.DataFrame], text_file: Path,
                                             tmp_path: Path) -> None:
     out = tmp_path / "run"
@@ -336,7 +336,7 @@ def test_slurm_local_gives_the_local_tables(local_tables: dict[str, pd.DataFrame
 
 
 @needs_submitit
-@pytest.mark.slow
+@pytest.mark.full_leg
 def test_slurm_blocks_resend_dead_jobs_not_task_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Four tasks in blocks of two: one job array of two array tasks. The block whose job dies
     is sent again (one more job) and completes; the task that raises gets its exception, once,

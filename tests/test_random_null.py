@@ -38,7 +38,7 @@ import depthlens
 from depthlens.report.claims import evaluate, load_claims
 from depthlens.stages import STAGES
 
-pytestmark = pytest.mark.slow  # the full leg only: 9 whole runs, about a minute on 2 cores
+pytestmark = pytest.mark.full_leg  # the full leg only: 9 whole runs, about a minute on 2 cores
 
 #: Tiny random models: 2 layers (the family default), width 16, 2 query heads (1 key/value
 #: head where the family has grouped-query attention), MLP width 32.

@@ -106,7 +106,7 @@ def test_bad_sweep_writes_nothing(tmp_path, capsys):
     assert "no file or folder at" in capsys.readouterr().err and not out.exists()
 
 
-@pytest.mark.slow
+@pytest.mark.full_leg
 def test_sweep_end_to_end(tmp_path, text_file, capsys):
     """Two tiny random models and a hub id that cannot be loaded offline: the good cells equal
     runs made alone, the bad one is recorded and marked in the comparison, and ``--resume``

@@ -25,7 +25,7 @@ from depthlens.runs import RunDirectory, RunMode
 from tests.test_determinism import assert_tables_close
 
 TABLES = ("heads", "head_chunks", "head_probe", "depth")
-pytestmark = pytest.mark.slow  # the full leg only: the fast tier's thread and kernel legs add nothing here
+pytestmark = pytest.mark.full_leg  # the full leg only: the fast tier's thread and kernel legs add nothing here
 #: Revisions and the seeds of the random models standing for them; ``refs/pr/1`` checks that
 #: a name that is no file name still gives file names.
 SEEDS = {"step1": 1, "refs/pr/1": 2}

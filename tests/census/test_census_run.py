@@ -31,7 +31,7 @@ STAGES = ("attention", "jacobian", "topology")
 SIZES = {"chunks": 4, "seq_len": 24, "probe_seqs": 4, "probe_len": 6, "null_samples": 2, "null_chunks": 2,
          "n_perm": 50, "funnel_boot": 40}
 QUIET = Execution(quiet=True, jobs=1)
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.full_leg
 
 
 def _series(root: Path, steps: tuple[int, ...] = STEPS, family: str = "llama", size: str = "num_hidden_layers=2"

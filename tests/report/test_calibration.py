@@ -25,7 +25,7 @@ from depthlens.report.tables import RunTables
 from . import build_run, read_json, read_table, write_table
 
 # The full leg only: thousands of simulated runs, no BLAS kernel dependence worth a leg.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.full_leg
 
 
 def test_every_claim_has_a_scenario_and_is_accepted_at_the_default_sizes():

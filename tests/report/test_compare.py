@@ -258,7 +258,7 @@ def test_command_line(tmp_path, capsys):
 
 
 @pytest.mark.real
-@pytest.mark.slow
+@pytest.mark.full_leg
 def test_smollm2_against_its_random_init_in_headless_chromium(tmp_path):
     """The Done-when check: SmolLM2 against a random-init model of the same family (attention
     and jacobian, quick preset, 2 chunks, no step-0 null: about a minute and a half on 2

@@ -18,7 +18,7 @@ from depthlens.report.tables import RunTables
 
 from . import MALICIOUS, build_run, in_chromium, read_table, write_head_spectra, write_table
 
-pytestmark = pytest.mark.slow  # the full leg only: rendering reads tables, which no kernel changes
+pytestmark = pytest.mark.full_leg  # the full leg only: rendering reads tables, which no kernel changes
 
 #: Click head (layer, head) of the explorer's grid through a real mouse event at its cell's
 #: centre, then read the panel: which head it shows and how much it drew.

@@ -17,7 +17,7 @@ from depthlens.report.tables import RunTables
 from . import build_run, drop_stage, read_table, write_table
 
 # The full leg only: rendering and claims read tables, which no thread count or BLAS kernel changes.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.full_leg
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -19,7 +19,7 @@ from depthlens.report.figures import FIGURES
 from . import IMAGE_WIDTHS, MALICIOUS, build_run, drop_stage, in_chromium, read_json, set_stage, write_json
 
 # The full leg only: rendering and claims read tables, which no thread count or BLAS kernel changes.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.full_leg
 
 IMG = re.compile(r"<img\b[^>]*>", re.I)
 

@@ -25,7 +25,7 @@ from . import build_run, read_json, read_table, write_json, write_table
 from .test_claims import GOOD
 
 # The full leg only: rendering and claims read tables, which no thread count or BLAS kernel changes.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.full_leg
 
 JACOBIAN_IDS = ("B1-complex-early", "B1b-symmetric-late", "B2-funnel-trained", "B3-funnel-learned", "B4-funnel-schur")
 

@@ -23,7 +23,7 @@ from depthlens.stats import head_rank_tests, spearman
 from . import NULL_CHUNKS, build_run, read_json, read_table, write_json, write_table
 
 # The full leg only: rendering and claims read tables, which no thread count or BLAS kernel changes.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.full_leg
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from depthlens.schema import trained_rows
 from . import build_run, read_json, read_table, write_json, write_table
 
 ATTENTION_TABLES = ("heads", "head_chunks", "depth")
-pytestmark = pytest.mark.slow  # the full leg only: no thread count or kernel changes what it reads
+pytestmark = pytest.mark.full_leg  # the full leg only: no thread count or kernel changes what it reads
 #: The report's figures that read the attention tables.
 FIGURES = ("pseudospectra", "transient_reserve", "depth_products", "criticality")
 
