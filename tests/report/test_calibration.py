@@ -201,3 +201,18 @@ def test_a_calibration_is_computed_once_then_read_from_the_user_cache(tmp_path, 
     other = dataclasses.replace(claim, threshold=0.9)  # another decision rule: another key
     assert calmod.calibration_key(other, first["sizes"], 100) != calmod.calibration_key(claim, first["sizes"], 100)
     calmod._memo.cache_clear()
+
+
+def test_no_calibration_point_repeats_another():
+    """Each claim's points are distinct sizes: a unit whose declared minimum is its default
+    (A6's 10 null chunks, B3's init seeds) adds no corner that would repeat the default."""
+    from depthlens.report.calibration import calibration_points
+
+    for claim in load_claims():
+        points = calibration_points(claim)
+        if not points:
+            continue
+        default = SCENARIOS[claim.statistic].default
+        sizes = [tuple(sorted({**default, **given}.items())) for _, given in points]
+        assert len(set(sizes)) == len(sizes), claim.id
+        assert [at for at, _ in points].count("default") == 1

@@ -274,7 +274,8 @@ def calibration_points(claim: Claim) -> list[tuple[str, dict[str, int]]]:
     defaults): ``default``, then every corner of the box between its declared minimums and the
     defaults, each unit with a minimum at its minimum or at its default: ``minimum`` where all
     are at their minimums, ``mixed`` otherwise (a minimum must hold whatever the other units'
-    sizes, e.g. few null chunks with many heads). Empty for a claim without a scenario.
+    sizes, e.g. few null chunks with many heads). A unit whose minimum equals its default is no
+    axis of the box, so no point repeats another. Empty for a claim without a scenario.
 
     Examples
     --------
@@ -286,7 +287,8 @@ def calibration_points(claim: Claim) -> list[tuple[str, dict[str, int]]]:
     found = SCENARIOS.get(claim.statistic)
     if found is None:
         return []
-    minimum = sorted((unit, n) for unit, n in claim.min_sample if unit in found.default)
+    # a unit whose minimum is its default adds no corner (it would repeat another point)
+    minimum = sorted((unit, n) for unit, n in claim.min_sample if unit in found.default and n != found.default[unit])
     points: list[tuple[str, dict[str, int]]] = [("default", {})]
     for corner in itertools.product((False, True), repeat=len(minimum)):
         if any(corner):
