@@ -10,6 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from depthlens.parallel import executor, install_sigterm_handler, ordered_map, submitted
@@ -344,3 +345,32 @@ def test_kept_workers_serve_every_body_and_a_failed_body_gets_fresh_ones() -> No
     while any(_alive(pid) for pid in first | third) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(pid) for pid in first | third)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_sigterm_that_a_finaliser_swallowed_stops_at_the_next_unit(tmp_path: Path) -> None:
+    """A SIGTERM handled inside a ``__del__`` raises a KeyboardInterrupt that Python ignores;
+    the request stays, and the run's next unit raises it again instead of being stored (the
+    command line then exits 130). Once the handler is given back, a stale request is ignored."""
+    import gc
+    import signal as _signal
+
+    from depthlens.runs import RunDirectory, RunMode
+
+    run = RunDirectory.open(tmp_path / "run", RunMode.NEW, {"config_hash": "x"})
+
+    class Finalised:
+        def __del__(self) -> None:
+            _signal.raise_signal(_signal.SIGTERM)  # its KeyboardInterrupt is printed and dropped
+
+    previous = install_sigterm_handler()
+    try:
+        Finalised()
+        gc.collect()
+        with pytest.raises(KeyboardInterrupt, match="signal 15"):
+            run.write_unit("attention", "u0", {"rows": pd.DataFrame({"a": [1]})})
+        assert not run.has_unit("attention", "u0")
+    finally:
+        _signal.signal(_signal.SIGTERM, previous)
+    run.write_unit("attention", "u0", {"rows": pd.DataFrame({"a": [1]})})  # the handler is gone: stale
+    assert run.has_unit("attention", "u0")

@@ -29,7 +29,6 @@ import signal
 import sys
 import threading
 import time
-import types
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -38,7 +37,7 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from . import drivers
+from . import drivers, interrupts
 from .executors import open_backend, parse_executor
 
 if TYPE_CHECKING:
@@ -53,16 +52,14 @@ WATCHDOG_INTERVAL_S = 0.2
 _PR_SET_PDEATHSIG = 1
 
 
-def _raise_interrupt(signum: int, frame: types.FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def install_sigterm_handler() -> Any:
     """Handle SIGTERM like Ctrl-C: raise :class:`KeyboardInterrupt` in the main thread.
 
     The command line then stops its workers (see :func:`executor`), prints
     ``interrupted; continue with --resume`` and exits 130, and finished units stay for
-    ``--resume``. Call it at start-up, from the main thread.
+    ``--resume``. A signal whose exception a finaliser swallowed is raised again where the
+    next unit is stored (:mod:`depthlens.interrupts`). Call it at start-up, from the main
+    thread.
 
     Returns
     -------
@@ -73,7 +70,8 @@ def install_sigterm_handler() -> Any:
     """
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.signal(signal.SIGTERM, _raise_interrupt)
+    interrupts.clear()
+    return signal.signal(signal.SIGTERM, interrupts.raise_interrupt)
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ import pandas as pd
 from ..errors import STORAGE_ERRNOS, RunError, StorageError, one_line
 from ..options import flag_name
 from . import atomic
-from .. import drivers
+from .. import drivers, interrupts
 from .failures import FailureLog
 
 MANIFEST = "manifest.json"
@@ -468,8 +468,11 @@ class RunDirectory:
     def write_unit(self, stage: str, key: str, tables: dict[str, pd.DataFrame]) -> None:
         """Store a finished unit: each table atomically, then the marker that says it is done.
 
-        A unit killed between its tables and its marker is simply redone on resume.
+        A unit killed between its tables and its marker is simply redone on resume. A stop that a
+        signal requested and a finaliser swallowed is raised here (:mod:`depthlens.interrupts`),
+        before the unit is stored.
         """
+        interrupts.raise_if_requested()
         folder = self._unit_dir(stage)
         for name, table in tables.items():
             atomic.write_parquet(folder / f"{key}.{name}.parquet", table)
