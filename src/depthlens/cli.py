@@ -346,7 +346,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)  # --help and --version end here, before numpy, pandas or torch load
     args.command_line = ("depthlens", *(sys.argv[1:] if argv is None else argv))
-    from . import interrupts
     from .parallel import abandoned_call_running, install_sigterm_handler
 
     previous = install_sigterm_handler()  # SIGTERM (timeout, SLURM, OOM killers) stops like Ctrl-C
@@ -355,7 +354,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        interrupts.clear()
     if abandoned_call_running():
         atexit._run_exitfuncs()
         sys.stdout.flush()
