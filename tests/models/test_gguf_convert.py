@@ -108,6 +108,39 @@ def test_a_split_model_converts_from_all_its_shards(tmp_path):
     assert str(shards[2]) in _one_line(excinfo) and "missing" in _one_line(excinfo)
 
 
+def test_a_conversion_parses_each_file_once(tmp_path, monkeypatch):
+    """Tokenizer, configuration and weights share one reader per file (parsing a vocabulary's
+    metadata takes seconds): the conversion of a split model builds exactly one
+    ``GGUFReader`` per shard, and the shared reader gives the first shard's own tensors to the
+    weights and every shard's to transformers."""
+    first, config, state = _tiny_llama(tmp_path, split=3)
+    shards = gguf_module.gguf_shards(first)
+    built: list[str] = []
+    original = gguf.GGUFReader
+
+    class Counting(original):
+        def __init__(self, path, *args, **kwargs):
+            built.append(str(path))
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    with gguf_module._whole_model_reader(shards) as read:
+        assert gguf.GGUFReader(str(first)) is gguf.GGUFReader(str(first))
+        assert len(gguf.GGUFReader(str(first)).tensors) == sum(len(read(s).tensors) for s in shards)
+        assert len(read(first).tensors) < len(gguf.GGUFReader(str(first)).tensors)
+    assert sorted(built) == sorted(map(str, shards)) and gguf.GGUFReader is Counting
+    built.clear()
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    out = tmp_path / "model.safetensors"
+    with gguf_module._whole_model_reader(shards) as read:  # as _convert_gguf: configuration, then weights
+        assert not load_gguf_checkpoint(str(first))["config"]["tie_word_embeddings"]
+        gguf_module._write_weights(shards, config, out, read)
+    assert sorted(built) == sorted(map(str, shards))
+    written = load_file(str(out))
+    assert written.keys() == state.keys() and all(torch.equal(written[k], v) for k, v in state.items())
+
+
 @pytest.mark.parametrize("fault, words", [("drop", "model.layers.1.mlp.up_proj.weight"),
                                           ("bad_shape", "blk.0.attn_norm.weight"),
                                           ("architecture", "qwen2moe")])

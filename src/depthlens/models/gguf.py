@@ -25,6 +25,7 @@ all of them are converted together into one cache entry, keyed by the sha256 of 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import os
@@ -33,7 +34,7 @@ import shutil
 import struct
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,24 +103,35 @@ def gguf_model_name(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def _whole_model_reader(shards: list[Path]) -> Iterator[None]:
-    """While active, ``gguf.GGUFReader`` of the first shard lists the tensors of every shard:
-    transformers reads a GGUF configuration from the file's metadata (in the first shard) and
-    from which tensors it holds (an ``output.weight`` means an untied LM head)."""
+def _whole_model_reader(shards: list[Path]) -> Iterator[Callable[[Path], Any]]:
+    """While active, ``gguf.GGUFReader`` is built once per file, and the reader of the first
+    shard lists the tensors of every shard: transformers reads a GGUF configuration from the
+    file's metadata (in the first shard) and from which tensors it holds (an ``output.weight``
+    means an untied LM head). Parsing the metadata (a tokenizer's vocabulary of tens of
+    thousands of strings) takes seconds, and a conversion reads it three times (tokenizer,
+    configuration, weights). Yields the shared reader of one file with its own tensors only."""
     import gguf
 
     original = gguf.GGUFReader
 
-    def reader(path: Any, *args: Any, **kwargs: Any) -> Any:
-        found = original(path, *args, **kwargs)
+    @functools.lru_cache(maxsize=None)
+    def own(path: str) -> Any:
+        return original(path)
+
+    @functools.lru_cache(maxsize=None)
+    def whole(path: str) -> Any:
+        found = own(path)
         if len(shards) > 1 and Path(path) == shards[0]:
-            found.tensors = [tensor for shard in shards for tensor in
-                             (found.tensors if shard == shards[0] else original(str(shard)).tensors)]
+            found = copy.copy(found)
+            found.tensors = [tensor for shard in shards for tensor in own(str(shard)).tensors]
         return found
+
+    def reader(path: Any, *args: Any, **kwargs: Any) -> Any:
+        return whole(str(path)) if not args and not kwargs else original(path, *args, **kwargs)
 
     gguf.GGUFReader = reader
     try:
-        yield
+        yield lambda path: own(str(path))
     finally:
         gguf.GGUFReader = original
 
@@ -132,19 +144,20 @@ def _convert_gguf(shards: list[Path], target: Path, sha: str, trust_remote_code:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{sha[:16]}-", dir=target.parent))
     try:
-        try:
-            with quiet_transformers(), _whole_model_reader(shards):
-                from transformers import AutoConfig
+        with _whole_model_reader(shards) as read:
+            try:
+                with quiet_transformers():
+                    from transformers import AutoConfig
 
-                tokenizer = tokenizer_from(folder, gguf_file=fname, local_files_only=True)
-                config = AutoConfig.from_pretrained(folder, gguf_file=fname, local_files_only=True,
-                                                    trust_remote_code=trust_remote_code)
-        except Exception as exc:
-            raise ModelError(
-                f"cannot read GGUF file {path} ({one_line(exc)}); "
-                "the file may be truncated or of an architecture transformers cannot dequantise."
-            ) from None
-        _write_weights(shards, config, tmp / "model.safetensors")
+                    tokenizer = tokenizer_from(folder, gguf_file=fname, local_files_only=True)
+                    config = AutoConfig.from_pretrained(folder, gguf_file=fname, local_files_only=True,
+                                                        trust_remote_code=trust_remote_code)
+            except Exception as exc:
+                raise ModelError(
+                    f"cannot read GGUF file {path} ({one_line(exc)}); "
+                    "the file may be truncated or of an architecture transformers cannot dequantise."
+                ) from None
+            _write_weights(shards, config, tmp / "model.safetensors", read)
         config.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         marker = {
@@ -183,7 +196,7 @@ def _cached_name_maps() -> Iterator[None]:
         gguf.get_tensor_name_map = original
 
 
-def _write_weights(shards: list[Path], config: Any, out: Path) -> None:
+def _write_weights(shards: list[Path], config: Any, out: Path, read: Callable[[Path], Any] | None = None) -> None:
     """Write the float32 parameters of ``config``'s causal LM, dequantised from the GGUF file
     (the files ``shards`` of one model, the metadata in the first), as one safetensors file
     ``out``, one tensor at a time.
@@ -195,6 +208,8 @@ def _write_weights(shards: list[Path], config: Any, out: Path) -> None:
     model larger than memory converts too. The header is laid out first from the model's
     parameters (the tied LM head left out, as ``save_pretrained`` does) and every tensor is
     written at its offset as it is read.
+
+    ``read`` gives the ``gguf.GGUFReader`` of one file (its own tensors); default a new one.
 
     Raises
     ------
@@ -209,8 +224,9 @@ def _write_weights(shards: list[Path], config: Any, out: Path) -> None:
 
     from .streaming import skeleton
 
+    read = read or (lambda shard: GGUFReader(str(shard)))
     path = shards[0]
-    reader = GGUFReader(str(path))
+    reader = read(path)
     architecture = read_field(reader, "general.architecture")[0]
     if architecture in _MERGED_ARCHITECTURES:
         raise ModelError(f"{path} is a {architecture} GGUF file, whose expert tensors depthlens cannot convert; "
@@ -223,7 +239,7 @@ def _write_weights(shards: list[Path], config: Any, out: Path) -> None:
     layout = create_safetensors(out, shapes, np.float32, {"format": "pt"})
     written: set[str] = set()
     for shard in shards:
-        for tensor in reader.tensors if shard == path else GGUFReader(str(shard)).tensors:
+        for tensor in read(shard).tensors:
             _write_tensor(tensor, shard, processor, names, layout, shapes, written)
     flush(layout)
     del layout
