@@ -34,11 +34,17 @@ def _onsets(t: RunTables) -> pd.DataFrame:
     return t.derived("census_onsets", lambda: head_onsets(heads))
 
 
+def _lag_test(t: RunTables) -> tuple[int, float, float]:
+    """:func:`~depthlens.census.onsets.layer_lag_test` of the run's onsets, computed once per
+    run (the statistic and its sample count read it)."""
+    return t.derived("census_lag_test", lambda: layer_lag_test(_onsets(t)))
+
+
 def _paired(t: RunTables) -> int | None:
     """Layers with heads that have both onsets (the units of the C1 test)."""
     if t.table("census_heads") is None:
         return None
-    return layer_lag_test(_onsets(t))[0]
+    return _lag_test(t)[0]
 
 
 def _checkpoints(t: RunTables) -> int | None:
@@ -60,7 +66,7 @@ def _boundaries(t: RunTables) -> int | None:
 
 def _lags(t: RunTables) -> tuple[float, float]:
     """``(median lag, one-sided p)`` over layers (:func:`~depthlens.census.onsets.layer_lag_test`)."""
-    n, median, p = layer_lag_test(_onsets(t))
+    n, median, p = _lag_test(t)
     if n == 0:
         raise TooLittleData("no layer has heads with both a formation and a consolidation onset")
     return median, p

@@ -745,6 +745,10 @@ def weighted_rotation(lam: np.ndarray) -> float:
 def _layer_rotations(t: RunTables, checkpoint: str) -> pd.Series:
     """Weighted rotation (:func:`weighted_rotation`) of each early layer's full-layer operator
     (isolated mode) at ``checkpoint``, by layer."""
+    return t.derived(f"layer_rotations:{checkpoint}", lambda: _compute_layer_rotations(t, checkpoint))
+
+
+def _compute_layer_rotations(t: RunTables, checkpoint: str) -> pd.Series:
     df = _select(t.table("eigenvalues"), "eigenvalues.parquet", jacobian_mode="isolated", sublayer="layer")
     _columns(df, "eigenvalues.parquet", "checkpoint", "layer", "re", "im")
     n_layers = int(df["layer"].max()) + 1
