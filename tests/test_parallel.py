@@ -374,3 +374,18 @@ def test_a_sigterm_that_a_finaliser_swallowed_stops_at_the_next_unit(tmp_path: P
         _signal.signal(_signal.SIGTERM, previous)
     run.write_unit("attention", "u0", {"rows": pd.DataFrame({"a": [1]})})  # the handler is gone: stale
     assert run.has_unit("attention", "u0")
+
+
+def test_a_script_read_from_stdin_gets_workers(tmp_path: Path) -> None:
+    """``python -`` names its main ``<stdin>``, a file that does not exist: spawned workers
+    must not try to run it as their main script (they died with FileNotFoundError and the
+    tasks with BrokenProcessPool), and the name is given back afterwards."""
+    script = ("import __main__, math\n"
+              "from depthlens.parallel import executor, ordered_map\n"
+              "with executor(2) as pool:\n"
+              "    print(ordered_map(pool, math.factorial, [(n,) for n in range(6)]))\n"
+              "print(__main__.__file__)\n")
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[1,", "1,", "2,", "6,", "24,", "120]", "<stdin>"]

@@ -152,8 +152,28 @@ class _WorkerProcess(SpawnProcess):
     so this process's own libraries are left alone."""
 
     def start(self) -> None:
-        with environ(SINGLE_THREADED):
+        with environ(SINGLE_THREADED), _main_file_hidden():
             super().start()
+
+
+@contextlib.contextmanager
+def _main_file_hidden() -> Iterator[None]:
+    """While active, a ``__main__`` module whose ``__file__`` names no file has none.
+
+    ``python -`` runs a script read from stdin as ``__main__`` with ``__file__ = "<stdin>"``;
+    spawn would have every worker run that path as the main script and fail
+    (FileNotFoundError), where a main without a file (``python -c``, a notebook) is not re-run.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not isinstance(path, str) or os.path.isfile(path):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
 
 
 class _WorkerContext(SpawnContext):

@@ -252,7 +252,8 @@ def unguarded_script_line() -> tuple[str, int] | None:
     (as ``__mp_main__``): an unguarded call would start a run in every worker. Found from the
     call stack (the frame running the ``__main__`` module's own code) and the script's syntax
     tree (the top-level statement holding that line). A script with no file (``python -c``,
-    an interactive session, a notebook) is never re-run, so it is never unguarded.
+    ``python -`` reading stdin, an interactive session, a notebook) is never re-run, so it is
+    never unguarded.
     """
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
