@@ -1,5 +1,6 @@
 """``make demo`` end to end after install: the main job on the embedded default model, timed
-as a whole and per stage (each stage's ``seconds`` in the run's manifest), against its target.
+as a whole and per stage (the run prints each stage's wall time from its manifest), against its
+target.
 Runs the same command as ``make demo`` (``depthlens run``, the default configuration) into a
 temporary folder that is deleted afterwards, with the BLAS thread setting of the Makefile.
 About 20 minutes on 2 CPU cores; ``--preset quick`` times the quick preset against its
@@ -39,10 +40,6 @@ def main(argv: list[str] | None = None) -> int:
             else {}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    print(f"{'stage':<12} {'status':<8} {'seconds':>8}")
-    for name, record in stages.items():
-        seconds = record.get("seconds")
-        print(f"{name:<12} {record.get('status', '?'):<8} {seconds if seconds is not None else float('nan'):>8.1f}")
     staged = sum(r.get("seconds") or 0.0 for r in stages.values())
     print(f"stages {staged:.1f} s; loading, claims and report {total - staged:.1f} s")
     print(f"{preset} run end to end: {total:.1f} s = {total / 60:.1f} min (exit {done.returncode}, load average "

@@ -415,6 +415,23 @@ def test_run_prints_its_disk_use(text_file: Path, tmp_path: Path, capsys: pytest
     assert float(match[1]) == round(disk_usage(out) / 1e6, 1) > 0
 
 
+def test_run_prints_each_stages_time(text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before the disk line, one line per stage with its status and the wall time its manifest
+    records, then their sum."""
+    import json
+    import re
+
+    out = tmp_path / "run"
+    assert main(_args(text_file, out)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    stages = json.loads((out / "manifest.json").read_text())["stages"]
+    assert list(stages) == ["capture"]
+    stage = re.fullmatch(r"(\w+) +(\w+) +(\d+\.\d) s", lines[-3])
+    assert stage and stage.groups() == ("capture", "done", f"{stages['capture']['seconds']:.1f}")
+    total = re.fullmatch(r"stages +(\d+\.\d) s", lines[-2])
+    assert total and total[1] == stage[3]
+
+
 def test_progress_bars_name_the_checkpoint(text_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The jacobian and topology stages loop over the trained model and its step-0 null: every
     bar says which one it runs."""

@@ -212,6 +212,14 @@ def _run_mode(args: argparse.Namespace) -> RunMode:
     return RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.NEW
 
 
+def _print_timings(root: Path) -> None:
+    """Each stage's status and wall time from the run's manifest, one line each."""
+    from .runs.directory import read_manifest, timing_lines
+
+    for line in timing_lines(read_manifest(root)):
+        print(line)
+
+
 def _print_disk(root: Path) -> None:
     """The run's disk use, the last line a run prints."""
     from .runs.directory import disk_line
@@ -264,6 +272,8 @@ def _stage(args: argparse.Namespace) -> None:
     print(f"run directory: {root}")
     if args.command == "run":
         _print_verdicts(root)
+    _print_timings(root)
+    if args.command == "run":
         print(f"report: {root / 'report.html'}")
     _print_disk(root)
 

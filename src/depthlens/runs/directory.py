@@ -353,6 +353,29 @@ def disk_usage(path: str | Path) -> int:
     return total
 
 
+def timing_lines(manifest: Mapping[str, Any]) -> list[str]:
+    """One line per stage recorded in ``manifest``, ``attention    done          20.9 s`` (the
+    wall time of the session that finished or failed it: a resumed stage counts what was left
+    only; ``-`` where none is recorded), then the sum, ``stages    90.6 s``: printed at the end
+    of a run.
+
+    Examples
+    --------
+    >>> print("\\n".join(timing_lines({"stages": {"capture": {"status": "done", "seconds": 0.93},
+    ...                                           "attention": {"status": "failed"}}})))
+    capture      done           0.9 s
+    attention    failed           - s
+    stages                      0.9 s
+    """
+    stages = manifest.get("stages") or {}
+    lines, total = [], 0.0
+    for name, record in stages.items():
+        seconds = record.get("seconds")
+        total += seconds or 0.0
+        lines.append(f"{name:<12} {record.get('status', '?'):<10} {'-' if seconds is None else f'{seconds:.1f}':>7} s")
+    return [*lines, f"{'stages':<23} {total:>7.1f} s"] if lines else []
+
+
 def disk_line(path: str | Path) -> str:
     """``disk: 12.3 MB in runs/demo``: what a run directory holds, printed at the end of a run."""
     return f"disk: {disk_usage(path) / 1e6:.1f} MB in {path}"
