@@ -216,7 +216,7 @@ def _print_timings(root: Path) -> None:
     """Each stage's status and wall time from the run's manifest, one line each."""
     from .runs.directory import read_manifest, timing_lines
 
-    for line in timing_lines(read_manifest(root)):
+    for line in timing_lines(read_manifest(root), order=tuple(STAGES)):
         print(line)
 
 

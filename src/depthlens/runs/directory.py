@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 import json
 import os
 import re
@@ -353,23 +353,25 @@ def disk_usage(path: str | Path) -> int:
     return total
 
 
-def timing_lines(manifest: Mapping[str, Any]) -> list[str]:
+def timing_lines(manifest: Mapping[str, Any], order: Sequence[str] = ()) -> list[str]:
     """One line per stage recorded in ``manifest``, ``attention    done          20.9 s`` (the
     wall time of the session that finished or failed it: a resumed stage counts what was left
     only; ``-`` where none is recorded), then the sum, ``stages    90.6 s``: printed at the end
-    of a run.
+    of a run. Stages named in ``order`` come first, in that order (the manifest keeps them by
+    name).
 
     Examples
     --------
-    >>> print("\\n".join(timing_lines({"stages": {"capture": {"status": "done", "seconds": 0.93},
-    ...                                           "attention": {"status": "failed"}}})))
+    >>> manifest = {"stages": {"attention": {"status": "failed"}, "capture": {"status": "done", "seconds": 0.93}}}
+    >>> print("\\n".join(timing_lines(manifest, order=("capture", "attention"))))
     capture      done           0.9 s
     attention    failed           - s
     stages                      0.9 s
     """
     stages = manifest.get("stages") or {}
+    rank = {name: i for i, name in enumerate(order)}
     lines, total = [], 0.0
-    for name, record in stages.items():
+    for name, record in sorted(stages.items(), key=lambda item: rank.get(item[0], len(rank))):
         seconds = record.get("seconds")
         total += seconds or 0.0
         lines.append(f"{name:<12} {record.get('status', '?'):<10} {'-' if seconds is None else f'{seconds:.1f}':>7} s")
