@@ -82,6 +82,12 @@ def test_unit_failure_isolated_reported_and_retried_on_resume(text_file: Path, t
     # every finished or failed stage records its wall time; together they fit inside the run's
     timed = [stages[s]["seconds"] for s in ("capture", "attention", "jacobian")]
     assert all(t > 0 for t in timed) and sum(timed) <= elapsed and "seconds" not in stages["topology"], (timed, elapsed)
+    # ... and the run prints them, the failed and skipped stages included, before the report line
+    out_lines = captured.out.splitlines()
+    end = out_lines.index(f"report: {out / 'report.html'}")
+    printed = {line.split()[0]: line.split()[1:] for line in out_lines[:end] if line.split()[:1] in [[s] for s in stages]}
+    assert printed["jacobian"] == ["failed", f"{stages['jacobian']['seconds']:.1f}", "s"]
+    assert printed["topology"] == ["skipped", "-", "s"] and out_lines[end - 1].split()[0] == "stages"
     assert (out / "report.html").is_file() and (out / "claims.json").is_file()
     assert any(lib["internal_api"] == "openblas" for lib in _manifest(out)["environment"]["blas"])
     cumulative = pd.read_parquet(out / "tables" / "cumulative.parquet")

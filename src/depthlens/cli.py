@@ -400,6 +400,9 @@ def _command(args: argparse.Namespace) -> int:
             print(f"depthlens: error: {failure.line()}", file=sys.stderr)
         if (Path(exc.root) / "report.html").is_file():
             _print_verdicts(Path(exc.root))
+        if args.command in STAGES or args.command == "run":
+            _print_timings(Path(exc.root))
+        if (Path(exc.root) / "report.html").is_file():
             print(f"report: {Path(exc.root) / 'report.html'}")
         _print_disk(Path(exc.root))
         from .runs.failures import EXIT_FAILED_UNITS
