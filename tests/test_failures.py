@@ -85,7 +85,7 @@ def test_unit_failure_isolated_reported_and_retried_on_resume(text_file: Path, t
     # ... and the run prints them, the failed and skipped stages included, before the report line
     out_lines = captured.out.splitlines()
     end = out_lines.index(f"report: {out / 'report.html'}")
-    printed = {line.split()[0]: line.split()[1:] for line in out_lines[:end] if line.split()[:1] in [[s] for s in stages]}
+    printed = {words[0]: words[1:] for words in map(str.split, out_lines[:end]) if words and words[0] in stages}
     assert printed["jacobian"] == ["failed", f"{stages['jacobian']['seconds']:.1f}", "s"]
     assert printed["topology"] == ["skipped", "-", "s"] and out_lines[end - 1].split()[0] == "stages"
     assert (out / "report.html").is_file() and (out / "claims.json").is_file()

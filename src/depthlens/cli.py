@@ -212,18 +212,19 @@ def _run_mode(args: argparse.Namespace) -> RunMode:
     return RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.NEW
 
 
-def _print_timings(root: Path) -> None:
-    """Each stage's status and wall time from the run's manifest, one line each."""
-    from .runs.directory import read_manifest, timing_lines
+def _print_end(root: Path, *, report: bool, timings: bool) -> None:
+    """What a command prints when its run ends: with ``report`` the verdicts, with ``timings``
+    each stage's status and wall time (from the manifest), with ``report`` where the report
+    is, and last the disk use."""
+    from .runs.directory import disk_line, read_manifest, timing_lines
 
-    for line in timing_lines(read_manifest(root), order=tuple(STAGES)):
-        print(line)
-
-
-def _print_disk(root: Path) -> None:
-    """The run's disk use, the last line a run prints."""
-    from .runs.directory import disk_line
-
+    if report:
+        _print_verdicts(root)
+    if timings:
+        for line in timing_lines(read_manifest(root), order=tuple(STAGES)):
+            print(line)
+    if report:
+        print(f"report: {root / 'report.html'}")
     print(disk_line(root))
 
 
@@ -270,12 +271,7 @@ def _stage(args: argparse.Namespace) -> None:
         root = run(config, args.out, run_mode=run_mode, stages=stages, execution=execution_from_args(args),
                    claims=args.claims, report=args.command == "run")
     print(f"run directory: {root}")
-    if args.command == "run":
-        _print_verdicts(root)
-    _print_timings(root)
-    if args.command == "run":
-        print(f"report: {root / 'report.html'}")
-    _print_disk(root)
+    _print_end(root, report=args.command == "run", timings=True)
 
 
 def _census(args: argparse.Namespace) -> None:
@@ -292,12 +288,11 @@ def _census(args: argparse.Namespace) -> None:
         root = run_census(config, census, args.out, run_mode=run_mode, execution=execution_from_args(args),
                           delete_cache=args.delete_cache, claims=args.claims)
     print(f"census directory: {root}")
-    _print_verdicts(root)
-    print(f"report: {root / 'report.html'}")
-    _print_disk(root)
+    _print_end(root, report=True, timings=False)
 
 
 def _sweep(args: argparse.Namespace) -> None:
+    from .runs.directory import disk_line
     from .sweep import run_sweep
 
     if args.quiet:
@@ -307,7 +302,7 @@ def _sweep(args: argparse.Namespace) -> None:
                      claims=args.claims)
     print(f"sweep directory: {root}")
     print(f"report: {root / 'compare' / 'compare.html'}")
-    _print_disk(root)
+    print(disk_line(root))
 
 
 def _report(args: argparse.Namespace) -> None:
@@ -398,13 +393,8 @@ def _command(args: argparse.Namespace) -> int:
     except RunIncomplete as exc:
         for failure in exc.failures:
             print(f"depthlens: error: {failure.line()}", file=sys.stderr)
-        if (Path(exc.root) / "report.html").is_file():
-            _print_verdicts(Path(exc.root))
-        if args.command in STAGES or args.command == "run":
-            _print_timings(Path(exc.root))
-        if (Path(exc.root) / "report.html").is_file():
-            print(f"report: {Path(exc.root) / 'report.html'}")
-        _print_disk(Path(exc.root))
+        root = Path(exc.root)
+        _print_end(root, report=(root / "report.html").is_file(), timings=args.command in STAGES or args.command == "run")
         from .runs.failures import EXIT_FAILED_UNITS
 
         return EXIT_FAILED_UNITS
