@@ -25,7 +25,7 @@ from pathlib import Path
 from depthlens.census.options import CensusOptions
 from depthlens.census.runner import run_census
 from depthlens.config import RunConfig
-from depthlens.context import Execution
+from depthlens.stages.context import Execution
 from depthlens.models import series_checkpoints
 from depthlens.runs import RunMode
 from depthlens.training import resolve, train

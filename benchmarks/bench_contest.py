@@ -36,7 +36,7 @@ from sklearn.metrics import roc_auc_score  # noqa: E402
 
 from depthlens.contest import cv  # noqa: E402
 from depthlens.contest.features import persistence  # noqa: E402
-from depthlens.contest.stage import CONTEST_TARGETS, METRIC, SEED_TAG, chunk_features  # noqa: E402
+from depthlens.stages.contest import CONTEST_TARGETS, METRIC, SEED_TAG, chunk_features  # noqa: E402
 from depthlens.linalg.causal import random_causal_attention  # noqa: E402
 
 L, H, N = 30, 9, 128

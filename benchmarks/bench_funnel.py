@@ -42,9 +42,9 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from depthlens.jacobian import cumulative
-from depthlens.jacobian.stage import operator_list
+from depthlens.jacobian.store import operator_list
 from depthlens.linalg.schur import SCHUR_ORDERS
-from depthlens.parallel import executor
+from depthlens.executors.local import executor
 
 D, L, RANK = 576, 60, 512
 ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)

@@ -30,7 +30,7 @@ import torch
 from depthlens.jacobian.bootstrap import bootstrap_weights, funnel_bootstrap
 from depthlens.jacobian.cumulative import cumulative_ranks
 from depthlens.jacobian.engines import chunk_operator_sums, mean_operators
-from depthlens.jacobian.stage import operator_list, sublayer_keys_backward
+from depthlens.jacobian.store import operator_list, sublayer_keys_backward
 from depthlens.models import load_model
 
 RANK = 512

@@ -12,7 +12,7 @@ correlation and the top-k graph are likewise timed against their previous implem
 and the identity of the edges checked, and the d = 4096 projection is printed before and after
 them. ``--direct-4096`` also measures d = 4096 itself, both implementations of each piece.
 
-Then the real stage: ``depthlens.topology.stage.run`` on SmolLM2 over 64 chunks × 128 tokens,
+Then the real stage: ``depthlens.stages.topology.run`` on SmolLM2 over 64 chunks × 128 tokens,
 all 60 boundaries with communities and 1000 permutations each (target < 3 min on 2 cores);
 the isolated mean operators and their metrics it reads are computed first, untimed
 (``--synthetic-only`` skips it)."""
@@ -180,7 +180,7 @@ def real_stage() -> None:
     from depthlens.jacobian import engines, metrics_table
     from depthlens.runs import RunDirectory
     from depthlens.runs.directory import RunMode
-    from depthlens.topology import stage
+    from depthlens.stages import topology as stage
     from depthlens.workflow import prepare
 
     cfg = RunConfig(chunks=64)

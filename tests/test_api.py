@@ -103,7 +103,7 @@ def test_census_and_sweep_stay_the_api_functions_beside_their_subpackages() -> N
     code = ("import depthlens, depthlens.api, depthlens.census.runner, depthlens.sweep.runner\n"
             "assert depthlens.census is depthlens.api.census and depthlens.sweep is depthlens.api.sweep\n"
             "from depthlens.sweep import read_sweep\n"
-            "from depthlens.census.onsets import head_onsets")
+            "from depthlens.report.onsets import head_onsets")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
 

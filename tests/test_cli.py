@@ -193,7 +193,7 @@ def test_failed_stage_is_marked_and_reported_then_resumes(text_file: Path, tmp_p
     def broken(*_: object) -> None:
         raise RuntimeError("simulated crash")
 
-    from depthlens.attention import stage as attention_stage
+    from depthlens.stages import attention as attention_stage
 
     monkeypatch.setattr(attention_stage, "run", broken)
     config = RunConfig(model="random:llama", text=str(text_file), chunks=2, seq_len=16)
@@ -508,7 +508,7 @@ def test_an_interrupted_stage_is_recorded_as_interrupted(text_file: Path, tmp_pa
     not ``failed`` (nothing failed; --resume continues it)."""
     import json
 
-    from depthlens.attention import stage as attention_stage
+    from depthlens.stages import attention as attention_stage
 
     def interrupted(*_: object) -> None:
         raise KeyboardInterrupt

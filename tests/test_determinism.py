@@ -37,7 +37,8 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from depthlens.config import RunConfig
-from depthlens.workflow import Execution, run
+from depthlens.executors import Execution
+from depthlens.workflow import run
 
 STAGES = ("capture", "attention", "ablate", "clamp", "contest", "jacobian", "topology")
 TEXT = " ".join(f"Paragraph {i} is about theme {i % 9}, written on day {i % 4} of the week." for i in range(300))
@@ -79,7 +80,8 @@ def _tables(out: Path) -> dict[str, pd.DataFrame]:
 _CHILD = """
 import json, sys
 from depthlens.config import RunConfig
-from depthlens.workflow import Execution, run
+from depthlens.executors import Execution
+from depthlens.workflow import run
 config, out, jobs = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 run(RunConfig(**config), out, stages=tuple(sys.argv[4].split(",")), execution=Execution(quiet=True, jobs=jobs))
 """

@@ -22,10 +22,10 @@ import pandas as pd
 import pytest
 
 from depthlens.cli import main
-from depthlens.context import Execution
+from depthlens.executors import Execution
 from depthlens.errors import InputError, RunError, require_at_least
-from depthlens.executors import FORMS, ExecutorSpec, parse_executor, parse_slurm_params
-from depthlens.parallel import executor
+from depthlens.executors.spec import FORMS, ExecutorSpec, parse_executor, parse_slurm_params
+from depthlens.executors.local import executor
 from depthlens.runs import atomic
 from tests import executor_tasks as tasks
 from tests.test_determinism import assert_tables_close
@@ -122,7 +122,7 @@ def test_bad_executor_is_refused_before_anything_is_written(text_file: Path, tmp
                                                             capsys: pytest.CaptureFixture[str], flags: list[str],
                                                             message: str) -> None:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr("depthlens.executors.RAY_CURRENT_CLUSTER", tmp_path / "no_cluster")
+    monkeypatch.setattr("depthlens.executors.spec.RAY_CURRENT_CLUSTER", tmp_path / "no_cluster")
     out = tmp_path / "run"
     assert message in _refused(_argv(text_file, out, *flags), out, capsys)
 

@@ -15,7 +15,7 @@ import scipy.linalg
 
 from depthlens.cli import main
 from depthlens.linalg import guarded
-from depthlens.parallel import executor, ordered_map
+from depthlens.executors.local import executor, ordered_map
 from depthlens.runs.failures import EXIT_FAILED_UNITS, FailureLog
 
 SMALL = ["--chunks", "3", "--seq-len", "24", "--null-samples", "2", "--null-chunks", "2", "--extras-chunks", "1",
@@ -55,7 +55,7 @@ def test_unit_failure_isolated_reported_and_retried_on_resume(text_file: Path, t
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     """The funnel of the init checkpoint raises: the other units and stages finish, dependents
     are skipped, the report renders, one line names the log, exit 3; --resume retries it."""
-    from depthlens.jacobian import stage as jacobian_stage
+    from depthlens.stages import jacobian as jacobian_stage
 
     real = jacobian_stage.schur_funnel
 

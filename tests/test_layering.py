@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import depthlens
 import depthlens.linalg
 
 PACKAGES = ["depthlens", "depthlens.attention", "depthlens.contest", "depthlens.interventions", "depthlens.jacobian",
@@ -67,7 +70,8 @@ def test_the_command_line_reads_its_arguments_before_the_analysis_loads() -> Non
     heavy = ("torch", "pandas", "scipy", "numba", "igraph", "leidenalg", "sklearn", "depthlens.models",
              "depthlens.linalg.schur", "depthlens.jacobian.cumulative", "depthlens.topology.communities",
              "depthlens.attention.roles", "depthlens.runs.directory", "depthlens.workflow")
-    assert [m for m in loaded if any(m == h or m.startswith(h + ".") for h in heavy)] == []
+    light = {"depthlens.models", "depthlens.models.methods"}  # the lazy package and the ablation methods' names
+    assert [m for m in loaded if m not in light and any(m == h or m.startswith(h + ".") for h in heavy)] == []
 
 
 def test_an_export_named_like_its_submodule_stays_the_export() -> None:
@@ -78,3 +82,111 @@ def test_an_export_named_like_its_submodule_stays_the_export() -> None:
             "print(isinstance(kreiss, types.FunctionType) and la.kreiss is kreiss)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "True"
+
+
+# The package import graph --------------------------------------------------------------
+#: Every package and top-level module of depthlens, by layer (lowest first). A module may
+#: import from its own layer or below, and no two packages import each other, lazily or not
+#: (imports under ``if TYPE_CHECKING:`` are for annotations and do not count). A new package or
+#: top-level module gets a place here.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "lazy", "interrupts", "drivers", "options", "environment", "cache", "stats", "residual", "linalg"),
+    ("schema",),
+    ("runs",),
+    ("executors", "models", "data", "revisions"),
+    ("attention", "jacobian", "topology", "interventions", "contest"),
+    ("stages", "config"),
+    ("report",),
+    ("workflow", "census", "sweep", "training"),
+    ("api", "cli", "doctor", "__main__", ""),
+)
+SRC = Path(depthlens.__file__).parent
+
+
+def _node(module: str) -> str:
+    """The graph node of a module: its package below ``depthlens`` or its top-level module."""
+    parts = module.split(".")[1:]
+    return parts[0] if parts else ""
+
+
+def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
+    """The import statements under ``if TYPE_CHECKING:``."""
+    return {n for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for stmt in node.body for n in ast.walk(stmt)}
+
+
+def import_edges() -> dict[tuple[str, str], list[str]]:
+    """``{(node, imported node): [module importing it, ...]}`` over every module of the package."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = ["depthlens", *path.relative_to(SRC).with_suffix("").parts]
+        is_package = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_package else parts)
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skipped = _type_checking_only(tree)
+        for node in ast.walk(tree):
+            if node in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                target = ".".join([*base[:len(base) - node.level + 1], *([node.module] if node.module else [])]) \
+                    if node.level else (node.module or "")
+                # ``from . import x`` names submodules: the edge goes to each of them
+                targets = [f"{target}.{a.name}" for a in node.names] if node.module is None else [target]
+            else:
+                continue
+            for target in targets:
+                if target.split(".")[0] == "depthlens" and _node(target) != _node(module):
+                    edges.setdefault((_node(module), _node(target)), []).append(module)
+    return edges
+
+
+def test_every_package_has_a_layer() -> None:
+    placed = [name for layer in LAYERS for name in layer]
+    nodes = {p.stem if p.is_file() else p.name for p in SRC.iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()} | {""}
+    assert sorted(nodes - set(placed)) == [] and sorted(set(placed) - nodes) == []
+    assert len(placed) == len(set(placed))
+
+
+def test_no_package_imports_upward_or_in_a_circle() -> None:
+    """``depthlens`` imports down its layers only: no package imports one above it, none
+    imports another that imports it back (directly or around a circle)."""
+    layer = {name: k for k, layer in enumerate(LAYERS) for name in layer}
+    edges = import_edges()
+    upward = [f"{a or 'depthlens'} -> {b} ({', '.join(sorted(set(m)))})" for (a, b), m in sorted(edges.items())
+              if layer.get(b, -1) > layer.get(a, len(LAYERS))]
+    assert upward == []
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    circles = []
+    for start in graph:  # a depth-first search from each node for a path back to it
+        stack, seen = [(start, (start,))], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph.get(node, ())):
+                if nxt == start:
+                    circles.append(" -> ".join(p or "depthlens" for p in (*path, start)))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, (*path, nxt)))
+    assert circles == []
+
+
+def test_no_stage_imports_another() -> None:
+    """What two stages share lives in a module both import, never in one of the stages."""
+    from depthlens.stages import STAGES
+
+    stage_modules = {s.module for s in STAGES.values()}
+    found = []
+    for name in stage_modules:
+        tree = ast.parse(Path(importlib.util.find_spec(name).origin).read_text(encoding="utf-8"))
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \
+            {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {f"depthlens.stages.{n.module}" for n in ast.walk(tree)
+                     if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
+        found += [f"{name} imports {other}" for other in stage_modules - {name} if other in imported]
+    assert found == []

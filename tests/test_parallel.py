@@ -13,14 +13,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from depthlens.parallel import executor, install_sigterm_handler, ordered_map, submitted
+from depthlens.executors.local import executor, install_sigterm_handler, ordered_map, submitted
 
 PARENT = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
 
-    from depthlens.parallel import executor, install_sigterm_handler
+    from depthlens.executors.local import executor, install_sigterm_handler
 
 
     def sleeper(folder):
@@ -202,7 +202,7 @@ AHEAD = textwrap.dedent(
     import sys, time
     from pathlib import Path
 
-    from depthlens.parallel import AheadExecutor, install_sigterm_handler
+    from depthlens.executors.local import AheadExecutor, install_sigterm_handler
 
     if __name__ == "__main__":
         install_sigterm_handler()
@@ -223,7 +223,7 @@ def test_ahead_executor_runs_calls_one_at_a_time_in_order() -> None:
     """Calls run in submission order, never two at once, and exceptions reach the caller."""
     import threading
 
-    from depthlens.parallel import AheadExecutor
+    from depthlens.executors.local import AheadExecutor
 
     log, busy, lock = [], [], threading.Lock()
 
@@ -273,7 +273,7 @@ def test_a_stop_while_a_worker_starts_kills_it_quietly(monkeypatch: pytest.Monke
     it (a worker left without its data printed ``EOFError`` and a traceback)."""
     from multiprocessing import util
 
-    from depthlens.parallel import Task, local_backend
+    from depthlens.executors.local import Task, local_backend
 
     spawned: list[int] = []
 
@@ -304,7 +304,7 @@ def test_an_abandoned_call_is_reported_until_it_ends() -> None:
     interpreter's finalisation, which would abort the process inside it)."""
     import threading
 
-    from depthlens.parallel import AheadExecutor, abandoned_call_running
+    from depthlens.executors.local import AheadExecutor, abandoned_call_running
 
     started, release = threading.Event(), threading.Event()
     with pytest.raises(KeyboardInterrupt), AheadExecutor() as ahead:
@@ -327,7 +327,7 @@ def test_kept_workers_serve_every_body_and_a_failed_body_gets_fresh_ones() -> No
     """Inside kept_workers, two executor bodies of the same size run on the same worker
     processes (a run's stages spawn once); a body that raises kills its workers and the next
     body starts new ones; after the block the workers are gone."""
-    from depthlens.parallel import kept_workers
+    from depthlens.executors.local import kept_workers
 
     with kept_workers():
         with executor(2) as pool:
@@ -381,7 +381,7 @@ def test_a_script_read_from_stdin_gets_workers(tmp_path: Path) -> None:
     must not try to run it as their main script (they died with FileNotFoundError and the
     tasks with BrokenProcessPool), and the name is given back afterwards."""
     script = ("import __main__, math\n"
-              "from depthlens.parallel import executor, ordered_map\n"
+              "from depthlens.executors.local import executor, ordered_map\n"
               "with executor(2) as pool:\n"
               "    print(ordered_map(pool, math.factorial, [(n,) for n in range(6)]))\n"
               "print(__main__.__file__)\n")

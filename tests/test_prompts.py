@@ -17,7 +17,7 @@ import torch
 from depthlens import data
 from depthlens.cli import main
 from depthlens.config import RunConfig
-from depthlens.context import Execution
+from depthlens.executors import Execution
 from depthlens.models import load_model
 from depthlens.workflow import run
 

@@ -12,10 +12,11 @@ import pandas as pd
 import pytest
 
 from depthlens.cli import main
+from depthlens.report.docs import pages
 from depthlens.schema import (ARRAYS, COLUMNS, IDENTITY, SCHEMA, STAGES, SUMMARIES, TABLES, SchemaError, check_table,
-                              describe, pages, producer, stage_of)
+                              describe, producer, stage_of)
 from depthlens.stages import STAGES as STAGE_REGISTRY
-from depthlens.schema import main as columns_main
+from depthlens.report.docs import main as columns_main
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SMALL = ["--chunks", "3", "--seq-len", "24", "--null-samples", "2", "--null-chunks", "2", "--extras-chunks", "1",
@@ -36,10 +37,10 @@ def test_committed_docs_equal_the_generated_pages():
     expected = pages()
     assert set(expected) == {"README.md", *(f"{stage}.md" for stage in STAGES)}
     committed = {p.name for p in DOCS.glob("*.md")}
-    assert committed == set(expected), "regenerate with: python -m depthlens.schema docs/"
+    assert committed == set(expected), "regenerate with: python -m depthlens.report.docs docs/"
     for name, text in expected.items():
         assert (DOCS / name).read_text(encoding="utf-8") == text, (
-            f"docs/{name} is stale; regenerate with: python -m depthlens.schema docs/")
+            f"docs/{name} is stale; regenerate with: python -m depthlens.report.docs docs/")
 
 
 def test_generator_command_writes_the_pages(tmp_path, capsys):

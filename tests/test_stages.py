@@ -13,7 +13,7 @@ from safetensors.numpy import load_file
 from depthlens.cli import main
 from depthlens.jacobian.cumulative import cumulative_ranks
 from depthlens.jacobian.metrics import operator_metrics
-from depthlens.jacobian.stage import operator_list
+from depthlens.jacobian.store import operator_list
 from depthlens.stats import bh_qvalues
 from depthlens.topology import rank_biserial
 

@@ -383,8 +383,8 @@ def test_wikitext_offline_one_complete_line(monkeypatch: pytest.MonkeyPatch) -> 
 def test_jobs_beyond_the_cores_are_refused_naming_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """--jobs 1000 once started 33 workers on 2 cores; the bound is the usable cores (at least
     the default 2), for a local executor and a private Ray instance, not for a cluster."""
-    from depthlens import executors
-    from depthlens.context import Execution
+    from depthlens.executors import spec as executors
+    from depthlens.executors import Execution
 
     monkeypatch.setattr(executors, "usable_cores", lambda: 4)
     executors.check_execution(Execution(jobs=4))

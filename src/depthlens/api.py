@@ -33,10 +33,10 @@ import pandas as pd
 
 from .census.options import CensusOptions
 from .config import OPTION_CHOICES, PRESETS, RunConfig, RunOptions
-from .context import Execution
+from .executors import Execution
 from .errors import InputError, RunError, RunIncomplete
 from .options import flags_restated, option_fields
-from .report.tables import RunTables
+from .runs.tables import RunTables
 from .runs import RunMode, read_manifest
 from .schema import SCHEMA, SUMMARIES
 from .stages import STAGES

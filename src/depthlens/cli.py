@@ -44,7 +44,7 @@ from .options import Spelling, add_flags, flag_values, flags_restated  # noqa: E
 from .stages import STAGES, with_requirements  # noqa: E402
 
 if TYPE_CHECKING:
-    from .context import Execution
+    from .executors import Execution
     from .runs import RunMode
 
 RUN_HELP = "the main job: every stage on the chosen model and text"
@@ -134,11 +134,11 @@ def add_execution_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def execution_from_args(args: argparse.Namespace) -> Execution:
-    """The :class:`~depthlens.context.Execution` of a command's ``--quiet``, ``--jobs``,
+    """The :class:`~depthlens.executors.Execution` of a command's ``--quiet``, ``--jobs``,
     ``--executor`` and ``--slurm-params`` (checked by the run, census or sweep before any
     model loads: :func:`depthlens.executors.check_execution`), with the command line that
     :func:`main` parsed."""
-    from .context import Execution
+    from .executors import Execution
 
     return Execution(quiet=args.quiet, jobs=args.jobs, executor=args.executor, slurm_params=args.slurm_params,
                      command=tuple(getattr(args, "command_line", ())))
@@ -344,14 +344,14 @@ def _internal_error(args: argparse.Namespace, exc: Exception) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``depthlens`` console script; returns the exit status (module notes).
 
-    A stop that left a forward pass running in a thread (:func:`depthlens.parallel.abandoned_call_running`)
+    A stop that left a forward pass running in a thread (:func:`depthlens.executors.local.abandoned_call_running`)
     ends the process here with that status once the exit functions have run (multiprocessing's
     clean-up included) and the output is flushed: the interpreter's finalisation would abort it
     (exit 134).
     """
     args = build_parser().parse_args(argv)  # --help and --version end here, before numpy, pandas or torch load
     args.command_line = ("depthlens", *(sys.argv[1:] if argv is None else argv))
-    from .parallel import abandoned_call_running, install_sigterm_handler
+    from .executors.local import abandoned_call_running, install_sigterm_handler
 
     previous = install_sigterm_handler()  # SIGTERM (timeout, SLURM, OOM killers) stops like Ctrl-C
     try:

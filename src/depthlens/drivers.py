@@ -1,7 +1,7 @@
 """The ledger of LAPACK drivers behind every guarded decomposition (:mod:`depthlens.linalg.guarded`).
 
 Counts are kept per process under keys ``"decomposition:driver"`` (``"svd:gesdd"``); worker
-processes send theirs back with each task (:mod:`depthlens.parallel`), and run directories
+processes send theirs back with each task (:mod:`depthlens.executors.local`), and run directories
 store the counts of every finished unit and stage. This module imports nothing heavy, so
 the report can read and sum counts without loading the numerical core.
 """
@@ -25,7 +25,7 @@ PRIMARY: dict[str, str] = {"svd": "gesdd", "eigvals": "geev", "eigh": "heevd", "
 def driver_counts() -> dict[str, int]:
     """How many results each ``decomposition:driver`` pair has produced in this process.
 
-    Results computed in worker processes of :func:`depthlens.parallel.executor` are merged
+    Results computed in worker processes of :func:`depthlens.executors.local.executor` are merged
     in when their task returns. Keys look like ``"svd:gesdd"``; take differences of two
     snapshots to count a stretch of work.
     """

@@ -1,6 +1,6 @@
 """A stop that a signal requested, kept until the command line handles it.
 
-:func:`depthlens.parallel.install_sigterm_handler` installs :func:`raise_interrupt` for
+:func:`depthlens.executors.local.install_sigterm_handler` installs :func:`raise_interrupt` for
 SIGTERM: it raises :class:`KeyboardInterrupt`, so SIGTERM stops a command like Ctrl-C. Python
 runs signal handlers between bytecodes of the main thread, and when that moment falls inside a
 finaliser (a ``__del__`` method, a weakref callback) the exception is printed as "Exception

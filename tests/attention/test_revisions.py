@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from depthlens import data
-from depthlens.attention import stage
+from depthlens.stages import attention as stage
 from depthlens.config import RunConfig
-from depthlens.context import Execution, StageContext
+from depthlens.executors import Execution
+from depthlens.stages.context import StageContext
 from depthlens.models import LoadedModel, load_model
 from depthlens.runs import RunDirectory, RunMode
 from tests.test_determinism import assert_tables_close

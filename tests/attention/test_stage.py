@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from depthlens import data
-from depthlens.attention import stage
+from depthlens.stages import attention as stage
 from depthlens.stats import EXCESS_ZERO
 from depthlens.attention.options import AttentionOptions
-from depthlens.context import Execution
+from depthlens.executors import Execution
 from depthlens.attention.features import kreiss_b, matrix_features, null_reserves
 from depthlens.linalg.causal import deflate
 from depthlens.linalg.nulls import shuffle_null

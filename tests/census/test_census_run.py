@@ -18,7 +18,7 @@ from depthlens.census.options import CensusOptions
 from depthlens.census.runner import run_census
 from depthlens.cli import main
 from depthlens.config import RunConfig
-from depthlens.context import Execution
+from depthlens.executors import Execution
 from depthlens.errors import InputError, RunError, RunIncomplete
 from depthlens.models import build_random, load_model
 from depthlens.models.tokenizer import random_tokenizer

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from depthlens.census.onsets import head_onsets, layer_lag_test, step_onset
+from depthlens.report.onsets import head_onsets, layer_lag_test, step_onset
 from depthlens.report import default_claims_path, evaluate, load_claims
 from depthlens.report.statistics import compute_statistic
-from depthlens.report.tables import RunTables
+from depthlens.runs.tables import RunTables
 
 N_CKPT = 10
 STEPS = [0, *np.unique(np.geomspace(1, 5000, N_CKPT - 1).astype(int))]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from depthlens.census.series import expand_revisions, label_of, resolve_series, step_of
+from depthlens.revisions import expand_revisions, label_of, resolve_series, step_of
 from depthlens.errors import InputError
 
 

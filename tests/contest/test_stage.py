@@ -12,13 +12,14 @@ import pandas as pd
 import pytest
 
 from depthlens.config import RunConfig
-from depthlens.contest import stage
+from depthlens.stages import contest as stage
 from depthlens.contest.cv import FAMILIES
 from depthlens.contest.options import ContestOptions
 from depthlens.errors import InputError
 from depthlens.schema import SCHEMA, check_table
 from depthlens.stats import bh_qvalues
-from depthlens.workflow import Execution, run
+from depthlens.executors import Execution
+from depthlens.workflow import run
 
 TEXT = " ".join(f"Paragraph {i} is about theme {i % 9}, written on day {i % 4} of the week." for i in range(300))
 FAST = {"model": "random:llama", "chunks": 4, "seq_len": 16, "null_samples": 2, "null_chunks": 1, "probe_seqs": 4,
@@ -100,7 +101,7 @@ def _synthetic(rng: np.random.Generator, n_layers: int = 12, n_heads: int = 6) -
 def test_contest_table_every_target(rng: np.random.Generator, caplog: pytest.LogCaptureFixture) -> None:
     heads, features, ablation = _synthetic(rng)
     opts = ContestOptions(contest_boot=30, contest_perm=30)
-    with caplog.at_level(logging.WARNING, logger="depthlens.contest.stage"):
+    with caplog.at_level(logging.WARNING, logger="depthlens.stages.contest"):
         table = stage.contest_table(heads, features, ablation, opts)
     assert "peak_k (all NaN)" in caplog.text and "diag_q25" not in caplog.text
     assert table.groupby("target", sort=False).size().to_dict() == {"persistence": 9, "routing": 9, "criticality": 9}
@@ -114,7 +115,7 @@ def test_contest_table_every_target(rng: np.random.Generator, caplog: pytest.Log
 def test_single_class_routing_is_skipped(rng: np.random.Generator, caplog: pytest.LogCaptureFixture) -> None:
     heads, features, _ = _synthetic(rng)
     heads["role"] = "sink"
-    with caplog.at_level(logging.WARNING, logger="depthlens.contest.stage"):
+    with caplog.at_level(logging.WARNING, logger="depthlens.stages.contest"):
         table = stage.contest_table(heads, features, None, ContestOptions(contest_targets=("routing",), contest_boot=5,
                                                                           contest_perm=5))
     assert table.empty and {"target", "features", "p", "q"} <= set(table.columns)

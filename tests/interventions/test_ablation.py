@@ -13,9 +13,9 @@ import torch
 
 from depthlens import data
 from depthlens.config import RunConfig
-from depthlens.context import Execution
+from depthlens.executors import Execution
 from depthlens.errors import InputError
-from depthlens.interventions import ablate_stage
+from depthlens.stages import ablate as ablate_stage
 from depthlens.interventions import ablation as ab
 from depthlens.models import load_model
 from depthlens.runs import RunMode

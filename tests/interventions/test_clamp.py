@@ -18,10 +18,10 @@ from scipy.stats import spearmanr
 from depthlens import workflow
 from depthlens.attention.patterns import sink_mass
 from depthlens.config import RunConfig
-from depthlens.context import Execution
+from depthlens.executors import Execution
 from depthlens.errors import InputError
 from depthlens.interventions import clamp as cl
-from depthlens.interventions import clamp_stage
+from depthlens.stages import clamp as clamp_stage
 from depthlens.interventions.options import ClampOptions
 from depthlens.models import build_random
 from depthlens.models.loading import wrap_model

@@ -14,7 +14,7 @@ from depthlens.jacobian.bootstrap import bootstrap_weights, funnel_bootstrap, me
 from depthlens.jacobian.cumulative import cumulative_ends, cumulative_ranks
 from depthlens.jacobian.engines import chunk_operator_sums, input_state, mean_operators, sublayer_jacobian_sum
 from depthlens.jacobian.options import JacobianOptions, init_seed_of
-from depthlens.jacobian.stage import sublayer_keys_backward
+from depthlens.jacobian.store import sublayer_keys_backward
 from depthlens.models import init_like, load_model
 
 

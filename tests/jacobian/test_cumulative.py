@@ -317,7 +317,7 @@ def test_funnel_layout_and_errors(rng: np.random.Generator) -> None:
 def test_funnel_in_worker_processes_equals_inline(rng: np.random.Generator) -> None:
     """Memory-mapped operators in two workers give the same table bit for bit, with real and
     complex normal parts mixed (a symmetric operator has a real one)."""
-    from depthlens.parallel import executor
+    from depthlens.executors.local import executor
 
     ops = nonnormal_ops(rng, 4, 8)
     sym = rng.standard_normal((8, 8))
@@ -339,7 +339,7 @@ def test_funnel_on_a_torch_device_equals_lapack_to_rounding(rng: np.random.Gener
     import torch
 
     from depthlens.drivers import count_difference, driver_counts, fallback_count
-    from depthlens.parallel import executor
+    from depthlens.executors.local import executor
 
     ops, orders = nonnormal_ops(rng, 12, 40), ("lapack", "canonical")
     firsts = [schur_split(ops[k], a, o) for k in (0, -1) for o in orders for a in (0.0, 0.5, 1.0)]

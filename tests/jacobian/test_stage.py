@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from depthlens.jacobian.stage import operator_list, with_layer_operators
+from depthlens.jacobian.store import operator_list, with_layer_operators
 
 
 def _ops(rng: np.random.Generator, n_layers: int, d: int) -> dict[tuple[int, str], np.ndarray]:

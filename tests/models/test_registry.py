@@ -126,8 +126,8 @@ def test_only_models_names_hugging_face_attributes() -> None:
     assert {"models/llama.py", "models/gpt2.py", "models/gpt_neox.py", "models/adapter.py"} <= found
 
 
-STAGES = ("depthlens.attention", "depthlens.jacobian", "depthlens.topology", "depthlens.report",
-          "depthlens.workflow", "depthlens.capture", "depthlens.stages")
+STAGES = ("depthlens.attention", "depthlens.jacobian", "depthlens.topology", "depthlens.interventions",
+          "depthlens.contest", "depthlens.report", "depthlens.workflow", "depthlens.stages")
 
 
 def test_models_imports_no_stage_package() -> None:

@@ -20,7 +20,7 @@ from depthlens.report.calibration import (ACCEPT, CLAMP_DIMS, SCENARIOS, calibra
                                           contest_row_model, contest_world, real_contest)
 from depthlens.report.claims import evaluate, judge, load_claims, write_claims_json
 from depthlens.report.statistics import SCHUR_ORDERS, compute_estimate
-from depthlens.report.tables import RunTables
+from depthlens.runs.tables import RunTables
 
 from . import build_run, read_json, read_table, write_table
 

@@ -22,7 +22,7 @@ from depthlens.report.claims import (
     verdict,
     write_claims_json,
 )
-from depthlens.report.tables import RunTables
+from depthlens.runs.tables import RunTables
 
 from . import build_run, drop_stage, read_json, read_table, set_stage, write_funnel_boot, write_json, write_table
 

@@ -20,7 +20,7 @@ from depthlens.report.claims import run_claims_path
 from depthlens.report.compare import COMPARE_HTML, COMPARE_JSON, default_labels
 from depthlens.report.compare_figures import PROFILES, build_profiles, draw_profile, model_colours, run_profile
 from depthlens.report.html import esc
-from depthlens.report.tables import RunTables
+from depthlens.runs.tables import RunTables
 
 from . import IMAGE_WIDTHS, MALICIOUS, build_run, in_chromium, need_chromium, read_table, write_table
 from .test_html import IMG

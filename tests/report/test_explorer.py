@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from depthlens.report.explorer import EIG_RANGE, LOG_RANGE, explorer_data, explorer_html
-from depthlens.report.tables import RunTables
+from depthlens.runs.tables import RunTables
 
 from . import MALICIOUS, build_run, in_chromium, read_table, write_head_spectra, write_table
 

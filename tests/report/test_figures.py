@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from depthlens.report.figures import CAPTIONS, FIGURES, SPECS, FigureSpec, Skip, make_figures, render_figure
-from depthlens.report.tables import RunTables
+from depthlens.runs.tables import RunTables
 
 from . import build_run, drop_stage, read_table, write_table
 

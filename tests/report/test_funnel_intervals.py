@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from depthlens.census.tables import census_tables, run_points
+from depthlens.report.census_tables import census_tables, run_points
 from depthlens.report.claims import judge, load_claims
 from depthlens.report.statistics import compute_estimate
-from depthlens.report.tables import RunTables
+from depthlens.runs.tables import RunTables
 
 from . import build_run, read_table, write_funnel_boot, write_table
 

@@ -197,7 +197,8 @@ def test_every_verdict_is_on_the_first_screen(report, width):
 
 def test_every_table_section_links_its_docs_page_and_has_a_glossary(report):
     from depthlens.report.html import PARTS
-    from depthlens.schema import COLUMNS, pages
+    from depthlens.report.docs import pages
+    from depthlens.schema import COLUMNS
 
     path, text = report
     reported = [stage for _, stages, _ in PARTS.values() for stage in stages]

@@ -17,7 +17,7 @@ from depthlens.report import render_report
 from depthlens.report.claims import evaluate, fragile, load_claims
 from depthlens.report.health import health_table, numerical_health
 from depthlens.report.statistics import gap_contrasts
-from depthlens.report.tables import RunTables
+from depthlens.runs.tables import RunTables
 from depthlens.stats import head_rank_tests, spearman
 
 from . import NULL_CHUNKS, build_run, read_json, read_table, write_json, write_table

@@ -16,7 +16,7 @@ from depthlens.report.explorer import explorer_data
 from depthlens.report.figures import SPECS, render_figure
 from depthlens.report.health import numerical_health
 from depthlens.report.statistics import STATISTICS, checkpoint_order, compute_statistic
-from depthlens.report.tables import RunTables
+from depthlens.runs.tables import RunTables
 from depthlens.schema import trained_rows
 
 from . import build_run, read_json, read_table, write_json, write_table

@@ -120,7 +120,7 @@ def test_profile_on_workers_equals_inline_and_splits_the_widest_first(rng: np.ra
     """A round's Leiden runs on two worker processes give the inline profile exactly; each
     round halves the widest splittable intervals, so the first round after the two ends
     evaluates their geometric midpoint, and the cap counts every run."""
-    from depthlens.parallel import executor
+    from depthlens.executors.local import executor
 
     edges, blocks = _planted(rng)
     inline = resolution_profile(edges, blocks.size, seed=5, max_evals=9)

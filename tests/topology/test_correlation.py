@@ -157,7 +157,7 @@ def test_boundary_moments_in_a_memory_mapped_file_are_the_same(tmp_path):
 
     from depthlens.models import load_model
     from depthlens.topology.options import TopologyOptions
-    from depthlens.topology.stage import boundary_moments
+    from depthlens.stages.topology import boundary_moments
 
     adapter = load_model("random:llama").adapter
     ids = torch.randint(0, 256, (5, 12), generator=torch.Generator().manual_seed(2))

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from depthlens.cli import main
 from depthlens.config import RunConfig
-from depthlens.context import Execution
+from depthlens.executors import Execution
 from depthlens.errors import InputError, ModelError, RunError
 from depthlens.models import load_model, series_checkpoints
 from depthlens.runs import RunMode

@@ -32,20 +32,20 @@ import pandas as pd
 import torch
 
 from ..config import RunConfig
-from ..context import Execution
+from ..executors import Execution
 from ..data import Chunks, as_chunks
 from ..errors import DepthlensError, RunIncomplete, one_line
 from ..models import LoadedModel, load_model
 from ..models.finite import check_finite_weights
 from ..models.local import declared_context
-from ..report.tables import RunTables
+from ..runs.tables import RunTables
 from ..runs import RunDirectory, RunMode, check_target
 from ..runs.directory import not_a_run, read_manifest, remove_sub_runs
 from ..runs.failures import UnitFailure, fatal
 from ..schema import conform_table
 from .options import CensusOptions
-from .series import Checkpoint, label_of, resolve_series
-from .tables import Point, census_tables
+from ..revisions import Checkpoint, label_of, resolve_series
+from ..report.census_tables import Point, census_tables
 
 __all__ = ["STAGE", "census_hash", "mean_loss", "run_census"]
 

@@ -38,7 +38,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..errors import RunError, one_line
-from ..parallel import SINGLE_THREADED, Task, environ
+from .local import SINGLE_THREADED, Task, environ
 
 __all__ = ["MAX_RETRIES", "RayBackend", "ray_backend"]
 
@@ -49,7 +49,7 @@ _ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _run(task: Task) -> tuple[Any, dict[str, int]]:
-    """The Ray task: run ``task`` on the worker (see :meth:`depthlens.parallel.Task.__call__`)."""
+    """The Ray task: run ``task`` on the worker (see :meth:`depthlens.executors.local.Task.__call__`)."""
     return task()
 
 
@@ -109,7 +109,7 @@ def _keeping_sigterm_handler() -> Iterator[None]:
     """Give back, at the end of the ``with`` body (``ray.init`` or ``ray.shutdown``), the
     SIGTERM handler this process had at its start; a SIGTERM that Ray's own handler caught in
     the meantime (``sys.exit(SIGTERM)``) is then raised again for that handler (with
-    :func:`depthlens.parallel.install_sigterm_handler`'s, a :class:`KeyboardInterrupt`). Off the
+    :func:`depthlens.executors.local.install_sigterm_handler`'s, a :class:`KeyboardInterrupt`). Off the
     main thread, or when the handler was not installed from Python, the body runs as it is."""
     previous = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     if previous is None:

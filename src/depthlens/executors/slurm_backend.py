@@ -46,9 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, RunError, one_line
-from ..parallel import SINGLE_THREADED, Task, environ
 from ..runs import atomic
-from . import BLOCK_KEY
+from .spec import BLOCK_KEY
+from .local import SINGLE_THREADED, Task, environ
 
 __all__ = ["BLOCK", "RETRIES", "SlurmBackend", "run_block", "slurm_backend"]
 

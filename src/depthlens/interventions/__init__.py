@@ -1,6 +1,6 @@
-"""Causal interventions on a model (METHODS A7): head ablation criticality (the ``ablate``
-stage, :mod:`.ablation` and :mod:`.ablate_stage`) and the massive-activation clamp chain (the
-``clamp`` stage, :mod:`.clamp` and :mod:`.clamp_stage`)."""
+"""Causal interventions on a model (METHODS A7): head ablation criticality (:mod:`.ablation`,
+run by the ``ablate`` stage, :mod:`depthlens.stages.ablate`) and the massive-activation clamp
+chain (:mod:`.clamp`, run by the ``clamp`` stage, :mod:`depthlens.stages.clamp`)."""
 
 from .options import AblateOptions, ClampOptions
 

@@ -1,6 +1,6 @@
 """The massive-activation clamp chain (METHODS A7) as pure functions: residual states, tables
 and seeds in; tables, clamp values and the verdict out. No model and no torch:
-:mod:`depthlens.interventions.clamp_stage` runs them over a model.
+:mod:`depthlens.stages.clamp` runs them over a model.
 
 1. :func:`massive_entries`: every massive entry (``|h| ≥ 100`` and ``≥ 1000×`` the median
    ``|h|`` of its boundary in its chunk, :func:`depthlens.residual.massive_mask`) of every

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ..errors import InputError
+from ..models.methods import ABLATION_METHODS, AblationMethod
 from ..options import check_distinct, check_fields
 
 __all__ = ["ABLATION_METHODS", "AblateOptions", "AblationMethod", "ClampOptions", "CLAMP_ALPHAS"]
 
-AblationMethod = Literal["zero", "mean", "resample"]
-#: The ways a head is ablated (METHODS A7): its output set to zero, to its mean over the mean
-#: chunks, or to its output on another chunk.
-ABLATION_METHODS: tuple[AblationMethod, ...] = ("zero", "mean", "resample")
 
 #: The doses of the clamp (METHODS A7): the massive entries set to α·value (α = 0 is the zero
 #: arm, α = 1 the unclamped model).

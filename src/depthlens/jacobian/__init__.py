@@ -4,7 +4,8 @@
 products over depth and the Schur funnel, B3–B4) and :mod:`.bootstrap` (the funnel's ends
 over chunk resamples) are model-free: they take the operators ``J = I + U`` (or their
 per-chunk sums) as arrays and return records or tidy tables; :mod:`.engines` computes the
-Jacobians from a model. Each module loads on first use of one of its names, so importing
+Jacobians from a model, and :mod:`.store` holds a run's mean operators (computed into their
+float64 file, read back or computed again) for the jacobian and topology stages. Each module loads on first use of one of its names, so importing
 :mod:`.options` (the configuration does) loads neither the numerics nor torch."""
 
 from ..lazy import lazy_exports

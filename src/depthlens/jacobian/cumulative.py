@@ -45,7 +45,7 @@ from ..linalg import guarded
 from ..linalg._checks import as_square
 from ..linalg.ranks import erank, erank_sigma, participation_ratio
 from ..linalg.schur import SCHUR_ORDERS, SchurForm, SchurOrder, check_schur_order, schur_forms
-from ..parallel import InlineExecutor
+from ..executors.local import InlineExecutor
 from .options import ALPHAS
 
 __all__ = ["ALPHAS", "DIRECTIONS", "cumulative_ends", "cumulative_ranks", "schur_funnel"]
@@ -375,7 +375,7 @@ def schur_funnel(
     progress : bool
         Show progress bars (tqdm); ``label`` (e.g. ``step-0 null``) follows their names.
     pool : Executor, optional
-        Worker processes (:func:`depthlens.parallel.executor`): the Schur forms (one task per
+        Worker processes (:func:`depthlens.executors.local.executor`): the Schur forms (one task per
         operator) and the curves (one task each) are computed there. The normal parts go to
         ``.npy`` files in a temporary folder as they are computed; the workers memory-map
         them and the operators when they run on this machine (``pool.local_files``), and get

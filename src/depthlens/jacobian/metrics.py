@@ -31,7 +31,7 @@ from ..linalg._checks import as_square
 from ..linalg.normality import complex_fraction, expansion_fraction, rotation_angle_mean, schur_departure, symmetry_index
 from ..linalg.ranks import erank, erank_sigma, participation_ratio, self_alignment_svd, stable_rank
 from ..linalg.schur import STRUCTURAL_TOL
-from ..parallel import InlineExecutor, submitted
+from ..executors.local import InlineExecutor, submitted
 
 __all__ = ["METRICS", "SELF_ALIGN_K", "TRIVIAL_TOL", "OperatorSpectra", "metrics_and_eigenvalues", "metrics_table", "operator_metrics", "spectra"]
 
@@ -247,7 +247,7 @@ def metrics_and_eigenvalues(
     progress : bool
         Show a progress bar (tqdm); ``label`` (e.g. ``step-0 null (isolated)``) follows its name.
     pool : Executor, optional
-        Worker processes for the decompositions (:func:`depthlens.parallel.executor`);
+        Worker processes for the decompositions (:func:`depthlens.executors.local.executor`);
         results do not depend on it.
 
     Returns

@@ -1,24 +1,15 @@
-"""Models: loading (``loading``), the family registry (``registry``) and one :class:`Adapter` per architecture family."""
+"""Models: loading (``loading``), the family registry (``registry``) and one :class:`Adapter` per
+architecture family. Each module loads on first use of one of its names, so the light ones
+(:mod:`~depthlens.models.methods`, the registry) load without torch."""
 
-from .adapter import Adapter, adapter_for
-from .families import FAMILIES, build_random, family_of, random_config
-from .loading import LoadedModel, embedded_models, init_like, load_model, series_checkpoints, supported_families
-from .registry import Family, family, family_for_config
+from ..lazy import lazy_exports
 
-__all__ = [
-    "FAMILIES",
-    "Adapter",
-    "Family",
-    "LoadedModel",
-    "adapter_for",
-    "build_random",
-    "embedded_models",
-    "family",
-    "family_for_config",
-    "family_of",
-    "init_like",
-    "load_model",
-    "random_config",
-    "series_checkpoints",
-    "supported_families",
-]
+_EXPORTS = {
+    **dict.fromkeys(["Adapter", "adapter_for"], ".adapter"),
+    **dict.fromkeys(["FAMILIES", "build_random", "family_of", "random_config"], ".families"),
+    **dict.fromkeys(["LoadedModel", "embedded_models", "init_like", "load_model", "series_checkpoints",
+                     "supported_families"], ".loading"),
+    **dict.fromkeys(["Family", "family", "family_for_config"], ".registry"),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

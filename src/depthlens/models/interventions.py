@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError
-from ..interventions.options import ABLATION_METHODS, AblationMethod
+from .methods import ABLATION_METHODS, AblationMethod
 from .hooks import first_arg, replace_first_arg
 
 __all__ = ["ABLATION_METHODS", "AblationMethod", "Interventions"]

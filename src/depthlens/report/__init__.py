@@ -24,7 +24,6 @@ from .compare import render_comparison
 from .figures import CAPTIONS, FIGURES, make_figures
 from .html import render_report
 from .statistics import STATISTICS
-from .tables import RunTables
 
 __all__ = [
     "CAPTIONS",
@@ -32,7 +31,6 @@ __all__ = [
     "STATISTICS",
     "VERDICTS",
     "Claim",
-    "RunTables",
     "claims_hash",
     "default_claims_path",
     "evaluate",

@@ -62,7 +62,7 @@ from ..runs.atomic import write_json
 from ..stats import aggregate_induction, percentile_interval
 from .claims import Claim, judge
 from .statistics import SCHUR_ORDERS, STATISTICS
-from .tables import RunTables
+from ..runs.tables import RunTables
 
 __all__ = ["ACCEPT", "DECIDING", "RUN_DRAWS", "SCENARIOS", "SHIPPED", "MemoryTables", "Scenario", "calibrate",
            "calibration_at", "calibration_key", "calibration_points", "calibration_table", "code_fingerprint",
@@ -74,7 +74,7 @@ ACCEPT = 0.05
 RUN_DRAWS = 100
 #: The modules (paths under the package) whose code decides a calibration's numbers.
 DECIDING = ("report/calibration.py", "report/statistics.py", "report/census_statistics.py", "report/claims.py",
-            "report/tables.py", "stats.py", "census/onsets.py", "contest/cv.py", "interventions/clamp.py")
+            "runs/tables.py", "stats.py", "report/onsets.py", "contest/cv.py", "interventions/clamp.py")
 #: The packaged calibrations: ``{"code": fingerprint, "entries": {key: {"claim", "sizes", "draws", "result"}}}``.
 SHIPPED = Path(__file__).with_name("calibrations.json")
 
@@ -504,7 +504,7 @@ def _sim_clamp(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> 
 # ----------------------------------------------------------------------------- A7: the contest
 #: Heads per layer of the contest worlds (SmolLM2's 9).
 CONTEST_HEADS = 9
-#: The contest's metric per target (as :data:`depthlens.contest.stage.METRIC`).
+#: The contest's metric per target (as :data:`depthlens.stages.contest.METRIC`).
 CONTEST_METRIC = {"persistence": "spearman", "routing": "auroc", "criticality": "spearman"}
 #: Population Spearman of criticality with the one family that predicts it (the null world of
 #: A7-criticality-unpredicted).

@@ -22,9 +22,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from ..census.onsets import GROUPS, head_onsets
+from .onsets import GROUPS, head_onsets
 from .canvas import ROLE_COLOURS, Skip, need, new_figure
-from .tables import RunTables
+from ..runs.tables import RunTables
 
 __all__ = ["CAPTIONS", "draw_census_coupling", "draw_census_formation", "draw_census_funnel", "draw_census_norms",
            "norm_placement"]

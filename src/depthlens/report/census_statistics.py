@@ -1,5 +1,5 @@
 """Statistics of a checkpoint census (the census claims C1–C3), read from the ``census`` and
-``census_heads`` tables (:mod:`depthlens.census.tables`).
+``census_heads`` tables (:mod:`depthlens.report.census_tables`).
 
 They test the primary series: the first series of the census (a census with ``--compare``
 holds more, which the report compares but the claims do not pool). Registered in
@@ -13,10 +13,10 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from ..census.onsets import head_onsets, layer_lag_test
+from .onsets import head_onsets, layer_lag_test
 from ..stats import spearman, trend_interval
 from .statistics import Estimate, TooLittleData, _columns, _numeric, register
-from .tables import RunTables
+from ..runs.tables import RunTables
 
 
 def _primary(t: RunTables, name: str) -> pd.DataFrame:
@@ -35,7 +35,7 @@ def _onsets(t: RunTables) -> pd.DataFrame:
 
 
 def _lag_test(t: RunTables) -> tuple[int, float, float]:
-    """:func:`~depthlens.census.onsets.layer_lag_test` of the run's onsets, computed once per
+    """:func:`~depthlens.report.onsets.layer_lag_test` of the run's onsets, computed once per
     run (the statistic and its sample count read it)."""
     return t.derived("census_lag_test", lambda: layer_lag_test(_onsets(t)))
 
@@ -65,7 +65,7 @@ def _boundaries(t: RunTables) -> int | None:
 
 
 def _lags(t: RunTables) -> tuple[float, float]:
-    """``(median lag, one-sided p)`` over layers (:func:`~depthlens.census.onsets.layer_lag_test`)."""
+    """``(median lag, one-sided p)`` over layers (:func:`~depthlens.report.onsets.layer_lag_test`)."""
     n, median, p = _lag_test(t)
     if n == 0:
         raise TooLittleData("no layer has heads with both a formation and a consolidation onset")

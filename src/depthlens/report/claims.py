@@ -67,7 +67,7 @@ from typing import Any
 from ..errors import InputError
 from ..runs.atomic import write_json
 from .statistics import SAMPLE_UNITS, STATISTICS, Estimate, compute_estimate, compute_statistic
-from .tables import RunTables
+from ..runs.tables import RunTables
 
 #: The verdicts, in the order the report explains them.
 VERDICTS = ("supported", "falsified", "inconclusive", "not tested")

@@ -43,7 +43,7 @@ from .canvas import DPI, Skip
 from .claims import claims_hash, evaluate, load_claims, run_claims_path
 from .compare_figures import PROFILES, ProfileSpec, build_profiles, draw_profile, model_colours
 from .html import CSS, FRAGILE_BADGE, esc, figure_html, status_badge, verdict_badge
-from .tables import RunTables
+from ..runs.tables import RunTables
 
 __all__ = ["COMPARE_HTML", "COMPARE_JSON", "FORMAT", "default_labels", "render_comparison"]
 

@@ -40,7 +40,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import LogFormatter
 
 from .canvas import Skip, need, new_figure, prefer
-from .tables import RunTables
+from ..runs.tables import RunTables
 
 __all__ = ["PROFILES", "PROFILE_COLUMNS", "SERIES_STYLES", "ProfileSpec", "build_profiles", "draw_profile",
            "model_colours", "run_profile"]

@@ -7,7 +7,7 @@ of ``B`` as dots, the unit circle dashed) and its transient ``‖B^k‖`` agains
 head's median chunk, with the head's numbers from the ``heads`` table.
 
 Data: ``arrays/head_spectra.safetensors`` (written by the attention stage,
-:func:`depthlens.attention.stage._explorer_phase`) and ``tables/heads.parquet``, read only
+:func:`depthlens.stages.attention._explorer_phase`) and ``tables/heads.parquet``, read only
 (nothing is recomputed). They go into the page as one JSON block, quantised to what the
 drawing needs: ``log10 σ_min`` as one byte per grid point over [−4, 0.5] (steps of 0.018
 decades, finer than the contour interpolation can show), the eigenvalues as one byte over
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from .canvas import ROLE_COLOURS
-from .tables import RunTables
+from ..runs.tables import RunTables
 
 __all__ = ["ARRAYS", "LOG_RANGE", "explorer_data", "explorer_html"]
 

@@ -44,7 +44,7 @@ from .census_figures import CAPTIONS as CENSUS_CAPTIONS
 from .census_figures import draw_census_coupling, draw_census_formation, draw_census_funnel, draw_census_norms
 from .intervention_figures import CAPTIONS as INTERVENTION_CAPTIONS
 from .intervention_figures import draw_clamp_dose, draw_contest, draw_criticality
-from .tables import RunTables
+from ..runs.tables import RunTables
 
 FIGURES_DIR = "figures"
 CHECKPOINT_STYLES = {"trained": "-", "init": "--"}

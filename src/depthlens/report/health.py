@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .statistics import compute_statistic
-from .tables import RunTables
+from ..runs.tables import RunTables
 
 __all__ = ["HealthCheck", "health_table", "numerical_health"]
 

@@ -17,7 +17,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from .canvas import ROLE_COLOURS, Skip, need, new_figure
-from .tables import RunTables
+from ..runs.tables import RunTables
 
 __all__ = ["CAPTIONS", "draw_clamp_dose", "draw_contest", "draw_criticality"]
 

@@ -1,6 +1,6 @@
 """The study's statistics: named functions of a run's outputs that claims test.
 
-Statistic functions take a :class:`~depthlens.report.tables.RunTables` and return a float
+Statistic functions take a :class:`~depthlens.runs.tables.RunTables` and return a float
 (``inf`` allowed), NaN for "too little data", or ``None`` for "inputs missing". They only read
 tables and summaries; nothing is recomputed. Each is registered in :data:`STATISTICS` with the
 outputs it needs and the counters of the samples it rests on (:data:`SAMPLE_UNITS`); the
@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..stats import (head_rank_tests, induction_ratio_replicates, median_interval, percentile_interval,
                      proportion_interval, sign_test, spearman, spearman_interval, trend_interval)
-from .tables import RunTables
+from ..runs.tables import RunTables
 
 #: Sample units a claim may set a minimum for (``min_UNIT``), with the words the report uses.
 SAMPLE_UNITS = {

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..context import Execution
+from ..executors import Execution
 from ..errors import RunIncomplete
 from ..runs import RunDirectory, RunMode, atomic, check_target
 from ..runs.directory import not_a_run, option_changes, remove_sub_runs

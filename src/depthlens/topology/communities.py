@@ -31,7 +31,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from ..errors import InputError
-from ..parallel import InlineExecutor, submitted
+from ..executors.local import InlineExecutor, submitted
 from .correlation import Edges, _as_edges
 
 __all__ = [
@@ -315,7 +315,7 @@ def resolution_profile(
     max_evals : int
         Cap on Leiden runs of the bisection (at least 2).
     pool : Executor, optional
-        Worker processes for the Leiden runs (:func:`depthlens.parallel.executor`); default
+        Worker processes for the Leiden runs (:func:`depthlens.executors.local.executor`); default
         inline. The result does not depend on it.
 
     Returns

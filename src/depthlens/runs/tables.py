@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..runs.atomic import read_safetensors
+from .atomic import read_safetensors
 from ..schema import producer, trained_rows
 
 #: How a stage status from the manifest reads in the report.

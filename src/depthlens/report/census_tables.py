@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..report.statistics import (NotTested, TooLittleData, checkpoint_order, funnel_ends, funnel_pair_ratios,
+from .statistics import (NotTested, TooLittleData, checkpoint_order, funnel_ends, funnel_pair_ratios,
                                  funnel_replicates)
-from ..report.tables import RunTables
+from ..runs.tables import RunTables
 from ..stats import percentile_interval
-from .series import step_of
+from ..revisions import step_of
 
 __all__ = ["HEAD_COLUMNS", "Point", "census_tables", "run_points"]
 

@@ -22,20 +22,19 @@ import tempfile
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..config import RunConfig
-from ..parallel import InlineExecutor, executor, submitted
-from ..context import StageContext
 from ..data import Chunks, as_chunks
 from ..errors import InputError, RunError
+from ..executors.local import InlineExecutor, executor, submitted
 from ..residual import massive_mask
 from ..runs import RunDirectory
-from . import (
+from ..topology import (
     RunningMoments,
     amplification,
     boundary_nodes,
@@ -46,7 +45,11 @@ from . import (
     signed_leiden,
     topk_graph,
 )
-from .options import TopologyOptions
+from ..topology.options import TopologyOptions
+from .context import StageContext
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 STAGE = "topology"
 #: Boundaries handed to the workers ahead of the one being written (bounds the arrays in flight).
@@ -172,8 +175,8 @@ def boundary_rows(R: np.ndarray, J: np.ndarray, keep: np.ndarray, gamma: float, 
 
 
 def _saved_arrays(run_dir: RunDirectory, mode: str) -> Callable[[str, Callable], dict]:
-    """The float64 mean operators the jacobian stage saved (:func:`depthlens.jacobian.stage.saved_operators`)."""
-    from ..jacobian.stage import saved_operators
+    """The float64 mean operators the jacobian stage saved (:func:`depthlens.jacobian.store.saved_operators`)."""
+    from ..jacobian.store import saved_operators
 
     def read(name: str, get: Callable) -> dict:
         found = saved_operators(run_dir, name, mode)
@@ -189,16 +192,16 @@ def run(context: StageContext) -> None:
     """Run the stage on every checkpoint of the jacobian stage (:func:`analyse_checkpoints`)
     and write its tables and ``topology.json``. The mean operators are the jacobian stage's,
     in float64 whatever ``--save-arrays`` (recomputed when only a reduced copy was saved)."""
-    from ..jacobian import stage as jacobian_stage
+    from ..jacobian import store as jacobian_store
 
     opts, jopts = context.options, context.config.options("jacobian")
     batch_size, quiet = context.config.batch_size, context.execution.quiet
 
     def operators(name: str, get: Callable) -> dict:
-        return jacobian_stage.operators(context.run_dir, name, opts.jacobian_mode, get, context.chunks, jopts,
+        return jacobian_store.operators(context.run_dir, name, opts.jacobian_mode, get, context.chunks, jopts,
                                         batch_size=batch_size, quiet=quiet)
 
-    ckpts = jacobian_stage.checkpoints(context.loaded, jopts, context.load_revision)
+    ckpts = jacobian_store.checkpoints(context.loaded, jopts, context.load_revision)
     with executor(context.execution, context.run_dir.root) as pool:
         tables = analyse_checkpoints(context.run_dir, ckpts, context.chunks, opts, batch_size=batch_size, quiet=quiet,
                                      operators=operators, pool=pool)
@@ -218,12 +221,12 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
     """Run the stage for each ``(checkpoint, loader)`` and return the ``communities``,
     ``units``, ``coupling`` and ``topology_profile`` tables. Needs the jacobian stage's mean operators:
     ``operators(name, loader)`` gives them as ``{(layer, sublayer): J}`` in float64
-    (:func:`depthlens.jacobian.stage.operators`; default: read the saved arrays), and is
+    (:func:`depthlens.jacobian.store.operators`; default: read the saved arrays), and is
     called only when a boundary unit of that checkpoint is still to do. The boundaries' Leiden
-    runs go to ``pool`` (:func:`depthlens.parallel.executor`; default inline); the results do
+    runs go to ``pool`` (:func:`depthlens.executors.local.executor`; default inline); the results do
     not depend on it. Each checkpoint is one isolated unit of failure (``checkpoint_<name>`` in
     ``run_dir.failures``); the tables hold the checkpoints that finished."""
-    from ..jacobian.stage import label
+    from ..jacobian.store import label
 
     communities, units, coupling, profiles = [], [], [], []
     operators = operators or _saved_arrays(run_dir, opts.jacobian_mode)

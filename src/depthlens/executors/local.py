@@ -37,11 +37,11 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from . import drivers, interrupts
-from .executors import open_backend, parse_executor
+from .. import drivers, interrupts
+from .spec import open_backend, parse_executor
 
 if TYPE_CHECKING:
-    from .context import Execution
+    from .spec import Execution
 
 T = TypeVar("T")
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
@@ -424,7 +424,7 @@ def local_backend(jobs: int) -> Iterator[_LocalBackend]:
 
 @contextlib.contextmanager
 def executor(execution: Execution | int, run_root: str | Path | None = None) -> Iterator[Executor]:
-    """The executor of ``execution`` (:class:`depthlens.context.Execution`; an int ``n``: the
+    """The executor of ``execution`` (:class:`depthlens.executors.Execution`; an int ``n``: the
     local pool of ``n`` workers).
 
     ``local`` (the default) runs the tasks on ``jobs`` single-threaded worker processes

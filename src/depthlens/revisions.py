@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError
+from .errors import InputError
 
 __all__ = ["Checkpoint", "expand_revisions", "label_of", "resolve_series", "step_of"]
 
@@ -152,7 +152,7 @@ def resolve_series(model: str, revisions: tuple[str, ...] | list[str] = ()) -> l
     names = expand_revisions(revisions)
     path = Path(model).expanduser()
     if path.is_dir():
-        from ..models import series_checkpoints
+        from .models import series_checkpoints
 
         if (path / "config.json").is_file():
             raise InputError(f"--model {model} is a single checkpoint, not a series; pass the folder holding its "
@@ -167,7 +167,7 @@ def resolve_series(model: str, revisions: tuple[str, ...] | list[str] = ()) -> l
                              f"{', '.join(held)}.")
         chosen = names or held
         return _ordered([Checkpoint(label_of(n), model, n, step_of(n)) for n in chosen])
-    from ..models.loading import spec_source
+    from .models.loading import spec_source
 
     if spec_source(model) != "hub":
         raise InputError(f"--model {model!r} is no checkpoint series; pass a folder written by depthlens train, "

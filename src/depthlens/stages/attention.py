@@ -31,7 +31,7 @@ import hashlib
 import itertools
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -39,20 +39,23 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import data
+from ..attention import analysis as an
+from ..attention import head_view as hv
+from ..attention.head_view import PSEUDO_GRID, PSEUDO_TOL
+from ..attention.options import AttentionOptions
+from ..attention.roles import assign_roles, probe_scores, role_overlap
+from ..errors import InputError, RunError, require_at_least
+from ..executors import Execution
+from ..executors.local import AheadExecutor, executor, ordered_map
 from ..linalg.causal import deflate
 from ..linalg.pseudospectra import pseudospectrum
-from ..parallel import AheadExecutor, executor, ordered_map
-from ..errors import InputError, RunError, require_at_least
-from ..config import RunConfig
-from ..context import Execution, StageContext
 from ..runs import RunDirectory
 from ..schema import TRAINED
 from ..stats import aggregate_induction
-from . import analysis as an
-from . import head_view as hv
-from .head_view import PSEUDO_GRID, PSEUDO_TOL
-from .options import AttentionOptions
-from .roles import assign_roles, probe_scores, role_overlap
+from .context import StageContext
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 PROBE_BATCH = 16
 #: Matrices submitted to the workers and not yet finished, at most: the next layer's go out while
@@ -189,7 +192,7 @@ def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor | data.Chunks
     ``heads``, ``head_chunks``, ``head_probe``, ``induction_seqs``, ``depth`` and the JSON
     summary. ``loaded`` is read only where a unit has work to do (an :class:`_OnDemand` then
     loads); the numerical tasks go to the executor of ``execution``
-    (:func:`depthlens.parallel.executor`). ``token_ids`` are
+    (:func:`depthlens.executors.local.executor`). ``token_ids`` are
     the chunks (:class:`depthlens.data.Chunks`, or a tensor of equal-length chunks): every
     matrix is that of its chunk alone, trimmed to the chunk's length, and the row features
     average over its analysed positions."""

@@ -7,56 +7,23 @@ Tables go out through :meth:`StageContext.write_table`, which puts the identity 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 
-from .config import RunConfig
-from .data import Chunks
-from .models import LoadedModel
-from .runs import RunDirectory
-from .schema import IDENTITY, conform_table
+from ..data import Chunks
+from ..executors import Execution
+from ..models import LoadedModel
+from ..runs import RunDirectory
+from ..schema import IDENTITY, conform_table
 
-__all__ = ["Execution", "StageContext"]
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
-
-@dataclass(frozen=True)
-class Execution:
-    """How to run, without changing any number: progress bars and where the numerical tasks
-    run (:mod:`depthlens.executors`).
-
-    Attributes
-    ----------
-    quiet : bool
-        No progress bars.
-    jobs : int
-        Worker processes of the ``local`` executor (inline in this process when 1), CPUs of a
-        private Ray instance (``ray``); not used by a Ray cluster or by SLURM.
-    executor : str
-        ``local``, ``ray``, ``ray=HOST:PORT``, ``ray=auto``, ``slurm`` or ``slurm=local``
-        (:func:`depthlens.executors.parse_executor`).
-    slurm_params : str
-        ``key=value,...`` settings of the SLURM jobs
-        (:func:`depthlens.executors.parse_slurm_params`); only with a ``slurm`` executor.
-    command : tuple of str
-        The command line that started the work, for the manifest (``depthlens run ...``); empty:
-        this process's ``sys.argv`` (a script calling the API).
-    """
-
-    quiet: bool = False
-    jobs: int = 2
-    executor: str = "local"
-    slurm_params: str = ""
-    command: tuple[str, ...] = ()
-
-    def say(self, line: str) -> None:
-        """Print ``line`` to stderr unless :attr:`quiet` (a census's or sweep's progress)."""
-        if not self.quiet:
-            print(line, file=sys.stderr, flush=True)
+__all__ = ["StageContext"]
 
 
 @dataclass

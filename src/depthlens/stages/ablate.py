@@ -26,14 +26,14 @@ Table ``ablation``: one row per (layer, head, method) (:data:`depthlens.schema.S
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from tqdm.auto import tqdm
 
-from ..config import RunConfig
-from ..context import StageContext
 from ..data import Chunks
 from ..errors import InputError, RunError
-from .ablation import (
+from ..interventions.ablation import (
     aggregate,
     clean_pass,
     head_means,
@@ -42,6 +42,10 @@ from .ablation import (
     resample_sources,
     split_chunks,
 )
+from .context import StageContext
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 STAGE = "ablate"
 

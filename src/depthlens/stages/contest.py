@@ -18,29 +18,38 @@ Targets: ``persistence`` (``contest_features``), ``routing`` (``heads.role == "r
 ``criticality`` (``ablation`` of the ablate stage, method ``mean``). A missing source table is
 refused before any work (:func:`check_sources`); a routing target with one class is skipped with
 a warning line (no rows). Feature columns that are absent or all NaN are dropped with a warning
-line naming them. Messages go to the ``depthlens.contest.stage`` logger.
+line naming them. Messages go to the ``depthlens.stages.contest`` logger.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ..config import RunConfig
-from ..context import StageContext
+from ..contest import cv
+from ..contest.features import (
+    HEAD_FEATURES,
+    SCALE_FEATURES,
+    head_features,
+    induction_mass,
+    persistence,
+)
+from ..contest.options import CONTEST_TARGETS, ContestOptions
 from ..data import Chunks, as_chunks
 from ..errors import InputError, RunError, require_at_least
-from ..parallel import executor
+from ..executors.local import executor
 from ..runs import RunDirectory
 from ..schema import trained_rows
 from ..stats import log_median
-from . import cv
-from .features import HEAD_FEATURES, SCALE_FEATURES, head_features, induction_mass, persistence
-from .options import CONTEST_TARGETS, ContestOptions
+from .context import StageContext
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 __all__ = ["STAGE", "aggregate_features", "check", "check_sources", "chunk_features", "contest_table", "run"]
 

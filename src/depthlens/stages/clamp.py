@@ -46,6 +46,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -53,13 +54,15 @@ import torch
 from tqdm.auto import tqdm
 
 from ..attention.patterns import sink_mass
-from ..config import RunConfig
-from ..context import StageContext
 from ..data import Chunks, as_chunks
 from ..errors import InputError, RunError, require_at_least
+from ..executors.local import executor
+from ..interventions import clamp as cl
 from ..models.hooks import first_arg
-from ..parallel import executor
-from . import clamp as cl
+from .context import StageContext
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 STAGE = "clamp"
 #: Smallest chunk the stage handles: attention matrices (n, n) with n ≥ 2 and one ordinary position.

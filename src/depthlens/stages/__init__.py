@@ -1,17 +1,25 @@
-"""The stages depthlens runs, in one registry: name, help, options class, what they need.
+"""The stages depthlens runs: one registry (this module) and one driver module per stage.
 
 A stage is a module with
 
 - ``check(config: RunConfig) -> None``: refuse sizes the stage cannot work with, before any
   model loads (one-line :class:`~depthlens.errors.InputError` naming the flag);
 - ``run(context: StageContext) -> None``: do the stage's work in resumable units and write its
-  outputs through the context (:class:`depthlens.context.StageContext`).
+  outputs through the context (:class:`depthlens.stages.context.StageContext`);
+- optionally ``finish(run_dir: RunDirectory) -> None``: called once the whole run ended
+  without a failure (the jacobian stage deletes its unit-private operator copies there).
+
+The drivers (``depthlens.stages.capture``, ``.attention``, ``.ablate``, ``.clamp``,
+``.contest``, ``.jacobian``, ``.topology``) are thin: the numerics live in the analysis
+packages (:mod:`depthlens.attention`, :mod:`depthlens.jacobian`, ...), and what two stages
+share lives there too (the jacobian and topology stages both read
+:mod:`depthlens.jacobian.store`): no stage imports another.
 
 Its options are a frozen dataclass (:mod:`depthlens.options`), from which the config keys (a
 ``[NAME]`` section of the TOML file) and the command-line flags are generated. The registry
-holds only light references: the stage module is imported when the stage is checked or run.
-Adding a stage means writing its module and options class and one :class:`Stage` entry here;
-its tables are declared in :mod:`depthlens.schema`.
+holds only light references: the stage module is imported when the stage is checked or run,
+so importing this package loads no torch. Adding a stage means writing its module and options
+class and one :class:`Stage` entry here; its tables are declared in :mod:`depthlens.schema`.
 """
 
 from __future__ import annotations
@@ -19,15 +27,14 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
-
 from typing import Any
 
-from .attention.options import AttentionOptions
-from .contest.options import ContestOptions
-from .errors import InputError
-from .interventions.options import AblateOptions, ClampOptions
-from .jacobian.options import JacobianOptions
-from .topology.options import TopologyOptions
+from ..attention.options import AttentionOptions
+from ..contest.options import ContestOptions
+from ..errors import InputError
+from ..interventions.options import AblateOptions, ClampOptions
+from ..jacobian.options import JacobianOptions
+from ..topology.options import TopologyOptions
 
 __all__ = ["STAGES", "Stage", "CaptureOptions", "get", "with_requirements"]
 
@@ -84,20 +91,20 @@ class Stage:
 #: Every stage, in the order ``depthlens run`` runs them.
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("capture", "attention pattern features per head and residual summaries per boundary",
-          CaptureOptions, "depthlens.capture"),
+          CaptureOptions, "depthlens.stages.capture"),
     Stage("attention", "resolvent view of every head: Kreiss constants, transients, nulls, roles, depth products",
-          AttentionOptions, "depthlens.attention.stage"),
+          AttentionOptions, "depthlens.stages.attention"),
     Stage("ablate", "ablation criticality of every head: the cross-entropy change when its output is ablated",
-          AblateOptions, "depthlens.interventions.ablate_stage"),
+          AblateOptions, "depthlens.stages.ablate"),
     Stage("clamp", "massive activations and the clamp chain: sink mass, reserve and cross-entropy under clamps",
-          ClampOptions, "depthlens.interventions.clamp_stage"),
+          ClampOptions, "depthlens.stages.clamp"),
     Stage("contest", "which feature family predicts what a head does (runs attention, and ablate for the "
-          "criticality target, first)", ContestOptions, "depthlens.contest.stage", requires=("attention",),
+          "criticality target, first)", ContestOptions, "depthlens.stages.contest", requires=("attention",),
           requires_if=(("contest_targets", "criticality", "ablate"),)),
     Stage("jacobian", "mean sub-layer Jacobians, their spectral geometry, cumulative funnel and Schur split",
-          JacobianOptions, "depthlens.jacobian.stage"),
+          JacobianOptions, "depthlens.stages.jacobian"),
     Stage("topology", "activation-correlation communities, boundary nodes and their Jacobian coupling "
-          "(runs jacobian first)", TopologyOptions, "depthlens.topology.stage", requires=("jacobian",)),
+          "(runs jacobian first)", TopologyOptions, "depthlens.stages.topology", requires=("jacobian",)),
 )}
 
 

@@ -16,17 +16,21 @@ positions (``max_pos`` a position of the prompt).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .attention.patterns import prev_weight, row_entropy, sink_mass
-from .config import RunConfig
+from ..attention.patterns import prev_weight, row_entropy, sink_mass
+from ..data import Chunks, as_chunks
+from ..errors import require_at_least
+from ..residual import summarise_boundaries
 from .context import StageContext
-from .data import Chunks, as_chunks
-from .errors import require_at_least
-from .residual import summarise_boundaries
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 STAGE = "capture"
 PATTERN_FEATURES = {"sink_mass": sink_mass, "prev_weight": prev_weight, "row_entropy": row_entropy}

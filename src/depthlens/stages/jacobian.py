@@ -1,0 +1,193 @@
+"""The ``jacobian`` stage over models (METHODS B1–B4, B6): mean sub-layer operators per
+checkpoint and mode, the layer operators they compose to, their spectral metrics and
+eigenvalues, and the cumulative funnel with the Schur split in every Schur order asked for.
+
+Checkpoints: the loaded model (``trained``), its step-0 null (``init``: same architecture and
+config, fresh initial weights under the run seed) and any extra hub revisions. Units:
+``ops_<checkpoint>_<mode>`` (mean operators and the layer operators, keys ``(layer, "attn" |
+"mlp" | "layer")``, saved to ``arrays/`` in the dtype of ``save_arrays``, or not at all, plus
+their metrics and eigenvalues; with float32 or none a unit-private float64 copy serves the
+funnel and the topology stage until the run ends), ``funnel_<checkpoint>`` (cumulative
+eranks of the sub-layer operators for every Schur order, α, direction and truncation, on the
+``isolated`` operators, or the first mode run) and ``funnel_<checkpoint>_<mode>`` for every
+other mode run, at α = 0 and 1 in the first Schur order only (the funnel claims' sensitivity
+to the Jacobian mode).
+
+With ``--funnel-boot`` above 0 the funnel mode's unit also bootstraps the claims' funnel over
+chunks (:mod:`depthlens.jacobian.bootstrap`): its mean operators are then summed chunk by chunk
+(:func:`engines.chunk_operator_sums`, the same numbers to rounding), from the last sub-layer
+down, and every replicate's backward product runs as they pass (table ``boot`` of the unit);
+``boot_init_<k>`` units do the same for the extra step-0 nulls of ``--init-seeds`` (run seed
++ k), without any other analysis. The ``funnel_boot`` table gathers them.
+
+Prompts (a prompts file, each prompt a chunk of its own length): ``--positions last`` takes each
+prompt's last analysed position, ``all`` every analysed position of it; the mean operators
+average over those tokens (a prompt is read up to its last one, so padding never enters), and
+the bootstrap resamples prompts with their own numbers of tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from ..data import as_chunks
+from ..errors import require_at_least
+from ..executors.local import executor
+from ..jacobian import engines, store
+from ..jacobian.bootstrap import bootstrap_weights
+from ..jacobian.cumulative import DIRECTIONS, schur_funnel
+from ..jacobian.metrics import metrics_and_eigenvalues
+from ..jacobian.options import JacobianOptions, init_seed_of
+from ..jacobian.store import STAGE
+from ..runs import RunDirectory
+from .context import StageContext
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+#: Smallest chunk the stage handles (BOS and one token; every position has a Jacobian).
+MIN_SEQ_LEN = 2
+
+
+def check(config: RunConfig) -> None:
+    """Refuse sizes the stage cannot work with (checked before the model loads). Any
+    ``--funnel-rank`` works (it is capped at the model width).
+
+    Raises
+    ------
+    InputError
+        ``seq_len`` below :data:`MIN_SEQ_LEN`, naming ``--seq-len``.
+    """
+    require_at_least("--seq-len", config.seq_len, MIN_SEQ_LEN, STAGE)
+
+
+def finish(run_dir: RunDirectory) -> None:
+    """Delete the unit-private float64 operator copies (end of a run without failures)."""
+    store.delete_private_copies(run_dir)
+
+
+def run(context: StageContext) -> None:
+    """Run the stage (skipping finished units) and write ``operators``, ``eigenvalues``,
+    ``cumulative`` and (with ``--funnel-boot``) ``funnel_boot`` tables. The decompositions and
+    funnel curves run on the run's executor (``--executor``, ``--jobs``); the Jacobians
+    themselves in this process (torch), and so do the funnel curves when the model is on a GPU
+    (``--device``, :func:`schur_funnel`'s ``device``), and the bootstrap's replicates (on
+    ``--jobs`` threads on the CPU, while the executor waits). A unit
+    that raises is recorded in ``run_dir.failures`` and the others go on; the tables hold the
+    finished units (a funnel needs its checkpoint's operators)."""
+    with executor(context.execution, context.run_dir.root) as pool:
+        tables = _run(context.run_dir, context.loaded, context.chunks, context.options, context.config.batch_size,
+                      context.execution.quiet, context.load_revision, pool,
+                      threads=max(1, min(context.execution.jobs, os.cpu_count() or 1)))
+    for name, table in tables.items():
+        table.insert(0, "revision", table["checkpoint"].map(context.revision_of))
+        context.write_table(name, table)
+
+
+def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, pool, threads: int = 1
+         ) -> dict[str, pd.DataFrame]:
+    metrics, eigen, funnels, boots = [], [], [], []
+    funnel_mode = opts.funnel_mode
+    # on a GPU run (--device cuda) the funnel's products and SVDs run there too
+    funnel_device = None if loaded.adapter.device.type == "cpu" else str(loaded.adapter.device)
+    # the bootstrap's replicates run in this process while the pool is idle: --jobs threads on the CPU
+    threads = threads if funnel_device is None else 1
+    # the same resampled chunks for every checkpoint (ratios between checkpoints are paired)
+    weights = bootstrap_weights(len(token_ids), opts.funnel_boot, opts.seed)
+    for name, get in store.checkpoints(loaded, opts, load_revision):
+        model = None
+        ops_by_mode = {}
+        for mode in opts.modes:
+            key = f"ops_{name}_{mode}"
+            if not run_dir.has_unit(STAGE, key):
+                with run_dir.failures.unit(STAGE, key):
+                    model = model or get()
+                    ops, boot = store.compute(run_dir, name, mode, model.adapter, token_ids, opts, batch_size=batch_size,
+                                         quiet=quiet, weights=weights, device=funnel_device, threads=threads)
+                    op_table, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool,
+                                                                   label=f"{store.label(name)} ({mode})")
+                    run_dir.write_unit(STAGE, key, {"metrics": op_table, "eigen": eigen_rows,
+                                                    **({"boot": boot} if boot is not None else {})})
+                    ops_by_mode[mode] = ops if mode == funnel_mode else None  # only the funnel reads them again
+            if not run_dir.has_unit(STAGE, key):
+                continue
+            ops_by_mode.setdefault(mode, None)  # finished; its operators are fetched only if the funnel needs them
+            for table, sink in (("metrics", metrics), ("eigen", eigen)):
+                t = run_dir.read_units(STAGE, [key], table)
+                t.insert(0, "checkpoint", name)
+                t.insert(1, "jacobian_mode", mode)
+                sink.append(t)
+            if store.bootstrapped(opts, mode):
+                boots.append(_boot_rows(run_dir, key, name, mode, opts.seed if name == "init" else None))
+        for mode in [funnel_mode, *(m for m in opts.modes if m != funnel_mode)]:
+            if mode not in ops_by_mode:
+                continue  # its operators failed (recorded above); the funnel needs them
+            # the funnel mode gets every α and Schur order; the others α = 0 and 1 in the first order
+            # only (the sensitivity of the funnel claims to the Jacobian mode)
+            key = f"funnel_{name}" if mode == funnel_mode else f"funnel_{name}_{mode}"
+            if not run_dir.has_unit(STAGE, key):
+                with run_dir.failures.unit(STAGE, key):
+                    found = ops_by_mode[mode]
+                    if found is None:
+                        found = store.operators(run_dir, name, mode, lambda: model or get(), token_ids, opts,
+                                          batch_size=batch_size, quiet=quiet)
+                    ops = store.operator_list(found)
+                    d = ops[0].shape[0]
+                    ranks = (None,) if opts.funnel_rank == 0 or opts.funnel_rank >= d else (None, opts.funnel_rank)
+                    alphas = opts.funnel_alphas if mode == funnel_mode else tuple(
+                        a for a in opts.funnel_alphas if a in (0.0, 1.0))
+                    orders = opts.schur_orders if mode == funnel_mode else opts.schur_orders[:1]
+                    table = schur_funnel(ops, alphas=alphas, directions=DIRECTIONS, ranks=ranks, schur_orders=orders,
+                                         progress=not quiet, pool=pool, label=f"{store.label(name)} ({mode})",
+                                         device=funnel_device)
+                    run_dir.write_unit(STAGE, key, {"funnel": table})
+            if run_dir.has_unit(STAGE, key):
+                t = run_dir.read_units(STAGE, [key], "funnel")
+                t.insert(0, "checkpoint", name)
+                t.insert(1, "jacobian_mode", mode)
+                funnels.append(t)
+    boots += _extra_nulls(run_dir, loaded, token_ids, opts, weights, batch_size, quiet, funnel_device, threads)
+    return {name: pd.concat(parts, ignore_index=True)
+            for name, parts in (("operators", metrics), ("eigenvalues", eigen), ("cumulative", funnels),
+                                ("funnel_boot", boots)) if parts}
+
+
+def _boot_rows(run_dir: RunDirectory, key: str, name: str, mode: str, init_seed: int | None) -> pd.DataFrame:
+    """The ``boot`` table of a finished unit as ``funnel_boot`` rows (checkpoint, mode and run seed of a step-0 null)."""
+    t = run_dir.read_units(STAGE, [key], "boot")
+    t.insert(0, "checkpoint", name)
+    t.insert(1, "jacobian_mode", mode)
+    t.insert(2, "init_seed", np.nan if init_seed is None else float(init_seed))
+    return t
+
+
+def _extra_nulls(run_dir, loaded, token_ids, opts: JacobianOptions, weights: np.ndarray, batch_size: int, quiet: bool,
+                 device: str | None, threads: int) -> list[pd.DataFrame]:
+    """The bootstrapped funnel ends of the step-0 nulls of run seeds seed + 1, ..., seed +
+    init_seeds − 1 (units ``boot_init_<k>``, the funnel's mode only, no other analysis), as
+    ``funnel_boot`` rows of checkpoint ``init``."""
+    from ..models import init_like
+
+    if opts.null != "init" or opts.funnel_boot == 0:
+        return []
+    mode, out = opts.funnel_mode, []
+    for k in range(1, opts.init_seeds):
+        key = f"boot_init_{k}"
+        if not run_dir.has_unit(STAGE, key):
+            with run_dir.failures.unit(STAGE, key):
+                adapter = init_like(loaded, seed=init_seed_of(opts.seed + k)).adapter
+                sums = engines.chunk_operator_sums(adapter, as_chunks(token_ids).ids,
+                                                   store.sublayer_keys_backward(adapter.n_layers), mode, opts.positions,
+                                                   batch_size, progress=not quiet,
+                                                   label=f"step-0 null of seed {opts.seed + k}",
+                                                   chunk_positions=store.chunk_positions(token_ids, opts.positions))
+                table = store.boot_table(sums, weights, adapter.n_layers, adapter.d_model, opts, device, threads)
+                del adapter, sums  # the model goes before the next null is drawn
+                run_dir.write_unit(STAGE, key, {"boot": table})
+        if run_dir.has_unit(STAGE, key):
+            out.append(_boot_rows(run_dir, key, "init", mode, opts.seed + k))
+    return out
