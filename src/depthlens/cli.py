@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import os
 import signal
 import sys
@@ -52,8 +53,16 @@ CENSUS_HELP = ("the chosen stages over every checkpoint of a series (a folder wr
                "id with --revisions), with the training-dynamics claims and report")
 SWEEP_HELP = ("every cell of a sweep file (models x revisions x texts x seeds) as an ordinary run, then one "
               "cross-model report of them")
-#: Every option's default (the ``default`` preset), for help texts.
-_DEFAULTS = dict(RunConfig().items())
+
+
+def _defaults() -> dict[str, object]:
+    """Every option's default (the ``default`` preset), for help texts."""
+    return _defaults_of(tuple(STAGES))
+
+
+@functools.cache
+def _defaults_of(stages: tuple[str, ...]) -> dict[str, object]:  # keyed by the registry as it stands
+    return dict(RunConfig().items())
 
 
 def _shown(value: object) -> str:
@@ -64,7 +73,8 @@ def _by_preset(name: str) -> str:
     """The values of option ``name`` under each preset, for help texts: ``quick 4, default 32,
     paper 32`` (``default N`` alone when no preset changes it; nothing for a switch or an
     option that is unset by default)."""
-    values = {p: PRESET_VALUES[p].get(name, _DEFAULTS[name]) for p in PRESETS}
+    defaults = _defaults()
+    values = {p: PRESET_VALUES[p].get(name, defaults[name]) for p in PRESETS}
     if values["default"] in (None, ()) or isinstance(values["default"], bool):
         return ""
     if all(v == values["default"] for v in values.values()):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import tomllib
@@ -32,7 +33,7 @@ from typing import Any, Literal
 
 from .errors import InputError
 from .options import OptionField, Spelling, check_fields, check_type, flags_restated, option_choices, option_fields
-from .stages import STAGES
+from .stages import STAGES, Stage
 
 __all__ = ["DTYPES", "MAX_SEED", "OPTION_CHOICES", "PRESETS", "PRESET_VALUES", "PROMPTS_SUFFIX", "RunConfig", "RunOptions",
            "check_type", "config_file_spelling", "file_options", "is_prompts_file", "option_owner"]
@@ -174,19 +175,26 @@ def is_prompts_file(text: object) -> bool:
     return str(text).lower().endswith(PROMPTS_SUFFIX)
 
 
-#: Where each option lives: ``None`` for the run's own options, else the stage's name.
 def _owners() -> dict[str, str | None]:
+    """Where each option lives: ``None`` for the run's own options, else the stage's name (for
+    the registry as it stands: :func:`depthlens.stages.register` adds stages)."""
+    return _owners_of(tuple(STAGES.values()))
+
+
+@functools.cache
+def _owners_of(stages: tuple[Stage, ...]) -> dict[str, str | None]:
     owners: dict[str, str | None] = {f.name: None for f in option_fields(RunOptions)}
-    for stage in STAGES.values():
+    names = {stage.name for stage in stages}
+    for stage in stages:
         for f in option_fields(stage.options):
             if f.derived is None:
-                if f.name in owners or f.name in STAGES or f.name == "preset":
+                if f.name in owners or f.name in names or f.name == "preset":
                     raise TypeError(f"option {f.name} of stage {stage.name} clashes with another option")
                 owners[f.name] = stage.name
     return owners
 
 
-_OWNERS = _owners()
+_owners()  # a clash among the built-in stages' options fails at import
 #: The choices of every option that has them, by name (:func:`~depthlens.options.option_choices`).
 OPTION_CHOICES = option_choices([RunOptions, *(stage.options for stage in STAGES.values())])
 
@@ -199,7 +207,7 @@ def option_owner(name: str) -> str | None:
     KeyError
         For a name that is no option.
     """
-    return _OWNERS[name]
+    return _owners()[name]
 
 
 def _preset_value(preset: str, name: str, chunks: int) -> Any:
@@ -254,13 +262,13 @@ class RunConfig:
         for key, value in values.items():
             if key in STAGES:
                 explicit[key].update(_section_values(key, value))
-            elif key in _OWNERS:
-                explicit[_OWNERS[key]][key] = value
+            elif key in _owners():
+                explicit[_owners()[key]][key] = value
             else:
-                raise InputError(_unknown_key(key, [*_OWNERS, *STAGES, "preset"]))
+                raise InputError(_unknown_key(key, [*_owners(), *STAGES, "preset"]))
         chunks = explicit[None].get("chunks", PRESET_VALUES[preset].get("chunks", RunOptions.chunks))
         for name in PRESET_VALUES[preset]:
-            owner = _OWNERS[name]
+            owner = _owners()[name]
             explicit[owner].setdefault(name, _preset_value(preset, name, chunks))
         object.__setattr__(self, "preset", preset)
         object.__setattr__(self, "run", RunOptions(**explicit.pop(None)))
@@ -276,9 +284,9 @@ class RunConfig:
 
     def __getattr__(self, name: str) -> Any:
         """An option by name: ``config.chunks``, ``config.null_samples`` (its section's value)."""
-        if name.startswith("_") or name not in _OWNERS:
+        if name.startswith("_") or name not in _owners():
             raise AttributeError(name)
-        owner = _OWNERS[name]
+        owner = _owners()[name]
         return getattr(self.run if owner is None else self.sections[owner], name)
 
     @property
@@ -361,17 +369,17 @@ class RunConfig:
             gives by its flag.
         """
         for key, value in values.items():
-            if key not in STAGES and _OWNERS.get(key, None) is not None:
-                raise InputError(f"config key {key} belongs to the [{_OWNERS[key]}] section; move it there.")
+            if key not in STAGES and _owners().get(key, None) is not None:
+                raise InputError(f"config key {key} belongs to the [{_owners()[key]}] section; move it there.")
             if key in STAGES and not isinstance(value, Mapping):
                 raise InputError(f"config key {key} names a stage; write its options as a [{key}] section.")
         flat: dict[str, Any] = {k: v for k, v in values.items() if k not in STAGES}
         for name in STAGES:
             for key, value in values.get(name, {}).items():
-                if _OWNERS.get(key, "") != name:
-                    where = "a run option (top level)" if key in _OWNERS and _OWNERS[key] is None else (
-                        f"an option of [{_OWNERS[key]}]" if key in _OWNERS else "unknown")
-                    keys = ", ".join(k for k, o in _OWNERS.items() if o == name) or "(none)"
+                if _owners().get(key, "") != name:
+                    where = "a run option (top level)" if key in _owners() and _owners()[key] is None else (
+                        f"an option of [{_owners()[key]}]" if key in _owners() else "unknown")
+                    keys = ", ".join(k for k, o in _owners().items() if o == name) or "(none)"
                     raise InputError(f"config key [{name}] {key} is {where}; the [{name}] keys are: {keys}.")
                 flat[key] = value
         given = {k: v for k, v in overrides.items() if v is not None}

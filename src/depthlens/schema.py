@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["ARRAYS", "COLUMNS", "IDENTITY", "SCHEMA", "STAGES", "SUMMARIES", "TABLES", "ArrayFile", "Column",
-           "SchemaError", "Summary", "TRAINED", "Table", "check_table", "conform_table", "describe",
+           "SchemaError", "Summary", "TRAINED", "Table", "check_table", "conform_table", "declare", "describe",
            "producer", "stage_of", "trained_rows", "write_docs"]
 
 
@@ -981,6 +981,41 @@ TABLES: dict[str, str] = {name: t.row for name, t in SCHEMA.items()}
 
 #: The ``checkpoint`` of the model as loaded, in every table with that key.
 TRAINED = "trained"
+
+
+def declare(stage: str, implements: str, tables: dict[str, tuple[str, tuple[str, ...], dict[str, Column]]]) -> None:
+    """Declare the tables of a stage from outside the package (registered with
+    :func:`depthlens.stages.register`), so that its ``context.write_table`` checks them, the
+    report describes them and the generated pages list them.
+
+    Parameters
+    ----------
+    stage : str
+        The stage's name.
+    implements : str
+        What its outputs implement (the METHODS sections, or a sentence), for the pages.
+    tables : dict
+        ``NAME`` → ``(row, keys, columns)``: what one row is, the key columns, and every
+        column's :class:`Column` (the identity columns are added in front).
+
+    Raises
+    ------
+    SchemaError
+        If the stage or one of the tables is declared already, or a key is not a column.
+    """
+    if stage in STAGES:
+        raise SchemaError(f"the outputs of stage {stage!r} are declared already")
+    for name, (row, keys, columns) in tables.items():
+        if name in SCHEMA:
+            raise SchemaError(f"table {name!r} is declared already (by the {SCHEMA[name].stage} stage)")
+        missing = [k for k in keys if k not in columns]
+        if missing:
+            raise SchemaError(f"key column {missing[0]!r} of table {name!r} is not among its columns")
+    STAGES[stage] = implements
+    for name, (row, keys, columns) in tables.items():
+        SCHEMA[name] = Table(name, stage, row, tuple(keys), {**IDENTITY, **columns}, {})
+        TABLES[name] = row
+    COLUMNS[stage] = {name: SCHEMA[name].columns for name in tables}
 
 
 def trained_rows(table: "pd.DataFrame") -> "pd.DataFrame":

@@ -20,6 +20,10 @@ Its options are a frozen dataclass (:mod:`depthlens.options`), from which the co
 holds only light references: the stage module is imported when the stage is checked or run,
 so importing this package loads no torch. Adding a stage means writing its module and options
 class and one :class:`Stage` entry here; its tables are declared in :mod:`depthlens.schema`.
+A stage from outside the package is added with :func:`register` (its tables with
+:func:`depthlens.schema.declare`): ``depthlens run``, the stage's own command, the
+configuration and the conformance suite (``tests/stages/test_conformance.py``) then treat it
+as they treat the built-in ones.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from ..interventions.options import AblateOptions, ClampOptions
 from ..jacobian.options import JacobianOptions
 from ..topology.options import TopologyOptions
 
-__all__ = ["STAGES", "Stage", "CaptureOptions", "get", "with_requirements"]
+__all__ = ["STAGES", "Stage", "CaptureOptions", "get", "register", "with_requirements"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,27 @@ def get(name: str) -> Stage:
         return STAGES[name]
     except KeyError:
         raise InputError(f"unknown stage {name!r}; known stages: {', '.join(STAGES)}.") from None
+
+
+def register(stage: Stage) -> Stage:
+    """Add ``stage`` to :data:`STAGES` (after the built-in ones; ``depthlens run`` runs it last).
+
+    Register before the command line is built or a configuration is made, and declare its
+    tables with :func:`depthlens.schema.declare`. Returns ``stage``.
+
+    Raises
+    ------
+    InputError
+        If a stage of that name exists, or it needs a stage that does not.
+    """
+    if stage.name in STAGES:
+        raise InputError(f"a stage called {stage.name!r} exists already; register yours under another name.")
+    unknown = [s for s in (*stage.requires, *(s for _, _, s in stage.requires_if)) if s not in STAGES]
+    if unknown:
+        raise InputError(f"stage {stage.name!r} needs the unknown stage {unknown[0]!r}; known stages: "
+                         f"{', '.join(STAGES)}.")
+    STAGES[stage.name] = stage
+    return stage
 
 
 def with_requirements(names: tuple[str, ...] | list[str], config: Any = None) -> list[str]:
