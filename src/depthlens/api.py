@@ -57,13 +57,17 @@ def _run_mode(if_exists: str) -> RunMode:
 
 
 @contextlib.contextmanager
-def _target(out: str | Path | None, prefix: str) -> Iterator[Path]:
-    """The folder a run, census or sweep writes into: ``out``, else a new temporary folder
-    (named ``prefix…``), which is removed again when the work fails before it holds a run
-    (anything but :class:`~depthlens.errors.RunIncomplete`)."""
+def _target(out: str | Path | None, prefix: str, if_exists: str, quiet: bool, jobs: int, executor: str,
+            slurm_params: str) -> Iterator[tuple[Path, RunMode, Execution]]:
+    """What a run, census or sweep of the API needs from the keywords they share: the folder it
+    writes into (``out``, else a new temporary folder named ``prefix…``, removed again when the
+    work fails before it holds a run: anything but :class:`~depthlens.errors.RunIncomplete`),
+    the run mode of ``if_exists`` and the :class:`~depthlens.executors.Execution`."""
+    mode = _run_mode(if_exists)
+    execution = Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params)
     root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        yield root
+        yield root, mode, execution
     except Exception as exc:
         if out is None and not isinstance(exc, RunIncomplete):
             shutil.rmtree(root, ignore_errors=True)
@@ -198,7 +202,7 @@ def analyse(
     """
     from .workflow import run as run_workflow
 
-    mode = _run_mode(if_exists)
+    _run_mode(if_exists)  # refused before a model loads
     loaded = None
     if not isinstance(model, (str, Path)):
         from .models.loading import wrap_model
@@ -206,10 +210,9 @@ def analyse(
         loaded = wrap_model(model, tokenizer)
         model = loaded.name
     config = RunConfig(preset=preset, model=str(model), text=str(text), **options)
-    with _target(out, "depthlens-") as root:
-        path = run_workflow(config, root, run_mode=mode, stages=tuple(stages),
-                            execution=Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params),
-                            claims=claims, loaded=loaded)
+    with _target(out, "depthlens-", if_exists, quiet, jobs, executor, slurm_params) as (root, mode, execution):
+        path = run_workflow(config, root, run_mode=mode, stages=tuple(stages), execution=execution, claims=claims,
+                            loaded=loaded)
     run = Run(path)
     run._loaded = loaded  # an in-memory model, for run.head (a spec is loaded again from the manifest)
     return run
@@ -259,13 +262,11 @@ def census(
     from .census.options import CensusOptions
     from .census.runner import run_census
 
-    mode = _run_mode(if_exists)
     config = RunConfig(preset=preset, model=str(model), text=str(text), revisions=tuple(revisions), **options)
-    with _target(out, "depthlens-census-") as root:
-        path = run_census(config, CensusOptions(census_stages=tuple(stages), compare=tuple(map(str, compare))), root,
-                          run_mode=mode,
-                          execution=Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params),
-                          delete_cache=delete_cache, claims=claims)
+    census_options = CensusOptions(census_stages=tuple(stages), compare=tuple(map(str, compare)))
+    with _target(out, "depthlens-census-", if_exists, quiet, jobs, executor, slurm_params) as (root, mode, execution):
+        path = run_census(config, census_options, root, run_mode=mode, execution=execution, delete_cache=delete_cache,
+                          claims=claims)
     return Run(path)
 
 
@@ -304,11 +305,8 @@ def sweep(
     """
     from .sweep import run_sweep
 
-    mode = _run_mode(if_exists)
-    with _target(out, "depthlens-sweep-") as root:
-        found = run_sweep(path, root, run_mode=mode,
-                          execution=Execution(quiet=quiet, jobs=jobs, executor=executor, slurm_params=slurm_params),
-                          claims=claims)
+    with _target(out, "depthlens-sweep-", if_exists, quiet, jobs, executor, slurm_params) as (root, mode, execution):
+        found = run_sweep(path, root, run_mode=mode, execution=execution, claims=claims)
     return Run(found)
 
 
