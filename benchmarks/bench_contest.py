@@ -47,14 +47,14 @@ GROUPS = np.repeat(np.arange(L), H)
 
 def heads_table(rng: np.random.Generator) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Features with a layer effect, a few NaNs, and the three targets."""
-    cols = [c for fam in cv.FAMILIES.values() for c in fam]
+    cols = [c for fam in cv.FEATURE_FAMILIES.values() for c in fam]
     X = rng.normal(size=(L * H, len(cols))) + 0.7 * rng.normal(size=(L, len(cols)))[GROUPS]
     X[rng.random(X.shape) < 0.01] = np.nan
     table = pd.DataFrame(X, columns=cols)
     z = table.fillna(0)
     targets = {
-        "persistence": z[list(cv.FAMILIES["S"])].sum(axis=1).to_numpy() + rng.normal(size=L * H),
-        "routing": (z[list(cv.FAMILIES["R"][:3])].sum(axis=1) + rng.normal(size=L * H) > 2.0).astype(float).to_numpy(),
+        "persistence": z[list(cv.FEATURE_FAMILIES["S"])].sum(axis=1).to_numpy() + rng.normal(size=L * H),
+        "routing": (z[list(cv.FEATURE_FAMILIES["R"][:3])].sum(axis=1) + rng.normal(size=L * H) > 2.0).astype(float).to_numpy(),
         "criticality": np.exp(0.5 * z["sink_mass"].to_numpy() + 0.5 * rng.normal(size=L * H)),
     }
     return table, targets

@@ -13,9 +13,9 @@ import pytest
 
 from depthlens.cli import main
 from depthlens.report.docs import pages
-from depthlens.schema import (ARRAYS, COLUMNS, IDENTITY, SCHEMA, STAGES, SUMMARIES, TABLES, SchemaError, check_table,
+from depthlens.schema import (ARRAYS, COLUMNS, IDENTITY, SCHEMA, PRODUCERS, SUMMARIES, TABLES, SchemaError, check_table,
                               describe, producer, stage_of)
-from depthlens.stages import STAGES as STAGE_REGISTRY
+from depthlens.stages import STAGES
 from depthlens.report.docs import main as columns_main
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -35,7 +35,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> Path:
 
 def test_committed_docs_equal_the_generated_pages():
     expected = pages()
-    assert set(expected) == {"README.md", *(f"{stage}.md" for stage in STAGES)}
+    assert set(expected) == {"README.md", *(f"{stage}.md" for stage in PRODUCERS)}
     committed = {p.name for p in DOCS.glob("*.md")}
     assert committed == set(expected), "regenerate with: python -m depthlens.report.docs docs/"
     for name, text in expected.items():
@@ -51,7 +51,7 @@ def test_generator_command_writes_the_pages(tmp_path, capsys):
 
 def test_schema_is_one_place_per_fact():
     # every stage has its outputs declared, and so have the commands beside the stages (train, census)
-    assert set(STAGES) == set(STAGE_REGISTRY) | {"train", "census", "sweep"}
+    assert set(PRODUCERS) == set(STAGES) | {"train", "census", "sweep"}
     for name, table in SCHEMA.items():
         assert list(table.columns)[:len(IDENTITY)] == list(IDENTITY), name
         assert set(table.keys) <= set(table.columns) and set(table.optional) <= set(table.columns), name
@@ -75,7 +75,7 @@ def test_check_table_refuses_what_differs_from_the_declaration():
 
 
 def test_description_is_well_formed():
-    assert list(COLUMNS) == list(STAGES)
+    assert list(COLUMNS) == list(PRODUCERS)
     for stage, tables in COLUMNS.items():
         for table, columns in tables.items():
             assert stage_of(table) == stage and TABLES[table]
@@ -89,7 +89,7 @@ def test_description_is_well_formed():
 
 def test_every_column_of_a_real_run_is_described(run):
     written = sorted((run / "tables").glob("*.parquet"))
-    staged = {name for name in TABLES if stage_of(name) in STAGE_REGISTRY}
+    staged = {name for name in TABLES if stage_of(name) in STAGES}
     assert {p.stem for p in written} == staged  # every table of every stage, and no other
     missing = [f"{p.stem}.{c}" for p in written for c in pd.read_parquet(p).columns if describe(p.stem, c) is None]
     assert missing == [], "describe these in src/depthlens/schema.py, then regenerate docs/"
@@ -103,7 +103,7 @@ def test_every_column_of_a_real_run_is_described(run):
         if p.stem not in ("massive", "clamp", "clamp_heads", "clamp_dims", "induction_seqs"):
             assert set(table["text"]) == {text} and set(table["model"]) == {"random:llama"}, p.stem
     for summary in SUMMARIES.values():
-        assert (run / summary.file).is_file() == (summary.stage in STAGE_REGISTRY), summary.name
+        assert (run / summary.file).is_file() == (summary.stage in STAGES), summary.name
     arrays = {p.stem for p in (run / "arrays").glob("*.safetensors")}
     assert {producer(f"arrays/{a}") for a in arrays} == {a.stage for a in ARRAYS.values()}
     report = (run / "report.html").read_text(encoding="utf-8")

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["ARRAYS", "COLUMNS", "IDENTITY", "SCHEMA", "STAGES", "SUMMARIES", "TABLES", "ArrayFile", "Column",
+__all__ = ["ARRAYS", "COLUMNS", "IDENTITY", "PRODUCERS", "SCHEMA", "SUMMARIES", "TABLES", "ArrayFile", "Column",
            "SchemaError", "Summary", "TRAINED", "Table", "check_table", "conform_table", "declare", "describe",
-           "producer", "stage_of", "trained_rows", "write_docs"]
+           "producer", "stage_of", "trained_rows"]
 
 
 class Column(NamedTuple):
@@ -38,8 +38,9 @@ class Column(NamedTuple):
     unit: str
 
 
-#: Stages in report order, each with the METHODS sections its outputs implement.
-STAGES: dict[str, str] = {
+#: What writes outputs (the stages, then census, sweep and train), in report order, each with
+#: the METHODS sections its outputs implement.
+PRODUCERS: dict[str, str] = {
     "capture": "METHODS A3 (pattern features) and A7 (massive activations)",
     "attention": "METHODS A2–A6",
     "ablate": "METHODS A7 (ablation criticality)",
@@ -972,7 +973,7 @@ ARRAYS: dict[str, ArrayFile] = {a.pattern: a for a in (
 
 #: stage → table → column → :class:`Column` (identity columns included).
 COLUMNS: dict[str, dict[str, dict[str, Column]]] = {
-    stage: {name: t.columns for name, t in SCHEMA.items() if t.stage == stage} for stage in STAGES
+    stage: {name: t.columns for name, t in SCHEMA.items() if t.stage == stage} for stage in PRODUCERS
 }
 
 #: table → what one row of ``tables/TABLE.parquet`` is.
@@ -1003,7 +1004,7 @@ def declare(stage: str, implements: str, tables: dict[str, tuple[str, tuple[str,
     SchemaError
         If the stage or one of the tables is declared already, or a key is not a column.
     """
-    if stage in STAGES:
+    if stage in PRODUCERS:
         raise SchemaError(f"the outputs of stage {stage!r} are declared already")
     for name, (row, keys, columns) in tables.items():
         if name in SCHEMA:
@@ -1011,7 +1012,7 @@ def declare(stage: str, implements: str, tables: dict[str, tuple[str, tuple[str,
         missing = [k for k in keys if k not in columns]
         if missing:
             raise SchemaError(f"key column {missing[0]!r} of table {name!r} is not among its columns")
-    STAGES[stage] = implements
+    PRODUCERS[stage] = implements
     for name, (row, keys, columns) in tables.items():
         SCHEMA[name] = Table(name, stage, row, tuple(keys), {**IDENTITY, **columns}, {})
         TABLES[name] = row

@@ -13,7 +13,7 @@ import pytest
 
 from depthlens.config import RunConfig
 from depthlens.stages import contest as stage
-from depthlens.contest.cv import FAMILIES
+from depthlens.contest.cv import FEATURE_FAMILIES
 from depthlens.contest.options import ContestOptions
 from depthlens.errors import InputError
 from depthlens.schema import SCHEMA, check_table
@@ -84,7 +84,7 @@ def test_check_refuses_criticality_without_mean_ablation() -> None:
 def _synthetic(rng: np.random.Generator, n_layers: int = 12, n_heads: int = 6) -> tuple[pd.DataFrame, ...]:
     keys = pd.DataFrame({"layer": np.repeat(np.arange(n_layers), n_heads), "head": np.tile(np.arange(n_heads), n_layers)})
     heads = keys.copy()
-    for col in (*FAMILIES["P"][:2], "row_entropy", FAMILIES["E"][0], FAMILIES["S"][0], *FAMILIES["R"]):
+    for col in (*FEATURE_FAMILIES["P"][:2], "row_entropy", FEATURE_FAMILIES["E"][0], FEATURE_FAMILIES["S"][0], *FEATURE_FAMILIES["R"]):
         heads[col] = rng.normal(size=len(keys))
     heads["peak_k"] = np.nan  # an all-NaN column is dropped with a warning
     heads["TR1"] = np.where(rng.random(len(keys)) < 0.05, np.inf, heads["TR1"])

@@ -201,7 +201,7 @@ def _registered_toy() -> Iterator[str]:
     try:
         yield toy_stage.NAME
     finally:
-        del STAGES[toy_stage.NAME], schema.STAGES[toy_stage.NAME], schema.COLUMNS[toy_stage.NAME]
+        del STAGES[toy_stage.NAME], schema.PRODUCERS[toy_stage.NAME], schema.COLUMNS[toy_stage.NAME]
         for name in toy_stage.TABLES:
             del schema.SCHEMA[name], schema.TABLES[name]
 

@@ -8,7 +8,7 @@ is fitted on the training folds of a grouped K-fold by layer (a layer is never s
 and the scaler are fitted inside the folds) and scored on the out-of-fold predictions: AUROC for
 the binary routing target, Spearman ρ for the others.
 
-Families of equal size. Every family of :data:`FAMILIES` has the same number of features (4),
+Families of equal size. Every family of :data:`FEATURE_FAMILIES` has the same number of features (4),
 a fixed choice declared here before any contest was run, so that neither a family's score nor
 the drop ``all − all−X`` rewards a family for having more columns (more chances to match the
 target, and, for ``all−X``, more columns removed). We chose equal sizes over keeping every
@@ -85,7 +85,7 @@ __all__ = [
     "ALPHA",
     "CI_LEVEL",
     "COLUMNS",
-    "FAMILIES",
+    "FEATURE_FAMILIES",
     "assign_folds",
     "bootstrap_scores",
     "clean_features",
@@ -104,7 +104,7 @@ __all__ = [
 
 #: The feature families (METHODS A7), four features each (see the module docstring for the
 #: choice): pattern, eigenvalue, norm (singular value), resolvent.
-FAMILIES: dict[str, tuple[str, ...]] = {
+FEATURE_FAMILIES: dict[str, tuple[str, ...]] = {
     "P": ("sink_mass", "prev_weight", "induction_mass", "row_entropy"),
     "E": ("rho_B", "diag_q25", "diag_q50", "diag_q75"),
     "S": ("norm_B", "fro_B", "sigma2_B", "stable_rank_B"),
@@ -144,7 +144,7 @@ def feature_sets(families: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, 
     return sets
 
 
-def clean_features(table: pd.DataFrame, families: Mapping[str, Sequence[str]] = FAMILIES
+def clean_features(table: pd.DataFrame, families: Mapping[str, Sequence[str]] = FEATURE_FAMILIES
                    ) -> tuple[pd.DataFrame, dict[str, tuple[str, ...]], dict[str, str]]:
     """The feature columns of ``table`` as float64 with ±inf as NaN, the families restricted to
     the columns kept, and the columns dropped with why (``absent`` or ``all NaN``). Remaining

@@ -532,16 +532,16 @@ def contest_world(rng: np.random.Generator, layers: int, resolvent: float, criti
     Returns
     -------
     features : DataFrame
-        ``layer``, ``head`` and the 16 columns of :data:`depthlens.contest.cv.FAMILIES`.
+        ``layer``, ``head`` and the 16 columns of :data:`depthlens.contest.cv.FEATURE_FAMILIES`.
     targets : DataFrame
         ``persistence``, ``routing`` (0/1), ``criticality``, one row per head.
     """
     n = layers * CONTEST_HEADS
     layer = np.repeat(np.arange(layers), CONTEST_HEADS)
-    columns = [c for cols in cv.FAMILIES.values() for c in cols]
+    columns = [c for cols in cv.FEATURE_FAMILIES.values() for c in cols]
     X = rng.standard_normal((n, len(columns))) + 0.5 * rng.standard_normal((layers, len(columns)))[layer]
     weights = np.array([1.0, -0.5, 0.5, 0.0]) / math.sqrt(1.5)
-    u = {f: X[:, 4 * i: 4 * i + 4] @ weights for i, f in enumerate(cv.FAMILIES)}
+    u = {f: X[:, 4 * i: 4 * i + 4] @ weights for i, f in enumerate(cv.FEATURE_FAMILIES)}
     other = (u["P"] + u["E"] + u["S"]) / math.sqrt(3.0)
     X[:, 12:] += 0.5 * ((u["E"] + u["S"]) / math.sqrt(2.0))[:, None]
 
@@ -680,7 +680,7 @@ def _sim_r_required(rng: np.random.Generator, n: Mapping[str, int], effect: bool
     them)."""
     layers, n_perm = n["layers"], n["contest_perm"]
     world = "required" if effect else "null"
-    sets = list(cv.feature_sets(cv.FAMILIES))
+    sets = list(cv.feature_sets(cv.FEATURE_FAMILIES))
     rows = []
     for target in CONTEST_METRIC:
         for name in sets:
@@ -708,9 +708,9 @@ def _sim_criticality(rng: np.random.Generator, n: Mapping[str, int], effect: boo
     """The four single-family ``criticality`` rows of the ``contest`` table (the statistic's rows;
     BH over them) from the sampling model: every family ``quiet``, or P ``predictive``."""
     layers = n["layers"]
-    kinds = ["quiet" if effect or family != "P" else "predictive" for family in cv.FAMILIES]
+    kinds = ["quiet" if effect or family != "P" else "predictive" for family in cv.FEATURE_FAMILIES]
     values, p = _contest_rows(rng, kinds, "quiet", layers, n["contest_perm"])
-    table = pd.DataFrame({"target": "criticality", "features": list(cv.FAMILIES), "metric": "spearman",
+    table = pd.DataFrame({"target": "criticality", "features": list(cv.FEATURE_FAMILIES), "metric": "spearman",
                           "score": values[:, 0], "score_lo": values[:, 1], "score_hi": values[:, 2], "r2": math.nan,
                           "p": p, "delta": math.nan, "delta_lo": math.nan, "delta_hi": math.nan, "required": False,
                           "n_heads": layers * CONTEST_HEADS, "n_folds": min(5, layers)})

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..runs.atomic import write_bytes
-from ..schema import ARRAYS, COLUMNS, IDENTITY, SCHEMA, STAGES, SUMMARIES, TABLES
+from ..schema import ARRAYS, COLUMNS, IDENTITY, SCHEMA, PRODUCERS, SUMMARIES, TABLES
 
 __all__ = ["index_page", "main", "page", "pages", "write_docs"]
 
@@ -27,7 +27,7 @@ def page(stage: str) -> str:
     and unit. Each table has the heading ``## `TABLE``` (anchor ``#TABLE``)."""
     tables = COLUMNS[stage]
     lines = [f"# Stage `{stage}`: table columns", "", _GENERATED, "",
-             f"Implements {STAGES[stage]}; the quantities are defined in METHODS.md. Tables: "
+             f"Implements {PRODUCERS[stage]}; the quantities are defined in METHODS.md. Tables: "
              + ", ".join(f"[`{t}`](#{t})" for t in tables) + ".", ""]
     for table, cols in tables.items():
         lines += [f"## `{table}`", "", f"File `{SCHEMA[table].file}`. {TABLES[table]} Key: "

@@ -211,7 +211,7 @@ def _targets(heads: pd.DataFrame, features: pd.DataFrame, ablation: pd.DataFrame
 def contest_table(heads: pd.DataFrame, features: pd.DataFrame, ablation: pd.DataFrame | None, opts: ContestOptions,
                   run_dir: RunDirectory | None = None) -> pd.DataFrame:
     """The ``contest`` table: :func:`~depthlens.contest.cv.contest_target` for every target of
-    ``opts`` on the families of :data:`~depthlens.contest.cv.FAMILIES` (columns of ``heads`` and
+    ``opts`` on the families of :data:`~depthlens.contest.cv.FEATURE_FAMILIES` (columns of ``heads`` and
     ``features``), with the target and BH q-values over every row. With ``run_dir`` each
     target is a resumable unit ``cv_<target>``."""
     keys = ["layer", "head"]

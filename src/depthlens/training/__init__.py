@@ -4,7 +4,7 @@
 A series is a folder of ``step-N`` checkpoints (Hugging Face folders) that
 :func:`depthlens.models.load_model` reads with ``revision="step-N"``, and that every stage
 analyses. :func:`train` (imported on first use, so the options stay light) writes one;
-:class:`TrainOptions` and :data:`PRESETS` say what it trains.
+:class:`TrainOptions` and :data:`TRAINING_PRESETS` say what it trains.
 
 Examples
 --------
@@ -17,10 +17,10 @@ Examples
 from typing import Any
 
 from .options import TrainOptions
-from .presets import PRESETS, resolve
+from .presets import TRAINING_PRESETS, resolve
 from .schedule import checkpoint_steps, learning_rate
 
-__all__ = ["PRESETS", "TrainOptions", "checkpoint_steps", "learning_rate", "resolve", "train"]
+__all__ = ["TRAINING_PRESETS", "TrainOptions", "checkpoint_steps", "learning_rate", "resolve", "train"]
 
 
 def __getattr__(name: str) -> Any:

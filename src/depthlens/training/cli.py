@@ -12,7 +12,7 @@ import json
 
 from ..options import add_flags, flag_values
 from .options import TrainOptions
-from .presets import PRESETS, resolve
+from .presets import TRAINING_PRESETS, resolve
 
 __all__ = ["HELP", "add_parser", "main"]
 
@@ -24,14 +24,14 @@ def _preset_values(name: str) -> str:
     of it, for its help text (nothing for an option unset by default that no preset sets)."""
     default = TrainOptions.__dataclass_fields__[name].default
     shown = [f"default {default}"] if default is not None else []
-    return ", ".join(shown + [f"{preset} {values[name]}" for preset, values in PRESETS.items() if name in values])
+    return ", ".join(shown + [f"{preset} {values[name]}" for preset, values in TRAINING_PRESETS.items() if name in values])
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``depthlens train`` to the ``depthlens`` command's sub-parsers and return its parser."""
     p = subparsers.add_parser("train", help=HELP, description=HELP + ". Every checkpoint DIR/step-N loads with "
                               "--model DIR --revision step-N.")
-    p.add_argument("--preset", choices=tuple(PRESETS),
+    p.add_argument("--preset", choices=tuple(TRAINING_PRESETS),
                    help="named option values (induction: a 2-layer model that forms previous-token and induction "
                         "heads in about 4 minutes on 2 cores; census: 10 layers and 11 checkpoints in about 7 minutes, "
                         "a series whose census has C2's and C3's minimum samples); explicit flags override "

@@ -7,7 +7,7 @@ from typing import Any
 from ..errors import InputError
 from .options import TrainOptions
 
-__all__ = ["PRESETS", "resolve"]
+__all__ = ["TRAINING_PRESETS", "resolve"]
 
 #: Preset name -> the option values it sets (the others keep their defaults).
 #:
@@ -35,7 +35,7 @@ __all__ = ["PRESETS", "resolve"]
 #: minutes on one thread) the default probe finds a previous-token head in layer 0 (0.49), an
 #: induction head in layer 1 (0.61, formed near step 1600) and a sink in layer 3 (0.80): three
 #: layers of C1's five. Eight heads a layer (d = 64) made a step 1.7 times slower.
-PRESETS: dict[str, dict[str, Any]] = {
+TRAINING_PRESETS: dict[str, dict[str, Any]] = {
     "induction": {"family": "llama", "n_layers": 2, "d_model": 128, "n_heads": 4, "d_ff": 512, "seq_len": 160,
                   "batch_size": 32, "steps": 2000, "lr": 1e-3, "warmup": 100, "checkpoints": 12,
                   "text": "python-docs", "repeat_fraction": 0.75, "repeat_min": 8, "repeat_max": 64},
@@ -59,11 +59,11 @@ def resolve(preset: str | None, **explicit: Any) -> TrainOptions:
     >>> resolve("induction", steps=10).steps, resolve("induction").repeat_fraction
     (10, 0.75)
     """
-    if preset is not None and preset not in PRESETS:
-        raise InputError(f"--preset {preset!r} is unknown; use one of {', '.join(PRESETS)}.")
+    if preset is not None and preset not in TRAINING_PRESETS:
+        raise InputError(f"--preset {preset!r} is unknown; use one of {', '.join(TRAINING_PRESETS)}.")
     known = {f.name for f in TrainOptions.__dataclass_fields__.values()}
     unknown = sorted(set(explicit) - known)
     if unknown:
         raise InputError(f"unknown training option {unknown[0]!r}; known: {', '.join(sorted(known))}.")
-    values = {**(PRESETS[preset] if preset else {}), **{k: v for k, v in explicit.items() if v is not None}}
+    values = {**(TRAINING_PRESETS[preset] if preset else {}), **{k: v for k, v in explicit.items() if v is not None}}
     return TrainOptions(**values)
