@@ -205,7 +205,7 @@ def analyse(
     _run_mode(if_exists)  # refused before a model loads
     loaded = None
     if not isinstance(model, (str, Path)):
-        from .models.loading import wrap_model
+        from .models.in_memory import wrap_model
 
         loaded = wrap_model(model, tokenizer)
         model = loaded.name

@@ -24,7 +24,7 @@ from depthlens.interventions import clamp as cl
 from depthlens.stages import clamp as clamp_stage
 from depthlens.interventions.options import ClampOptions
 from depthlens.models import build_random
-from depthlens.models.loading import wrap_model
+from depthlens.models.in_memory import wrap_model
 from depthlens.report.claims import evaluate, load_claims
 from depthlens.runs import RunMode
 from depthlens.schema import SCHEMA

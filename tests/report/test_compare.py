@@ -19,7 +19,7 @@ from depthlens.report import evaluate, load_claims, render_comparison
 from depthlens.report.claims import run_claims_path
 from depthlens.report.compare import COMPARE_HTML, COMPARE_JSON, default_labels
 from depthlens.report.compare_figures import PROFILES, build_profiles, draw_profile, model_colours, run_profile
-from depthlens.report.html import esc
+from depthlens.report.verdicts_html import esc
 from depthlens.runs.tables import RunTables
 
 from . import IMAGE_WIDTHS, MALICIOUS, build_run, in_chromium, need_chromium, read_table, write_table
@@ -264,7 +264,8 @@ def test_smollm2_against_its_random_init_in_headless_chromium(tmp_path):
     and jacobian, quick preset, 1 chunk without pseudospectral radii, no step-0 null: about
     a minute and a half on 2 cores), compared and rendered in headless Chromium."""
     import depthlens
-    from depthlens.models.loading import init_like, load_model
+    from depthlens.models.in_memory import init_like
+    from depthlens.models.loading import load_model
 
     need_chromium()  # before the runs
     options = {"stages": ["attention", "jacobian"], "preset": "quick", "chunks": 1, "extras_chunks": 0, "null": "none"}

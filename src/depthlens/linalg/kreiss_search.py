@@ -29,8 +29,7 @@ import math
 
 import numpy as np
 import scipy.optimize
-from scipy.linalg.lapack import dpotrf as _dpotrf
-from scipy.linalg.lapack import zpotrf as _zpotrf
+from scipy.linalg.lapack import dpotrf as _dpotrf, zpotrf as _zpotrf
 
 from . import guarded
 from ._kernels import signature_proposal

@@ -7,8 +7,9 @@ from ..lazy import lazy_exports
 _EXPORTS = {
     **dict.fromkeys(["Adapter", "adapter_for"], ".adapter"),
     **dict.fromkeys(["FAMILIES", "build_random", "family_of", "random_config"], ".families"),
-    **dict.fromkeys(["LoadedModel", "embedded_models", "init_like", "load_model", "series_checkpoints",
-                     "supported_families"], ".loading"),
+    **dict.fromkeys(["LoadedModel", "embedded_models", "load_model", "series_checkpoints", "supported_families"],
+                    ".loading"),
+    **dict.fromkeys(["init_like", "wrap_model"], ".in_memory"),
     **dict.fromkeys(["Family", "family", "family_for_config"], ".registry"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -42,7 +42,8 @@ from ..runs.atomic import write_bytes, write_json
 from .canvas import DPI, Skip
 from .claims import claims_hash, evaluate, load_claims, run_claims_path
 from .compare_figures import PROFILES, ProfileSpec, build_profiles, draw_profile, model_colours
-from .html import CSS, FRAGILE_BADGE, esc, figure_html, status_badge, verdict_badge
+from .html import CSS, figure_html
+from .verdicts_html import FRAGILE_BADGE, esc, status_badge, verdict_badge
 from ..runs.tables import RunTables
 
 __all__ = ["COMPARE_HTML", "COMPARE_JSON", "FORMAT", "default_labels", "render_comparison"]
