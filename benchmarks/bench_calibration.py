@@ -11,9 +11,9 @@ rule made no error). Acceptance: both error rates ≤ 0.05 under the interval ru
 (the exit status is 1 otherwise, naming the points).
 
 The contest claims' scenarios simulate the contest table's rows from a sampling model measured
-on the stage's code (:func:`depthlens.report.calibration.contest_world`); their rows are followed
+on the stage's code (:func:`depthlens.report.worlds_attention.contest_world`); their rows are followed
 by the same claims calibrated with the stage's own code (``stage code``: the contest of
-:func:`~depthlens.report.calibration.real_contest` with 200 bootstrap resamples and 200
+:func:`~depthlens.report.worlds_attention.real_contest` with 200 bootstrap resamples and 200
 permutations on every draw of the planted per-head worlds), with fewer draws (``--stage-draws``).
 
 ``python benchmarks/bench_calibration.py [DRAWS] [--claims ID,...] [--stage-draws N]`` (default
@@ -29,8 +29,8 @@ import time
 
 import numpy as np
 
-from depthlens.report.calibration import (ACCEPT, SCENARIOS, MemoryTables, calibrate, calibration_points,
-                                          contest_planted, contest_world, real_contest)
+from depthlens.report.calibration import ACCEPT, SCENARIOS, MemoryTables, calibrate, calibration_points
+from depthlens.report.worlds_attention import contest_planted, contest_world, real_contest
 from depthlens.report.claims import Claim, judge, load_claims
 
 #: The contest targets each contest claim's table needs (BH runs over every row of the table).

@@ -196,7 +196,7 @@ def test_no_stage_imports_another() -> None:
 DECLARATIVE = {"schema.py": "the declarations of every table, column, summary and array file"}
 #: Files still over the limit, each capped at its present length until it is split (they decide
 #: calibrations, so a split re-ships them).
-NOT_YET_SPLIT = {"report/statistics.py": 1145, "report/calibration.py": 945, "interventions/clamp.py": 708}
+NOT_YET_SPLIT = {"report/statistics.py": 1145}
 
 
 def test_no_source_file_over_600_lines() -> None:

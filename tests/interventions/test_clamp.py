@@ -21,6 +21,7 @@ from depthlens.config import RunConfig
 from depthlens.executors import Execution
 from depthlens.errors import InputError
 from depthlens.interventions import clamp as cl
+from depthlens.interventions import clamp_verdict as cv
 from depthlens.stages import clamp as clamp_stage
 from depthlens.interventions.options import ClampOptions
 from depthlens.models import build_random
@@ -144,7 +145,7 @@ def test_planted_massive_activations_are_detected_exactly(planted) -> None:
     assert chain["emergence_layers"] == [PLANTED[d][1] for d in sorted(PLANTED)]
     assert chain["n_chunks"] == CLAMP_CHUNKS and chain["detection_chunks"] == CHUNKS
     assert set(chain["conditions"]) == {"monotone", "predicts", "control_inert"}
-    assert chain["conditions"]["predicts"]["n_perm"] == cl.N_PERM
+    assert chain["conditions"]["predicts"]["n_perm"] == cv.N_PERM
     assert [r["dim"] for r in chain["per_dim"]] == sorted(PLANTED)
     carried = [r["dim"] for r in chain["per_dim"] if r["carries"]]
     assert chain["dims"] == (carried if chain["supported"] else [])
@@ -383,7 +384,7 @@ def _synthetic(n_heads: int = 24, control_seeds: int = 2, *, bend: bool = False,
 
 
 def _verdict(tables: tuple[pd.DataFrame, pd.DataFrame], control_reason: str | None = None) -> dict:
-    return cl.chain_verdict(*tables, dims=(7, 9), seed=0, control_reason=control_reason)
+    return cv.chain_verdict(*tables, dims=(7, 9), seed=0, control_reason=control_reason)
 
 
 def test_verdict_supported_on_a_clean_chain() -> None:
@@ -391,14 +392,14 @@ def test_verdict_supported_on_a_clean_chain() -> None:
     c = verdict["conditions"]
     assert verdict["tested"] is True and verdict["supported"] is True and verdict["reason"] is None
     assert c["monotone"]["nondecreasing"] and c["monotone"]["frac_positive"] == 1.0 and c["monotone"]["p"] < 1e-6
-    assert c["predicts"]["rho"] > 0.5 and c["predicts"]["p"] == 1 / (cl.N_PERM + 1)
+    assert c["predicts"]["rho"] > 0.5 and c["predicts"]["p"] == 1 / (cv.N_PERM + 1)
     assert c["predicts"]["n_heads"] == 24 and c["predicts"]["n_layers"] == 6
     assert c["control_inert"]["held"] and all(s["sink_mass_ratio"] < 0.01 for s in c["control_inert"]["seeds"])
     per_dim = {r["dim"]: r for r in verdict["per_dim"]}
     assert per_dim[7]["alone_carries"] and per_dim[7]["left_out_breaks"] and per_dim[7]["carries"]
     assert per_dim[9]["alone"]["monotone"]["held"] is False and per_dim[9]["left_out"]["predicts"]["held"] is True
     assert not per_dim[9]["carries"] and verdict["dims"] == [7] and verdict["all_dims"] == [7, 9]
-    json.dumps(cl.json_safe(verdict), allow_nan=False)
+    json.dumps(cv.json_safe(verdict), allow_nan=False)
 
 
 @pytest.mark.parametrize("broken, condition", [({"bend": True}, "monotone"), ({"shuffle_rise": True}, "predicts"),
@@ -449,7 +450,7 @@ def test_rank_rhos_are_spearman_per_row_with_exact_signs() -> None:
     alphas = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
     rows = np.vstack([rng.normal(size=(20, 5)), rng.integers(0, 3, size=(20, 5)).astype(float),
                       [[1.0, 2.0, 3.0, 2.0, 1.0], [0.5] * 5]])
-    got = cl._rank_rhos(alphas, rows)
+    got = cv._rank_rhos(alphas, rows)
     want = [spearmanr(alphas, row)[0] if np.ptp(row) > 0 else np.nan for row in rows]
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
     assert got[-2] == 0.0 and np.isnan(got[-1])
@@ -463,12 +464,12 @@ def test_permutation_test_respects_layers() -> None:
     offset = np.repeat(np.arange(6.0), 8)
     drop = pd.Series(offset + rng.normal(0.0, 0.3, 48), index=index)
     rise = pd.Series(offset + rng.normal(0.0, 0.3, 48), index=index)
-    test = cl.permutation_spearman(drop, rise, seed=0)
+    test = cv.permutation_spearman(drop, rise, seed=0)
     assert test["rho"] > 0.8 and test["p"] > 0.05 and test["testable"]
-    assert test == cl.permutation_spearman(drop, rise, seed=0)
-    within = cl.permutation_spearman(drop, drop + rng.normal(0.0, 0.01, 48), seed=0)
-    assert within["p"] == 1 / (cl.N_PERM + 1)
-    assert not cl.permutation_spearman(drop.iloc[:3], rise.iloc[:3], seed=0)["testable"]  # 3! < 20
+    assert test == cv.permutation_spearman(drop, rise, seed=0)
+    within = cv.permutation_spearman(drop, drop + rng.normal(0.0, 0.01, 48), seed=0)
+    assert within["p"] == 1 / (cv.N_PERM + 1)
+    assert not cv.permutation_spearman(drop.iloc[:3], rise.iloc[:3], seed=0)["testable"]  # 3! < 20
 
 
 # ----------------------------------------------------------------------------- checks

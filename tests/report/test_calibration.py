@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from depthlens.report import calibration as calmod
-from depthlens.report.calibration import (ACCEPT, CLAMP_DIMS, SCENARIOS, calibrate, calibration_at, contest_planted,
-                                          contest_row_model, contest_world, real_contest)
+from depthlens.report.calibration import ACCEPT, SCENARIOS, calibrate, calibration_at
+from depthlens.report.worlds_attention import (CLAMP_DIMS, contest_planted, contest_row_model, contest_world,
+                                               real_contest)
 from depthlens.report.claims import evaluate, judge, load_claims, write_claims_json
 from depthlens.report.statistics import SCHUR_ORDERS, compute_estimate
 from depthlens.runs.tables import RunTables

@@ -23,7 +23,7 @@ Phases, each in resumable units:
    ≥ ``from_layer`` the sink mass and, for the doses 0 and 1 and the mean arm, TR1 and Δ_TR
    against ``clamp_null_samples`` spec nulls (Kreiss searches in the worker pool; medians
    over the clamp chunks).
-4. The verdict (:func:`~.clamp.chain_verdict`) goes to ``interventions.json``.
+4. The verdict (:func:`~depthlens.interventions.clamp_verdict.chain_verdict`) goes to ``interventions.json``.
 
 Cost: the chain runs ``A + 1`` arm units for the massive clamp and ``A`` per control seed
 (``A`` doses counting 0 and 1), ``3 + 2·seeds`` of them with reserves (the Kreiss searches,
@@ -58,6 +58,7 @@ from ..data import Chunks, as_chunks
 from ..errors import InputError, RunError, require_at_least
 from ..executors.local import executor
 from ..interventions import clamp as cl
+from ..interventions import clamp_verdict
 from ..models.hooks import first_arg
 from .context import StageContext
 
@@ -134,12 +135,12 @@ def run(context: StageContext) -> None:
         _write_untested(context, f"{len(missing)} clamp units failed (first: {missing[0]}); see logs/{STAGE}.log "
                                  "and rerun with --resume", tables=False)
         return
-    verdict = cl.chain_verdict(heads[chain_rows], heads[~chain_rows], plan.dims, opts.seed, control_reason,
+    verdict = clamp_verdict.chain_verdict(heads[chain_rows], heads[~chain_rows], plan.dims, opts.seed, control_reason,
                                _delta_ce(ce))
     chain = {**verdict, "emergence_layers": list(plan.emergence), "from_layer": plan.from_layer,
              "n_chunks": len(ids), "detection_chunks": n_detect, "alphas": list(cl.arm_alphas(opts.clamp_alphas)),
              "control_dims": [list(t.dims) for t in targets if t.name == "control"]}
-    run_dir.write_json("interventions", cl.json_safe({"clamp_chain": chain}))
+    run_dir.write_json("interventions", clamp_verdict.json_safe({"clamp_chain": chain}))
     if not verdict["tested"] and not quiet:
         print(f"clamp: chain not tested: {verdict['reason']}.")
 
