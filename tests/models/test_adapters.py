@@ -142,6 +142,16 @@ def test_attention_probs_streams_requested_layers() -> None:
         list(c.ad.attention_probs(c.ids, layers=[5]))
 
 
+def test_a_consumer_stopped_between_layers_keeps_its_grad_mode() -> None:
+    """A run interrupted while the generator waits at a layer (then held by a traceback) once
+    left torch's grad mode off for the rest of the process: the training that followed failed."""
+    c = _case("llama")
+    it = c.ad.attention_probs(c.ids, layers=[0, 1])
+    next(it)
+    assert torch.is_grad_enabled()
+    del it
+
+
 @pytest.mark.parametrize("name", ["gemma3", "olmo3", "mistral", "qwen2"])
 def test_sliding_windows_respected(name: str) -> None:
     c = _case(name)

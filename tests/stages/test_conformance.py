@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from depthlens.cli import main
 from depthlens.config import RunConfig
@@ -122,6 +123,7 @@ def check_resume(stage: str, one: Path, text: Path, folder: Path, monkeypatch: p
     with _interrupt_at_unit(stage, 2, monkeypatch) as stored, pytest.raises(KeyboardInterrupt):
         run(_config(text), out, stages=plan, execution=Execution(quiet=True, jobs=1))
     assert len(stored) == 1, f"the {stage} stage stored {len(stored)} unit(s) before the interrupt, not 1"
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled(), "the interrupt left torch's grad mode off"
     assert read_manifest(out)["stages"][stage]["status"] == "interrupted"
     run(_config(text), out, run_mode=RunMode.RESUME, stages=plan, execution=Execution(quiet=True, jobs=1))
     _assert_same_tables(_tables(out, stage), _tables(one, stage))

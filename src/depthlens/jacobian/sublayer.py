@@ -153,18 +153,20 @@ def _factors(
             ctx = Chunk(adapter, layer, ops, h)
         else:
             h = _check_finite(r[:, pos].to(device=dev, dtype=dtype))
-        for s in range(0, b_idx.numel(), _TOKEN_CHUNK):
-            b, t = b_idx[s : s + _TOKEN_CHUNK], t_idx[s : s + _TOKEN_CHUNK]
+    for s in range(0, b_idx.numel(), _TOKEN_CHUNK):
+        b, t = b_idx[s : s + _TOKEN_CHUNK], t_idx[s : s + _TOKEN_CHUNK]
+        with torch.no_grad():  # closed before the yield: a consumer stopped there keeps its grad mode
             if in_context:
-                yield in_context_attn_factor(adapter, layer, ops, ctx, h[b, t], b, t)
-                continue
-            x = h.reshape(-1, h.shape[-1])[s : s + _TOKEN_CHUNK]
-            if kind == "attn":
-                yield isolated_attn_factor(adapter, ops, x)
-            elif block_internal:
-                yield mlp_factor(ops, x + isolated_attn_update(adapter, ops, x))
+                factor = in_context_attn_factor(adapter, layer, ops, ctx, h[b, t], b, t)
             else:
-                yield mlp_factor(ops, x)
+                x = h.reshape(-1, h.shape[-1])[s : s + _TOKEN_CHUNK]
+                if kind == "attn":
+                    factor = isolated_attn_factor(adapter, ops, x)
+                elif block_internal:
+                    factor = mlp_factor(ops, x + isolated_attn_update(adapter, ops, x))
+                else:
+                    factor = mlp_factor(ops, x)
+        yield factor
 
 # ---------------------------------------------------------------------------------------
 # public API

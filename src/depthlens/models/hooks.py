@@ -95,8 +95,9 @@ class Captures:
         captured = self._attention_captures(ids, set(wanted), lambda layer, x: self.qkv(layer, x)[:2])
         for layer in wanted:
             q, k = captured[layer]
-            with torch.no_grad():
-                yield layer, self.probs_from_qk(layer, q, k)
+            with torch.no_grad():  # closed before the yield: a consumer stopped there keeps its grad mode
+                probs = self.probs_from_qk(layer, q, k)
+            yield layer, probs
 
     def attention_inputs(self, input_ids: Tensor, layers: Iterable[int] | None = None) -> dict[int, Tensor]:
         """The inputs of the attention modules of ``layers`` (B, T, d), from one (early-stopped) forward pass."""
