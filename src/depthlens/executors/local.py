@@ -57,9 +57,8 @@ def install_sigterm_handler() -> Any:
 
     The command line then stops its workers (see :func:`executor`), prints
     ``interrupted; continue with --resume`` and exits 130, and finished units stay for
-    ``--resume``. A signal whose exception a finaliser swallowed is raised again where the
-    next unit is stored (:mod:`depthlens.interrupts`). Call it at start-up, from the main
-    thread.
+    ``--resume``. A signal whose exception a finaliser swallowed prints nothing and is
+    raised again where the next unit is stored (:mod:`depthlens.interrupts`). Call it at start-up, from the main thread.
 
     Returns
     -------
@@ -71,6 +70,7 @@ def install_sigterm_handler() -> Any:
     if threading.current_thread() is not threading.main_thread():
         return None
     interrupts.clear()
+    interrupts.install_quiet_hook()
     return signal.signal(signal.SIGTERM, interrupts.raise_interrupt)
 
 
