@@ -5,7 +5,7 @@ revisions, a revision list file), :mod:`~depthlens.census.runner` runs the chose
 each checkpoint as an ordinary run (``run_census``), :mod:`~depthlens.report.census_tables` gathers
 the census tables from those runs, and :mod:`~depthlens.report.onsets` dates formation against
 consolidation. The census claims (C1–C3) are statistics of
-:mod:`depthlens.report.census_statistics`. This package's top level stays light (no torch).
+:mod:`depthlens.report.statistics.census`. This package's top level stays light (no torch).
 """
 
 from .options import CENSUS_STAGES, CensusOptions

@@ -71,7 +71,9 @@ ACCEPT = 0.05
 RUN_DRAWS = 100
 #: The modules (paths under the package) whose code decides a calibration's numbers.
 DECIDING = ("report/calibration.py", "report/worlds.py", "report/worlds_attention.py", "report/worlds_residual.py",
-            "report/statistics.py", "report/census_statistics.py", "report/claims.py", "runs/tables.py", "stats.py",
+            "report/statistics/__init__.py", "report/statistics/core.py", "report/statistics/attention.py",
+            "report/statistics/interventions.py", "report/statistics/residual.py", "report/statistics/census.py",
+            "report/claims.py", "runs/tables.py", "stats.py",
             "report/onsets.py", "contest/cv.py", "interventions/clamp.py", "interventions/clamp_verdict.py")
 #: The packaged calibrations: ``{"code": fingerprint, "entries": {key: {"claim", "sizes", "draws", "result"}}}``.
 SHIPPED = Path(__file__).with_name("calibrations.json")

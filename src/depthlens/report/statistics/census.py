@@ -2,8 +2,7 @@
 ``census_heads`` tables (:mod:`depthlens.report.census_tables`).
 
 They test the primary series: the first series of the census (a census with ``--compare``
-holds more, which the report compares but the claims do not pool). Registered in
-:data:`~depthlens.report.statistics.STATISTICS` on import.
+holds more, which the report compares but the claims do not pool).
 """
 
 from __future__ import annotations
@@ -13,16 +12,19 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from .onsets import head_onsets, layer_lag_test
-from ..stats import spearman, trend_interval
-from .statistics import Estimate, TooLittleData, _columns, _numeric, register
-from ..runs.tables import RunTables
+from ..onsets import head_onsets, layer_lag_test
+from ...runs.tables import RunTables
+from ...stats import spearman, trend_interval
+from .core import Estimate, Statistic, TooLittleData, numeric, registrar, require_columns
+
+STATISTICS: dict[str, Statistic] = {}
+register = registrar(STATISTICS)
 
 
 def _primary(t: RunTables, name: str) -> pd.DataFrame:
     """Rows of census table ``name`` of the primary series, in training order."""
     df = t.table(name)
-    _columns(df, f"{name}.parquet", "series", "order")
+    require_columns(df, f"{name}.parquet", "series", "order")
     census = t.table("census")
     first = census["series"].iloc[0] if census is not None and len(census) else df["series"].iloc[0]
     return df[df["series"] == first].sort_values("order")
@@ -30,7 +32,7 @@ def _primary(t: RunTables, name: str) -> pd.DataFrame:
 
 def _onsets(t: RunTables) -> pd.DataFrame:
     heads = _primary(t, "census_heads")
-    _columns(heads, "census_heads.parquet", "prev_token_score", "induction_score", "sink_mass", "delta_TR1")
+    require_columns(heads, "census_heads.parquet", "prev_token_score", "induction_score", "sink_mass", "delta_TR1")
     return t.derived("census_onsets", lambda: head_onsets(heads))
 
 
@@ -59,7 +61,7 @@ def _boundaries(t: RunTables) -> int | None:
     census = t.table("census")
     if census is None or "coupling_tested" not in census.columns:
         return None
-    tested = _numeric(_primary(t, "census")["coupling_tested"])
+    tested = numeric(_primary(t, "census")["coupling_tested"])
     tested = tested[np.isfinite(tested)]
     return int(tested.min()) if tested.size else None
 
@@ -91,7 +93,7 @@ def _lag_median(t: RunTables) -> float:
 
 def _done(t: RunTables) -> pd.DataFrame:
     census = _primary(t, "census")
-    _columns(census, "census.parquet", "status", "funnel_step0_over", "erank_full_depth", "coupling_significant")
+    require_columns(census, "census.parquet", "status", "funnel_step0_over", "erank_full_depth", "coupling_significant")
     return census[census["status"] != "failed"]
 
 
@@ -103,14 +105,14 @@ def _done(t: RunTables) -> pd.DataFrame:
           samples={"checkpoints": _checkpoints})
 def _funnel_learned(t: RunTables) -> Estimate:
     done = _done(t)
-    values = _numeric(done["funnel_step0_over"])
+    values = numeric(done["funnel_step0_over"])
     finite = np.flatnonzero(np.isfinite(values))
     if finite.size == 0:
         raise TooLittleData("no checkpoint has a full-depth erank (run the jacobian stage)")
     last = finite[-1]
     if not {"funnel_step0_over_lo", "funnel_step0_over_hi"} <= set(done.columns):
         return Estimate(float(values[last]), -np.inf, np.inf)
-    lo, hi = _numeric(done["funnel_step0_over_lo"])[last], _numeric(done["funnel_step0_over_hi"])[last]
+    lo, hi = numeric(done["funnel_step0_over_lo"])[last], numeric(done["funnel_step0_over_hi"])[last]
     return Estimate(float(values[last]), -np.inf if np.isnan(lo) else float(lo), np.inf if np.isnan(hi) else float(hi))
 
 
@@ -118,7 +120,7 @@ def _trend(column: str, what: str) -> Callable[[RunTables], float]:
     """Spearman correlation between training order and ``column`` over the checkpoints that
     have it (0 when it never changes); needs 3 of them."""
     def stat(t: RunTables) -> float:
-        values = _numeric(_done(t)[column])
+        values = numeric(_done(t)[column])
         values = values[np.isfinite(values)]
         if values.size < 3:
             raise TooLittleData(f"{values.size} checkpoint(s) with {what}; a trend needs 3")
@@ -140,8 +142,8 @@ register("census_funnel_trend", ["census"],
           samples={"checkpoints": _checkpoints, "boundaries": _boundaries})
 def _coupling_trend(t: RunTables) -> Estimate:
     done = _done(t)
-    _columns(done, "census.parquet", "coupling_tested")
-    counts, tested = _numeric(done["coupling_significant"]), _numeric(done["coupling_tested"])
+    require_columns(done, "census.parquet", "coupling_tested")
+    counts, tested = numeric(done["coupling_significant"]), numeric(done["coupling_tested"])
     ok = np.isfinite(counts) & np.isfinite(tested)
     if ok.sum() < 3:
         raise TooLittleData(f"{int(ok.sum())} checkpoint(s) with coupling counts (run the topology stage); a trend "

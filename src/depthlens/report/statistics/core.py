@@ -1,0 +1,236 @@
+"""The statistics' common ground: the registry's records, the errors a statistic raises, the
+sample units, and the helpers every family of statistics reads tables with.
+
+A statistic takes a :class:`~depthlens.runs.tables.RunTables` and returns a float (``inf``
+allowed), NaN for "too little data", or ``None`` for "inputs missing"; it only reads tables and
+summaries, nothing is recomputed. Each family module (:mod:`.attention`, :mod:`.interventions`,
+:mod:`.residual`, :mod:`.census`) keeps its statistics in a registry of its own, made with
+:func:`registrar`; the package gathers them into :data:`STATISTICS`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ...runs.tables import RunTables
+from ...stats import median_interval, spearman, spearman_interval
+
+#: Sample units a claim may set a minimum for (``min_UNIT``), with the words the report uses.
+SAMPLE_UNITS = {
+    "chunks": "chunks",
+    "null_chunks": "chunks with null samples",
+    "matrices": "attention matrices with a simple Perron root",
+    "routing_heads": "routing heads",
+    "sink_heads": "sink heads",
+    "boundaries": "sub-layer boundaries",
+    "permutations": "label permutations",
+    "layers": "layers (the contest's folds and bootstrap clusters)",
+    "checkpoints": "checkpoints",
+    "null_samples": "matched null samples per matrix",
+    "early_layers": "layers in the first third with trained and step-0 operators",
+    "operators": "sub-layer operators",
+    "paired_layers": "layers with heads that have both onsets",
+    "probe_seqs": "probe sequences (each with its length-matched control)",
+    "init_seeds": "step-0 initialisations (--init-seeds) with bootstrapped funnel ends",
+}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic's value with an interval the verdict reads.
+
+    ``kind`` is ``"confidence"`` (a 95 % interval: the verdict is decisive only when the whole
+    interval stays out of the opposite region, so a verdict is a measurement at the run's
+    sample size) or ``"range"`` (the least and greatest value over a declared set of protocol
+    choices, e.g. every Schur order: decisive only when every choice agrees).
+    """
+
+    value: float
+    lo: float
+    hi: float
+    kind: str = "confidence"
+
+
+class NotTested(Exception):
+    """Raised inside a statistic when its inputs are missing (verdict ``not tested``)."""
+
+
+class TooLittleData(Exception):
+    """Raised inside a statistic when its inputs are present but too few (``inconclusive``)."""
+
+
+SampleCounter = Callable[[RunTables], "int | None"]
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """A named statistic: ``func(tables) -> float | None`` and the outputs it reads.
+
+    ``needs`` names run outputs (``NAME`` for ``tables/NAME.parquet``, ``NAME.json``,
+    ``arrays/NAME``); when one is absent the claim is ``not tested`` without calling ``func``.
+    ``samples`` maps the sample units of :data:`SAMPLE_UNITS` that the statistic rests on to
+    a function counting them in a run (``None`` when the run does not record the count).
+    """
+
+    name: str
+    func: Callable[[RunTables], float | None]
+    needs: tuple[str, ...]
+    description: str
+    samples: dict[str, SampleCounter] = field(default_factory=dict)
+
+
+#: Every statistic of the study by name: the family registries, gathered by the package
+#: (:func:`gather`), and any registered from outside it.
+STATISTICS: dict[str, Statistic] = {}
+
+Register = Callable[..., Callable[[Callable[[RunTables], Any]], Callable[[RunTables], Any]]]
+
+
+def registrar(registry: dict[str, Statistic]) -> Register:
+    """``register(name, needs, description, samples=None)``: a decorator that puts a statistic
+    function in ``registry`` under ``name``, with the counters of its sample units
+    (``samples``, keys from :data:`SAMPLE_UNITS`). A name registered twice is an error."""
+
+    def register(name: str, needs: Sequence[str], description: str,
+                 samples: Mapping[str, SampleCounter] | None = None):
+        unknown = sorted(set(samples or {}) - set(SAMPLE_UNITS))
+        if unknown:
+            raise ValueError(f"statistic {name!r}: unknown sample unit {unknown[0]!r}")
+
+        def wrap(func: Callable[[RunTables], Any]) -> Callable[[RunTables], Any]:
+            if name in registry:
+                raise ValueError(f"statistic {name!r} is registered twice")
+            registry[name] = Statistic(name, func, tuple(needs), " ".join(description.split()), dict(samples or {}))
+            return func
+
+        return wrap
+
+    return register
+
+
+def gather(*registries: Mapping[str, Statistic]) -> None:
+    """Add the family registries to :data:`STATISTICS`, in order; a name two of them (or one
+    of them and :data:`STATISTICS`) hold is an error."""
+    for registry in registries:
+        taken = sorted(set(registry) & set(STATISTICS))
+        if taken:
+            raise ValueError(f"statistic {taken[0]!r} is registered twice")
+        STATISTICS.update(registry)
+
+
+def compute_statistic(name: str, tables: RunTables) -> tuple[float | None, str]:
+    """Value of statistic ``name`` on ``tables`` and a one-line note.
+
+    Returns ``(None, why)`` when the inputs are missing (or the statistic failed on an
+    unexpected table, also issued as a ``RuntimeWarning``) and ``(nan, why)`` when they are
+    too few; otherwise ``(value, "")``.
+    """
+    estimate, note = compute_estimate(name, tables)
+    return (None if estimate is None else estimate.value), note
+
+
+def compute_estimate(name: str, tables: RunTables) -> tuple[Estimate | None, str]:
+    """:func:`compute_statistic` with the statistic's interval: an :class:`Estimate` (``lo``
+    = −inf and ``hi`` = +inf for a statistic that gives none, or when the value is NaN), or
+    ``None`` when the inputs are missing, and the note."""
+    stat = STATISTICS[name]
+    for need in stat.needs:
+        if not tables.has(need):
+            return None, tables.why_missing(need)
+    try:
+        value = stat.func(tables)
+    except NotTested as exc:
+        return None, str(exc)
+    except TooLittleData as exc:
+        return Estimate(math.nan, -math.inf, math.inf), str(exc)
+    except Exception as exc:  # an odd table must not take the report down: say so instead
+        warnings.warn(f"statistic {name} failed: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+        return None, f"{name} could not be computed ({type(exc).__name__}: {exc})"
+    if value is None:
+        return None, f"the inputs of {name} are missing"
+    if not isinstance(value, Estimate):
+        value = Estimate(float(value), -math.inf, math.inf, "none")
+    value = Estimate(float(value.value), float(value.lo), float(value.hi), value.kind)
+    return value, ("too little data" if math.isnan(value.value) else "")
+
+
+def require_columns(df: pd.DataFrame, name: str, *cols: str) -> None:
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise NotTested(f"{name} lacks column {missing[0]!r}")
+
+
+def numeric(s: pd.Series) -> np.ndarray:
+    return pd.to_numeric(s, errors="coerce").to_numpy(dtype=float)
+
+
+def finite_median(values: np.ndarray, what: str) -> float:
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        raise TooLittleData(f"no finite values of {what}")
+    return float(np.median(values))
+
+
+def select_rows(df: pd.DataFrame, table: str, **equal: Any) -> pd.DataFrame:
+    require_columns(df, table, *equal)
+    for col, value in equal.items():
+        df = df[df[col] == value]
+        if df.empty:
+            raise NotTested(f"{table} has no rows with {col} = {value}")
+    return df
+
+
+def as_count(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    return None if math.isnan(float(value)) else int(value)
+
+
+def config_count(t: RunTables, key: str) -> int | None:
+    """Option ``key`` of the run's configuration: a run option at the top of the manifest's
+    ``config``, a stage option in its stage's section (option names are unique)."""
+    config = t.manifest.get("config") or {}
+    value = config.get(key)
+    if value is None:
+        value = next((section[key] for section in config.values() if isinstance(section, dict) and key in section),
+                     None)
+    return as_count(value)
+
+
+def run_chunks(t: RunTables) -> int | None:
+    """Chunks the run analysed: the token array's first axis in the manifest, else config.chunks."""
+    shape = (t.manifest.get("data") or {}).get("shape")
+    if isinstance(shape, list) and shape and as_count(shape[0]) is not None:
+        return as_count(shape[0])
+    return config_count(t, "chunks")
+
+
+def median_estimate(values: np.ndarray, what: str) -> Estimate:
+    """The median of the finite-or-infinite ``values`` (NaN dropped) with its distribution-free
+    95 % interval (:func:`~depthlens.stats.median_interval`; unbounded below 6 values)."""
+    values = np.asarray(values, dtype=np.float64)
+    return Estimate(finite_median(values, what), *median_interval(values))
+
+
+def spearman_estimate(x: np.ndarray, y: np.ndarray, what: str) -> Estimate:
+    """Spearman ρ over the finite pairs with its 95 % interval
+    (:func:`~depthlens.stats.spearman_interval`)."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    rho = finite_spearman(x, y, what)[0]
+    return Estimate(rho, *spearman_interval(rho, int(ok.sum())))
+
+
+def finite_spearman(x: np.ndarray, y: np.ndarray, what: str) -> tuple[float, float]:
+    """Spearman ρ and its p-value over the pairs where both are finite; too little data below
+    3 pairs or when either side is constant."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+        raise TooLittleData(f"fewer than 3 {what}")
+    return spearman(x[ok], y[ok])

@@ -1,0 +1,526 @@
+"""Part B's statistics of the residual stream (claims B1–B6): complex and rotating modes of the
+mean Jacobians, the funnel of their cumulative products and the Schur split, the coupling of
+boundary nodes to the operators, and symmetry over depth."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from ...runs.tables import RunTables
+from ...stats import percentile_interval, proportion_interval, trend_interval
+from .core import (Estimate, NotTested, SampleCounter, Statistic, TooLittleData, as_count, config_count, finite_median,
+                   finite_spearman, median_estimate, numeric, registrar, require_columns, run_chunks, select_rows,
+                   spearman_estimate)
+
+STATISTICS: dict[str, Statistic] = {}
+register = registrar(STATISTICS)
+
+
+def _boundaries(*checkpoints: str) -> SampleCounter:
+    """Sub-layer boundaries with a coupling test, the least over ``checkpoints``."""
+    def count(t: RunTables) -> int | None:
+        df = t.table("coupling")
+        if df is None or "checkpoint" not in df.columns:
+            return None
+        return min(int((df["checkpoint"] == c).sum()) for c in checkpoints)
+
+    return count
+
+
+def _permutations(t: RunTables) -> int | None:
+    topo = t.json("topology") or {}
+    n = as_count(topo.get("n_perm", (topo.get("options") or {}).get("n_perm")))
+    return n if n is not None else config_count(t, "n_perm")
+
+
+_JACOBIAN_CHUNKS = {"chunks": run_chunks}  # mean Jacobians average over every chunk of the run
+
+
+def _early_operators(t: RunTables, sublayers: tuple[str, ...], checkpoint: str = "trained",
+                     jacobian_mode: str = "isolated") -> pd.DataFrame:
+    """Operators rows of ``sublayers`` in the first third of layers (layer < ceil(L/3))."""
+    df = select_rows(t.table("operators"), "operators.parquet", checkpoint=checkpoint, jacobian_mode=jacobian_mode)
+    require_columns(df, "operators.parquet", "layer", "sublayer")
+    n_layers = int(df["layer"].max()) + 1
+    df = df[(df["layer"] < math.ceil(n_layers / 3)) & df["sublayer"].isin(sublayers)]
+    if df.empty:
+        raise NotTested(f"operators.parquet has no {'/'.join(sublayers)} rows of {checkpoint} ({jacobian_mode})")
+    return df
+
+
+def _complex_early(column: str, sublayers: tuple[str, ...], jacobian_mode: str = "isolated"
+                   ) -> Callable[[RunTables], float]:
+    def stat(t: RunTables) -> float:
+        df = _early_operators(t, sublayers, jacobian_mode=jacobian_mode)
+        require_columns(df, "operators.parquet", column)
+        return finite_median(numeric(df[column]), f"{column} of early {'/'.join(sublayers)} operators")
+
+    return stat
+
+
+register("complex_frac_early_median", ["operators"],
+         "Median complex_frac of the trained isolated attention and MLP mean Jacobians over the first third of "
+         "layers (descriptive: the isolated attention update has rank ≤ n_kv·head_dim, so most of its "
+         "eigenvalues are structurally 1 and real, which caps this median near 2/3).",
+         samples=_JACOBIAN_CHUNKS)(_complex_early("complex_frac", ("attn", "mlp")))
+for _name, _sub, _mode in (
+        ("complex_frac_nontrivial_early_layer", "layer", "isolated"),
+        ("complex_frac_nontrivial_early_layer_isolated_observed", "layer", "isolated_observed"),
+        ("complex_frac_nontrivial_early_layer_in_context", "layer", "in_context"),
+        ("complex_frac_nontrivial_early_mlp", "mlp", "isolated"),
+        ("complex_frac_nontrivial_early_mlp_isolated_observed", "mlp", "isolated_observed"),
+        ("complex_frac_nontrivial_early_mlp_in_context", "mlp", "in_context")):
+    _what = {"layer": "the full-layer operators J_mlp·J_attn", "mlp": "the MLP sub-layer operators"}[_sub]
+    register(_name, ["operators"],
+             f"Median over the first third of layers of complex_frac_nontrivial (the complex fraction among "
+             f"eigenvalues that are not structurally 1) of {_what}, trained, {_mode}.",
+             samples=_JACOBIAN_CHUNKS)(_complex_early("complex_frac_nontrivial", (_sub,), _mode))
+
+
+@register("attn_nontrivial_fraction_early", ["eigenvalues"],
+          "Median over the first third of layers of the fraction of the trained isolated attention operator's "
+          "eigenvalues with |λ − 1| > 1e-8·max(1, max|λ|): the structural cap on its complex fraction "
+          "(rank(U) ≤ n_kv·head_dim).", samples=_JACOBIAN_CHUNKS)
+def _attn_cap(t: RunTables) -> float:
+    df = select_rows(t.table("eigenvalues"), "eigenvalues.parquet", checkpoint="trained", jacobian_mode="isolated",
+                 sublayer="attn")
+    require_columns(df, "eigenvalues.parquet", "layer", "re", "im")
+    n_layers = int(df["layer"].max()) + 1
+    fractions = []
+    for _, group in df[df["layer"] < math.ceil(n_layers / 3)].groupby("layer"):
+        lam = numeric(group["re"]) + 1j * numeric(group["im"])
+        tol = 1e-8 * max(1.0, float(np.max(np.abs(lam))))
+        fractions.append(float(np.mean(np.abs(lam - 1.0) > tol)))
+    return finite_median(np.array(fractions), "non-trivial eigenvalue fractions")
+
+
+def weighted_rotation(lam: np.ndarray) -> float:
+    """Magnitude-weighted rotation of an update's eigenvalues μ = λ − 1:
+    ``Σ|Im μ| / Σ|μ|`` (the mean |sin arg μ| weighted by |μ|; 0 for a symmetric update, and
+    negligible rotations weigh nothing, unlike a count of complex pairs). 0 when every μ is 0."""
+    mu = np.asarray(lam, dtype=np.complex128) - 1.0
+    total = float(np.abs(mu).sum())
+    return float(np.abs(mu.imag).sum() / total) if total > 0 else 0.0
+
+
+def _layer_rotations(t: RunTables, checkpoint: str) -> pd.Series:
+    """Weighted rotation (:func:`weighted_rotation`) of each early layer's full-layer operator
+    (isolated mode) at ``checkpoint``, by layer."""
+    return t.derived(f"layer_rotations:{checkpoint}", lambda: _compute_layer_rotations(t, checkpoint))
+
+
+def _compute_layer_rotations(t: RunTables, checkpoint: str) -> pd.Series:
+    df = select_rows(t.table("eigenvalues"), "eigenvalues.parquet", jacobian_mode="isolated", sublayer="layer")
+    require_columns(df, "eigenvalues.parquet", "checkpoint", "layer", "re", "im")
+    n_layers = int(df["layer"].max()) + 1
+    df = df[(df["checkpoint"] == checkpoint) & (df["layer"] < math.ceil(n_layers / 3))]
+    if df.empty:
+        raise NotTested(f"eigenvalues.parquet has no full-layer operators of {checkpoint} "
+                        "(the step-0 null: --null init)")
+    return df.groupby("layer").apply(lambda g: weighted_rotation(numeric(g["re"]) + 1j * numeric(g["im"])))
+
+
+def _rotation_pairs(t: RunTables) -> pd.DataFrame:
+    both = pd.concat({c: _layer_rotations(t, c) for c in ("trained", "init")}, axis=1).dropna()
+    if both.empty:
+        raise TooLittleData("no early layer has both trained and step-0 operators")
+    return both
+
+
+@register("rotation_gain_early", ["eigenvalues"],
+          "Median over the first third of layers of the weighted rotation Σ|Im μ|/Σ|μ| (μ = λ − 1) of the trained "
+          "full-layer operator minus that of the same layer at step 0 (isolated mean Jacobians), with its "
+          "distribution-free 95% interval over layers: how much training pulls early layers towards rotation.",
+          samples={"early_layers": lambda t: _count(lambda: len(_rotation_pairs(t))), **_JACOBIAN_CHUNKS})
+def _rotation_gain(t: RunTables) -> Estimate:
+    both = _rotation_pairs(t)
+    return median_estimate((both["trained"] - both["init"]).to_numpy(), "rotation gains")
+
+
+for _name, _checkpoint in (("rotation_early_trained", "trained"), ("rotation_early_init", "init")):
+    register(_name, ["eigenvalues"],
+             f"Median over the first third of layers of the weighted rotation of the {_checkpoint} full-layer "
+             "operator (descriptive).")(
+        lambda t, c=_checkpoint: finite_median(_layer_rotations(t, c).to_numpy(dtype=float), f"{c} rotations"))
+
+
+@register("complex_frac_random_baseline", ["eigenvalues"],
+          "The complex fraction a real Gaussian matrix of the operators' width d already has, 1 − √(2/(πd)) "
+          "(Edelman–Kostlan–Shub: about √(2d/π) real eigenvalues), printed beside the complex fractions.")
+def _random_baseline(t: RunTables) -> float:
+    df = select_rows(t.table("eigenvalues"), "eigenvalues.parquet", checkpoint="trained", sublayer="layer")
+    require_columns(df, "eigenvalues.parquet", "jacobian_mode", "layer")
+    d = int(df.groupby(["jacobian_mode", "layer"]).size().max())
+    return 1.0 - math.sqrt(2.0 / (math.pi * d))
+
+
+def _count(count: Callable[[], int]) -> int | None:
+    """A sample count, None when its inputs are missing."""
+    try:
+        return count()
+    except (NotTested, TooLittleData):
+        return None
+
+
+#: The rank cap of the claims' funnel protocol (B2, the paper's figure: rank 512).
+CLAIM_RANK = 512
+
+
+def _funnel_curve(t: RunTables, checkpoint: str, alpha: float, direction: str, truncated: bool,
+                  schur_order: str = "lapack", jacobian_mode: str | None = None) -> pd.DataFrame:
+    """One cumulative erank curve, by number of factors, of ``jacobian_mode`` (default the
+    funnel's: ``isolated`` when present): ``truncated`` picks the rank-capped curve
+    (truncation < d; for d ≤ :data:`CLAIM_RANK` the exact one, which that cap leaves as it
+    is), else the exact one; at α < 1 the Schur order ``schur_order`` (α = 1
+    does not depend on it)."""
+    df = select_rows(t.table("cumulative"), "cumulative.parquet", checkpoint=checkpoint, direction=direction)
+    require_columns(df, "cumulative.parquet", "jacobian_mode", "alpha", "truncation", "steps", "erank")
+    modes = list(pd.unique(df["jacobian_mode"]))
+    mode = jacobian_mode or ("isolated" if "isolated" in modes else modes[0])
+    if mode not in modes:
+        raise NotTested(f"cumulative.parquet has no {mode} curves (run --jacobian-mode both or all)")
+    df = df[df["jacobian_mode"] == mode]
+    df = df[np.isclose(numeric(df["alpha"]), alpha)]
+    if alpha < 1 and "schur_order" in df.columns:
+        df = df[df["schur_order"] == schur_order]
+    if df.empty:
+        raise NotTested(f"cumulative.parquet has no {direction} curve for {checkpoint} at α = {alpha:g}"
+                        + (f" in Schur order {schur_order}" if alpha < 1 else ""))
+    exact = df["truncation"].max()
+    capped = df[df["truncation"] < exact]
+    if truncated and capped.empty and exact <= CLAIM_RANK:
+        capped = df[df["truncation"] == exact]  # the protocol's cap is at or above d: the exact product
+    df = capped if truncated else df[df["truncation"] == exact]
+    if df.empty:
+        raise NotTested(f"cumulative.parquet has no {'rank-truncated' if truncated else 'exact'} curve "
+                        f"(--funnel-rank 0 computes exact products only)")
+    return df.sort_values("steps")
+
+
+def funnel_ends(t: RunTables, checkpoint: str, alpha: float = 1.0, direction: str = "backward",
+                 truncated: bool = True, schur_order: str = "lapack", jacobian_mode: str | None = None
+                 ) -> tuple[float, float]:
+    """``(erank after one step, erank at full depth)`` of a curve (:func:`_funnel_curve`)."""
+    curve = _funnel_curve(t, checkpoint, alpha, direction, truncated, schur_order, jacobian_mode)
+    if len(curve) < 2:
+        raise TooLittleData(f"the {checkpoint} cumulative curve has fewer than two depths")
+    first, last = float(curve["erank"].iloc[0]), float(curve["erank"].iloc[-1])
+    if not first > 0:
+        raise TooLittleData(f"the {checkpoint} one-step erank is not positive")
+    return first, last
+
+
+def funnel_replicates(t: RunTables, checkpoint: str) -> pd.DataFrame:
+    """The bootstrap replicates (``replicate`` ≥ 1 of ``funnel_boot``) of ``checkpoint`` under
+    the claims' protocol: the Jacobian mode and truncation of its backward, rank-truncated α = 1
+    curve (:func:`_funnel_curve`), finite ends only; columns ``init_seed``, ``replicate``,
+    ``erank_one_step``, ``erank_full_depth``. Empty when the run has none (``--funnel-boot 0``)."""
+    curve = _funnel_curve(t, checkpoint, 1.0, "backward", True)
+    cols = ["init_seed", "replicate", "erank_one_step", "erank_full_depth"]
+    boot = t.table("funnel_boot")
+    if boot is None or boot.empty:
+        return pd.DataFrame(columns=cols)
+    require_columns(boot, "funnel_boot.parquet", "checkpoint", "jacobian_mode", "truncation", *cols)
+    keep = ((boot["checkpoint"] == checkpoint) & (boot["jacobian_mode"] == curve["jacobian_mode"].iloc[0])
+            & (numeric(boot["truncation"]) == float(curve["truncation"].iloc[0])) & (numeric(boot["replicate"]) >= 1)
+            & np.isfinite(numeric(boot["erank_one_step"])) & np.isfinite(numeric(boot["erank_full_depth"])))
+    return boot.loc[keep, cols].reset_index(drop=True)
+
+
+def own_null(replicates: pd.DataFrame) -> pd.DataFrame:
+    """The replicates of the run's own step-0 null (the ``init`` checkpoint of the other
+    tables): the least ``init_seed``, the run seed (the extra nulls have seed + k)."""
+    seeds = numeric(replicates["init_seed"])
+    return replicates[seeds == np.nanmin(seeds)] if np.isfinite(seeds).any() else replicates
+
+
+def funnel_pair_ratios(numerator: pd.DataFrame, denominator: pd.DataFrame) -> np.ndarray:
+    """Full-depth erank of ``numerator`` over ``denominator`` replicate by replicate: every row
+    of ``numerator`` (e.g. one per step-0 seed and replicate) with the ``denominator`` row of
+    its replicate (the same resampled chunks, :mod:`depthlens.jacobian.bootstrap`)."""
+    pairs = numerator.merge(denominator[["replicate", "erank_full_depth"]], on="replicate", suffixes=("", "_over"))
+    return numeric(pairs["erank_full_depth"]) / numeric(pairs["erank_full_depth_over"])
+
+
+def _init_seeds(t: RunTables) -> int | None:
+    """Step-0 initialisations with bootstrap replicates (``init`` rows of ``funnel_boot``)."""
+    boot = t.table("funnel_boot")
+    if boot is None or not {"checkpoint", "init_seed", "replicate"} <= set(boot.columns):
+        return None
+    init = boot[(boot["checkpoint"] == "init") & (numeric(boot["replicate"]) >= 1)]
+    return int(init["init_seed"].nunique())
+
+
+def _ratio(checkpoint: str, direction: str, truncated: bool, mode: str | None, boot: bool
+           ) -> Callable[[RunTables], float | Estimate]:
+    """erank at full depth over erank after one step of ``checkpoint``'s curve; ``boot`` adds
+    the 95 % percentile interval over the bootstrap replicates (the run seed's null for init)."""
+    def stat(t: RunTables) -> float | Estimate:
+        first, last = funnel_ends(t, checkpoint, 1.0, direction, truncated, jacobian_mode=mode)
+        if not boot:
+            return last / first
+        reps = funnel_replicates(t, checkpoint)
+        reps = own_null(reps) if checkpoint == "init" else reps
+        ratios = numeric(reps["erank_full_depth"]) / numeric(reps["erank_one_step"])
+        return Estimate(last / first, *percentile_interval(ratios))
+
+    return stat
+
+
+def _init_over_trained(direction: str, truncated: bool, mode: str | None, boot: bool
+                       ) -> Callable[[RunTables], float | Estimate]:
+    """Full-depth erank of init over trained; ``boot`` adds the 95 % percentile interval over
+    every pair of a step-0 null's replicate and the trained replicate of the same chunks."""
+    def stat(t: RunTables) -> float | Estimate:
+        value = funnel_ends(t, "init", 1.0, direction, truncated, jacobian_mode=mode)[1] / funnel_ends(
+            t, "trained", 1.0, direction, truncated, jacobian_mode=mode)[1]
+        if not boot:
+            return value
+        ratios = funnel_pair_ratios(funnel_replicates(t, "init"), funnel_replicates(t, "trained"))
+        return Estimate(value, *percentile_interval(ratios))
+
+    return stat
+
+
+#: The funnel's protocols, the claims' own first (the paper's figure: backward, rank 512, the
+#: funnel's Jacobian mode), which alone carries the bootstrap's 95% percentile interval
+#: (funnel_boot; the variants stay point estimates): the names of its three statistics
+#: (trained ratio, step-0 ratio, step-0 over trained), the direction, whether rank-truncated,
+#: the Jacobian mode (None: the funnel's) and the words for it.
+_PROTOCOLS = (
+    (("funnel_ratio_trained", "funnel_ratio_init", "funnel_init_over_trained"),
+     "backward", True, None, "backward, rank-truncated (512)"),
+    (("funnel_ratio_trained_forward", "funnel_ratio_init_forward", "funnel_init_over_trained_forward"),
+     "forward", True, None, "forward, rank-truncated"),
+    (("funnel_ratio_trained_exact", "funnel_ratio_init_exact", "funnel_init_over_trained_exact"),
+     "backward", False, None, "backward, exact"),
+    (("funnel_ratio_trained_forward_exact", "funnel_ratio_init_forward_exact", "funnel_init_over_trained_forward_exact"),
+     "forward", False, None, "forward, exact"),
+    (("funnel_ratio_trained_in_context", "funnel_ratio_init_in_context", "funnel_init_over_trained_in_context"),
+     "backward", True, "in_context", "backward, rank-truncated, in-context operators"),
+)
+for _i, ((_trained, _init, _over), _direction, _truncated, _mode, _text) in enumerate(_PROTOCOLS):
+    _claims = _i == 0
+    _boot = (", with the 95% percentile interval of the same ratio over the bootstrap replicates of funnel_boot "
+             "(chunks redrawn with replacement; unbounded with fewer than 40)") if _claims else ""
+    register(_trained, ["cumulative"],
+             f"erank of the trained cumulative Jacobian ({_text}, α = 1) at full depth over its value after one "
+             f"step{_boot}.", samples=_JACOBIAN_CHUNKS)(_ratio("trained", _direction, _truncated, _mode, _claims))
+    register(_init, ["cumulative"],
+             f"The same ratio on the step-0 (init) checkpoint ({_text}; descriptive)"
+             + (", with its 95% percentile interval over the bootstrap replicates of the run seed's null"
+                if _claims else "") + ".",
+             samples=_JACOBIAN_CHUNKS)(_ratio("init", _direction, _truncated, _mode, _claims))
+    register(_over, ["cumulative"],
+             f"Full-depth erank of the step-0 (init) cumulative Jacobian over the trained one's ({_text}, α = 1): "
+             "how much more rank the architecture alone keeps" + (
+                 "; the value is the run seed's null, the 95% percentile interval is over every pair of a step-0 "
+                 "null (--init-seeds) and a bootstrap replicate, each null's replicate over the trained replicate "
+                 "of the same resampled chunks, so it covers the chunk sample and the initialisation (unbounded "
+                 "with fewer than 40 pairs)" if _claims else "") + ".",
+             samples={**_JACOBIAN_CHUNKS, **({"init_seeds": _init_seeds} if _claims else {})})(
+        _init_over_trained(_direction, _truncated, _mode, _claims))
+
+
+#: The Schur orders of the split (METHODS B4), LAPACK's own first.
+SCHUR_ORDERS = ("lapack", "canonical", "outside_first", "inside_first")
+
+
+def _schur_removed(schur_order: str, direction: str = "backward", truncated: bool = True,
+                   jacobian_mode: str | None = None) -> Callable:
+    def stat(t: RunTables) -> float:
+        first1, last1 = funnel_ends(t, "trained", 1.0, direction, truncated, jacobian_mode=jacobian_mode)
+        first0, last0 = funnel_ends(t, "trained", 0.0, direction, truncated, schur_order, jacobian_mode)
+        fall1, fall0 = -math.log(last1 / first1), -math.log(last0 / first0)
+        if not fall1 > 0:
+            raise TooLittleData("no funnel at α = 1 to remove")
+        return 1.0 - fall0 / fall1
+
+    return stat
+
+
+for _name, _order in (("funnel_removed_by_schur", "lapack"), ("funnel_removed_by_schur_canonical", "canonical"),
+                      ("funnel_removed_by_schur_outside_first", "outside_first"),
+                      ("funnel_removed_by_schur_inside_first", "inside_first")):
+    register(_name, ["cumulative"],
+             "Fraction of the trained funnel (in log erank; backward, rank-truncated) removed by the Schur split "
+             f"α = 0 in Schur order {_order}: 1 − log(r₀)/log(r₁), r_α = erank(full depth)/erank(one step).",
+             samples=_JACOBIAN_CHUNKS)(_schur_removed(_order))
+
+
+@register("funnel_removed_by_schur_every_order", ["cumulative"],
+          "funnel_removed_by_schur in LAPACK's order with its range over every Schur order the run computed (the "
+          "α = 0 operator depends on the order): decisive only when every order agrees.", samples=_JACOBIAN_CHUNKS)
+def _schur_every_order(t: RunTables) -> Estimate:
+    values = {}
+    for order in SCHUR_ORDERS:
+        try:
+            values[order] = _schur_removed(order)(t)
+        except NotTested:
+            continue
+    if "lapack" not in values:
+        raise NotTested("cumulative.parquet has no α = 0 curve in LAPACK's Schur order")
+    finite = [v for v in values.values() if not math.isnan(v)]
+    if len(values) < len(SCHUR_ORDERS):
+        missing = ", ".join(o for o in SCHUR_ORDERS if o not in values)
+        raise TooLittleData(f"the Schur split was not computed in every order (missing: {missing}; "
+                            "--schur-orders)")
+    return Estimate(values["lapack"], min(finite), max(finite), "range")
+
+
+register("funnel_removed_by_schur_in_context", ["cumulative"],
+         "As funnel_removed_by_schur on the in-context operators (LAPACK order).",
+         samples=_JACOBIAN_CHUNKS)(_schur_removed("lapack", jacobian_mode="in_context"))
+register("funnel_removed_by_schur_forward_exact", ["cumulative"],
+         "As funnel_removed_by_schur on the forward exact products (the protocol before the paper's).",
+         samples=_JACOBIAN_CHUNKS)(_schur_removed("lapack", "forward", False))
+
+
+def _significant(t: RunTables, checkpoint: str) -> pd.Series:
+    df = select_rows(t.table("coupling"), "coupling.parquet", checkpoint=checkpoint)
+    require_columns(df, "coupling.parquet", "significant")
+    return df["significant"].astype(bool)
+
+
+def checkpoint_order(t: RunTables) -> list[str]:
+    """The run's checkpoints in training order: ``init`` (step 0), the extra revisions as the
+    run listed them (a run option; in the jacobian section of runs made before), then
+    ``trained`` (the final weights)."""
+    config = t.manifest.get("config") or {}
+    revisions = config.get("revisions") or (config.get("jacobian") or {}).get("revisions") or []
+    return ["init", *[str(r) for r in revisions], "trained"]
+
+
+def _tested(t: RunTables, checkpoint: str) -> pd.DataFrame:
+    return select_rows(t.table("coupling"), "coupling.parquet", checkpoint=checkpoint)
+
+
+@register("coupling_monotone_rise", ["coupling"],
+          "Spearman rank correlation between training order (init, the revisions, trained) and the number of "
+          "FDR-significant coupling boundaries per checkpoint, with its resampling spread (parametric bootstrap of "
+          "each checkpoint's count among its tested boundaries, 95% interval); needs at least 3 checkpoints.",
+          samples={"boundaries": _boundaries("trained", "init"), "permutations": _permutations})
+def _monotone_rise(t: RunTables) -> Estimate:
+    df = t.table("coupling")
+    require_columns(df, "coupling.parquet", "checkpoint", "significant")
+    present = [c for c in checkpoint_order(t) if c in set(df["checkpoint"])]
+    if len(present) < 3:
+        raise TooLittleData(f"only {len(present)} checkpoint(s) ({', '.join(present)}); a monotone rise needs "
+                            "at least 3 (pass --revisions)")
+    counts = np.array([_significant(t, c).sum() for c in present])
+    totals = np.array([len(_tested(t, c)) for c in present])
+    return Estimate(*trend_interval(counts, totals))
+
+
+register("coupling_significant_rise", ["coupling"],
+         "FDR-significant coupling boundaries of the trained checkpoint minus those of init (effect size of the "
+         "rise).", samples={"boundaries": _boundaries("trained", "init"), "permutations": _permutations})(
+    lambda t: float(_significant(t, "trained").sum() - _significant(t, "init").sum()))
+
+
+@register("coupling_significant_fraction_init", ["coupling"],
+          "Fraction of sub-layer boundaries with FDR-significant coupling at init, with its Clopper–Pearson 95% "
+          "interval (absence is supported only when the interval's upper end is small).",
+          samples={"boundaries": _boundaries("init"), "permutations": _permutations})
+def _fraction_init(t: RunTables) -> Estimate:
+    sig = _significant(t, "init")
+    return Estimate(float(sig.mean()), *proportion_interval(int(sig.sum()), len(sig)))
+
+
+def _coupling_vs(column: str, sign: float) -> Callable[[RunTables], float]:
+    def stat(t: RunTables) -> float:
+        df = select_rows(t.table("coupling"), "coupling.parquet", checkpoint="trained")
+        require_columns(df, "coupling.parquet", "effect", column)
+        return finite_spearman(numeric(df[column]) * sign, numeric(df["effect"]),
+                                "boundaries with varying effect and operator type")[0]
+
+    return stat
+
+
+register("coupling_sign_vs_symmetry", ["coupling"],
+         "Spearman rank correlation over the trained boundaries between the coupling effect and symmetry_update, "
+         "the symmetric share of the sub-layer's update U = J − I (descriptive: a trend, where the seed states a "
+         "sign).", samples={"boundaries": _boundaries("trained")})(_coupling_vs("symmetry_update", 1.0))
+register("coupling_sign_vs_normality", ["coupling"],
+         "As coupling_sign_vs_symmetry with −henrici_update_rel (departure from normality) as the operator type.",
+         samples={"boundaries": _boundaries("trained")})(_coupling_vs("henrici_update_rel", -1.0))
+
+
+def _sign_agreement(column: str, sign: float) -> Callable[[RunTables], Estimate]:
+    """Fraction of the trained FDR-significant boundaries whose coupling sign is the one the
+    operator type predicts: positive (amplified) where ``sign · column`` is above its median
+    over all trained boundaries (near-symmetric), negative (damped) below; Clopper–Pearson
+    interval over those boundaries."""
+    def stat(t: RunTables) -> Estimate:
+        df = select_rows(t.table("coupling"), "coupling.parquet", checkpoint="trained")
+        require_columns(df, "coupling.parquet", "effect", "significant", column)
+        kind = sign * numeric(df[column])
+        symmetric = kind > np.nanmedian(kind)
+        sig = df["significant"].astype(bool).to_numpy() & np.isfinite(kind) & (numeric(df["effect"]) != 0)
+        if not sig.any():
+            raise TooLittleData("no trained boundary has significant coupling")
+        agree = np.where(symmetric, numeric(df["effect"]) > 0, numeric(df["effect"]) < 0)[sig]
+        k, n = int(agree.sum()), int(agree.size)
+        return Estimate(k / n, *proportion_interval(k, n))
+
+    return stat
+
+
+def _significant_boundaries(t: RunTables) -> int | None:
+    df = t.table("coupling")
+    if df is None or not {"checkpoint", "significant"} <= set(df.columns):
+        return None
+    return int(df.loc[df["checkpoint"] == "trained", "significant"].astype(bool).sum())
+
+
+register("coupling_sign_follows_type", ["coupling"],
+         "Fraction of the trained FDR-significant coupling boundaries whose sign the operator type predicts: "
+         "boundary units amplified (effect > 0) where symmetry_update is above its median over the trained "
+         "boundaries (near-symmetric), damped (effect < 0) below it (non-normal); Clopper–Pearson 95% interval.",
+         samples={"boundaries": _boundaries("trained")})(_sign_agreement("symmetry_update", 1.0))
+register("coupling_sign_follows_normality", ["coupling"],
+         "As coupling_sign_follows_type with −henrici_update_rel (departure from normality of U) as the operator "
+         "type.", samples={"boundaries": _boundaries("trained")})(_sign_agreement("henrici_update_rel", -1.0))
+
+
+def _depth_trend(checkpoint: str) -> Callable[[RunTables], Estimate]:
+    def stat(t: RunTables) -> Estimate:
+        df = select_rows(t.table("operators"), "operators.parquet", checkpoint=checkpoint, jacobian_mode="isolated")
+        require_columns(df, "operators.parquet", "layer", "sublayer", "symmetry_update")
+        df = df[df["sublayer"].isin(("attn", "mlp"))]
+        return spearman_estimate(numeric(df["layer"]), numeric(df["symmetry_update"]),
+                                 "operators with varying symmetry")
+
+    return stat
+
+
+def _trained_operators(t: RunTables) -> int | None:
+    """Trained isolated attention and MLP operators (the pairs of the depth trend)."""
+    df = t.table("operators")
+    if df is None or not {"checkpoint", "jacobian_mode", "sublayer"} <= set(df.columns):
+        return None
+    return int(((df["checkpoint"] == "trained") & (df["jacobian_mode"] == "isolated")
+                & df["sublayer"].isin(("attn", "mlp"))).sum())
+
+
+register("symmetry_depth_trend_trained", ["operators"],
+         "Spearman rank correlation between layer and symmetry_update (the symmetric share of U = J − I) of the "
+         "trained isolated attention and MLP mean Jacobians (positive: late layers are nearer symmetric), with its "
+         "95% interval (Fisher's z).",
+         samples={**_JACOBIAN_CHUNKS, "operators": _trained_operators})(_depth_trend("trained"))
+register("symmetry_depth_trend_init", ["operators"],
+         "The same trend at step 0 (descriptive).", samples=_JACOBIAN_CHUNKS)(_depth_trend("init"))
+
+
+@register("symmetry_init_minus_trained_early", ["operators"],
+          "Median symmetry_update of the step-0 isolated attention and MLP operators minus that of the trained ones in "
+          "the first third of layers (positive: training pulls early layers away from symmetry, towards "
+          "rotation).", samples=_JACOBIAN_CHUNKS)
+def _symmetry_gap(t: RunTables) -> float:
+    values = [finite_median(numeric(_early_operators(t, ("attn", "mlp"), c)["symmetry_update"]), f"{c} symmetry")
+              for c in ("init", "trained")]
+    return values[0] - values[1]
