@@ -39,9 +39,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import STORAGE_ERRNOS, RunError, StorageError, one_line
-from ..options import flag_name
 from . import atomic
 from .. import drivers, interrupts
+from .changes import option_changes, resume_refused
 from .failures import FailureLog
 
 MANIFEST = "manifest.json"
@@ -145,73 +145,6 @@ def check_target(path: str | Path, run_mode: RunMode, config_hash: str,
             differ = changes(stored) if changes is not None else option_changes(
                 {k: stored.get(k) for k in options or {}}, options or {})
             raise resume_refused(root, differ, stored.get("config_hash"), config_hash)
-
-
-#: How many differing options a refused resume names.
-_CHANGES_SHOWN = 4
-
-
-def resume_refused(root: Path, changes: list[tuple[str, str]], old_hash: object, new_hash: str) -> RunError:
-    """The one-line refusal to resume ``root`` under other options: the options that differ,
-    old and new (:func:`option_changes`; the first :data:`_CHANGES_SHOWN`), or, when none is
-    recorded by name (a sweep's stages or claims file, an older manifest), the two options hashes."""
-    advice = "rerun with the options it was started with, or pass --overwrite to replace it."
-    if not changes:
-        return RunError(f"cannot resume {root}: it was started with other options (options hash {old_hash}, now "
-                        f"{new_hash}); {advice}")
-    shown = changes[:_CHANGES_SHOWN]
-    more = f" (and {len(changes) - len(shown)} more)" if len(changes) > len(shown) else ""
-    return RunError(f"cannot resume {root}: it was started with {', '.join(old for old, _ in shown)}, not "
-                    f"{', '.join(new for _, new in shown)}{more}; {advice}")
-
-
-def _flat_options(tables: Mapping[str, Any]) -> dict[str, Any]:
-    """Option name -> value of the option tables of a manifest (``config``, ...): a stage's
-    section (``[attention]``) by its options' own names (unique across sections), a nested
-    table by ``NAME.KEY``; tuples as lists, as the manifest's JSON holds them."""
-    flat: dict[str, Any] = {}
-    for table in tables.values():
-        for key, value in (table if isinstance(table, Mapping) else {}).items():
-            if not isinstance(value, Mapping):
-                flat[key] = value
-                continue
-            for name, item in value.items():
-                if isinstance(item, Mapping):
-                    flat.update({f"{name}.{k}": v for k, v in item.items()})
-                else:
-                    flat[name] = item
-    return {name: list(value) if isinstance(value, tuple) else value for name, value in flat.items()}
-
-
-def _as_given(name: str, value: Any) -> str:
-    """Option ``name`` with ``value`` as the command line gives it: ``--chunks 4``,
-    ``--stream-layers``, ``no --revision`` (unset, off or empty), ``--funnel-alphas 0,0.5,1``; a
-    nested option (never a flag) as its config key, ``thresholds.sink = 0.5``."""
-    if "." in name:
-        return f"{name} = {value!r}"
-    flag = flag_name(name)
-    if value is True:
-        return flag
-    if value is None or value is False or value == [] or value == "":
-        return f"no {flag}"
-    shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-    return f"{flag} {shown!r}" if any(c.isspace() for c in shown) else f"{flag} {shown}"
-
-
-def option_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The options that differ between two sets of manifest option tables (``{"config":
-    config.to_dict()}``), each as ``(old, new)`` written as the command line gives it
-    (:func:`_as_given`), in the order of ``new``.
-
-    Examples
-    --------
-    >>> option_changes({"config": {"chunks": 4, "seed": 0, "attention": {"null_samples": 2}}},
-    ...                {"config": {"chunks": 8, "seed": 0, "attention": {"null_samples": 4}}})
-    [('--chunks 4', '--chunks 8'), ('--null-samples 2', '--null-samples 4')]
-    """
-    before, after = _flat_options(old), _flat_options(new)
-    names = list(dict.fromkeys([*after, *before]))  # the stored manifest's keys are sorted
-    return [(_as_given(n, before.get(n)), _as_given(n, after.get(n))) for n in names if before.get(n) != after.get(n)]
 
 
 def _missing_folders(root: Path) -> list[Path]:
@@ -502,6 +435,41 @@ class RunDirectory:
         for name, table in tables.items():
             atomic.write_parquet(folder / f"{key}.{name}.parquet", table)
         atomic.write_json(folder / f"{key}.done", {"tables": sorted(tables), "drivers": self._drivers_since_last()})
+
+    def unit(self, stage: str, key: str, compute: Callable[[], Mapping[str, pd.DataFrame]], *,
+             isolated: bool = False) -> dict[str, pd.DataFrame] | None:
+        """The tables of unit ``key`` of ``stage``, computed by ``compute()`` and stored
+        (:meth:`write_unit`) unless the unit has finished, then read back from the directory,
+        so a fresh run and a resumed one return the same bytes.
+
+        ``isolated``: a failure of ``compute`` is recorded
+        (:meth:`~depthlens.runs.failures.FailureLog.unit`) and the result is None, so the stage
+        goes on without the unit; otherwise it propagates.
+        """
+        if not self.has_unit(stage, key):
+            if isolated:
+                with self.failures.unit(stage, key):
+                    self.write_unit(stage, key, dict(compute()))
+            else:
+                self.write_unit(stage, key, dict(compute()))
+        if not self.has_unit(stage, key):
+            return None
+        record = json.loads((self._unit_dir(stage) / f"{key}.done").read_text())
+        return {name: self.read_units(stage, [key], name) for name in record["tables"]}
+
+    def finished(self, stage: str, keys: Sequence[str], *, required: bool = False) -> list[str]:
+        """The keys of ``keys`` whose units have finished, in order (failed ones are recorded
+        in :attr:`failures`).
+
+        Raises
+        ------
+        RunError
+            With ``required``, when none did: nothing downstream of them can be computed.
+        """
+        done = [k for k in keys if self.has_unit(stage, k)]
+        if required and keys and not done:
+            raise RunError(f"every unit of the {stage} stage starting with {keys[0]} failed; see its log.")
+        return done
 
     def _drivers_since_last(self) -> dict[str, int]:
         """Decomposition drivers used (:mod:`depthlens.linalg.guarded`) since the last call."""

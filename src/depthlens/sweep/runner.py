@@ -32,7 +32,8 @@ import pandas as pd
 from ..executors import Execution
 from ..errors import RunIncomplete
 from ..runs import RunDirectory, RunMode, atomic, check_target
-from ..runs.directory import not_a_run, option_changes, remove_sub_runs
+from ..runs.changes import option_changes
+from ..runs.directory import not_a_run, remove_sub_runs
 from ..runs.failures import UnitFailure
 from ..schema import conform_table
 from .spec import Cell, Sweep, read_sweep
@@ -113,9 +114,9 @@ def run_sweep(path: str | Path, out: str | Path, run_mode: RunMode = RunMode.NEW
 
 def sweep_changes(stored: dict, cells: Sequence[Cell]) -> list[tuple[str, str]]:
     """What differs between the sweep a directory was started with (its ``stored`` manifest)
-    and this one, as ``(old, new)`` pairs for :func:`~depthlens.runs.directory.resume_refused`:
+    and this one, as ``(old, new)`` pairs for :func:`~depthlens.runs.changes.resume_refused`:
     a cell only in one of them and each option of a cell that differs (``cell LABEL: --chunks
-    4``, :func:`~depthlens.runs.directory.option_changes`). Empty when only the stages or the
+    4``, :func:`~depthlens.runs.changes.option_changes`). Empty when only the stages or the
     claims file differ (the manifest records neither by value: the refusal then shows the two
     hashes).
 

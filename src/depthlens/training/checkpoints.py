@@ -36,7 +36,7 @@ from ..errors import RunError, storage_error
 from ..models.local import STEP_FOLDER, series_checkpoints
 from ..runs import RunMode
 from ..runs.atomic import current_umask, write_json
-from ..runs.directory import option_changes, resume_refused
+from ..runs.changes import option_changes, resume_refused
 from ..schema import SCHEMA
 
 __all__ = ["FORMAT", "MANIFEST", "OPTIMIZER", "STATE", "TABLE", "check_out", "is_series", "read_checkpoint", "read_state",
@@ -70,7 +70,7 @@ def check_out(root: Path, run_mode: RunMode, options: Mapping[str, Any], options
     RunError
         A file; a non-empty folder without ``--resume``/``--overwrite``; resuming or
         overwriting a folder that is no series (never deleted); resuming a series trained
-        with other options (naming each that differs, :func:`depthlens.runs.directory.resume_refused`).
+        with other options (naming each that differs, :func:`depthlens.runs.changes.resume_refused`).
     """
     if root.exists() and not root.is_dir():
         raise RunError(f"--out {root} is a file; pass --out with a folder path.")
