@@ -134,12 +134,12 @@ def main() -> None:
     alphas = (0.0, 0.5, 1.0)
     t_fast, fast = timed(lambda: schur_funnel(sub, alphas=alphas, directions=("forward",)))
     t_naive, slow = timed(lambda: naive_funnel(sub, alphas))
-    diff = max(np.max(np.abs(fast[fast["alpha"] == a]["erank"].to_numpy() - slow[a]) / np.asarray(slow[a])) for a in alphas)
+    diff = max(np.max(np.abs(fast[fast["schur_alpha"] == a]["erank"].to_numpy() - slow[a]) / np.asarray(slow[a])) for a in alphas)
     print(f"schur_funnel forward, alphas {alphas}, {len(sub)} depths: {t_fast:.1f} s vs naive {t_naive:.1f} s -> ratio "
           f"{t_naive / t_fast:.1f}x; max rel. difference {diff:.1e}")
 
     t, funnel = timed(lambda: schur_funnel(seq))
-    last = funnel[(funnel["direction"] == "forward") & (funnel["depth"] == len(seq) - 1)].set_index("alpha")["erank"]
+    last = funnel[(funnel["direction"] == "forward") & (funnel["depth"] == len(seq) - 1)].set_index("schur_alpha")["erank"]
     print(f"schur_funnel, {len(seq)} operators, 5 alphas x 2 directions, exact: {t:.1f} s; forward erank at full depth by alpha: "
           + ", ".join(f"{a:g}: {v:.1f}" for a, v in last.items()))
 

@@ -90,7 +90,7 @@ def test_preset_recorded_in_the_manifest(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- --save-arrays
-TABLES = ("operators", "eigenvalues", "cumulative", "communities", "units", "coupling", "topology_profile")
+TABLES = ("operators", "eigenvalues", "cumulative", "communities", "nodes", "coupling", "topology_profile")
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_tables_identical_whatever_the_saved_arrays(save_runs: dict[str, Path]) 
                                           check_exact=True, obj=f"{name} ({save})")
     cumulative = pd.read_parquet(save_runs["none"] / "tables" / "cumulative.parquet")
     assert cumulative["truncation"].nunique() == 1  # funnel_rank 0 (quick): the exact products only
-    assert sorted(cumulative["alpha"].unique()) == [1.0]  # funnel_alphas 1 (quick): no Schur split
+    assert sorted(cumulative["schur_alpha"].unique()) == [1.0]  # funnel_alphas 1 (quick): no Schur split
 
 
 def test_saved_arrays_have_the_asked_dtype_and_no_private_copy_stays(save_runs: dict[str, Path]) -> None:
@@ -173,4 +173,4 @@ def test_funnel_of_alpha_one_alone_needs_no_schur_form(monkeypatch: pytest.Monke
     full = cumulative.schur_funnel(ops, alphas=(0.0, 1.0))
     monkeypatch.setattr(cumulative, "_normal_part", lambda J: pytest.fail("a Schur form was computed"))
     alone = cumulative.schur_funnel(ops, alphas=(1.0,))
-    pd.testing.assert_frame_equal(alone, full[full["alpha"] == 1.0].reset_index(drop=True))
+    pd.testing.assert_frame_equal(alone, full[full["schur_alpha"] == 1.0].reset_index(drop=True))

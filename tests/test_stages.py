@@ -51,13 +51,13 @@ def test_operator_metrics_match_saved_operators(run_root: Path) -> None:
 
 def test_cumulative_alpha_one_is_the_plain_product(run_root: Path) -> None:
     table = pd.read_parquet(run_root / "tables" / "cumulative.parquet")
-    assert sorted(table["alpha"].unique()) == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert sorted(table["schur_alpha"].unique()) == [0.0, 0.25, 0.5, 0.75, 1.0]
     for mode in ("isolated", "in_context"):  # the funnel mode at every α, the other mode at α = 1 (sensitivity)
         rows = table[(table["checkpoint"] == "trained") & (table["jacobian_mode"] == mode)]
-        assert sorted(rows["alpha"].unique()) == ([0.0, 0.25, 0.5, 0.75, 1.0] if mode == "isolated" else [0.0, 1.0])
+        assert sorted(rows["schur_alpha"].unique()) == ([0.0, 0.25, 0.5, 0.75, 1.0] if mode == "isolated" else [0.0, 1.0])
         assert set(rows["schur_order"]) == ({"lapack", "canonical", "outside_first", "inside_first"}
                                             if mode == "isolated" else {"lapack"})
-        got = rows[(rows["alpha"] == 1.0) & (rows["direction"] == "forward")]
+        got = rows[(rows["schur_alpha"] == 1.0) & (rows["direction"] == "forward")]
         expect = cumulative_ranks(operator_list(_ops(run_root, "trained", mode)), "forward")
         np.testing.assert_allclose(got.sort_values("depth")["erank"].to_numpy(), expect["erank"].to_numpy(),
                                    rtol=1e-12)
@@ -75,7 +75,7 @@ def test_funnel_bootstrap_of_every_checkpoint_and_step0_seed(run_root: Path) -> 
     assert sizes.to_dict() == {("init", 0.0): list(range(51)), ("init", 1.0): list(range(51)),
                                ("init", 2.0): list(range(51)), ("trained", -1.0): list(range(51))}
     for checkpoint in ("trained", "init"):
-        curve = cum[(cum["checkpoint"] == checkpoint) & (cum["jacobian_mode"] == "isolated") & (cum["alpha"] == 1.0)
+        curve = cum[(cum["checkpoint"] == checkpoint) & (cum["jacobian_mode"] == "isolated") & (cum["schur_alpha"] == 1.0)
                     & (cum["direction"] == "backward")].sort_values("steps")
         point = boot[(boot["checkpoint"] == checkpoint) & (boot["replicate"] == 0) & (boot["init_seed"].fillna(0) == 0)]
         np.testing.assert_allclose(point[["erank_one_step", "erank_full_depth"]].to_numpy()[0],
@@ -84,16 +84,16 @@ def test_funnel_bootstrap_of_every_checkpoint_and_step0_seed(run_root: Path) -> 
     assert len(set(nulls.round(8))) == 3  # three initialisations
 
 
-def test_coupling_recomputed_from_units(run_root: Path) -> None:
-    units = pd.read_parquet(run_root / "tables" / "units.parquet")
+def test_coupling_recomputed_from_nodes(run_root: Path) -> None:
+    nodes = pd.read_parquet(run_root / "tables" / "nodes.parquet")
     coupling = pd.read_parquet(run_root / "tables" / "coupling.parquet")
     for ckpt, group in coupling.groupby("checkpoint"):
         ops = _ops(run_root, ckpt, "isolated")
         np.testing.assert_allclose(group["q"].to_numpy(), bh_qvalues(group["p"].to_numpy()), rtol=1e-12)
         for _, row in group.iterrows():
-            u = units[(units["checkpoint"] == ckpt) & (units["boundary"] == row["boundary"])]
+            u = nodes[(nodes["checkpoint"] == ckpt) & (nodes["boundary_index"] == row["boundary_index"])]
             J = ops[(row["layer"], row["sublayer"])]
-            np.testing.assert_allclose(u["amplification"].to_numpy(), np.linalg.norm(J[:, u["unit"].to_numpy()], axis=0))
+            np.testing.assert_allclose(u["amplification"].to_numpy(), np.linalg.norm(J[:, u["dim"].to_numpy()], axis=0))
             amp, mask = u["amplification"].to_numpy(), u["is_boundary_node"].to_numpy()
             assert row["effect"] == pytest.approx(rank_biserial(amp[mask], amp[~mask]), abs=1e-12)
             assert 0 < row["p"] <= 1

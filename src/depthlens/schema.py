@@ -581,7 +581,7 @@ _JACOBIAN = {
                               "keeping LAPACK's order within each group. The first of --schur-orders has every α; "
                               "the others α = 0 only; α = 1 does not depend on the order (J(1) = J) and is "
                               "computed once, labelled with the first.", "text"),
-        "alpha": Column("Schur-split scale α of the non-normal part: every operator replaced by "
+        "schur_alpha": Column("Schur-split scale α of the non-normal part: every operator replaced by "
                         "J(α) = Q(Λ + αN)Q* (METHODS B4); α = 1 the real operators, α = 0 their normal parts.",
                         "in [0, 1]"),
         "direction": Column("`forward`: C_b = J_b ⋯ J_0 (from the input side); `backward`: "
@@ -634,7 +634,7 @@ _GAMMA = Column("CPM resolution γ of the positive-edge layer, chosen once per c
 _TOPOLOGY = {
     "communities": {
         **_keys("checkpoint"),
-        "boundary": _BOUNDARY,
+        "boundary_index": _BOUNDARY,
         "gamma": _GAMMA,
         "n_communities": Column("Communities of the signed Leiden CPM partition of the correlation graph.",
                                 "count; heuristic optimum"),
@@ -648,16 +648,16 @@ _TOPOLOGY = {
         "n_edges": Column("Undirected signed edges: the top-k |r| Pearson correlations per node (default k = 20), "
                           "symmetrised by union.", "count"),
     },
-    "units": {
+    "nodes": {
         **_keys("checkpoint"),
-        "boundary": _BOUNDARY,
-        "unit": Column("Residual coordinate (node), 0-based dimension index.", "integer"),
-        "community": Column("Community label of the unit, 0 … C−1 by decreasing community size.", "integer"),
+        "boundary_index": _BOUNDARY,
+        "dim": Column("Residual dimension of the node, 0-based (as in massive).", "integer"),
+        "community": Column("Community label of the node, 0 … C−1 by decreasing community size.", "integer"),
         "participation_coefficient": Column("Participation coefficient over positive edges, 1 − Σ_c (k_ic / k_i)²; "
                                             "0 for a node without positive edges.", "in [0, 1 − 1/C]; exact"),
         "is_boundary_node": Column("Boundary node of the graph: participation coefficient in the top quartile (≥ the "
                                    "⌈n/4⌉-th largest, ties included) and > 0.", "boolean"),
-        "amplification": Column("Jacobian amplification of the unit: the column norm ‖J̄ e_i‖₂ of the mean "
+        "amplification": Column("Jacobian amplification of the node: the column norm ‖J̄ e_i‖₂ of the mean "
                                 "Jacobian of the sub-layer this boundary feeds (variants: row norm, |J̄_ii|).",
                                 "dimensionless; exact to rounding"),
     },
@@ -670,17 +670,17 @@ _TOPOLOGY = {
         "found_at": Column("The γ whose Leiden run produced the partition kept at this row (a better partition "
                            "found at a neighbouring γ replaces a worse one).", "dimensionless"),
         "iterations": Column("Leiden iterations of that run.", "count"),
-        "reference_boundary": Column("Boundary whose correlation graph the profile was computed on (the middle "
+        "reference_boundary_index": Column("Boundary whose correlation graph the profile was computed on (the middle "
                                      "one, b = L).", "integer"),
         "chosen": Column("True for the row whose γ was chosen (centre of the widest plateau).", "boolean"),
     },
     "coupling": {
         **_keys("checkpoint"),
-        "boundary": _BOUNDARY,
-        "layer": Column("Layer of the boundary: boundary // 2.", "integer"),
+        "boundary_index": _BOUNDARY,
+        "layer": Column("Layer of the boundary: boundary_index // 2.", "integer"),
         "sublayer": Column("Sub-layer the boundary feeds: `attn` (even boundary) or `mlp` (odd).", "text"),
         "effect": Column("Rank-biserial effect 2·AUC − 1 of boundary-node versus interior-node amplification "
-                         "(positive: boundary units amplify more).", "in [−1, 1]; exact (mid-ranks)"),
+                         "(positive: boundary nodes amplify more).", "in [−1, 1]; exact (mid-ranks)"),
         "p": Column("Two-sided label-permutation p-value of `effect`, (1 + #{|r_perm| ≥ |r_obs|}) / (1 + n_perm).",
                     "p-value; exact Monte Carlo test, never 0"),
         "q": Column("Benjamini–Hochberg q-value of `p` over the boundaries of this checkpoint.", "q-value"),
@@ -890,20 +890,20 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
                   "(sub-layer `layer`: of the layer operator)."),
     "eigenvalues": (("checkpoint", "jacobian_mode", "layer", "sublayer"),
                     "One row per eigenvalue of each mean Jacobian (checkpoint, Jacobian mode, layer, sub-layer)."),
-    "cumulative": (("checkpoint", "jacobian_mode", "schur_order", "alpha", "direction", "truncation", "depth"),
+    "cumulative": (("checkpoint", "jacobian_mode", "schur_order", "schur_alpha", "direction", "truncation", "depth"),
                    "One row per (checkpoint, Schur order, alpha, direction, truncation, depth): ranks of the "
                    "cumulative Jacobian product."),
     "funnel_boot": (("checkpoint", "jacobian_mode", "init_seed", "replicate"),
                     "One row per (checkpoint, step-0 seed, bootstrap replicate) with `--funnel-boot` above 0: the "
                     "claims' funnel ends (METHODS B3 under the B2 protocol) from mean operators of chunks drawn with "
                     "replacement; the claims B2, B3 and C2 take 95% percentile intervals from them."),
-    "communities": (("checkpoint", "boundary"),
+    "communities": (("checkpoint", "boundary_index"),
                     "One row per (checkpoint, boundary): the community partition of the correlation graph."),
-    "units": (("checkpoint", "boundary", "unit"),
+    "nodes": (("checkpoint", "boundary_index", "dim"),
               "One row per (checkpoint, boundary, unit): community, participation coefficient and amplification "
               "of one residual coordinate."),
     "topology_profile": (("checkpoint", "gamma"), "One row per (checkpoint, γ): the resolution profile that chose γ."),
-    "coupling": (("checkpoint", "boundary"),
+    "coupling": (("checkpoint", "boundary_index"),
                  "One row per (checkpoint, boundary): topology–dynamics coupling (METHODS B5)."),
     "census_heads": (("series", "checkpoint", "layer", "head"),
                      "One row per (series, checkpoint, head): the head's role, scores and reserve at that checkpoint."),

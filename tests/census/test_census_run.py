@@ -77,7 +77,7 @@ def test_census_tables_equal_each_stage_run_by_hand(census: tuple[Path, Path], t
         for col in ("layer", "head", "role", "prev_token_score", "induction_score", "sink_mass", "delta_TR1", "null_q"):
             pd.testing.assert_series_equal(mine[col], hand[col], check_names=False)
         cumulative = pd.read_parquet(by_hand / "tables" / "cumulative.parquet")
-        curve = cumulative[(cumulative["alpha"] == 1.0) & (cumulative["direction"] == "backward")
+        curve = cumulative[(cumulative["schur_alpha"] == 1.0) & (cumulative["direction"] == "backward")
                            & (cumulative["checkpoint"] == "trained")].sort_values("steps")
         # a rank cap of 512 above d = 64 caps nothing: the claims' funnel is the exact product
         assert table.loc[k, "erank_full_depth"] == curve["erank"].iloc[-1]

@@ -159,7 +159,7 @@ def nonnormal_ops(rng: np.random.Generator, n: int, d: int) -> list[np.ndarray]:
 def test_funnel_alpha_one_is_plain_curve(rng: np.random.Generator) -> None:
     ops = nonnormal_ops(rng, 6, 10)
     funnel = schur_funnel(ops, alphas=(1.0,), ranks=(None, 4))
-    assert list(funnel.columns) == ["schur_order", "alpha", "direction", "truncation", "depth", "steps", "erank", "erank_sigma",
+    assert list(funnel.columns) == ["schur_order", "schur_alpha", "direction", "truncation", "depth", "steps", "erank", "erank_sigma",
                                     "participation_ratio", "log_norm", "failure"]
     assert funnel["failure"].isna().all() and (funnel["schur_order"] == "lapack").all()
     for direction in ("forward", "backward"):
@@ -177,10 +177,10 @@ def test_funnel_matches_schur_split(rng: np.random.Generator, order: str) -> Non
     assert (funnel["schur_order"] == order).all()
     for a in alphas:
         want = cumulative_ranks([schur_split(J, a, order) for J in ops])
-        got = funnel[funnel["alpha"] == a].reset_index(drop=True)
+        got = funnel[funnel["schur_alpha"] == a].reset_index(drop=True)
         assert_curve(got, want, rel=1e-10)
     # removing the non-normal part changes this funnel
-    assert not np.allclose(funnel[funnel["alpha"] == 0]["erank"], cumulative_ranks(ops)["erank"], rtol=1e-3)
+    assert not np.allclose(funnel[funnel["schur_alpha"] == 0]["erank"], cumulative_ranks(ops)["erank"], rtol=1e-3)
 
 
 #: ``sort`` of ``scipy.linalg.schur`` that gives each complex order (LAPACK ``gees`` sorts with ``trsen``).
@@ -216,7 +216,7 @@ def test_funnel_against_independent_reference(rng: np.random.Generator, device: 
     assert min(np.abs(np.abs(np.linalg.eigvals(J)) - 1).min() for J in ops) > 1e-6  # ouc/iuc split as depthlens does
     funnel = schur_funnel(ops, alphas=(0.0, 0.5, 1.0), ranks=(None, r), schur_orders=SCHUR_ORDERS, device=device)
     assert len(funnel) == (3 + 3) * 2 * 2 * len(ops) and funnel["failure"].isna().all()
-    for (order, a, direction, cap), got in funnel.groupby(["schur_order", "alpha", "direction", "truncation"], sort=False):
+    for (order, a, direction, cap), got in funnel.groupby(["schur_order", "schur_alpha", "direction", "truncation"], sort=False):
         split = [J if a == 1.0 else (1 - a) * independent_normal_part(J, order) + a * J for J in ops]
         sv = np.linalg.svd(split[0 if direction == "forward" else -1], compute_uv=False)
         assert sv[r - 1] - sv[r] > 1e-2 * sv[0]
@@ -275,7 +275,7 @@ def test_funnel_normal_input_unchanged(rng: np.random.Generator) -> None:
     assert len(funnel) == (3 + 3) * 2 * len(ops)  # lapack: every α; the other orders: α = 0
     for direction in ("forward", "backward"):
         plain = cumulative_ranks(ops, direction)
-        for (order, a), got in funnel[funnel["direction"] == direction].groupby(["schur_order", "alpha"]):
+        for (order, a), got in funnel[funnel["direction"] == direction].groupby(["schur_order", "schur_alpha"]):
             assert_curve(got.reset_index(drop=True), plain, rel=1e-9)
 
 
@@ -299,7 +299,7 @@ def test_funnel_layout_and_errors(rng: np.random.Generator) -> None:
     funnel = schur_funnel(ops, ranks=(None, 2, 99))
     assert len(funnel) == 5 * 2 * 3 * 3
     assert sorted(funnel["truncation"].unique()) == [2, 5]  # 99 is capped at d = 5
-    assert funnel["alpha"].dtype == np.float64 and funnel["truncation"].dtype.kind == "i"
+    assert funnel["schur_alpha"].dtype == np.float64 and funnel["truncation"].dtype.kind == "i"
     for kwargs, match in (
         ({"alphas": ()}, "alphas"),
         ({"alphas": (0.0, np.nan)}, "alphas"),
@@ -352,7 +352,7 @@ def test_funnel_on_a_torch_device_equals_lapack_to_rounding(rng: np.random.Gener
         on_device = schur_funnel(ops, pool=pool, device="cpu", **kwargs)
     counts = count_difference(driver_counts(), before)
     assert counts.get("svd_torch:torch") == 4 * 2 * 2 * 12 and fallback_count(counts) == 0
-    key = ["schur_order", "alpha", "direction", "truncation", "depth", "steps"]
+    key = ["schur_order", "schur_alpha", "direction", "truncation", "depth", "steps"]
     pd.testing.assert_frame_equal(on_device[key], lapack[key])
     for col in ("erank", "erank_sigma", "participation_ratio", "log_norm"):
         np.testing.assert_allclose(on_device[col], lapack[col], rtol=1e-10, atol=1e-12, err_msg=col)
@@ -372,7 +372,7 @@ def test_funnel_on_a_torch_device_equals_lapack_to_rounding(rng: np.random.Gener
     counts = count_difference(driver_counts(), before)
     assert counts["svd_torch:lapack"] == 1 and counts["svd_torch:torch"] == 11 and counts["svd:gesdd"] == 1
     for col in ("erank", "erank_sigma", "participation_ratio", "log_norm"):
-        want = lapack.query("alpha == 1.0 and direction == 'forward' and truncation == 40")[col].to_numpy()
+        want = lapack.query("schur_alpha == 1.0 and direction == 'forward' and truncation == 40")[col].to_numpy()
         np.testing.assert_allclose(fallback[col], want, rtol=1e-10, atol=1e-12, err_msg=col)
 
 
@@ -407,10 +407,10 @@ def test_funnel_order_layout(rng: np.random.Generator) -> None:
     that row order; without α = 0 the other orders are not computed."""
     ops = nonnormal_ops(rng, 3, 6)
     funnel = schur_funnel(ops, alphas=(0.5, 1.0, 0.0), directions=("backward",), schur_orders=("canonical", "inside_first"))
-    keys = funnel[["schur_order", "alpha"]].drop_duplicates().apply(tuple, axis=1).tolist()
+    keys = funnel[["schur_order", "schur_alpha"]].drop_duplicates().apply(tuple, axis=1).tolist()
     assert keys == [("canonical", 0.5), ("canonical", 1.0), ("canonical", 0.0), ("inside_first", 0.0)]
     plain = cumulative_ranks(ops, "backward")
-    assert_curve(funnel[funnel["alpha"] == 1.0].reset_index(drop=True), plain, rel=0)
+    assert_curve(funnel[funnel["schur_alpha"] == 1.0].reset_index(drop=True), plain, rel=0)
     only = schur_funnel(ops, alphas=(0.5, 1.0), directions=("backward",), schur_orders=("canonical", "inside_first"))
     assert set(only["schur_order"]) == {"canonical"}
 
@@ -438,16 +438,16 @@ def test_funnel_of_triangular_products_in_closed_form(rng: np.random.Generator, 
     for b in range(n):
         span = diags[: b + 1] if direction == "forward" else diags[b:]
         sv = np.sort(np.abs(np.prod(span, axis=0)))[::-1]
-        for order, got in funnel[(funnel["alpha"] == 0.0) & (funnel["depth"] == b)].groupby("schur_order"):
+        for order, got in funnel[(funnel["schur_alpha"] == 0.0) & (funnel["depth"] == b)].groupby("schur_order"):
             assert got["erank"].item() == pytest.approx(float(erank(sv)), rel=1e-12), order
             assert got["log_norm"].item() == pytest.approx(np.log(sv[0]), rel=1e-12, abs=1e-14), order
         half = [np.diag(v) + 0.5 * (J - np.diag(v)) for v, J in zip(diags, ops)]
         C = product(half, 0, b) if direction == "forward" else product(half, b, n - 1)
-        got = funnel[(funnel["alpha"] == 0.5) & (funnel["depth"] == b)]["erank"].item()
+        got = funnel[(funnel["schur_alpha"] == 0.5) & (funnel["depth"] == b)]["erank"].item()
         assert got == pytest.approx(float(erank(np.linalg.svd(C, compute_uv=False))), rel=1e-9)
     # inside_first moves the eigenvalues inside the unit circle ahead: another Q, another J(0)
     inside = schur_funnel(ops, alphas=(0.0,), directions=(direction,), schur_orders=("inside_first",))
-    lapack = funnel[(funnel["alpha"] == 0.0) & (funnel["schur_order"] == "lapack")]
+    lapack = funnel[(funnel["schur_alpha"] == 0.0) & (funnel["schur_order"] == "lapack")]
     assert not np.allclose(inside["erank"].to_numpy(), lapack["erank"].to_numpy(), rtol=1e-6)
     ref = [(lambda t, q: (q * np.diagonal(t)) @ q.conj().T)(*scipy.linalg.schur(J, output="complex", sort="iuc")[:2]) for J in ops]
     assert_curve(inside, cumulative_ranks(ref, direction), rel=1e-10)

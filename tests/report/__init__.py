@@ -310,14 +310,14 @@ def _jacobian(root: Path, rng: np.random.Generator, ident: dict[str, str]) -> No
                     for truncation in (64, 128):  # rank-truncated and exact (d = 128)
                         for depth in range(steps):
                             erank = 100.0 * (final / 100.0) ** (depth / (steps - 1))
-                            cum_rows.append({"checkpoint": checkpoint, "jacobian_mode": "isolated", "alpha": alpha,
+                            cum_rows.append({"checkpoint": checkpoint, "jacobian_mode": "isolated", "schur_alpha": alpha,
                                              "schur_order": order, "direction": direction, "truncation": truncation,
                                              "depth": depth, "steps": depth + 1, "erank": erank,
                                              "erank_sigma": erank, "participation_ratio": erank,
                                              "log_norm": 0.1 * depth})
     ops, cum = pd.DataFrame(op_rows), pd.DataFrame(cum_rows)
     # the default run's second mode: in-context operators like the isolated ones, their funnel at α = 0 and 1
-    in_context = cum[cum["alpha"].isin((0.0, 1.0)) & (cum["schur_order"] == "lapack")].assign(
+    in_context = cum[cum["schur_alpha"].isin((0.0, 1.0)) & (cum["schur_order"] == "lapack")].assign(
         jacobian_mode="in_context")
     write_table(root, "operators", pd.concat([ops, ops.assign(jacobian_mode="in_context")], ignore_index=True), ident)
     write_table(root, "eigenvalues", pd.DataFrame(eig_rows), ident)
@@ -331,7 +331,7 @@ def write_funnel_boot(root: Path, ident: dict[str, str] | None = None, replicate
     curve, replicate 0 exactly and replicates 1.. within ±2 % of them (step-0 seed k scales the
     full-depth erank by 1 + 0.01 k). Call it again after changing ``cumulative``."""
     cum = read_table(root, "cumulative")
-    cum = cum[(cum["alpha"] == 1.0) & (cum["direction"] == "backward") & (cum["jacobian_mode"] == "isolated")]
+    cum = cum[(cum["schur_alpha"] == 1.0) & (cum["direction"] == "backward") & (cum["jacobian_mode"] == "isolated")]
     cum = cum[cum["truncation"] == cum["truncation"].min()]
     wobble = 1.0 + 0.02 * np.sin(np.arange(replicates + 1))  # replicate 0: 1 exactly
     wobble_last = 1.0 + 0.02 * np.sin(1.7 * np.arange(replicates + 1))
@@ -356,7 +356,7 @@ def _topology(root: Path, boundaries: int, ident: dict[str, str]) -> None:
             sig = every > 0 and boundary % every == 0
             effect = (0.4 if sig else 0.05) * (-1) ** boundary
             symmetry = 0.7 if effect > 0 else 0.3  # amplified in near-symmetric layers, damped in non-normal ones
-            rows.append({"checkpoint": checkpoint, "boundary": boundary, "layer": boundary // 2,
+            rows.append({"checkpoint": checkpoint, "boundary_index": boundary, "layer": boundary // 2,
                          "sublayer": ("attn", "mlp")[boundary % 2], "effect": effect, "p": 0.001 if sig else 0.5,
                          "q": 0.01 if sig else 0.7, "sign": (-1) ** boundary, "n_boundary_nodes": 16,
                          "n_interior_nodes": 48, "henrici_update_rel": 1.0 - symmetry, "symmetry": symmetry,

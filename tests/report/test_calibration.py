@@ -91,7 +91,7 @@ def test_the_schur_scenario_plants_the_fraction_the_statistic_reads():
         for i in range(150):
             tables = found.simulate(np.random.default_rng([5, i]), sizes, effect)
             curves = tables.table("cumulative").sort_values("steps")
-            ends = curves.groupby(["alpha", "schur_order"])["erank"].agg(["first", "last"])
+            ends = curves.groupby(["schur_alpha", "schur_order"])["erank"].agg(["first", "last"])
             fall = math.log(ends.loc[(1.0, "lapack"), "first"] / ends.loc[(1.0, "lapack"), "last"])
             removed = [1.0 - math.log(ends.loc[(0.0, o), "first"] / ends.loc[(0.0, o), "last"]) / fall
                        for o in SCHUR_ORDERS]

@@ -166,7 +166,7 @@ def test_falsified(run):
     write_funnel_boot(run)  # the bootstrap replicates follow
     coupling = read_table(run, "coupling")
     coupling["significant"] = coupling["checkpoint"] != "trained"
-    coupling.loc[coupling["checkpoint"] == "trained", "significant"] = coupling["boundary"] % 2 == 0
+    coupling.loc[coupling["checkpoint"] == "trained", "significant"] = coupling["boundary_index"] % 2 == 0
     coupling["symmetry_update"] = 1.0 - coupling["symmetry_update"]
     write_table(run, "coupling", coupling)
     chunks = read_table(run, "head_chunks")

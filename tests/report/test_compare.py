@@ -136,7 +136,7 @@ def test_profiles_on_normalised_depth(compared):
             np.testing.assert_allclose(got["value"], want[column])
     cum = pd.read_parquet(full / "tables" / "cumulative.parquet")
     cum = cum[(cum["checkpoint"] == "trained") & (cum["jacobian_mode"] == "isolated") & (cum["direction"] == "forward")
-              & (cum["alpha"] == 1.0) & (cum["truncation"] == 128)].sort_values("depth")
+              & (cum["schur_alpha"] == 1.0) & (cum["truncation"] == 128)].sort_values("depth")
     got = run_profile("erank_funnel", RunTables(full))
     np.testing.assert_allclose(got["depth"], cum["depth"] / 35)  # 36 sub-layer steps
     np.testing.assert_allclose(got["value"], cum["erank"])

@@ -147,7 +147,7 @@ def _coupling_rows(checkpoints, n_boundaries, with_layer=True):
     rows = []
     for c, checkpoint in enumerate(checkpoints):
         for b in range(n_boundaries):
-            row = {"checkpoint": checkpoint, "boundary": b, "effect": 0.4 * math.sin(b + c), "significant": b % 5 == 0}
+            row = {"checkpoint": checkpoint, "boundary_index": b, "effect": 0.4 * math.sin(b + c), "significant": b % 5 == 0}
             if with_layer:
                 row.update(layer=b // 2, sublayer=("attn", "mlp")[b % 2])
             rows.append(row)

@@ -47,7 +47,7 @@ def test_variants_agree_on_the_synthetic_run(run):
 
 def test_a_verdict_that_flips_under_a_variant_is_fragile(run):
     cum = read_table(run, "cumulative")
-    forward = (cum["direction"] == "forward") & (cum["checkpoint"] == "trained") & (cum["alpha"] == 1.0)
+    forward = (cum["direction"] == "forward") & (cum["checkpoint"] == "trained") & (cum["schur_alpha"] == 1.0)
     cum.loc[forward, "erank"] = 100.0 * 0.5 ** (cum.loc[forward, "depth"] / cum["depth"].max())  # no funnel
     write_table(run, "cumulative", cum)
     b2 = results(run)["B2-funnel-trained"]

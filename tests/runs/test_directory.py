@@ -75,6 +75,52 @@ def test_units_round_trip(tmp_path: Path) -> None:
         run.read_units("s", ["u0", "u9"], "t")
 
 
+
+def test_a_unit_is_computed_once_and_always_read_back(tmp_path: Path) -> None:
+    """``unit``: the first call computes and stores, every call returns the stored tables (the
+    same bytes a resumed run reads), and a later call, even from a reopened run, computes nothing."""
+    calls: list[int] = []
+
+    def compute() -> dict[str, pd.DataFrame]:
+        calls.append(1)
+        return {"a": pd.DataFrame({"x": [1.0, 2.0]}), "b": pd.DataFrame({"y": ["p"]})}
+
+    run = _open(tmp_path / "r", RunMode.NEW)
+    first = run.unit("s", "k", compute)
+    assert calls == [1] and sorted(first) == ["a", "b"]
+    pd.testing.assert_frame_equal(first["a"], pd.read_parquet(tmp_path / "r" / "units" / "s" / "k.a.parquet"))
+    again = _open(tmp_path / "r", RunMode.RESUME).unit("s", "k", compute)
+    assert calls == [1]
+    pd.testing.assert_frame_equal(again["b"], first["b"])
+
+
+def test_an_isolated_unit_that_fails_is_recorded_and_skipped(tmp_path: Path) -> None:
+    run = _open(tmp_path / "r", RunMode.NEW)
+
+    def broken() -> dict[str, pd.DataFrame]:
+        raise ValueError("a bad chunk")
+
+    assert run.unit("s", "k", broken, isolated=True) is None
+    assert not run.has_unit("s", "k") and [f.unit for f in run.failures.failures] == ["k"]
+    with pytest.raises(ValueError, match="a bad chunk"):
+        run.unit("s", "k2", broken)
+    with pytest.raises(KeyboardInterrupt):
+        run.unit("s", "k3", lambda: (_ for _ in ()).throw(KeyboardInterrupt()), isolated=True)
+
+
+def test_finished_keeps_order_and_refuses_when_every_unit_failed(tmp_path: Path) -> None:
+    run = _open(tmp_path / "r", RunMode.NEW)
+    for key in ("u2", "u0"):
+        run.write_unit("s", key, {"t": pd.DataFrame({"x": [0]})})
+    assert run.finished("s", ["u0", "u1", "u2"]) == ["u0", "u2"]
+    assert run.finished("s", ["u7"]) == []
+    with pytest.raises(RunError, match="every unit of the s stage starting with u7 failed"):
+        run.finished("s", ["u7", "u8"], required=True)
+    # what is still to compute: the unfinished keys with their work, in order
+    assert run.pending("s", zip(["u0", "u1", "u2", "u3"], "abcd")) == [("u1", "b"), ("u3", "d")]
+    assert run.pending("other", [("u0", 1)]) == [("u0", 1)]
+
+
 def test_tables_and_arrays(tmp_path: Path) -> None:
     run = _open(tmp_path / "r", RunMode.NEW)
     df = pd.DataFrame({"layer": [0, 1], "v": [0.5, 1.5]})
@@ -131,14 +177,14 @@ def test_manifest_carries_the_format_marker(tmp_path: Path) -> None:
     root = tmp_path / "r"
     _open(root, RunMode.NEW)
     manifest = read_manifest(root)
-    assert (manifest["format"], manifest["format_version"]) == (FORMAT, FORMAT_VERSION) == ("depthlens-run", 2)
+    assert (manifest["format"], manifest["format_version"]) == (FORMAT, FORMAT_VERSION) == ("depthlens-run", 3)
     assert not_a_run(root) is None
     assert "manifest.json" in atomic.read_index(root)
     (root / atomic.INDEX).rename(root / "index.bak")
     assert "depthlens-index.txt" in not_a_run(root)
     (root / "index.bak").rename(root / atomic.INDEX)
-    (root / "manifest.json").write_text(json.dumps({**manifest, "format_version": 3}))
-    assert "version 3" in not_a_run(root)
+    (root / "manifest.json").write_text(json.dumps({**manifest, "format_version": 4}))
+    assert "version 4" in not_a_run(root)
     with pytest.raises(RunError, match="not a depthlens run"):
         _open(root, RunMode.OVERWRITE)
 
@@ -285,3 +331,28 @@ def test_a_resume_with_other_options_names_them(tmp_path: Path) -> None:
                                        r"\(and 1 more\); rerun"):
         check_target(root, RunMode.RESUME, "b", {"config": changed})
     check_target(root, RunMode.RESUME, "a", {"config": config})
+
+
+def test_a_run_of_an_older_format_is_read_under_todays_names_and_never_resumed(tmp_path: Path) -> None:
+    """A format-2 run (``units`` with ``boundary``/``unit``, ``cumulative`` with ``alpha``) reads
+    as ``nodes`` with ``boundary_index``/``dim`` and ``schur_alpha``; resuming it is refused in
+    one line that names both formats, and nothing is written."""
+    from depthlens.runs import RunTables
+    from depthlens.runs.tables import FORMAT_2_NAMES
+
+    root = tmp_path / "old"
+    run = _open(root, RunMode.NEW)
+    run.write_table("units", pd.DataFrame({"checkpoint": ["trained"], "boundary": [3], "unit": [7]}))
+    run.write_table("cumulative", pd.DataFrame({"schur_order": ["lapack"], "alpha": [0.5]}))
+    run.write_table("heads", pd.DataFrame({"layer": [0]}))
+    run.update_manifest(format_version=2)
+    tables = RunTables(root)
+    assert list(tables.table("nodes").columns) == ["checkpoint", "boundary_index", "dim"]
+    assert list(tables.table("cumulative").columns) == ["schur_order", "schur_alpha"]
+    assert list(tables.table("heads").columns) == ["layer"]
+    assert set(FORMAT_2_NAMES) <= set(__import__("depthlens.schema", fromlist=["SCHEMA"]).SCHEMA)
+    before = sorted(p.name for p in root.rglob("*"))
+    with pytest.raises(RunError, match="written in run format 2, and this depthlens writes format 3; pass --overwrite"):
+        _open(root, RunMode.RESUME)
+    assert sorted(p.name for p in root.rglob("*")) == before
+    assert RunTables(_open(tmp_path / "new", RunMode.NEW).root).manifest["format_version"] == FORMAT_VERSION == 3

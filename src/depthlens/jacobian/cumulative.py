@@ -391,9 +391,9 @@ def schur_funnel(
     Returns
     -------
     DataFrame
-        Columns ``schur_order``, ``alpha``, ``direction``, ``truncation`` (the rank cap used:
+        Columns ``schur_order``, ``schur_alpha``, ``direction``, ``truncation`` (the rank cap used:
         min(r, d), and d for exact), then the columns of :func:`cumulative_ranks` and
-        ``failure``; one row per (schur_order, alpha, direction, truncation, depth) computed,
+        ``failure``; one row per (schur_order, schur_alpha, direction, truncation, depth) computed,
         the first order's rows first, by α in the order given. ``failure`` is None, or the
         reason why no SVD driver of :mod:`depthlens.linalg.guarded` converged on that curve,
         whose values are then NaN. Where a normal part is complex (always for the orders other
@@ -453,7 +453,7 @@ def schur_funnel(
         futures = [f for key in plan for f in curves[key]]
         tables = [f.result() for f in tqdm(futures, desc=f"schur funnel {label}".strip(), unit="curve", disable=not progress)]
     table = pd.concat(tables, ignore_index=True)
-    return table[["schur_order", "alpha", "direction", "truncation", *_COLUMNS, "failure"]]
+    return table[["schur_order", "schur_alpha", "direction", "truncation", *_COLUMNS, "failure"]]
 
 
 def _normal_parts(pool: Executor, forms: Sequence[SchurForm | None], ops: Sequence[np.ndarray], orders: Sequence[SchurOrder],
@@ -536,4 +536,4 @@ def _split_curve(
     except DecompositionError as exc:  # every SVD driver failed: this curve is NaN, with the reason
         curve = pd.DataFrame({"depth": np.arange(len(ops)), "steps": np.nan, **{c: np.nan for c in (*_RANKS, "log_norm")},
                               "failure": str(exc)})
-    return curve.assign(schur_order=order, alpha=alpha, direction=direction, truncation=cap)
+    return curve.assign(schur_order=order, schur_alpha=alpha, direction=direction, truncation=cap)

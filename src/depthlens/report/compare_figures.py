@@ -101,8 +101,8 @@ def _layer_operator(column: str) -> Callable[[RunTables], pd.DataFrame]:
 
 
 def _erank_funnel(t: RunTables) -> pd.DataFrame:
-    df = _trained(t, "cumulative", "jacobian_mode", "alpha", "direction", "truncation", "depth", "erank")
-    df = df[(df["direction"] == "forward") & np.isclose(df["alpha"].astype(float), 1.0)]
+    df = _trained(t, "cumulative", "jacobian_mode", "schur_alpha", "direction", "truncation", "depth", "erank")
+    df = df[(df["direction"] == "forward") & np.isclose(df["schur_alpha"].astype(float), 1.0)]
     if df.empty:
         raise Skip("cumulative.parquet has no forward product at α = 1")
     df, _ = prefer(df, "jacobian_mode", "isolated")

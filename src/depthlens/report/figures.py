@@ -361,7 +361,7 @@ def draw_operator_profile(t: RunTables) -> Figure:
 
 def _cumulative(t: RunTables, direction: str) -> tuple[pd.DataFrame, str]:
     """The cumulative curves of ``direction`` in the funnel's Jacobian mode, and that mode."""
-    df = need(t.table("cumulative"), "cumulative.parquet", "checkpoint", "jacobian_mode", "alpha", "direction",
+    df = need(t.table("cumulative"), "cumulative.parquet", "checkpoint", "jacobian_mode", "schur_alpha", "direction",
                "truncation", "depth", "steps", "erank")
     df = df[df["direction"] == direction]
     if df.empty:
@@ -372,8 +372,8 @@ def _cumulative(t: RunTables, direction: str) -> tuple[pd.DataFrame, str]:
 def draw_cumulative_erank(t: RunTables) -> Figure:
     df, mode = _cumulative(t, "forward")
     if "schur_order" in df.columns:  # the claims' order (α = 1 does not depend on it)
-        df = df[(df["schur_order"] == "lapack") | np.isclose(df["alpha"].astype(float), 1.0)]
-    alphas = sorted(pd.unique(df["alpha"].astype(float)))
+        df = df[(df["schur_order"] == "lapack") | np.isclose(df["schur_alpha"].astype(float), 1.0)]
+    alphas = sorted(pd.unique(df["schur_alpha"].astype(float)))
     cmap = matplotlib.colormaps["viridis"]
     fig = new_figure(6.0, 4.2)
     ax = fig.subplots()
@@ -381,7 +381,7 @@ def draw_cumulative_erank(t: RunTables) -> Figure:
         part = df[df["checkpoint"] == checkpoint]
         part = part[part["truncation"] == part["truncation"].max()]
         for i, alpha in enumerate(alphas):
-            curve = part[np.isclose(part["alpha"].astype(float), alpha)].sort_values("depth")
+            curve = part[np.isclose(part["schur_alpha"].astype(float), alpha)].sort_values("depth")
             if curve.empty:
                 continue
             colour = cmap(i / max(len(alphas) - 1, 1))
@@ -409,18 +409,18 @@ def draw_schur_split(t: RunTables) -> Figure:
     truncated = df[df["truncation"] < df["truncation"].max()]
     df, protocol = (truncated, "rank-truncated") if not truncated.empty else (df, "exact")
     df = df[df["steps"] == df["steps"].max()]
-    if df["alpha"].astype(float).nunique() < 2:
+    if df["schur_alpha"].astype(float).nunique() < 2:
         raise Skip("the run has no Schur split (--funnel-alphas 1 alone)")
     has_order = "schur_order" in df.columns
     fig = new_figure(6.0, 4.0)
     ax = fig.subplots()
     for checkpoint in _checkpoints(df):
         part = df[df["checkpoint"] == checkpoint]
-        at_one = np.isclose(part["alpha"].astype(float), 1.0)
+        at_one = np.isclose(part["schur_alpha"].astype(float), 1.0)
         orders = [o for o in pd.unique(part.loc[~at_one, "schur_order"])] if has_order else ["lapack"]
         for j, order in enumerate(orders):
             rows = part[(part["schur_order"].to_numpy() == order) | at_one] if has_order else part
-            curve = rows.assign(alpha=rows["alpha"].astype(float)).groupby("alpha")["erank"].first().sort_index()
+            curve = rows.assign(schur_alpha=rows["schur_alpha"].astype(float)).groupby("schur_alpha")["erank"].first().sort_index()
             if len(curve) < 2:
                 continue
             ax.plot(curve.index, curve.to_numpy(), ls=_checkpoint_style(checkpoint), marker="o", ms=3,
@@ -436,7 +436,7 @@ def draw_schur_split(t: RunTables) -> Figure:
 def draw_coupling(t: RunTables) -> Figure:
     """Heatmap of the coupling effect: columns are layers (boundaries when the table has no
     layer), rows (checkpoint, sub-layer); at most :data:`MAX_WIDTH` wide whatever the depth."""
-    df = need(t.table("coupling"), "coupling.parquet", "checkpoint", "boundary", "effect")
+    df = need(t.table("coupling"), "coupling.parquet", "checkpoint", "boundary_index", "effect")
     checkpoints = _checkpoints(df)
     if {"layer", "sublayer"} <= set(df.columns):
         cols = sorted(int(v) for v in pd.unique(df["layer"]))
@@ -448,11 +448,11 @@ def draw_coupling(t: RunTables) -> Figure:
         labels = [f"{c} · {s}" for c, s in rows]
         xlabel = "layer (row: checkpoint · sub-layer whose input boundary is analysed)"
     else:
-        cols = sorted(int(v) for v in pd.unique(df["boundary"]))
+        cols = sorted(int(v) for v in pd.unique(df["boundary_index"]))
         subs = [None]
         rows = [(c, None) for c in checkpoints]
         row_of = {(c, None): i for i, (c, _) in enumerate(rows)}
-        keys = list(zip(df["checkpoint"].astype(str), [None] * len(df), df["boundary"].astype(int)))
+        keys = list(zip(df["checkpoint"].astype(str), [None] * len(df), df["boundary_index"].astype(int)))
         labels = list(checkpoints)
         xlabel = "boundary"
     col_of = {c: j for j, c in enumerate(cols)}

@@ -53,7 +53,7 @@ def _sim_symmetry(rng: np.random.Generator, n: Mapping[str, int], effect: bool) 
 def _coupling(rng: np.random.Generator, rates: Mapping[str, float], boundaries: int) -> pd.DataFrame:
     parts = []
     for checkpoint, rate in rates.items():
-        parts.append(pd.DataFrame({"checkpoint": checkpoint, "boundary": np.arange(boundaries),
+        parts.append(pd.DataFrame({"checkpoint": checkpoint, "boundary_index": np.arange(boundaries),
                                    "significant": rng.random(boundaries) < rate}))
     return pd.concat(parts, ignore_index=True)
 
@@ -84,7 +84,7 @@ def _sim_sign(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> R
     predicted = np.where(symmetry > np.median(symmetry), 1.0, -1.0)
     sign = np.where(rng.random(b) < 0.9, predicted, -predicted) if effect else rng.choice([-1.0, 1.0], b)
     return MemoryTables({"coupling": pd.DataFrame({
-        "checkpoint": "trained", "boundary": np.arange(b), "symmetry_update": symmetry,
+        "checkpoint": "trained", "boundary_index": np.arange(b), "symmetry_update": symmetry,
         "effect": sign * rng.uniform(0.05, 0.5, b), "significant": rng.random(b) < 0.75})})
 
 
@@ -130,7 +130,7 @@ def _funnel_tables(rng: np.random.Generator, n: Mapping[str, int], ends: Mapping
             erank = values[0, 0] * (values[0, 1] / values[0, 0]) ** ((k - 1) / (steps - 1))
             for cap in (truncation, width):
                 curves.append(pd.DataFrame({"checkpoint": checkpoint, "jacobian_mode": "isolated",
-                                            "schur_order": "lapack", "alpha": 1.0, "direction": "backward",
+                                            "schur_order": "lapack", "schur_alpha": 1.0, "direction": "backward",
                                             "truncation": cap, "depth": steps - k, "steps": k, "erank": erank}))
     return MemoryTables({"cumulative": pd.concat(curves, ignore_index=True),
                          "funnel_boot": pd.concat(boots, ignore_index=True)})
@@ -181,7 +181,7 @@ def _sim_schur(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> 
 
     def curve(alpha: float, order: str, first: float, last: float) -> pd.DataFrame:
         return pd.DataFrame({"checkpoint": "trained", "jacobian_mode": "isolated", "schur_order": order,
-                             "alpha": alpha, "direction": "backward", "truncation": 512, "depth": steps - k,
+                             "schur_alpha": alpha, "direction": "backward", "truncation": 512, "depth": steps - k,
                              "steps": k, "erank": first * (last / first) ** ((k - 1) / (steps - 1))})
 
     parts = [curve(1.0, SCHUR_ORDERS[0], 436.0 * math.exp(one_sd * rng.standard_normal()),

@@ -2,7 +2,7 @@
 
 Layout (DESIGN.md)::
 
-    RUN/manifest.json           "format": "depthlens-run", "format_version": 2, config, its hash,
+    RUN/manifest.json           "format": "depthlens-run", "format_version": 3, config, its hash,
                                 package versions, model and data hashes, seed
     RUN/depthlens-index.txt     every file the run wrote, one relative path a line
     RUN/tables/NAME.parquet     tidy tables
@@ -13,10 +13,12 @@ Every write is atomic, so a run killed at any instant (SIGKILL included) can be 
 and ends with the same tables as an uninterrupted run.
 
 A folder is a depthlens run only when its manifest carries the format marker
-(``FORMAT``, ``FORMAT_VERSION``) and the run index exists. Version 2 tables follow
+(``FORMAT``, ``FORMAT_VERSION``) and the run index exists. Version 3 tables follow
 :mod:`depthlens.schema` (identity columns ``model``, ``revision``, ``text`` first in every
-table) and its manifest's ``config`` has one section per stage; version 1 runs (the layout
-before) are still recognised, so ``--overwrite`` can replace them. ``--overwrite`` of a run deletes
+table) and its manifest's ``config`` has one section per stage. Version 2 runs (the same
+layout under the names version 3 changed: :data:`depthlens.runs.tables.FORMAT_2_NAMES`) are
+read under today's names; they and version 1 runs are still recognised, so ``--overwrite``
+can replace them, but never resumed. ``--overwrite`` of a run deletes
 exactly the files its index lists (and the temporary files of interrupted writes of those
 names), then the folders that this leaves empty; files the run did not write stay where
 they are. Anything that is not a run is never touched.
@@ -27,13 +29,13 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 import json
 import os
 import re
 from enum import Enum
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -47,8 +49,10 @@ from .failures import FailureLog
 MANIFEST = "manifest.json"
 INDEX = atomic.INDEX
 FORMAT = "depthlens-run"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # tempfile.mkstemp(prefix=".NAME.", suffix=".tmp")
+#: An item of work that a resumable unit computes (:meth:`RunDirectory.pending`).
+_Work = TypeVar("_Work")
 
 
 class RunMode(str, Enum):
@@ -141,6 +145,10 @@ def check_target(path: str | Path, run_mode: RunMode, config_hash: str,
                        "choose another --out.")
     if run_mode is RunMode.RESUME:
         stored = read_manifest(root)
+        if stored.get("format_version") != FORMAT_VERSION:
+            raise RunError(f"cannot resume {root}: it was written in run format {stored.get('format_version')}, and "
+                           f"this depthlens writes format {FORMAT_VERSION}; pass --overwrite to replace it, or "
+                           "another --out.")
         if stored.get("config_hash") != config_hash:
             differ = changes(stored) if changes is not None else option_changes(
                 {k: stored.get(k) for k in options or {}}, options or {})
@@ -456,6 +464,11 @@ class RunDirectory:
             return None
         record = json.loads((self._unit_dir(stage) / f"{key}.done").read_text())
         return {name: self.read_units(stage, [key], name) for name in record["tables"]}
+
+    def pending(self, stage: str, work: Iterable[tuple[str, _Work]]) -> list[tuple[str, _Work]]:
+        """The ``(key, item)`` pairs of ``work`` whose units of ``stage`` have not finished, in
+        order: what a resumed stage still has to compute (all of it in a new run)."""
+        return [(key, item) for key, item in work if not self.has_unit(stage, key)]
 
     def finished(self, stage: str, keys: Sequence[str], *, required: bool = False) -> list[str]:
         """The keys of ``keys`` whose units have finished, in order (failed ones are recorded

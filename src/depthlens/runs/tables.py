@@ -20,6 +20,17 @@ import pandas as pd
 from .atomic import read_safetensors
 from ..schema import producer, trained_rows
 
+#: What a run of format 2 named differently, by today's table name: the file's name then and
+#: its columns renamed since (``{old: new}``); :meth:`RunTables.table` reads such a run under
+#: today's names.
+FORMAT_2_NAMES: dict[str, tuple[str, dict[str, str]]] = {
+    "nodes": ("units", {"boundary": "boundary_index", "unit": "dim"}),
+    "communities": ("communities", {"boundary": "boundary_index"}),
+    "coupling": ("coupling", {"boundary": "boundary_index"}),
+    "topology_profile": ("topology_profile", {"reference_boundary": "reference_boundary_index"}),
+    "cumulative": ("cumulative", {"alpha": "schur_alpha"}),
+}
+
 #: How a stage status from the manifest reads in the report.
 STATUS_TEXT = {"done": "done", "running": "incomplete (interrupted)", "interrupted": "interrupted (--resume continues)",
                "failed": "failed"}
@@ -41,11 +52,15 @@ class RunTables:
 
     # -- raw access -------------------------------------------------------------------
     def table(self, name: str) -> pd.DataFrame | None:
-        """``tables/NAME.parquet`` as a DataFrame, or ``None`` when absent or unreadable."""
+        """``tables/NAME.parquet`` as a DataFrame, or ``None`` when absent or unreadable (a run
+        of format 2 under today's names: :data:`FORMAT_2_NAMES`)."""
         key = f"table:{name}"
         if key not in self._cache:
-            path = self.root / "tables" / f"{name}.parquet"
-            self._cache[key] = self._read(key, path, pd.read_parquet)
+            version = self.manifest.get("format_version")
+            old = isinstance(version, int) and not isinstance(version, bool) and version <= 2
+            file, renamed = FORMAT_2_NAMES.get(name, (name, {})) if old else (name, {})
+            table = self._read(key, self.root / "tables" / f"{file}.parquet", pd.read_parquet)
+            self._cache[key] = table.rename(columns=renamed) if table is not None and renamed else table
         value = self._cache[key]
         return None if value is None else value.copy()
 

@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data import Chunks
-from ..errors import InputError, RunError
+from ..errors import InputError
 from ..interventions.ablation import (
     aggregate,
     clean_pass,
@@ -143,9 +143,7 @@ def run(context: StageContext) -> None:
             del clean, sources
     bar.close()
     keys = [unit_key(b, l) for b in range(len(starts)) for l in range(L)]
-    done = [k for k in keys if run_dir.has_unit(STAGE, k)]
-    if not done:
-        raise RunError(f"every unit of the {STAGE} stage failed; see its log.")
+    done = run_dir.finished(STAGE, keys, required=True)
     rows = run_dir.read_units(STAGE, done, "rows")
     context.write_table("ablation", aggregate(rows, methods, opts.ablation_boot, opts.seed))
 

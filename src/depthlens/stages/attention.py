@@ -44,7 +44,7 @@ from ..attention import head_view as hv
 from ..attention.head_view import PSEUDO_GRID, PSEUDO_TOL
 from ..attention.options import AttentionOptions
 from ..attention.roles import assign_roles, probe_scores, role_overlap
-from ..errors import InputError, RunError, require_at_least
+from ..errors import InputError, require_at_least
 from ..executors import Execution
 from ..executors.local import AheadExecutor, executor, ordered_map
 from ..linalg.causal import deflate
@@ -235,8 +235,7 @@ def _desc(phase: str, checkpoint: str) -> str:
 
 # ----------------------------------------------------------------------------- phases
 def _probe_phase(run_dir, loaded, opts, pool, quiet, checkpoint) -> pd.DataFrame:
-    key = f"{unit_prefix(checkpoint)}probe"
-    if not run_dir.has_unit(an.STAGE, key):
+    def compute() -> dict[str, pd.DataFrame]:
         adapter = loaded.adapter
         ids = data.repeated_random_tokens(loaded.tokenizer, opts.probe_seqs, opts.probe_len, seed=opts.seed)
         sums: dict[tuple[int, str], np.ndarray] = {}
@@ -254,14 +253,15 @@ def _probe_phase(run_dir, loaded, opts, pool, quiet, checkpoint) -> pd.DataFrame
                 rows.append({"layer": layer, "head": head,
                              **{name: float(sums[(layer, name)][head] / ids.shape[0])
                                 for name in ("prev_token_score", "duplicate_score", "induction_score")}})
-        run_dir.write_unit(an.STAGE, key, {"probe": pd.DataFrame(rows)})
-    return run_dir.read_units(an.STAGE, [key], "probe")
+        return {"probe": pd.DataFrame(rows)}
+
+    return run_dir.unit(an.STAGE, f"{unit_prefix(checkpoint)}probe", compute)["probe"]
 
 
 def _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, checkpoint) -> pd.DataFrame:
     starts = list(range(0, len(token_ids), batch_size))
     keys = [f"{unit_prefix(checkpoint)}heads{s // batch_size:05d}" for s in starts]
-    todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(an.STAGE, k)]
+    todo = run_dir.pending(an.STAGE, zip(keys, starts))
     bar = _bar(len(keys), len(keys) - len(todo), _desc("heads", checkpoint), quiet)
     ragged = token_ids.ragged
 
@@ -296,16 +296,7 @@ def _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, chec
                 run_dir.write_unit(an.STAGE, key, {"rows": pd.DataFrame(rows)})
             bar.update()
     bar.close()
-    return run_dir.read_units(an.STAGE, _finished(run_dir, keys), "rows")
-
-
-def _finished(run_dir: RunDirectory, keys: list[str]) -> list[str]:
-    """The units of ``keys`` that finished (failed ones are recorded in ``run_dir.failures``);
-    raises when none did, since nothing downstream can be computed."""
-    done = [k for k in keys if run_dir.has_unit(an.STAGE, k)]
-    if not done:
-        raise RunError(f"every unit of the {an.STAGE} stage starting with {keys[0]} failed; see its log.")
-    return done
+    return run_dir.read_units(an.STAGE, run_dir.finished(an.STAGE, keys, required=True), "rows")
 
 
 def _chunk_groups(targets: pd.DataFrame, batch_size: int) -> list[list[int]]:
@@ -341,7 +332,7 @@ def _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, q
         return merged.rename(columns={"chunk": "certified_chunk"})
     groups = _chunk_groups(targets, batch_size)
     keys = [f"{unit_prefix(checkpoint)}certify{g:05d}" for g in range(len(groups))]
-    todo = [(k, g) for k, g in zip(keys, groups) if not run_dir.has_unit(an.STAGE, k)]
+    todo = run_dir.pending(an.STAGE, zip(keys, groups))
     bar = _bar(len(targets), len(targets) - sum(int(targets["chunk"].isin(g).sum()) for _, g in todo),
                _desc("certify", checkpoint), quiet)
     pending: list[tuple[str, list]] = []
@@ -370,9 +361,9 @@ def _induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint) -> p
     on their length-matched controls ``[BOS, r, r′]`` (each batch of ``PROBE_BATCH`` holds
     probe and control sequences alike): the ``induction_seqs`` table, one row per head and
     sequence (aggregated per head by :func:`~depthlens.stats.aggregate_induction`)."""
-    key = f"{unit_prefix(checkpoint)}induction"
     routing = heads[heads["role"] == "routing"]
-    if not run_dir.has_unit(an.STAGE, key):
+
+    def compute() -> dict[str, pd.DataFrame]:
         rows = []
         if len(routing):
             args = (loaded.tokenizer, opts.probe_seqs, opts.probe_len)
@@ -393,9 +384,9 @@ def _induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint) -> p
                 rows.extend(ordered_map(pool, an.induction_row, tasks(), max_pending=MAX_PENDING))
                 bar.update(len(seqs))
             bar.close()
-        table = pd.DataFrame(rows, columns=["layer", "head", "seq", *an.INDUCTION, "failure"])
-        run_dir.write_unit(an.STAGE, key, {"rows": table})
-    return run_dir.read_units(an.STAGE, [key], "rows")
+        return {"rows": pd.DataFrame(rows, columns=["layer", "head", "seq", *an.INDUCTION, "failure"])}
+
+    return run_dir.unit(an.STAGE, f"{unit_prefix(checkpoint)}induction", compute)["rows"]
 
 
 def _pseudospectra_phase(run_dir, loaded, token_ids, heads, chunks) -> None:
@@ -487,4 +478,4 @@ def _depth_phase(run_dir, loaded, token_ids, chains, opts, pool, batch_size, qui
     if previous is not None:
         finish(*previous)
     bar.close()
-    return run_dir.read_units(an.STAGE, _finished(run_dir, keys), "rows")
+    return run_dir.read_units(an.STAGE, run_dir.finished(an.STAGE, keys, required=True), "rows")

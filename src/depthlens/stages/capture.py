@@ -54,7 +54,7 @@ def run(context: StageContext) -> None:
     run_dir, ids, batch_size = context.run_dir, context.chunks, context.config.batch_size
     starts = list(range(0, len(ids), batch_size))
     keys = [f"batch{start // batch_size:05d}" for start in starts]
-    todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(STAGE, k)]
+    todo = run_dir.pending(STAGE, zip(keys, starts))
     bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc=STAGE, unit="batch",
                disable=context.execution.quiet)
     with torch.inference_mode():
@@ -64,7 +64,7 @@ def run(context: StageContext) -> None:
                                                              start))
             bar.update()
     bar.close()
-    keys = [k for k in keys if run_dir.has_unit(STAGE, k)]
+    keys = run_dir.finished(STAGE, keys)
     patterns = run_dir.read_units(STAGE, keys, "attention_patterns")
     context.write_table("attention_patterns", patterns)
     context.write_table("attention_summary", summarise_heads(patterns))

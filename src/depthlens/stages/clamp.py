@@ -170,7 +170,7 @@ def _detect_phase(context: StageContext) -> tuple[pd.DataFrame, int]:
     run_dir, ids, batch_size = context.run_dir, context.chunks, context.config.batch_size
     starts = list(range(0, len(ids), batch_size))
     keys = [f"massive{s // batch_size:05d}" for s in starts]
-    todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(STAGE, k)]
+    todo = run_dir.pending(STAGE, zip(keys, starts))
     bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc=f"{STAGE} detect", unit="batch",
                disable=context.execution.quiet)
     for key, start in todo:
@@ -182,9 +182,8 @@ def _detect_phase(context: StageContext) -> tuple[pd.DataFrame, int]:
             run_dir.write_unit(STAGE, key, {"rows": table})
         bar.update()
     bar.close()
-    done = [(k, s) for k, s in zip(keys, starts) if run_dir.has_unit(STAGE, k)]
-    if not done:
-        raise RunError(f"every unit of the {STAGE} stage starting with {keys[0]} failed; see its log.")
+    finished = set(run_dir.finished(STAGE, keys, required=True))
+    done = [(k, s) for k, s in zip(keys, starts) if k in finished]
     n_chunks = sum(min(batch_size, len(ids) - s) for _, s in done)
     table = run_dir.read_units(STAGE, [k for k, _ in done], "rows")
     return (table if len(table) else cl.empty_massive()), n_chunks

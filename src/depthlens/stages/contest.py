@@ -149,7 +149,7 @@ def _features_phase(run_dir: RunDirectory, adapter, token_ids: torch.Tensor | Ch
     token_ids = as_chunks(token_ids)
     starts = list(range(0, len(token_ids), batch_size))
     keys = [f"features{s // batch_size:05d}" for s in starts]
-    todo = [(k, s) for k, s in zip(keys, starts) if not run_dir.has_unit(STAGE, k)]
+    todo = run_dir.pending(STAGE, zip(keys, starts))
     bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc="contest features", unit="unit", disable=quiet)
     for key, start in todo:
         with run_dir.failures.unit(STAGE, key):
@@ -166,7 +166,7 @@ def _features_phase(run_dir: RunDirectory, adapter, token_ids: torch.Tensor | Ch
             run_dir.write_unit(STAGE, key, {"rows": pd.concat([f.result() for f in futures], ignore_index=True)})
         bar.update()
     bar.close()
-    done = [k for k in keys if run_dir.has_unit(STAGE, k)]
+    done = run_dir.finished(STAGE, keys)
     if not done:
         raise RunError(f"every features unit of the {STAGE} stage failed; see its log.")
     return run_dir.read_units(STAGE, done, "rows")

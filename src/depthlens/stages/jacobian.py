@@ -102,51 +102,51 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
         model = None
         ops_by_mode = {}
         for mode in opts.modes:
-            key = f"ops_{name}_{mode}"
-            if not run_dir.has_unit(STAGE, key):
-                with run_dir.failures.unit(STAGE, key):
-                    model = model or get()
-                    ops, boot = store.compute(run_dir, name, mode, model.adapter, token_ids, opts, batch_size=batch_size,
-                                         quiet=quiet, weights=weights, device=funnel_device, threads=threads)
-                    op_table, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool,
-                                                                   label=f"{store.label(name)} ({mode})")
-                    run_dir.write_unit(STAGE, key, {"metrics": op_table, "eigen": eigen_rows,
-                                                    **({"boot": boot} if boot is not None else {})})
-                    ops_by_mode[mode] = ops if mode == funnel_mode else None  # only the funnel reads them again
-            if not run_dir.has_unit(STAGE, key):
+            def operators_unit() -> dict[str, pd.DataFrame]:
+                nonlocal model
+                model = model or get()
+                ops, boot = store.compute(run_dir, name, mode, model.adapter, token_ids, opts, batch_size=batch_size,
+                                          quiet=quiet, weights=weights, device=funnel_device, threads=threads)
+                op_table, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool,
+                                                               label=f"{store.label(name)} ({mode})")
+                ops_by_mode[mode] = ops if mode == funnel_mode else None  # only the funnel reads them again
+                return {"metrics": op_table, "eigen": eigen_rows, **({"boot": boot} if boot is not None else {})}
+
+            done = run_dir.unit(STAGE, f"ops_{name}_{mode}", operators_unit, isolated=True)
+            if done is None:
                 continue
             ops_by_mode.setdefault(mode, None)  # finished; its operators are fetched only if the funnel needs them
             for table, sink in (("metrics", metrics), ("eigen", eigen)):
-                t = run_dir.read_units(STAGE, [key], table)
+                t = done[table]
                 t.insert(0, "checkpoint", name)
                 t.insert(1, "jacobian_mode", mode)
                 sink.append(t)
             if store.bootstrapped(opts, mode):
-                boots.append(_boot_rows(run_dir, key, name, mode, opts.seed if name == "init" else None))
+                boots.append(_boot_rows(done["boot"], name, mode, opts.seed if name == "init" else None))
         for mode in [funnel_mode, *(m for m in opts.modes if m != funnel_mode)]:
             if mode not in ops_by_mode:
                 continue  # its operators failed (recorded above); the funnel needs them
             # the funnel mode gets every α and Schur order; the others α = 0 and 1 in the first order
             # only (the sensitivity of the funnel claims to the Jacobian mode)
+            def funnel_unit() -> dict[str, pd.DataFrame]:
+                found = ops_by_mode[mode]
+                if found is None:
+                    found = store.operators(run_dir, name, mode, lambda: model or get(), token_ids, opts,
+                                            batch_size=batch_size, quiet=quiet)
+                ops = store.operator_list(found)
+                d = ops[0].shape[0]
+                ranks = (None,) if opts.funnel_rank == 0 or opts.funnel_rank >= d else (None, opts.funnel_rank)
+                alphas = opts.funnel_alphas if mode == funnel_mode else tuple(
+                    a for a in opts.funnel_alphas if a in (0.0, 1.0))
+                orders = opts.schur_orders if mode == funnel_mode else opts.schur_orders[:1]
+                return {"funnel": schur_funnel(ops, alphas=alphas, directions=DIRECTIONS, ranks=ranks,
+                                               schur_orders=orders, progress=not quiet, pool=pool,
+                                               label=f"{store.label(name)} ({mode})", device=funnel_device)}
+
             key = f"funnel_{name}" if mode == funnel_mode else f"funnel_{name}_{mode}"
-            if not run_dir.has_unit(STAGE, key):
-                with run_dir.failures.unit(STAGE, key):
-                    found = ops_by_mode[mode]
-                    if found is None:
-                        found = store.operators(run_dir, name, mode, lambda: model or get(), token_ids, opts,
-                                          batch_size=batch_size, quiet=quiet)
-                    ops = store.operator_list(found)
-                    d = ops[0].shape[0]
-                    ranks = (None,) if opts.funnel_rank == 0 or opts.funnel_rank >= d else (None, opts.funnel_rank)
-                    alphas = opts.funnel_alphas if mode == funnel_mode else tuple(
-                        a for a in opts.funnel_alphas if a in (0.0, 1.0))
-                    orders = opts.schur_orders if mode == funnel_mode else opts.schur_orders[:1]
-                    table = schur_funnel(ops, alphas=alphas, directions=DIRECTIONS, ranks=ranks, schur_orders=orders,
-                                         progress=not quiet, pool=pool, label=f"{store.label(name)} ({mode})",
-                                         device=funnel_device)
-                    run_dir.write_unit(STAGE, key, {"funnel": table})
-            if run_dir.has_unit(STAGE, key):
-                t = run_dir.read_units(STAGE, [key], "funnel")
+            done = run_dir.unit(STAGE, key, funnel_unit, isolated=True)
+            if done is not None:
+                t = done["funnel"]
                 t.insert(0, "checkpoint", name)
                 t.insert(1, "jacobian_mode", mode)
                 funnels.append(t)
@@ -156,9 +156,9 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
                                 ("funnel_boot", boots)) if parts}
 
 
-def _boot_rows(run_dir: RunDirectory, key: str, name: str, mode: str, init_seed: int | None) -> pd.DataFrame:
-    """The ``boot`` table of a finished unit as ``funnel_boot`` rows (checkpoint, mode and run seed of a step-0 null)."""
-    t = run_dir.read_units(STAGE, [key], "boot")
+def _boot_rows(t: pd.DataFrame, name: str, mode: str, init_seed: int | None) -> pd.DataFrame:
+    """The ``boot`` table ``t`` of a finished unit as ``funnel_boot`` rows (checkpoint, mode and
+    run seed of a step-0 null)."""
     t.insert(0, "checkpoint", name)
     t.insert(1, "jacobian_mode", mode)
     t.insert(2, "init_seed", np.nan if init_seed is None else float(init_seed))
@@ -176,18 +176,16 @@ def _extra_nulls(run_dir, loaded, token_ids, opts: JacobianOptions, weights: np.
         return []
     mode, out = opts.funnel_mode, []
     for k in range(1, opts.init_seeds):
-        key = f"boot_init_{k}"
-        if not run_dir.has_unit(STAGE, key):
-            with run_dir.failures.unit(STAGE, key):
-                adapter = init_like(loaded, seed=init_seed_of(opts.seed + k)).adapter
-                sums = engines.chunk_operator_sums(adapter, as_chunks(token_ids).ids,
-                                                   store.sublayer_keys_backward(adapter.n_layers), mode, opts.positions,
-                                                   batch_size, progress=not quiet,
-                                                   label=f"step-0 null of seed {opts.seed + k}",
-                                                   chunk_positions=store.chunk_positions(token_ids, opts.positions))
-                table = store.boot_table(sums, weights, adapter.n_layers, adapter.d_model, opts, device, threads)
-                del adapter, sums  # the model goes before the next null is drawn
-                run_dir.write_unit(STAGE, key, {"boot": table})
-        if run_dir.has_unit(STAGE, key):
-            out.append(_boot_rows(run_dir, key, "init", mode, opts.seed + k))
+        def null_unit(k: int = k) -> dict[str, pd.DataFrame]:
+            adapter = init_like(loaded, seed=init_seed_of(opts.seed + k)).adapter
+            sums = engines.chunk_operator_sums(adapter, as_chunks(token_ids).ids,
+                                               store.sublayer_keys_backward(adapter.n_layers), mode, opts.positions,
+                                               batch_size, progress=not quiet,
+                                               label=f"step-0 null of seed {opts.seed + k}",
+                                               chunk_positions=store.chunk_positions(token_ids, opts.positions))
+            return {"boot": store.boot_table(sums, weights, adapter.n_layers, adapter.d_model, opts, device, threads)}
+
+        done = run_dir.unit(STAGE, f"boot_init_{k}", null_unit, isolated=True)  # each null's model goes on return
+        if done is not None:
+            out.append(_boot_rows(done["boot"], "init", mode, opts.seed + k))
     return out

@@ -166,12 +166,12 @@ def boundary_rows(R: np.ndarray, J: np.ndarray, keep: np.ndarray, gamma: float, 
     pc = participation_coefficient(edges, len(nodes), membership)
     is_boundary = boundary_nodes(pc, opts.boundary_quantile)
     amp = amplification(J, opts.amplification)[nodes]
-    units = pd.DataFrame({"boundary": boundary, "unit": nodes, "community": membership,
-                          "participation_coefficient": pc, "is_boundary_node": is_boundary, "amplification": amp})
-    summary = {"boundary": boundary, "gamma": gamma, "n_communities": record.n_communities,
+    node_rows = pd.DataFrame({"boundary_index": boundary, "dim": nodes, "community": membership,
+                              "participation_coefficient": pc, "is_boundary_node": is_boundary, "amplification": amp})
+    summary = {"boundary_index": boundary, "gamma": gamma, "n_communities": record.n_communities,
                "sizes": json.dumps(list(record.sizes)), "quality": record.quality, "seed": record.seed,
                "iterations": record.iterations, "n_nodes": len(nodes), "n_edges": len(edges.weight)}
-    return summary, units
+    return summary, node_rows
 
 
 def _saved_arrays(run_dir: RunDirectory, mode: str) -> Callable[[str, Callable], dict]:
@@ -219,7 +219,7 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
                         operators: Callable[[str, Callable], dict] | None = None, pool: Executor | None = None
                         ) -> dict[str, pd.DataFrame]:
     """Run the stage for each ``(checkpoint, loader)`` and return the ``communities``,
-    ``units``, ``coupling`` and ``topology_profile`` tables. Needs the jacobian stage's mean operators:
+    ``nodes``, ``coupling`` and ``topology_profile`` tables. Needs the jacobian stage's mean operators:
     ``operators(name, loader)`` gives them as ``{(layer, sublayer): J}`` in float64
     (:func:`depthlens.jacobian.store.operators`; default: read the saved arrays), and is
     called only when a boundary unit of that checkpoint is still to do. The boundaries' Leiden
@@ -228,7 +228,7 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
     ``run_dir.failures``); the tables hold the checkpoints that finished."""
     from ..jacobian.store import label
 
-    communities, units, coupling, profiles = [], [], [], []
+    communities, nodes, coupling, profiles = [], [], [], []
     operators = operators or _saved_arrays(run_dir, opts.jacobian_mode)
     pool = pool if pool is not None else InlineExecutor()
     op_table = run_dir.read_table("operators")
@@ -250,15 +250,15 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
                                                     Path(scratch) / "moments.npy")
                 keep_all = ~massive if opts.exclude_massive else np.ones_like(massive)
                 ref = len(moments) // 2
-                if not run_dir.has_unit(STAGE, profile_key):
+                def profile_unit() -> dict[str, pd.DataFrame]:
                     nodes = np.flatnonzero(keep_all[ref])
                     R = moments[ref].correlation()[np.ix_(nodes, nodes)]
-                    prof = resolution_profile(topk_graph(R, k=min(opts.topk, len(nodes) - 1)), len(nodes), seed=opts.seed,
-                                              pool=pool)
+                    prof = resolution_profile(topk_graph(R, k=min(opts.topk, len(nodes) - 1)), len(nodes),
+                                              seed=opts.seed, pool=pool)
                     plateau = choose_plateau(prof)
-                    table = prof.table.assign(reference_boundary=ref, chosen=lambda t: t.index == plateau.row)
-                    run_dir.write_unit(STAGE, profile_key, {"profile": table})
-                prof_table = run_dir.read_units(STAGE, [profile_key], "profile")
+                    return {"profile": prof.table.assign(reference_boundary_index=ref, chosen=lambda t: t.index == plateau.row)}
+
+                prof_table = run_dir.unit(STAGE, profile_key, profile_unit)["profile"]
                 gamma = float(prof_table.loc[prof_table["chosen"], "gamma"].iloc[0])
                 todo = [b for b, key in enumerate(keys) if not run_dir.has_unit(STAGE, key)]
                 tasks = ((moments[b].correlation(), J[(b // 2, "mlp" if b % 2 else "attn")], keep_all[b], gamma, opts, b)
@@ -266,26 +266,26 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
                 bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc=f"topology {label(name)}",
                            unit="boundary", disable=quiet)
                 for b, future in zip(todo, submitted(pool, boundary_rows, tasks, max_pending=PENDING)):
-                    summary, unit_rows = future.result()
-                    run_dir.write_unit(STAGE, keys[b], {"communities": pd.DataFrame([summary]), "units": unit_rows})
+                    summary, node_rows = future.result()
+                    run_dir.write_unit(STAGE, keys[b], {"communities": pd.DataFrame([summary]), "nodes": node_rows})
                     bar.update()
                 bar.close()
             prof_table = run_dir.read_units(STAGE, [profile_key], "profile")
             comm = run_dir.read_units(STAGE, keys, "communities")
-            unit_table = run_dir.read_units(STAGE, keys, "units")
+            node_table = run_dir.read_units(STAGE, keys, "nodes")
             inputs = {int(b): (g["amplification"].to_numpy(), g["is_boundary_node"].to_numpy())
-                      for b, g in unit_table.groupby("boundary")}
+                      for b, g in node_table.groupby("boundary_index")}
             table, _ = coupling_table(inputs, n_perm=opts.n_perm, seed=opts.seed)
-            table = table.rename(columns={"layer": "boundary"})
-            table.insert(1, "layer", table["boundary"] // 2)
-            table.insert(2, "sublayer", np.where(table["boundary"] % 2, "mlp", "attn"))
+            table = table.rename(columns={"layer": "boundary_index"})
+            table.insert(1, "layer", table["boundary_index"] // 2)
+            table.insert(2, "sublayer", np.where(table["boundary_index"] % 2, "mlp", "attn"))
             table = table.merge(ops[["layer", "sublayer", "henrici_update_rel", "symmetry", "symmetry_update"]],
                                 on=["layer", "sublayer"], how="left")
             table["significant"] = table["q"] <= opts.q_level
-            for part, sink in ((comm, communities), (unit_table, units), (table, coupling), (prof_table, profiles)):
+            for part, sink in ((comm, communities), (node_table, nodes), (table, coupling), (prof_table, profiles)):
                 part.insert(0, "checkpoint", name)
                 sink.append(part)
     if not coupling:
         raise RunError("the topology stage failed at every checkpoint; see its log.")
     return {name: pd.concat(parts, ignore_index=True) for name, parts in (
-        ("communities", communities), ("units", units), ("coupling", coupling), ("topology_profile", profiles))}
+        ("communities", communities), ("nodes", nodes), ("coupling", coupling), ("topology_profile", profiles))}

@@ -178,13 +178,13 @@ def _funnel_curve(t: RunTables, checkpoint: str, alpha: float, direction: str, t
     is), else the exact one; at α < 1 the Schur order ``schur_order`` (α = 1
     does not depend on it)."""
     df = select_rows(t.table("cumulative"), "cumulative.parquet", checkpoint=checkpoint, direction=direction)
-    require_columns(df, "cumulative.parquet", "jacobian_mode", "alpha", "truncation", "steps", "erank")
+    require_columns(df, "cumulative.parquet", "jacobian_mode", "schur_alpha", "truncation", "steps", "erank")
     modes = list(pd.unique(df["jacobian_mode"]))
     mode = jacobian_mode or ("isolated" if "isolated" in modes else modes[0])
     if mode not in modes:
         raise NotTested(f"cumulative.parquet has no {mode} curves (run --jacobian-mode both or all)")
     df = df[df["jacobian_mode"] == mode]
-    df = df[np.isclose(numeric(df["alpha"]), alpha)]
+    df = df[np.isclose(numeric(df["schur_alpha"]), alpha)]
     if alpha < 1 and "schur_order" in df.columns:
         df = df[df["schur_order"] == schur_order]
     if df.empty:
