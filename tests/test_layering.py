@@ -97,7 +97,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("attention", "jacobian", "topology", "interventions", "contest"),
     ("stages", "config"),
     ("report",),
-    ("workflow", "census", "sweep", "training"),
+    ("workflow", "collection", "census", "sweep", "training"),
     ("api", "cli", "doctor", "__main__", ""),
 )
 SRC = Path(depthlens.__file__).parent

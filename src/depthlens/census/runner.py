@@ -24,25 +24,22 @@ import gc
 import hashlib
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
+from ..collection import Member, close_collection, open_collection, visit
 from ..config import RunConfig
 from ..executors import Execution
 from ..data import Chunks, as_chunks
-from ..errors import DepthlensError, RunIncomplete, one_line
+from ..errors import DepthlensError
 from ..models import LoadedModel, load_model
 from ..models.finite import check_finite_weights
 from ..models.local import declared_context
 from ..runs.tables import RunTables
-from ..runs import RunDirectory, RunMode, check_target
-from ..runs.directory import not_a_run, read_manifest, remove_sub_runs
-from ..runs.failures import UnitFailure, fatal
-from ..schema import conform_table
+from ..runs import RunDirectory, RunMode
+from ..runs.directory import read_manifest
 from .options import CensusOptions
 from ..revisions import Checkpoint, label_of, resolve_series
 from ..report.census_tables import Point, census_tables
@@ -192,9 +189,8 @@ def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_m
         incomplete (one failure per checkpoint; ``--resume`` retries them).
     """
     from ..report.html import render_report
-    from ..environment import environment_block
     from ..executors import check_execution
-    from ..workflow import check_plan, claims_registration, package_versions, register_claims
+    from ..workflow import check_plan, claims_registration, register_claims
 
     claims_bytes, claims_record = claims_registration(claims)
     series = _series(config, options)
@@ -202,20 +198,14 @@ def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_m
     plan = check_plan(next(iter(configs.values())), options.census_stages)
     _check_contexts(series, configs, plan)
     check_execution(execution)
-    digest = census_hash(config, options)
-    check_target(out, run_mode, digest, {"config": config.to_dict(), "census": dataclasses.asdict(options)})
-    root = Path(out)
-    if run_mode is RunMode.OVERWRITE and root.is_dir() and not_a_run(root) is None:
-        _remove_checkpoint_runs(root)
     folders = _folders(series)
-    manifest = {"kind": KIND, "config": config.to_dict(), "census": dataclasses.asdict(options),
-                "config_hash": digest, "plan": plan, "claims": claims_record,
+    identity = {"config": config.to_dict(), "census": dataclasses.asdict(options)}
+    manifest = {**identity, "plan": plan, "claims": claims_record,
                 "series": {spec: {"folder": folders[spec], "checkpoints": [dataclasses.asdict(c) for c in ckpts]}
-                           for spec, ckpts in series.items()},
-                "versions": package_versions(), "environment": environment_block()}
-    run_dir = RunDirectory.open(root, run_mode, manifest)
+                           for spec, ckpts in series.items()}}
+    run_dir = open_collection(KIND, out, run_mode, census_hash(config, options), manifest,
+                              member_folders=_checkpoint_folders, identity=identity)
     register_claims(run_dir, claims_bytes)
-    run_dir.mark_stage(STAGE, "running")
     points: list[Point] = []
     total = sum(len(c) for c in series.values())
     for spec, ckpts in series.items():
@@ -223,25 +213,19 @@ def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_m
             execution.say(f"census: {folders[spec]} {ckpt.label} ({len(points) + 1}/{total})")
             points.append(_visit(run_dir, spec, folders[spec], ckpt, configs[(spec, ckpt.label)], plan, execution,
                                  delete_cache))
-    for name, table in census_tables(points, config.text).items():
-        run_dir.write_table(name, conform_table(name, table))
-    failed = [p for p in points if p.status != "done"]
-    run_dir.mark_stage(STAGE, "done", **({"checkpoints_not_done": {p.checkpoint: p.error for p in failed}}
-                                         if failed else {}))
-    render_report(root, claims_path=claims)
-    if run_dir.failures.failures:  # every checkpoint was visited and the report rendered: now say what failed
-        raise RunIncomplete(root, run_dir.failures.failures)
-    return root
+    not_done = {p.checkpoint: p.error for p in points if p.status != "done"}
+    return close_collection(run_dir, STAGE, census_tables(points, config.text), not_done,
+                            lambda: render_report(run_dir.root, claims_path=claims))
 
 
-def _remove_checkpoint_runs(root: Path) -> None:
-    """Delete what the checkpoint runs of the census at ``root`` wrote (``--overwrite``)."""
+def _checkpoint_folders(root: Path) -> list[Path]:
+    """The folders that hold the checkpoint runs of the census at ``root`` (from its
+    manifest; none when it cannot be read)."""
     try:
         series = read_manifest(root).get("series") or {}
     except DepthlensError:
-        return
-    for info in series.values():
-        remove_sub_runs(root / "checkpoints" / str(info.get("folder", "")))
+        return []
+    return [root / "checkpoints" / str(info.get("folder", "")) for info in series.values()]
 
 
 def _visit(run_dir: RunDirectory, spec: str, folder: str, ckpt: Checkpoint, config: RunConfig, plan: list[str],
@@ -249,49 +233,33 @@ def _visit(run_dir: RunDirectory, spec: str, folder: str, ckpt: Checkpoint, conf
     """Analyse one checkpoint (or take its finished unit) and return its census point."""
     from ..workflow import prepare, run
 
-    key = f"point_{folder}_{ckpt.label}"
     sub = run_dir.root / "checkpoints" / folder / ckpt.label
     point = Point(spec, ckpt.label, ckpt.spec, ckpt.revision or "", math.nan if ckpt.step is None else float(ckpt.step))
-    if run_dir.has_unit(STAGE, key):
-        done = run_dir.read_units(STAGE, [key], "point").iloc[0]
-        return dataclasses.replace(point, loss=float(done["loss"]), tables=RunTables(sub), family=str(done["family"]),
-                                   norm=str(done["norm"]))
-    loaded = None
-    try:
-        loaded = load_model(ckpt.spec, revision=ckpt.revision, dtype=config.dtype, device=config.device,
-                            trust_remote_code=config.trust_remote_code, seed=config.seed,
-                            stream_layers=config.stream_layers)
-        check_finite_weights(loaded.model, f"{loaded.name}@{ckpt.revision}")
-        prepared = prepare(config, loaded, plan)
-        loss = mean_loss(loaded, prepared.chunks, config.batch_size)
-        family, norm = loaded.adapter.family, norm_kind(loaded)
-        mode = RunMode.RESUME if sub.is_dir() and not_a_run(sub) is None else RunMode.NEW
-        try:
-            run(config, sub, run_mode=mode, stages=plan, execution=execution, loaded=loaded)
-        except RunIncomplete as exc:
-            error = "; ".join(f.line() for f in exc.failures[:1])
-            execution.say(f"census: {ckpt.label} is incomplete: {error}")
-            run_dir.failures.add(UnitFailure(STAGE, ckpt.label, f"incomplete: {error}", sub / "logs"))
-            return dataclasses.replace(point, status="incomplete", error=error, loss=loss, tables=RunTables(sub),
-                                       family=family, norm=norm)
-        run_dir.write_unit(STAGE, key, {"point": pd.DataFrame([{"loss": loss, "family": family, "norm": norm}])})
-        return dataclasses.replace(point, loss=loss, tables=RunTables(sub), family=family, norm=norm)
-    except Exception as exc:  # noqa: BLE001 - a checkpoint that fails is recorded and skipped
-        stop = fatal(exc)
-        if stop is exc:
-            raise
-        if stop is not None:
-            raise stop from exc
-        failure = run_dir.failures.record(STAGE, ckpt.label, exc)
-        error = one_line(exc) if isinstance(exc, DepthlensError) else f"{type(exc).__name__}: {one_line(exc)}"
-        print(f"depthlens: census: skipped {folder} {ckpt.label}: {error} (details in {failure.log})",
-              file=sys.stderr, flush=True)
-        return dataclasses.replace(point, status="failed", error=error)
-    finally:
-        del loaded
-        gc.collect()
-        if delete_cache and ckpt.revision and not Path(ckpt.spec).expanduser().is_dir():
-            from .cache import delete_cached_revision
 
-            freed = delete_cached_revision(ckpt.spec, ckpt.revision)
-            execution.say(f"census: removed {ckpt.spec}@{ckpt.revision} from the hub cache ({freed / 1e6:.1f} MB)")
+    def work(mode: RunMode, record: dict) -> None:
+        loaded = None
+        try:
+            loaded = load_model(ckpt.spec, revision=ckpt.revision, dtype=config.dtype, device=config.device,
+                                trust_remote_code=config.trust_remote_code, seed=config.seed,
+                                stream_layers=config.stream_layers)
+            check_finite_weights(loaded.model, f"{loaded.name}@{ckpt.revision}")
+            prepared = prepare(config, loaded, plan)
+            record.update(loss=mean_loss(loaded, prepared.chunks, config.batch_size), family=loaded.adapter.family,
+                          norm=norm_kind(loaded))
+            run(config, sub, run_mode=mode, stages=plan, execution=execution, loaded=loaded)
+        finally:
+            del loaded
+            gc.collect()
+            if delete_cache and ckpt.revision and not Path(ckpt.spec).expanduser().is_dir():
+                from .cache import delete_cached_revision
+
+                freed = delete_cached_revision(ckpt.spec, ckpt.revision)
+                execution.say(f"census: removed {ckpt.spec}@{ckpt.revision} from the hub cache ({freed / 1e6:.1f} MB)")
+
+    outcome = visit(run_dir, STAGE, Member(f"point_{folder}_{ckpt.label}", ckpt.label, f"{folder} {ckpt.label}", sub),
+                    work, execution.say)
+    if outcome.status == "failed":
+        return dataclasses.replace(point, status="failed", error=outcome.error)
+    record = outcome.record
+    return dataclasses.replace(point, status=outcome.status, error=outcome.error, loss=float(record["loss"]),
+                               tables=RunTables(sub), family=str(record["family"]), norm=str(record["norm"]))

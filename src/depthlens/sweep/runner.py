@@ -23,19 +23,15 @@ own run where it stopped.
 from __future__ import annotations
 
 import gc
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
+from ..collection import Member, close_collection, open_collection, visit
 from ..executors import Execution
-from ..errors import RunIncomplete
-from ..runs import RunDirectory, RunMode, atomic, check_target
+from ..runs import RunDirectory, RunMode, atomic
 from ..runs.changes import option_changes
-from ..runs.directory import not_a_run, remove_sub_runs
-from ..runs.failures import UnitFailure
-from ..schema import conform_table
 from .spec import Cell, Sweep, read_sweep
 
 __all__ = ["KIND", "STAGE", "run_sweep", "sweep_changes"]
@@ -71,45 +67,31 @@ def run_sweep(path: str | Path, out: str | Path, run_mode: RunMode = RunMode.NEW
         After the index and the cross-model report are written, when any cell failed or is
         incomplete (one failure per cell; ``--resume`` retries them).
     """
-    from ..environment import environment_block
     from ..executors import check_execution
-    from ..workflow import check_plan, claims_registration, package_versions
+    from ..workflow import check_plan, claims_registration
 
     sweep = read_sweep(path)
     claims = Path(claims) if claims is not None else sweep.claims
     _, claims_record = claims_registration(claims)
     plans = {cell.label: check_plan(cell.config, sweep.stages) for cell in sweep.cells}
     check_execution(execution)
-    digest = Sweep(sweep.source, sweep.cells, sweep.stages, claims).digest()
-    check_target(out, run_mode, digest, changes=lambda stored: sweep_changes(stored, sweep.cells))
-    root = Path(out)
-    if run_mode is RunMode.OVERWRITE and root.is_dir() and not_a_run(root) is None:
-        remove_sub_runs(root / "cells")
-    manifest = {"kind": KIND, "sweep_file": str(sweep.source.resolve()), "config_hash": digest,
-                "stages": list(sweep.stages), "claims": claims_record,
+    manifest = {"sweep_file": str(sweep.source.resolve()), "stages": list(sweep.stages), "claims": claims_record,
                 "cells": [{"label": c.label, **c.axes, "config": c.config.to_dict(), "config_hash": c.config.hash()}
-                          for c in sweep.cells],
-                "versions": package_versions(), "environment": environment_block()}
-    run_dir = RunDirectory.open(root, run_mode, manifest)
+                          for c in sweep.cells]}
+    run_dir = open_collection(KIND, out, run_mode, Sweep(sweep.source, sweep.cells, sweep.stages, claims).digest(),
+                              manifest, member_folders=lambda root: [root / "cells"],
+                              changes=lambda stored: sweep_changes(stored, sweep.cells))
+    root = run_dir.root
     if not (root / SWEEP_COPY).is_file():
         atomic.write_bytes(root / SWEEP_COPY, sweep.source.read_bytes())
-    run_dir.mark_stage(STAGE, "running")
     rows = []
     for k, cell in enumerate(sweep.cells):
         execution.say(f"sweep: cell {cell.label} ({k + 1}/{len(sweep.cells)})")
         rows.append(_cell(run_dir, cell, plans[cell.label], execution, claims))
     table = pd.DataFrame(rows)
-    run_dir.write_table(STAGE, conform_table(STAGE, table))
     not_done = table[table["status"] != "done"]
-    run_dir.mark_stage(STAGE, "done", **({"cells_not_done": dict(zip(not_done["cell"], not_done["error"]))}
-                                         if len(not_done) else {}))
-    _compare(root, table)
-    if len(not_done):  # every cell ran and the cross-model report is written: now say what failed
-        raise RunIncomplete(root, [UnitFailure(STAGE, cell, error, root / "cells" / cell / "logs" if status ==
-                                               "incomplete" else root / "logs" / f"{STAGE}.log")
-                                   for cell, status, error in not_done[["cell", "status", "error"]].itertuples(
-                                       index=False)])
-    return root
+    return close_collection(run_dir, STAGE, {STAGE: table}, dict(zip(not_done["cell"], not_done["error"])),
+                            lambda: _compare(root, table))
 
 
 def sweep_changes(stored: dict, cells: Sequence[Cell]) -> list[tuple[str, str]]:
@@ -145,28 +127,18 @@ def _cell(run_dir: RunDirectory, cell: Cell, plan: list[str], execution: Executi
     """Run one cell (or take its finished unit) and return its row of the ``sweep`` table."""
     from ..workflow import run
 
-    key = f"cell_{cell.label}"
     sub = run_dir.root / "cells" / cell.label
-    row = {**cell.axes, "cell": cell.label, "run_dir": f"cells/{cell.label}", "status": "done", "error": ""}
-    if run_dir.has_unit(STAGE, key):
-        return row
-    mode = RunMode.RESUME if sub.is_dir() and not_a_run(sub) is None else RunMode.NEW
-    before = len(run_dir.failures.failures)
-    with run_dir.failures.unit(STAGE, key):
+
+    def work(mode: RunMode, record: dict) -> None:
         try:
             run(cell.config, sub, run_mode=mode, stages=plan, execution=execution, claims=claims, report=True)
-        except RunIncomplete as exc:
-            error = exc.failures[0].line() if exc.failures else "some units failed"
-            execution.say(f"sweep: cell {cell.label} is incomplete: {error}")
-            return {**row, "status": "incomplete", "error": error}
         finally:
             gc.collect()  # the cell's model holds reference cycles: free it before the next cell loads
-        run_dir.write_unit(STAGE, key, {"cell": pd.DataFrame([{"cell": cell.label}])})
-        return row
-    failure = run_dir.failures.failures[before]
-    print(f"depthlens: sweep: cell {cell.label} failed: {failure.error} (details in {failure.log})", file=sys.stderr,
-          flush=True)
-    return {**row, "status": "failed", "error": failure.error}
+
+    outcome = visit(run_dir, STAGE, Member(f"cell_{cell.label}", cell.label, f"cell {cell.label}", sub), work,
+                    execution.say)
+    return {**cell.axes, "cell": cell.label, "run_dir": f"cells/{cell.label}", "status": outcome.status,
+            "error": outcome.error}
 
 
 def _compare(root: Path, table: pd.DataFrame) -> Path:
