@@ -35,10 +35,14 @@ def _sub_run(folder: Path) -> None:
 
 
 def test_open_writes_the_manifest_and_marks_the_stage_running(tmp_path: Path) -> None:
-    run = _open(tmp_path / "c")
+    run = open_collection(KIND, tmp_path / "c", RunMode.NEW, "d1", {"cells": ["a", "b"]},
+                          member_folders=lambda r: [r / "cells"], command=("depthlens", "sweep", "s.toml"))
     manifest = read_manifest(run.root)
     assert manifest["kind"] == KIND and manifest["config_hash"] == "d1" and manifest["cells"] == ["a", "b"]
+    # the software and machine behind the numbers, as a run records them
     assert set(manifest["versions"]) >= {"depthlens", "numpy", "torch"} and "blas" in str(manifest["environment"])
+    assert manifest["command"]["argv"] == ["depthlens", "sweep", "s.toml"] and manifest["python"]
+    assert set(manifest["source"]) == {"version", "commit", "dirty"}
     assert manifest["stages"][KIND]["status"] == "running"
 
 

@@ -5,8 +5,8 @@ A collection is itself a run directory (manifest, index, ``--resume`` and ``--ov
 for a run) with one stage, named for its kind, whose units are its member runs:
 
 1. :func:`open_collection` checks the target, removes the member runs of an overwritten
-   collection, writes the manifest (with the package versions and the numerical
-   environment) and marks the stage running;
+   collection, writes the manifest (with the software and machine behind the numbers, as a
+   run's) and marks the stage running;
 2. :func:`visit` runs one member with failure isolation, or reads back the record of a
    member that finished (``--resume``); a member that ends incomplete or fails is recorded,
    announced in one line, and the others go on;
@@ -18,19 +18,18 @@ for a run) with one stage, named for its kind, whose units are its member runs:
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from .environment import environment_block
 from .errors import RunIncomplete
 from .runs import RunDirectory, RunMode, check_target
 from .runs.directory import not_a_run, remove_sub_runs
 from .runs.failures import UnitFailure, fatal
 from .schema import conform_table
-from .workflow import package_versions
+from .workflow import provenance
 
 __all__ = ["Member", "Outcome", "close_collection", "open_collection", "visit"]
 
@@ -64,8 +63,9 @@ class Outcome:
 
 
 def open_collection(kind: str, out: str | Path, run_mode: RunMode, digest: str, manifest: dict, *,
-                    member_folders: Callable[[Path], Iterable[Path]], identity: dict | None = None,
-                    changes: Callable[[dict], list[tuple[str, str]]] | None = None) -> RunDirectory:
+                    member_folders: Callable[[Path], Iterable[Path]], command: Sequence[str] = (),
+                    identity: dict | None = None, changes: Callable[[dict], list[tuple[str, str]]] | None = None
+                    ) -> RunDirectory:
     """Open the collection ``out`` of ``kind`` (``census``, ``sweep``) and mark its stage running.
 
     ``out`` is checked against ``run_mode`` (:func:`~depthlens.runs.check_target`, with
@@ -73,7 +73,8 @@ def open_collection(kind: str, out: str | Path, run_mode: RunMode, digest: str, 
     shows). Overwriting an existing collection first removes its member runs:
     ``member_folders(root)`` lists the folders that hold them, read before the manifest is
     replaced. The manifest
-    is ``manifest`` with ``kind``, ``config_hash``, ``versions`` and ``environment`` added.
+    is ``manifest`` with ``kind``, ``config_hash`` and the software and machine behind the
+    numbers added (:func:`depthlens.workflow.provenance`, with the command line ``command``).
 
     Raises
     ------
@@ -85,8 +86,7 @@ def open_collection(kind: str, out: str | Path, run_mode: RunMode, digest: str, 
     if run_mode is RunMode.OVERWRITE and root.is_dir() and not_a_run(root) is None:
         for folder in list(member_folders(root)):
             remove_sub_runs(folder)
-    record = {"kind": kind, **manifest, "config_hash": digest, "versions": package_versions(),
-              "environment": environment_block()}
+    record = {"kind": kind, **manifest, "config_hash": digest, **provenance(command)}
     run_dir = RunDirectory.open(root, run_mode, record)
     run_dir.mark_stage(kind, "running")
     return run_dir

@@ -72,12 +72,19 @@ class Prepared:
             "seed": self.config.seed,
             "model": self.loaded.provenance,
             "data": _data_record(self.config.text, self.text_sha256, self.chunks),
-            "versions": package_versions(),
-            "source": source_version(),
-            "command": {"argv": list(command) or list(sys.argv), "cwd": os.getcwd()},
-            "python": platform.python_version(),
-            "environment": environment_block(),
+            **provenance(command),
         }
+
+
+def provenance(command: Sequence[str] = ()) -> dict:
+    """What every manifest (a run's, a census's, a sweep's) records of the software and the
+    machine behind its numbers: ``versions`` (:func:`package_versions`), ``source``
+    (:func:`source_version`), ``command`` (the command line, ``command`` or else ``sys.argv``,
+    and the working folder), ``python`` and ``environment`` (BLAS/LAPACK libraries and kernels,
+    threads, CPU, as ``depthlens doctor`` prints them)."""
+    return {"versions": package_versions(), "source": source_version(),
+            "command": {"argv": list(command) or list(sys.argv), "cwd": os.getcwd()},
+            "python": platform.python_version(), "environment": environment_block()}
 
 
 def _data_record(text: str, sha256: str, chunks: data.Chunks) -> dict:

@@ -204,7 +204,7 @@ def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_m
                 "series": {spec: {"folder": folders[spec], "checkpoints": [dataclasses.asdict(c) for c in ckpts]}
                            for spec, ckpts in series.items()}}
     run_dir = open_collection(KIND, out, run_mode, census_hash(config, options), manifest,
-                              member_folders=_checkpoint_folders, identity=identity)
+                              member_folders=_checkpoint_folders, command=execution.command, identity=identity)
     register_claims(run_dir, claims_bytes)
     points: list[Point] = []
     total = sum(len(c) for c in series.values())

@@ -79,7 +79,7 @@ def run_sweep(path: str | Path, out: str | Path, run_mode: RunMode = RunMode.NEW
                 "cells": [{"label": c.label, **c.axes, "config": c.config.to_dict(), "config_hash": c.config.hash()}
                           for c in sweep.cells]}
     run_dir = open_collection(KIND, out, run_mode, Sweep(sweep.source, sweep.cells, sweep.stages, claims).digest(),
-                              manifest, member_folders=lambda root: [root / "cells"],
+                              manifest, member_folders=lambda root: [root / "cells"], command=execution.command,
                               changes=lambda stored: sweep_changes(stored, sweep.cells))
     root = run_dir.root
     if not (root / SWEEP_COPY).is_file():
