@@ -56,8 +56,7 @@ class RunTables:
         of format 2 under today's names: :data:`FORMAT_2_NAMES`)."""
         key = f"table:{name}"
         if key not in self._cache:
-            version = self.manifest.get("format_version")
-            old = isinstance(version, int) and not isinstance(version, bool) and version <= 2
+            old = self.manifest.get("format_version") in (1, 2)
             file, renamed = FORMAT_2_NAMES.get(name, (name, {})) if old else (name, {})
             table = self._read(key, self.root / "tables" / f"{file}.parquet", pd.read_parquet)
             self._cache[key] = table.rename(columns=renamed) if table is not None and renamed else table

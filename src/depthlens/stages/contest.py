@@ -41,7 +41,7 @@ from ..contest.features import (
 )
 from ..contest.options import CONTEST_TARGETS, ContestOptions
 from ..data import Chunks, as_chunks
-from ..errors import InputError, RunError, require_at_least
+from ..errors import InputError, require_at_least
 from ..executors.local import executor
 from ..runs import RunDirectory
 from ..schema import trained_rows
@@ -166,10 +166,7 @@ def _features_phase(run_dir: RunDirectory, adapter, token_ids: torch.Tensor | Ch
             run_dir.write_unit(STAGE, key, {"rows": pd.concat([f.result() for f in futures], ignore_index=True)})
         bar.update()
     bar.close()
-    done = run_dir.finished(STAGE, keys)
-    if not done:
-        raise RunError(f"every features unit of the {STAGE} stage failed; see its log.")
-    return run_dir.read_units(STAGE, done, "rows")
+    return run_dir.read_units(STAGE, run_dir.finished(STAGE, keys, required=True), "rows")
 
 
 def _aggregate(col: str, values: np.ndarray) -> float:

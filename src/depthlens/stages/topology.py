@@ -228,7 +228,7 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
     ``run_dir.failures``); the tables hold the checkpoints that finished."""
     from ..jacobian.store import label
 
-    communities, nodes, coupling, profiles = [], [], [], []
+    communities, node_tables, coupling, profiles = [], [], [], []
     operators = operators or _saved_arrays(run_dir, opts.jacobian_mode)
     pool = pool if pool is not None else InlineExecutor()
     op_table = run_dir.read_table("operators")
@@ -250,13 +250,15 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
                                                     Path(scratch) / "moments.npy")
                 keep_all = ~massive if opts.exclude_massive else np.ones_like(massive)
                 ref = len(moments) // 2
+
                 def profile_unit() -> dict[str, pd.DataFrame]:
                     nodes = np.flatnonzero(keep_all[ref])
                     R = moments[ref].correlation()[np.ix_(nodes, nodes)]
                     prof = resolution_profile(topk_graph(R, k=min(opts.topk, len(nodes) - 1)), len(nodes),
                                               seed=opts.seed, pool=pool)
                     plateau = choose_plateau(prof)
-                    return {"profile": prof.table.assign(reference_boundary_index=ref, chosen=lambda t: t.index == plateau.row)}
+                    chosen = prof.table.index == plateau.row
+                    return {"profile": prof.table.assign(reference_boundary_index=ref, chosen=chosen)}
 
                 prof_table = run_dir.unit(STAGE, profile_key, profile_unit)["profile"]
                 gamma = float(prof_table.loc[prof_table["chosen"], "gamma"].iloc[0])
@@ -282,10 +284,10 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
             table = table.merge(ops[["layer", "sublayer", "henrici_update_rel", "symmetry", "symmetry_update"]],
                                 on=["layer", "sublayer"], how="left")
             table["significant"] = table["q"] <= opts.q_level
-            for part, sink in ((comm, communities), (node_table, nodes), (table, coupling), (prof_table, profiles)):
+            for part, sink in ((comm, communities), (node_table, node_tables), (table, coupling), (prof_table, profiles)):
                 part.insert(0, "checkpoint", name)
                 sink.append(part)
     if not coupling:
         raise RunError("the topology stage failed at every checkpoint; see its log.")
     return {name: pd.concat(parts, ignore_index=True) for name, parts in (
-        ("communities", communities), ("nodes", nodes), ("coupling", coupling), ("topology_profile", profiles))}
+        ("communities", communities), ("nodes", node_tables), ("coupling", coupling), ("topology_profile", profiles))}
