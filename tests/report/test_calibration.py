@@ -217,3 +217,16 @@ def test_no_calibration_point_repeats_another():
         sizes = [tuple(sorted({**default, **given}.items())) for _, given in points]
         assert len(set(sizes)) == len(sizes), claim.id
         assert [at for at, _ in points].count("default") == 1
+
+
+def test_refreshing_refuses_a_path_that_is_not_a_run_before_writing(tmp_path: Path) -> None:
+    """``python -m depthlens.report.calibration --help`` once calibrated a run it took "--help"
+    for and rewrote the packaged file; a path that is not a run is now refused first."""
+    from depthlens.errors import InputError
+
+    before = calmod.SHIPPED.read_bytes()
+    (tmp_path / "empty").mkdir()
+    for path in ("--help", tmp_path / "empty"):
+        with pytest.raises(InputError, match="is not a run directory"):
+            calmod.refresh_shipped([path])
+    assert calmod.SHIPPED.read_bytes() == before

@@ -54,7 +54,9 @@ import numpy as np
 import pandas as pd
 
 from ..cache import cache_root
+from ..errors import InputError
 from ..runs.atomic import write_json
+from ..runs.directory import not_a_run
 from .claims import Claim, judge
 from . import worlds_attention, worlds_residual
 from .statistics import STATISTICS
@@ -194,9 +196,20 @@ def refresh_shipped(runs: Sequence[str | Path] = (), claims: Sequence[Claim] | N
     """Rewrite :data:`SHIPPED` for the current code: every entry it holds recomputed, plus
     every claim of ``claims`` (default: the packaged claims) at each run's sample sizes (run
     directories, e.g. ``depthlens run --preset quick`` on the embedded model). Returns the
-    number of entries written."""
+    number of entries written.
+
+    Raises
+    ------
+    InputError
+        A path of ``runs`` that is not a run directory (before anything is computed or written).
+    """
     from .claims import load_claims
 
+    for run in runs:
+        why = not_a_run(run) if Path(run).is_dir() else "there is no folder there"
+        if why is not None:
+            raise InputError(f"{run} is not a run directory ({why}); pass folders written by depthlens run, "
+                             "e.g. depthlens run --preset quick --out RUN.")
     claims = list(claims) if claims is not None else load_claims()
     by_id = {c.id: c for c in claims}
     wanted: dict[str, tuple[Claim, dict[str, int], int]] = {}
@@ -267,4 +280,7 @@ def calibration_table(claims: Sequence[Claim], draws: int = 1000, seed: int = 0,
 
 
 if __name__ == "__main__":  # python -m depthlens.report.calibration [RUN ...]: refresh the packaged calibrations
-    print(f"{refresh_shipped(sys.argv[1:])} calibrations written to {SHIPPED}")
+    try:
+        print(f"{refresh_shipped(sys.argv[1:])} calibrations written to {SHIPPED}")
+    except InputError as exc:
+        sys.exit(f"usage: python -m depthlens.report.calibration [RUN ...]: {exc}")
