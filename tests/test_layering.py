@@ -95,8 +95,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runs",),
     ("executors", "models", "data", "revisions"),
     ("attention", "jacobian", "topology", "interventions", "contest"),
-    ("stages", "config"),
     ("report",),
+    ("stages", "config"),
     ("workflow", "collection", "census", "sweep", "training"),
     ("api", "cli", "doctor", "__main__", ""),
 )

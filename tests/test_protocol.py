@@ -11,7 +11,8 @@ from depthlens.cli import build_parser
 from depthlens.config import PRESET_VALUES, RunConfig, RunOptions, option_owner
 from depthlens.options import field_help, flag_name, option_fields
 from depthlens.schema import SCHEMA
-from depthlens.stages import STAGES, with_requirements
+from depthlens.errors import InputError
+from depthlens.stages import FOLLOW_UPS, STAGES, Stage, get, plan, register, with_requirements
 
 
 @pytest.mark.parametrize("name", list(STAGES))
@@ -56,6 +57,18 @@ def test_stage_help_lists_its_own_options_and_those_it_needs() -> None:
     assert "--null-samples" not in topology  # accepted (one command line for every stage) but not listed
     assert choices["topology"].parse_args(["--null-samples", "3"]).null_samples == 3
     assert with_requirements(["topology", "capture"]) == ["jacobian", "topology", "capture"]
+
+
+def test_the_census_follow_up_comes_last_and_only_with_revisions() -> None:
+    """A run with ``--revisions`` writes its census tables as a stage after every other; it is
+    no command and no configuration section, and its name cannot be registered again."""
+    assert plan(["topology"], RunConfig()) == ["jacobian", "topology"]
+    assert plan(["topology", "capture"], RunConfig(model="org/name", revisions=("step1",))) == [
+        "jacobian", "topology", "capture", "census"]
+    assert get("census") is FOLLOW_UPS["census"] and "census" not in STAGES
+    assert "census" not in RunConfig().to_dict()
+    with pytest.raises(InputError, match="exists already"):
+        register(Stage("census", "another", STAGES["capture"].options, "depthlens.stages.capture"))
 
 
 def test_a_requirement_that_depends_on_an_option() -> None:

@@ -11,7 +11,8 @@ for a run) with one stage, named for its kind, whose units are its member runs:
    member that finished (``--resume``); a member that ends incomplete or fails is recorded,
    announced in one line, and the others go on;
 3. :func:`close_collection` writes the collection's tables, marks the stage done (with the
-   members that did not finish), renders the report and then ends in
+   members that did not finish), and ends as a run of stages ends
+   (:func:`depthlens.workflow.conclude`): the report, then
    :class:`~depthlens.errors.RunIncomplete` when a member did not finish.
 """
 
@@ -29,7 +30,7 @@ from .runs import RunDirectory, RunMode, check_target
 from .runs.directory import not_a_run, remove_sub_runs
 from .runs.failures import UnitFailure, fatal
 from .schema import conform_table
-from .workflow import provenance
+from .workflow import conclude, provenance
 
 __all__ = ["Member", "Outcome", "close_collection", "open_collection", "visit"]
 
@@ -149,7 +150,5 @@ def close_collection(run_dir: RunDirectory, kind: str, tables: dict[str, pd.Data
     for name, table in tables.items():
         run_dir.write_table(name, conform_table(name, table))
     run_dir.mark_stage(kind, "done", **({"not_done": not_done} if not_done else {}))
-    report()
-    if run_dir.failures.failures:  # every member was visited and the report rendered: now say what failed
-        raise RunIncomplete(run_dir.root, run_dir.failures.failures)
+    conclude(run_dir, report)  # every member was visited: the report, then what failed
     return run_dir.root

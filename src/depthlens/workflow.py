@@ -6,6 +6,7 @@ run before the run directory is created, so a refused run leaves nothing behind.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -227,21 +228,19 @@ def run(
     manifest["claims"] = claims_record
     run_dir = RunDirectory.open(out, run_mode, manifest)
     register_claims(run_dir, claims_bytes)
-    stopped = False
+    # the run's registered claims copy unless another file was passed (then flagged if it differs)
+    render = functools.partial(render_report, run_dir.root, claims_path=claims) if report else None
     try:
         with kept_workers():  # the stages share one pool of worker processes
             for stage in plan:
                 _run_stage(run_dir, stage, prepared, execution)
-        if config.revisions:
-            _write_census(run_dir, config)
     except StorageError:
-        stopped = True  # a full disk or read-only file system: no report, it could not be written
+        raise  # a full disk or read-only file system: no report, it could not be written
+    except BaseException:
+        if render is not None:  # interrupted: the report of what finished
+            render()
         raise
-    finally:
-        if report and not stopped:  # the run's registered copy unless another file was passed (then flagged if it differs)
-            render_report(run_dir.root, claims_path=claims)
-    if run_dir.failures.failures:  # private copies (e.g. float64 operators) stay for --resume
-        raise RunIncomplete(run_dir.root, run_dir.failures.failures)
+    conclude(run_dir, render)  # private copies (e.g. float64 operators) stay for --resume
     for stage in plan:
         finish = getattr(stages_registry.get(stage).load(), "finish", None)
         if finish is not None:
@@ -249,17 +248,20 @@ def run(
     return run_dir.root
 
 
-def _write_census(run_dir: RunDirectory, config: RunConfig) -> None:
-    """The census tables of a run with ``--revisions`` (its init, revisions and trained
-    checkpoints in training order, :func:`depthlens.report.census_tables.run_points`), for the claims
-    and the report's part C."""
-    from .report.census_tables import census_tables, run_points
-    from .runs.tables import RunTables
-    from .schema import conform_table
+def conclude(run_dir: RunDirectory, render: Callable[[], object] | None) -> None:
+    """The end that every run shares, a run of stages as a census or a sweep
+    (:func:`depthlens.collection.close_collection`): once all its work was tried, render the
+    report (``render``, when given), then say what did not finish.
 
-    for name, table in census_tables(run_points(RunTables(run_dir.root)), config.text).items():
-        run_dir.write_table(name, conform_table(name, table))
-    run_dir.mark_stage("census", "done")
+    Raises
+    ------
+    RunIncomplete
+        When any unit, stage or member failed (:attr:`RunDirectory.failures`), after the report.
+    """
+    if render is not None:
+        render()
+    if run_dir.failures.failures:
+        raise RunIncomplete(run_dir.root, run_dir.failures.failures)
 
 
 def claims_registration(claims: str | Path | None) -> tuple[bytes, dict]:
@@ -353,7 +355,8 @@ _KINDS = {"embedded": "an embedded model", "random": "a random model", "gguf": "
 
 def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False) -> list[str]:
     """Check the whole plan before any model loads and return it: ``stages`` with the stages
-    they need put first (:func:`depthlens.stages.with_requirements`). Every stage of the plan
+    they need put first and the follow-ups the configuration asks for last
+    (:func:`depthlens.stages.plan`: the census tables of a run with ``--revisions``). Every stage of the plan
     checks its sizes against the configuration (its module's ``check``), a ``random:`` spec and
     a prompts file are parsed, and ``--revision``/``--revisions`` are refused for a model that is neither a hub id
     nor a checkpoint series (an in-memory model, ``in_memory``, has no revisions either).
@@ -367,7 +370,7 @@ def check_plan(config: RunConfig, stages: Sequence[str], in_memory: bool = False
     DataError
         A malformed prompts file (:func:`depthlens.data.load_prompts`).
     """
-    plan = stages_registry.with_requirements(list(stages), config)
+    plan = stages_registry.plan(list(stages), config)
     source = "memory" if in_memory else check_spec(config.model)  # a path that is not there: refused now
     if source in _KINDS and not (source == "local" and series_checkpoints(config.model)):  # a series has revisions
         what = f"--model {config.model!r} is {_KINDS[source]}"

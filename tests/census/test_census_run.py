@@ -23,7 +23,7 @@ from depthlens.errors import InputError, RunError, RunIncomplete
 from depthlens.models import build_random, load_model
 from depthlens.models.tokenizer import random_tokenizer
 from depthlens.report.census_figures import norm_placement
-from depthlens.runs import RunMode
+from depthlens.runs import RunMode, read_manifest
 from depthlens.workflow import prepare, run
 
 STEPS = (0, 10, 100)
@@ -231,6 +231,8 @@ def test_run_with_revisions_of_a_series_reports_part_c(tmp_path: Path, text_file
     heads = pd.read_parquet(out / "tables" / "census_heads.parquet")
     assert set(heads["checkpoint"]) == {"step-0", "step-10", "trained"}
     assert "Part C. Training dynamics" in (out / "report.html").read_text()
+    stages = read_manifest(out)["stages"]  # the census tables are a stage, with its status and time
+    assert stages["census"]["status"] == "done" and stages["census"]["seconds"] >= 0
 
 
 def test_delete_cache_removes_only_that_revision(tmp_path: Path) -> None:

@@ -9,6 +9,12 @@ A stage is a module with
 - optionally ``finish(run_dir: RunDirectory) -> None``: called once the whole run ended
   without a failure (the jacobian stage deletes its unit-private operator copies there).
 
+A *follow-up* (:data:`FOLLOW_UPS`) is a stage of the same protocol that the plan adds by
+itself, after every other stage, when a run option is set; it has no command, configuration
+section or options of its own. ``census`` is one: a run with ``--revisions`` writes its census
+tables (:mod:`depthlens.stages.census`) as a stage, with the failure isolation, status and
+timing of any other.
+
 The drivers (``depthlens.stages.capture``, ``.attention``, ``.ablate``, ``.clamp``,
 ``.contest``, ``.jacobian``, ``.topology``) are thin: the numerics live in the analysis
 packages (:mod:`depthlens.attention`, :mod:`depthlens.jacobian`, ...), and what two stages
@@ -40,12 +46,18 @@ from ..interventions.options import AblateOptions, ClampOptions
 from ..jacobian.options import JacobianOptions
 from ..topology.options import TopologyOptions
 
-__all__ = ["STAGES", "Stage", "CaptureOptions", "get", "register", "with_requirements"]
+__all__ = ["FOLLOW_UPS", "STAGES", "Stage", "CaptureOptions", "NoOptions", "get", "plan", "register",
+           "with_requirements"]
 
 
 @dataclass(frozen=True)
 class CaptureOptions:
     """Parameters of the capture stage: it has none beyond the run's (model, text, chunks)."""
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a follow-up (:data:`FOLLOW_UPS`): none of its own."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,9 @@ class Stage:
     requires_if : tuple of (option, value, stage)
         Stages it reads only under some options: ``stage`` runs first when ``value`` is the
         stage option ``option`` or one of its items.
+    when : str
+        For a follow-up only: the run option (a :class:`~depthlens.config.RunConfig` field)
+        whose being set adds it to the plan.
     """
 
     name: str
@@ -76,6 +91,7 @@ class Stage:
     module: str
     requires: tuple[str, ...] = ()
     requires_if: tuple[tuple[str, Any, str], ...] = ()
+    when: str = ""
 
     def needs(self, config: Any = None) -> tuple[str, ...]:
         """The stages it reads under ``config`` (a :class:`~depthlens.config.RunConfig`; without
@@ -112,8 +128,15 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
 )}
 
 
+#: Stages the plan adds by itself after every other one, when their ``when`` run option is set.
+FOLLOW_UPS: dict[str, Stage] = {s.name: s for s in (
+    Stage("census", "the census tables of a run with --revisions (its checkpoints in training order)",
+          NoOptions, "depthlens.stages.census", when="revisions"),
+)}
+
+
 def get(name: str) -> Stage:
-    """The stage called ``name``.
+    """The stage called ``name`` (one of :data:`STAGES` or :data:`FOLLOW_UPS`).
 
     Raises
     ------
@@ -121,7 +144,7 @@ def get(name: str) -> Stage:
         For an unknown name, listing the known stages.
     """
     try:
-        return STAGES[name]
+        return STAGES[name] if name in STAGES else FOLLOW_UPS[name]
     except KeyError:
         raise InputError(f"unknown stage {name!r}; known stages: {', '.join(STAGES)}.") from None
 
@@ -137,7 +160,7 @@ def register(stage: Stage) -> Stage:
     InputError
         If a stage of that name exists, or it needs a stage that does not.
     """
-    if stage.name in STAGES:
+    if stage.name in STAGES or stage.name in FOLLOW_UPS:
         raise InputError(f"a stage called {stage.name!r} exists already; register yours under another name.")
     unknown = [s for s in (*stage.requires, *(s for _, _, s in stage.requires_if)) if s not in STAGES]
     if unknown:
@@ -156,3 +179,10 @@ def with_requirements(names: tuple[str, ...] | list[str], config: Any = None) ->
             if need not in ordered:
                 ordered.append(need)
     return ordered
+
+
+def plan(names: tuple[str, ...] | list[str], config: Any) -> list[str]:
+    """What a run of ``names`` under ``config`` runs, in order: :func:`with_requirements`, then
+    each follow-up whose ``when`` option ``config`` sets."""
+    return [*with_requirements(names, config),
+            *(s.name for s in FOLLOW_UPS.values() if getattr(config, s.when))]
