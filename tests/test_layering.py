@@ -94,7 +94,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("schema",),
     ("runs",),
     ("executors", "models", "data", "revisions"),
-    ("attention", "jacobian", "topology", "interventions", "contest"),
+    ("attention", "jacobian", "topology", "interventions", "contest", "lens"),
     ("report",),
     ("stages", "config"),
     ("workflow", "collection", "census", "sweep", "training"),
