@@ -1,0 +1,63 @@
+"""The native transport fit against a brute force: ``torch.func.jacrev`` of the whole network
+after layer ℓ (as a function of ``h_ℓ`` at every position), summed as the estimator defines,
+on tiny random models of three families."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from depthlens.errors import InputError
+from depthlens.lens import TransportSums, prompt_transport, valid_positions
+from depthlens.models import load_model
+from depthlens.models.adapter import adapter_for
+from depthlens.models.float64 import Float64Mode, double_copy
+
+
+def _reference(adapter, ids: torch.Tensor, layer: int, V: np.ndarray) -> np.ndarray:
+    """``(1/|V|) Σ_{t∈V} Σ_{t′} ∂h_final,t′/∂h_ℓ,t`` from the full Jacobian of the rest of the network."""
+    with Float64Mode():
+        h = adapter.embed(ids).to(torch.float64)
+        for k in range(layer + 1):
+            h = adapter.block(k)(h)
+
+        def rest(x: torch.Tensor) -> torch.Tensor:
+            for k in range(layer + 1, adapter.n_layers):
+                x = adapter.block(k)(x)
+            return x[0].sum(dim=0)
+
+        full = torch.func.jacrev(rest)(h.detach())  # (d, 1, T, d)
+    return (full[:, 0, torch.as_tensor(V)].sum(dim=1) / len(V)).numpy()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox"])
+def test_prompt_transport_equals_the_full_jacobian_of_the_rest(family: str) -> None:
+    model = load_model(f"random:{family}:num_hidden_layers=3" if family != "gpt2" else "random:gpt2:n_layer=3").model
+    adapter = adapter_for(double_copy(model).eval())
+    ids = torch.randint(0, adapter.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
+    got = prompt_transport(adapter, ids, skip_first=3, skip_last=1, batch=7)  # 7 does not divide d = 64
+    V = valid_positions(12, 3, 1)
+    assert sorted(got) == [0, 1, 2]
+    for layer in range(3):
+        ref = _reference(adapter, ids, layer, V)
+        np.testing.assert_allclose(got[layer], ref, rtol=0, atol=1e-12 * np.abs(ref).max())
+    np.testing.assert_allclose(got[2], np.eye(adapter.d_model), atol=1e-15)  # the last block's output is h_final
+    assert np.abs(got[0] - np.eye(adapter.d_model)).max() > 1e-3  # and the others are not the identity
+
+
+def test_sums_over_prompts_are_the_mean_of_the_prompts() -> None:
+    model = load_model("random:llama").model
+    sums = TransportSums.for_model(model, layers=[0], skip_first=16, skip_last=1)
+    prompts = [torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(s)) for s in (0, 1)]
+    for ids in prompts:
+        sums.add(ids)
+    each = [prompt_transport(sums.adapter, ids, [0])[0] for ids in prompts]
+    np.testing.assert_allclose(sums.mean()[0], (each[0] + each[1]) / 2, rtol=0, atol=1e-14)
+    assert sums.n_done == 2 and next(model.parameters()).dtype == torch.float32  # the model itself is left alone
+
+
+def test_a_prompt_too_short_for_the_skipped_positions_is_refused() -> None:
+    with pytest.raises(InputError, match="at least 18 tokens"):
+        valid_positions(17)
+    assert valid_positions(18).tolist() == [16]
