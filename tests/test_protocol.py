@@ -27,11 +27,13 @@ def test_stage_module_has_the_protocol(name: str) -> None:
 @pytest.mark.parametrize("cls", [RunOptions, *(s.options for s in STAGES.values())], ids=lambda c: c.__name__)
 def test_every_option_is_documented_and_has_one_flag(cls: type) -> None:
     parser = build_parser()
-    run_help = parser._subparsers._group_actions[0].choices["run"].format_help()
+    owner = next((s for s in STAGES.values() if s.options is cls), None)
+    command = "run" if owner is None or owner.in_run else owner.name  # a stage outside run: its own command
+    run_help = parser._subparsers._group_actions[0].choices[command].format_help()
     for f in option_fields(cls):
         assert field_help(cls, f.name), f"{cls.__name__}.{f.name} is not described in its docstring"
         if f.is_flag:
-            assert flag_name(f.name) in run_help, f"{flag_name(f.name)} is missing from depthlens run --help"
+            assert flag_name(f.name) in run_help, f"{flag_name(f.name)} is missing from depthlens {command} --help"
             assert f.name in dict(RunConfig().items())
             assert option_owner(f.name) == (None if cls is RunOptions else next(
                 s.name for s in STAGES.values() if s.options is cls))

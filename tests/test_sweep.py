@@ -47,9 +47,9 @@ def test_default_axes_and_stages(tmp_path):
     (cell,) = sweep.cells
     assert cell.axes == {"model": "random:llama", "revision": "", "text": "wikitext-2", "seed": 4}
     assert cell.label == "random_llama__wikitext-2__seed4"
-    from depthlens.stages import STAGES
+    from depthlens.stages import run_stages
 
-    assert sweep.stages == tuple(STAGES)
+    assert sweep.stages == run_stages()
 
 
 def test_repeated_labels_get_suffixes(tmp_path):

@@ -20,7 +20,7 @@ from depthlens import workflow
 from depthlens.cli import main
 from depthlens.config import RunConfig
 from depthlens.errors import DataError, InputError, ModelError, StorageError
-from depthlens.stages import STAGES
+from depthlens.stages import run_stages
 
 
 
@@ -92,7 +92,7 @@ def test_plan_minimums_are_the_real_ones() -> None:
     """The smallest sizes the checks accept are ones the stages run with (topology: 3
     positions after the 4 skipped; capture, attention and jacobian: seq_len 2; ablate: a mean
     chunk beside a held-out one)."""
-    workflow.check_plan(RunConfig(model="random:llama", chunks=2, seq_len=7), list(STAGES))
+    workflow.check_plan(RunConfig(model="random:llama", chunks=2, seq_len=7), list(run_stages()))  # lens: tests/lens
     with pytest.raises(InputError, match="--chunks 1 leaves no mean chunk"):
         workflow.check_plan(RunConfig(model="random:llama", chunks=1, seq_len=7), ["ablate"])
     workflow.check_plan(RunConfig(model="random:llama", chunks=3, seq_len=5), ["topology"])

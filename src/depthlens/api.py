@@ -39,7 +39,7 @@ from .options import flags_restated, option_fields
 from .runs.tables import RunTables
 from .runs import RunMode, read_manifest
 from .schema import SCHEMA, SUMMARIES
-from .stages import STAGES
+from .stages import STAGES, run_stages
 
 if TYPE_CHECKING:
     from .attention.head_view import HeadView
@@ -140,7 +140,7 @@ def analyse(
     tokenizer: Any = None,
     *,
     text: str = "python-docs",
-    stages: Sequence[str] = tuple(STAGES),
+    stages: Sequence[str] | None = None,
     out: str | Path | None = None,
     if_exists: str = "resume",
     preset: str = "default",
@@ -164,8 +164,9 @@ def analyse(
         (as for random models). Ignored for a spec.
     text : str
         ``python-docs``, ``wikitext-2`` or a text file path.
-    stages : sequence of str
-        Stages to run (those they need run first); default every stage.
+    stages : sequence of str, optional
+        Stages to run (those they need run first); default those of ``depthlens run``
+        (:func:`depthlens.stages.run_stages`: every stage but ``lens``).
     out : str or Path, optional
         The run directory. Without one a new temporary folder is used (``run.path``; it is
         not removed).
@@ -211,7 +212,7 @@ def analyse(
         model = loaded.name
     config = RunConfig(preset=preset, model=str(model), text=str(text), **options)
     with _target(out, "depthlens-", if_exists, quiet, jobs, executor, slurm_params) as (root, mode, execution):
-        path = run_workflow(config, root, run_mode=mode, stages=tuple(stages), execution=execution, claims=claims,
+        path = run_workflow(config, root, run_mode=mode, stages=tuple(run_stages() if stages is None else stages), execution=execution, claims=claims,
                             loaded=loaded)
     run = Run(path)
     run._loaded = loaded  # an in-memory model, for run.head (a spec is loaded again from the manifest)

@@ -42,7 +42,7 @@ from .config import (  # noqa: E402
 from . import __version__  # noqa: E402
 from .errors import DepthlensError, RunIncomplete, one_line  # noqa: E402
 from .options import Spelling, add_flags, flag_values, flags_restated  # noqa: E402
-from .stages import STAGES, with_requirements  # noqa: E402
+from .stages import STAGES, run_stages, with_requirements  # noqa: E402
 
 if TYPE_CHECKING:
     from .executors import Execution
@@ -105,7 +105,7 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> argparse.Argume
                    help="sizes of the run: quick (smoke run), default, paper (METHODS.md protocol); "
                         "explicit flags and --config values override it (default: default)")
     add_flags(p, RunOptions, _by_preset)
-    listed = list(STAGES) if name in ("run", "census") else with_requirements([name])
+    listed = list(run_stages()) if name in ("run", "census") else with_requirements([name])
     for stage in STAGES.values():
         group = p.add_argument_group(f"{stage.name} stage") if stage.name in listed else _Hidden(p)
         add_flags(group, stage.options, _by_preset)
@@ -276,7 +276,7 @@ def _stage(args: argparse.Namespace) -> None:
 
     config, spelling = _config(args)
     run_mode = _run_mode(args)
-    stages = tuple(STAGES) if args.command == "run" else (args.command,)
+    stages = run_stages() if args.command == "run" else (args.command,)
     with flags_restated(spelling, OPTION_CHOICES):
         root = run(config, args.out, run_mode=run_mode, stages=stages, execution=execution_from_args(args),
                    claims=args.claims, report=args.command == "run")

@@ -48,6 +48,8 @@ PRODUCERS: dict[str, str] = {
     "contest": "METHODS A7 (the feature-family contest)",
     "jacobian": "METHODS B1–B4",
     "topology": "METHODS B5",
+    "lens": "the Jacobian-lens transport matrices (the true end-to-end operator that METHODS B3's funnel "
+            "approximates; `depthlens lens`, not part of `depthlens run`)",
     "census": "the training-dynamics claims over a checkpoint series (`depthlens census`, or a run with "
               "`--revisions`)",
     "sweep": "the index of a sweep (`depthlens sweep SWEEP.toml`): one ordinary run per cell; its "
@@ -732,16 +734,18 @@ class Summary(NamedTuple):
 
 
 class ArrayFile(NamedTuple):
-    """One kind of safetensors file of a run: ``arrays/PATTERN.safetensors``."""
+    """One kind of array file of a run: ``arrays/PATTERN.SUFFIX`` (safetensors, unless a
+    format of another tool is the point: the lens's ``.pt``)."""
 
     pattern: str
     stage: str
     description: str
+    suffix: str = "safetensors"
 
     @property
     def file(self) -> str:
         """Its path pattern inside a run directory."""
-        return f"arrays/{self.pattern}.safetensors"
+        return f"arrays/{self.pattern}.{self.suffix}"
 
 
 def _table(name: str, stage: str, row: str, keys: tuple[str, ...], columns: dict[str, Column]) -> Table:
@@ -844,8 +848,22 @@ _SWEEP = {
         "error": Column("One line saying what failed; empty when done.", "text"),
     },
 }
+# ----------------------------------------------------------------------------- lens
+_LENS = {
+    "transport": {
+        "layer": Column("Source layer ℓ: the transport J_ℓ = (1/|V|) Σ_{t∈V} Σ_{t′≥t} ∂h_final,t′/∂h_ℓ,t runs "
+                        "from the output of block ℓ to the last block's output before the final norm, averaged "
+                        "over the chunks (prompts) and over the source positions V (all but the first "
+                        "--lens-skip-first and the last --lens-skip-last of each).", "integer, 0-based"),
+        "n_prompts": Column("Chunks (prompts) the transport is averaged over.", "count"),
+        **{k: Column(f"Of the transport J_ℓ (its update U = J_ℓ − I where named; float64 fit, not the exported "
+                     f"artifact's rounding): {c.definition}", c.unit)
+           for k, c in _OPERATOR.items()},
+        "failure": _FAILURE,
+    },
+}
 _STAGE_TABLES = {"capture": _CAPTURE, "attention": _ATTENTION, "ablate": _ABLATE, "clamp": _CLAMP, "contest": _CONTEST,
-                 "jacobian": _JACOBIAN, "topology": _TOPOLOGY, "census": _CENSUS, "sweep": _SWEEP,
+                 "jacobian": _JACOBIAN, "topology": _TOPOLOGY, "lens": _LENS, "census": _CENSUS, "sweep": _SWEEP,
                  "train": _TRAIN}
 _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
     "attention_patterns": (("layer", "head", "chunk"),
@@ -905,6 +923,8 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
     "topology_profile": (("checkpoint", "gamma"), "One row per (checkpoint, γ): the resolution profile that chose γ."),
     "coupling": (("checkpoint", "boundary_index"),
                  "One row per (checkpoint, boundary): topology–dynamics coupling (METHODS B5)."),
+    "transport": (("layer",), "One row per source layer of the Jacobian lens: the spectral geometry of its "
+                  "transport matrix to the last block's output."),
     "census_heads": (("series", "checkpoint", "layer", "head"),
                      "One row per (series, checkpoint, head): the head's role, scores and reserve at that checkpoint."),
     "census": (("series", "checkpoint"),
@@ -969,6 +989,13 @@ ARRAYS: dict[str, ArrayFile] = {a.pattern: a for a in (
               "NaN (chunk −1) for a head without a value."),
     ArrayFile("jacobians_<checkpoint>_<jacobian_mode>", "jacobian",
               "The mean sub-layer Jacobians of one checkpoint and mode, in the dtype of --save-arrays."),
+    ArrayFile("lens", "lens", "The Jacobian-lens transport matrices in the reference artifact format that "
+              "TransformerLens loads (a torch.save dict: `J`, layer → d × d in --lens-dtype, `n_prompts`, "
+              "`source_layers`, `d_model`, `metadata` with the model, revision, text and skipped positions); "
+              "`depthlens.lens.read_transport` reads it back.", "pt"),
+    ArrayFile("lens_fit", "lens", "The lens fit's float64 checkpoint in the reference fit form: `jacobian_sum` "
+              "(layer → the sum over chunks), `n_done`, and `chunks` (those summed), `skip_first`, `skip_last`; a "
+              "resumed lens stage goes on from it.", "pt"),
 )}
 
 #: stage → table → column → :class:`Column` (identity columns included).
@@ -1069,9 +1096,10 @@ def conform_table(name: str, table: "pd.DataFrame") -> "pd.DataFrame":
 
 def producer(output: str) -> str | None:
     """The stage that writes ``output``: a table ``NAME``, a summary ``NAME.json`` or an array
-    file ``arrays/NAME``; None for an undeclared output."""
+    file ``arrays/NAME`` (with or without its suffix); None for an undeclared output."""
     if output.startswith("arrays/"):
         name = output[len("arrays/"):]
+        name = next((name[: -len(a.suffix) - 1] for a in ARRAYS.values() if name.endswith(f".{a.suffix}")), name)
         return next((a.stage for a in ARRAYS.values()
                      if name == a.pattern or name.startswith(a.pattern.split("<")[0]) and "<" in a.pattern), None)
     if output.endswith(".json"):

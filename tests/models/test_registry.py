@@ -127,7 +127,7 @@ def test_only_models_names_hugging_face_attributes() -> None:
 
 
 STAGES = ("depthlens.attention", "depthlens.jacobian", "depthlens.topology", "depthlens.interventions",
-          "depthlens.contest", "depthlens.report", "depthlens.workflow", "depthlens.stages")
+          "depthlens.contest", "depthlens.lens", "depthlens.report", "depthlens.workflow", "depthlens.stages")
 
 
 def test_models_imports_no_stage_package() -> None:

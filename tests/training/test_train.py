@@ -22,7 +22,7 @@ from depthlens.executors import Execution
 from depthlens.errors import InputError, ModelError, RunError
 from depthlens.models import load_model, series_checkpoints
 from depthlens.runs import RunMode
-from depthlens.stages import STAGES
+from depthlens.stages import run_stages
 from depthlens.training import TrainOptions, checkpoint_steps, learning_rate, resolve, train
 from depthlens.training.batches import TokenStream
 from depthlens.training.build import build_model
@@ -178,9 +178,9 @@ def test_a_checkpoint_runs_through_every_stage(series: Path, tmp_path: Path, tex
                        null_samples=2, null_chunks=2, extras_chunks=1, probe_seqs=4, probe_len=8, n_perm=50,
                        heldout_chunks=1, ablation_boot=50, clamp_chunks=2, control_seeds=1, clamp_null_samples=1,
                        contest_chunks=2, contest_boot=50, contest_perm=50)
-    root = run(config, tmp_path / "run", stages=tuple(STAGES), execution=Execution(quiet=True, jobs=1))
+    root = run(config, tmp_path / "run", stages=run_stages(), execution=Execution(quiet=True, jobs=1))
     manifest = json.loads((root / "manifest.json").read_text())
-    assert {s: v["status"] for s, v in manifest["stages"].items()} == {s: "done" for s in STAGES}
+    assert {s: v["status"] for s, v in manifest["stages"].items()} == {s: "done" for s in run_stages()}
     assert manifest["model"]["revision"] == "step-50"
     heads = pd.read_parquet(root / "tables" / "heads.parquet")
     assert set(heads["revision"]) == {"step-50"} and len(heads) == 2 * 2 * heads["checkpoint"].nunique()

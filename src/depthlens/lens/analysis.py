@@ -14,8 +14,8 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Executor
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from ..jacobian.metrics import METRICS, metrics_and_eigenvalues
 from .artifact import Transport, read_transport
@@ -26,31 +26,34 @@ __all__ = ["TRANSPORT_COLUMNS", "transport_table"]
 TRANSPORT_COLUMNS: tuple[str, ...] = ("layer", *METRICS, "failure")
 
 
-class _Lazy(Mapping):
-    """``(layer, "transport") → J_layer``, each read from the artifact when asked for."""
+class _Keyed(Mapping):
+    """``(layer, "transport") → J_layer`` over a :class:`Transport` (each matrix read from the
+    artifact when asked for) or a mapping of layer to matrix."""
 
-    def __init__(self, transport: Transport) -> None:
-        self._transport = transport
+    def __init__(self, source: Transport | Mapping[int, ArrayLike]) -> None:
+        self._source = source
+        self._layers = source.source_layers if isinstance(source, Transport) else tuple(source)
 
-    def __getitem__(self, key: tuple[int, str]) -> np.ndarray:
-        return self._transport.matrix(key[0])
+    def __getitem__(self, key: tuple[int, str]) -> ArrayLike:
+        return self._source.matrix(key[0]) if isinstance(self._source, Transport) else self._source[key[0]]
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
-        return ((layer, "transport") for layer in self._transport.source_layers)
+        return ((int(layer), "transport") for layer in self._layers)
 
     def __len__(self) -> int:
-        return len(self._transport.source_layers)
+        return len(self._layers)
 
 
-def transport_table(transport: Transport | str | Path, *, pool: Executor | None = None,
+def transport_table(transport: Transport | str | Path | Mapping[int, ArrayLike], *, pool: Executor | None = None,
                     progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The metrics of every transport matrix, one row per source layer, and its eigenvalues.
 
     Parameters
     ----------
-    transport : Transport or path
-        A :class:`~depthlens.lens.artifact.Transport` or the path of an artifact
-        (:func:`~depthlens.lens.artifact.read_transport`).
+    transport : Transport, path or mapping
+        A :class:`~depthlens.lens.artifact.Transport`, the path of an artifact
+        (:func:`~depthlens.lens.artifact.read_transport`), or ``{layer: J}`` in memory (a fit's
+        float64 mean, :meth:`~depthlens.lens.fit.TransportSums.mean`).
     pool : Executor, optional
         Worker processes for the decompositions; the results do not depend on it.
     progress : bool
@@ -72,7 +75,7 @@ def transport_table(transport: Transport | str | Path, *, pool: Executor | None 
     ``pool``, at most :data:`~depthlens.jacobian.metrics.PENDING` are in flight), so a lens of
     32 matrices at d = 4096 needs a few matrices' worth (134 MB each in float64), not all.
     """
-    lens = transport if isinstance(transport, Transport) else read_transport(transport)
-    metrics, eigen = metrics_and_eigenvalues(_Lazy(lens), pool=pool, progress=progress, label="transport")
+    source = transport if isinstance(transport, (Transport, Mapping)) else read_transport(transport)
+    metrics, eigen = metrics_and_eigenvalues(_Keyed(source), pool=pool, progress=progress, label="transport")
     return (metrics.drop(columns="sublayer")[list(TRANSPORT_COLUMNS)],
             eigen.drop(columns="sublayer").reset_index(drop=True))

@@ -85,7 +85,7 @@ def prompt_transport(adapter: Adapter, input_ids: Tensor, layers: list[int] | No
     dict of int to ndarray (d, d), float64
         ``J[i, j] = ∂(Σ_{t′} h_final,t′)_i / ∂(h_ℓ)_j`` summed over V and divided by ``|V|``.
     """
-    ids = adapter._ids(input_ids)
+    ids = adapter.checked_ids(input_ids)
     if ids.shape[0] != 1:
         raise InputError(f"prompt_transport takes one prompt; got a batch of {ids.shape[0]}.")
     L, d, T = adapter.n_layers, adapter.d_model, ids.shape[1]

@@ -356,6 +356,12 @@ class Adapter(Captures, Interventions, ABC):
 
     # ------------------------------------------------------------------ helpers
 
+    def checked_ids(self, input_ids: Tensor) -> Tensor:
+        """``input_ids`` ((T,) or (B, T)) as a (B, T) int64 tensor on the model's device, refused
+        in one line (:class:`~depthlens.errors.InputError`) when longer than the context or
+        outside the vocabulary."""
+        return self._ids(input_ids)
+
     def _ids(self, input_ids: Tensor) -> Tensor:
         ids = torch.as_tensor(input_ids)
         if ids.ndim == 1:

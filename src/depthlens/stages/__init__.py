@@ -16,7 +16,7 @@ tables (:mod:`depthlens.stages.census`) as a stage, with the failure isolation, 
 timing of any other.
 
 The drivers (``depthlens.stages.capture``, ``.attention``, ``.ablate``, ``.clamp``,
-``.contest``, ``.jacobian``, ``.topology``) are thin: the numerics live in the analysis
+``.contest``, ``.jacobian``, ``.topology``, ``.lens``) are thin: the numerics live in the analysis
 packages (:mod:`depthlens.attention`, :mod:`depthlens.jacobian`, ...), and what two stages
 share lives there too (the jacobian and topology stages both read
 :mod:`depthlens.jacobian.store`): no stage imports another.
@@ -44,9 +44,10 @@ from ..contest.options import ContestOptions
 from ..errors import InputError
 from ..interventions.options import AblateOptions, ClampOptions
 from ..jacobian.options import JacobianOptions
+from ..lens.options import LensOptions
 from ..topology.options import TopologyOptions
 
-__all__ = ["FOLLOW_UPS", "STAGES", "Stage", "CaptureOptions", "NoOptions", "get", "plan", "register",
+__all__ = ["FOLLOW_UPS", "STAGES", "Stage", "CaptureOptions", "NoOptions", "get", "plan", "register", "run_stages",
            "with_requirements"]
 
 
@@ -80,6 +81,10 @@ class Stage:
     requires_if : tuple of (option, value, stage)
         Stages it reads only under some options: ``stage`` runs first when ``value`` is the
         stage option ``option`` or one of its items.
+    in_run : bool
+        Whether ``depthlens run`` (and ``analyse`` and a sweep's ``run`` without a list of
+        stages) runs it; a stage that is not (``lens``: hours on a large model) runs by its own
+        command or when named.
     when : str
         For a follow-up only: the run option (a :class:`~depthlens.config.RunConfig` field)
         whose being set adds it to the plan.
@@ -91,6 +96,7 @@ class Stage:
     module: str
     requires: tuple[str, ...] = ()
     requires_if: tuple[tuple[str, Any, str], ...] = ()
+    in_run: bool = True
     when: str = ""
 
     def needs(self, config: Any = None) -> tuple[str, ...]:
@@ -108,7 +114,7 @@ class Stage:
         return importlib.import_module(self.module)
 
 
-#: Every stage, in the order ``depthlens run`` runs them.
+#: Every stage, in the order ``depthlens run`` runs them (those with ``in_run``: :func:`run_stages`).
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("capture", "attention pattern features per head and residual summaries per boundary",
           CaptureOptions, "depthlens.stages.capture"),
@@ -125,7 +131,14 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           JacobianOptions, "depthlens.stages.jacobian"),
     Stage("topology", "activation-correlation communities, boundary nodes and their Jacobian coupling "
           "(runs jacobian first)", TopologyOptions, "depthlens.stages.topology", requires=("jacobian",)),
+    Stage("lens", "Jacobian-lens transport matrices fitted in float64, exported as arrays/lens.pt, and their "
+          "spectral geometry (not part of depthlens run)", LensOptions, "depthlens.stages.lens", in_run=False),
 )}
+
+
+def run_stages() -> tuple[str, ...]:
+    """The stages ``depthlens run`` runs, in order: every registered one with ``in_run``."""
+    return tuple(name for name, stage in STAGES.items() if stage.in_run)
 
 
 #: Stages the plan adds by itself after every other one, when their ``when`` run option is set.
@@ -150,7 +163,8 @@ def get(name: str) -> Stage:
 
 
 def register(stage: Stage) -> Stage:
-    """Add ``stage`` to :data:`STAGES` (after the built-in ones; ``depthlens run`` runs it last).
+    """Add ``stage`` to :data:`STAGES` (after the built-in ones; ``depthlens run`` runs it last
+    unless its ``in_run`` is False).
 
     Register before the command line is built or a configuration is made, and declare its
     tables with :func:`depthlens.schema.declare`. Returns ``stage``.

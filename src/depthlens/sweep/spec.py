@@ -35,7 +35,7 @@ from typing import Any
 
 from ..config import RunConfig, read_toml
 from ..errors import InputError
-from ..stages import STAGES
+from ..stages import STAGES, run_stages
 
 __all__ = ["AXES", "Cell", "Sweep", "read_sweep"]
 
@@ -137,7 +137,8 @@ def read_sweep(path: str | Path) -> Sweep:
     if bad:
         raise InputError(f"sweep file {source}: [sweep] stages has unknown stage {bad[0]!r}; known: "
                          f"run, {', '.join(STAGES)}.")
-    stages = tuple(STAGES) if "run" in stages else stages
+    if "run" in stages:  # depthlens run's stages, and any other named beside it
+        stages = (*run_stages(), *(s for s in stages if s != "run" and s not in run_stages()))
     claims = None
     if "claims" in table:
         _check(source, "claims", table["claims"], str, array=False)

@@ -1,0 +1,134 @@
+"""The lens stage: Jacobian-lens transport matrices of the model, fitted natively in float64.
+
+For each of the first ``--lens-chunks`` chunks (one resumable unit each), every layer's
+transport ``(1/|V|) Σ_{t∈V} Σ_{t′≥t} ∂h_final,t′/∂h_ℓ,t`` (:mod:`depthlens.lens.fit`) is added
+to running float64 sums, kept in ``arrays/lens_fit.pt`` in the reference fit-checkpoint form
+(``jacobian_sum``, ``n_done``, and ``chunks``, those summed): a resumed stage goes on from it
+and ends with the same sums, added in the same order. At the end:
+
+- ``arrays/lens.pt``: the mean, in the reference artifact format
+  (:func:`depthlens.lens.write_transport`, ``--lens-dtype``), which TransformerLens loads;
+- ``transport``: one row per source layer, the operator metrics of the float64 mean
+  (:func:`depthlens.lens.transport_table`).
+
+The stage is not part of ``depthlens run`` (each chunk costs d backward passes through the
+model in float64): run it as ``depthlens lens``. Prompts of a prompts file are fitted at their
+own lengths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from ..data import Chunks
+from ..errors import InputError
+from ..executors.local import executor
+from ..lens.analysis import transport_table
+from ..lens.artifact import write_transport
+from ..lens.fit import TransportSums, valid_positions
+from ..runs.atomic import atomic_path
+from .context import StageContext
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+STAGE = "lens"
+#: The exported artifact and the fit checkpoint, in ``arrays/``.
+ARTIFACT, FIT = "lens.pt", "lens_fit.pt"
+
+
+def unit_key(chunk: int) -> str:
+    """The unit of chunk ``chunk``: ``chunk00003``."""
+    return f"chunk{chunk:05d}"
+
+
+def _shortest(config: RunConfig) -> int:
+    opts = config.options(STAGE)
+    return opts.lens_skip_first + opts.lens_skip_last + 1
+
+
+def check(config: RunConfig) -> None:
+    """Refuse chunks with no source position left, and a layer-streamed model.
+
+    Raises
+    ------
+    InputError
+        One line naming ``--seq-len`` and the skip flags, or ``--stream-layers``.
+    """
+    if config.stream_layers:
+        raise InputError("--stream-layers: the lens stage runs a float64 copy of the whole model; drop "
+                         "--stream-layers for it.")
+    if not config.prompts and config.seq_len < _shortest(config):
+        opts = config.options(STAGE)
+        raise InputError(f"--seq-len {config.seq_len} leaves the lens stage no source position once "
+                         f"--lens-skip-first {opts.lens_skip_first} and --lens-skip-last {opts.lens_skip_last} are "
+                         f"skipped; pass --seq-len {_shortest(config)} or more, or skip fewer.")
+
+
+def check_chunks(config: RunConfig, chunks: Chunks) -> None:
+    """Refuse a prompt of a prompts file too short for the skipped positions (one line)."""
+    n = min(config.options(STAGE).lens_chunks, len(chunks))
+    for c in range(n):
+        if chunks.lengths[c] < _shortest(config):
+            raise InputError(f"{chunks.name(c)} has {chunks.lengths[c]} tokens; the lens stage needs "
+                             f"{_shortest(config)} (--lens-skip-first and --lens-skip-last); lengthen it or skip fewer.")
+
+
+def _read_fit(path: Path) -> tuple[dict[int, torch.Tensor], int, list[int]]:
+    """The fit checkpoint's sums, count and chunks (nothing yet: empty)."""
+    if not path.is_file():
+        return {}, 0, []
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return dict(state["jacobian_sum"]), int(state["n_done"]), list(state["chunks"])
+
+
+def _write_fit(path: Path, sums: TransportSums, done: list[int]) -> None:
+    payload = {"jacobian_sum": {k: torch.from_numpy(v) for k, v in sums.sums.items()}, "n_done": sums.n_done,
+               "chunks": list(done), "skip_first": sums.skip_first, "skip_last": sums.skip_last}
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def run(context: StageContext) -> None:
+    """Fit every pending chunk into the sums, then write the artifact and the ``transport`` table."""
+    opts, run_dir, chunks = context.options, context.run_dir, context.chunks
+    n = min(opts.lens_chunks, len(chunks))
+    fit_path = run_dir.root / "arrays" / FIT
+    stored, n_done, done = _read_fit(fit_path)
+    sums: TransportSums | None = None
+    bar = tqdm(total=n, initial=len(done), desc=STAGE, unit="chunk", disable=context.execution.quiet)
+    for c in range(n):
+        key = unit_key(c)
+        if c not in done:
+            if sums is None:  # the float64 copy of the model, made once there is work
+                sums = TransportSums.for_model(context.loaded.model, skip_first=opts.lens_skip_first,
+                                               skip_last=opts.lens_skip_last)
+                sums.sums, sums.n_done = {k: v.numpy() for k, v in stored.items()}, n_done
+            ids = chunks.ids[c, : int(chunks.lengths[c])]
+            sums.add(ids)
+            done.append(c)
+            _write_fit(fit_path, sums, done)  # the sums first: they, not the units, say what was added
+            bar.update()
+        if not run_dir.has_unit(STAGE, key):
+            V = valid_positions(int(chunks.lengths[c]), opts.lens_skip_first, opts.lens_skip_last)
+            run_dir.write_unit(STAGE, key, {"rows": pd.DataFrame([{"chunk": c, "positions": len(V)}])})
+    bar.close()
+    run_dir.finished(STAGE, [unit_key(c) for c in range(n)], required=True)
+    state, count, _ = _read_fit(fit_path)
+    mean = {layer: state[layer].numpy() / count for layer in sorted(state)}
+    ident = context.ident()
+    write_transport(run_dir.root / "arrays" / ARTIFACT, mean, n_prompts=count, dtype=getattr(torch, opts.lens_dtype),
+                    metadata={**ident, "skip_first": opts.lens_skip_first, "skip_last": opts.lens_skip_last,
+                              "fitted_by": "depthlens (float64)"})
+    with executor(context.execution, run_dir.root) as pool:
+        metrics, _ = transport_table(mean, pool=pool, progress=not context.execution.quiet)
+    metrics.insert(1, "n_prompts", count)
+    context.write_table("transport", metrics)
+
+
+__all__ = ["ARTIFACT", "FIT", "STAGE", "check", "check_chunks", "run", "unit_key"]

@@ -1,0 +1,52 @@
+"""The lens stage end to end on a tiny random model: its table is the metrics of the mean of
+the per-chunk transports computed directly, its artifact reads back as their float16 rounding,
+and sizes it cannot fit are refused before the model loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from depthlens.cli import main
+from depthlens.config import RunConfig
+from depthlens.errors import InputError
+from depthlens.executors import Execution
+from depthlens.lens import TransportSums, read_transport, transport_table
+from depthlens.models import load_model
+from depthlens.stages import run_stages
+from depthlens.workflow import check_plan, prepare, run
+
+QUIET = Execution(quiet=True, jobs=1)
+
+
+def test_the_stage_fits_the_mean_of_its_chunks(tmp_path: Path) -> None:
+    config = RunConfig(model="random:llama", chunks=3, seq_len=20, lens_chunks=2, lens_skip_first=4, lens_dtype="float32")
+    out = run(config, tmp_path / "run", stages=("lens",), execution=QUIET)
+    ids = prepare(config).chunks.ids
+    sums = TransportSums.for_model(load_model("random:llama").model, skip_first=4, skip_last=1)
+    for c in range(2):
+        sums.add(ids[c])
+    expected, _ = transport_table(sums.mean())
+    table = pd.read_parquet(out / "tables" / "transport.parquet")
+    assert table["n_prompts"].tolist() == [2, 2] and set(table["model"]) == {"random:llama"}
+    pd.testing.assert_frame_equal(table.drop(columns=["model", "revision", "text", "n_prompts"]), expected,
+                                  check_exact=False, rtol=1e-12, atol=1e-12)
+    lens = read_transport(out / "arrays" / "lens.pt")
+    assert (lens.n_prompts, lens.dtype, lens.metadata["skip_first"]) == (2, "float32", 4)
+    for layer, J in lens:
+        np.testing.assert_allclose(J, sums.mean()[layer].astype(np.float32), rtol=0, atol=1e-6)
+    assert "lens" not in run_stages()  # hours on a large model: not part of depthlens run
+
+
+def test_sizes_without_a_source_position_are_refused_up_front(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(InputError, match="--seq-len 17 leaves the lens stage no source position.*--seq-len 18 or more"):
+        check_plan(RunConfig(model="random:llama", seq_len=17), ["lens"])
+    check_plan(RunConfig(model="random:llama", seq_len=18), ["lens"])
+    with pytest.raises(InputError, match="--stream-layers"):
+        check_plan(RunConfig(model="random:llama:init=layerwise", seq_len=32, stream_layers=True), ["lens"])
+    assert main(["lens", "--model", "random:llama", "--seq-len", "8", "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--lens-skip-first" in err[0] and not (tmp_path / "r").exists()
