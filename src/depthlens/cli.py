@@ -110,6 +110,10 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> argparse.Argume
         group = p.add_argument_group(f"{stage.name} stage") if stage.name in listed else _Hidden(p)
         add_flags(group, stage.options, _by_preset)
     p.add_argument("--claims", metavar="FILE", help="pre-registered claims TOML (default: the packaged claims)")
+    if name == "lens":
+        p.add_argument("--from", dest="lens_from", metavar="FILE",
+                       help="analyse this Jacobian-lens artifact (.pt) alone, with no model: the transport table of "
+                            "its matrices (the run's other options are not used)")
     _add_directory_flags(p, "run", "runs/default")
     return p
 
@@ -274,6 +278,13 @@ def _stage(args: argparse.Namespace) -> None:
     if args.quiet:
         _silence_libraries()
 
+    if getattr(args, "lens_from", None):  # a lens artifact alone: no model, no chunks
+        from .workflow import analyse_transport_file
+
+        root = analyse_transport_file(args.lens_from, args.out, _run_mode(args), execution_from_args(args))
+        print(f"run directory: {root}")
+        _print_end(root, report=False, timings=True)
+        return
     config, spelling = _config(args)
     run_mode = _run_mode(args)
     stages = run_stages() if args.command == "run" else (args.command,)

@@ -248,6 +248,46 @@ def run(
     return run_dir.root
 
 
+def analyse_transport_file(path: str | Path, out: str | Path, run_mode: RunMode = RunMode.NEW,
+                           execution: Execution = Execution()) -> Path:
+    """``depthlens lens --from FILE``: the ``transport`` table of a Jacobian-lens artifact
+    (a published lens, or one TransformerLens or depthlens fitted), with no model loaded, in the
+    run directory ``out``. The identity columns come from the artifact's ``metadata``
+    (``model``, ``revision``, ``text``; the file's path for a model it does not name).
+
+    Raises
+    ------
+    InputError
+        ``path`` is not an artifact :func:`depthlens.lens.read_transport` reads (nothing is
+        written).
+    RunError
+        ``out`` does not suit ``run_mode``.
+    """
+    from .lens import read_transport, transport_table
+    from .schema import conform_table
+
+    lens = read_transport(path)  # refused before anything is written
+    source = {"file": str(Path(path).resolve()), "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
+    digest = source["sha256"][:16]
+    check_target(out, run_mode, digest, {"lens_from": source})
+    run_dir = RunDirectory.open(out, run_mode, {"kind": "lens", "lens_from": source, "config_hash": digest,
+                                                "model": {"source": "artifact", **lens.metadata},
+                                                **provenance(execution.command)})
+    if run_dir.manifest.get("stages", {}).get("lens", {}).get("status") != "done":
+        run_dir.mark_stage("lens", "running")
+        start = time.perf_counter()
+        metrics, _ = transport_table(lens, progress=not execution.quiet)
+        ident = {"model": str(lens.metadata.get("model") or source["file"]),
+                 "revision": str(lens.metadata.get("revision") or ""), "text": str(lens.metadata.get("text") or "")}
+        table = metrics.assign(n_prompts=lens.n_prompts)
+        for key in reversed(list(ident)):  # the identity columns first, as every table has them
+            table.insert(0, key, ident[key])
+        run_dir.write_table("transport", conform_table("transport", table))
+        run_dir.mark_stage("lens", "done", seconds=round(time.perf_counter() - start, 3))
+    conclude(run_dir, None)
+    return run_dir.root
+
+
 def conclude(run_dir: RunDirectory, render: Callable[[], object] | None) -> None:
     """The end that every run shares, a run of stages as a census or a sweep
     (:func:`depthlens.collection.close_collection`): once all its work was tried, render the

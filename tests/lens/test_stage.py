@@ -14,7 +14,7 @@ from depthlens.cli import main
 from depthlens.config import RunConfig
 from depthlens.errors import InputError
 from depthlens.executors import Execution
-from depthlens.lens import TransportSums, read_transport, transport_table
+from depthlens.lens import TransportSums, read_transport, transport_table, write_transport
 from depthlens.models import load_model
 from depthlens.stages import run_stages
 from depthlens.workflow import check_plan, prepare, run
@@ -50,3 +50,24 @@ def test_sizes_without_a_source_position_are_refused_up_front(tmp_path: Path, ca
     assert main(["lens", "--model", "random:llama", "--seq-len", "8", "--out", str(tmp_path / "r"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--lens-skip-first" in err[0] and not (tmp_path / "r").exists()
+
+
+def test_lens_from_a_file_analyses_it_without_a_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``depthlens lens --from FILE``: the transport table of a float16 artifact, its identity
+    from the artifact's metadata; a file that is not one exits 2 in one line and writes nothing."""
+    rng = np.random.default_rng(0)
+    matrices = {layer: np.eye(10) + rng.standard_normal((10, 10)) / 3 for layer in (0, 1, 2)}
+    path = write_transport(tmp_path / "published.pt", matrices, n_prompts=5, metadata={"model": "org/tiny"})
+    out = tmp_path / "run"
+    assert main(["lens", "--from", str(path), "--out", str(out), "--quiet"]) == 0
+    table = pd.read_parquet(out / "tables" / "transport.parquet")
+    expected, _ = transport_table(path)
+    assert set(table["model"]) == {"org/tiny"} and set(table["text"]) == {""} and set(table["n_prompts"]) == {5}
+    pd.testing.assert_frame_equal(table.drop(columns=["model", "revision", "text", "n_prompts"]), expected)
+    assert main(["lens", "--from", str(path), "--out", str(out), "--resume", "--quiet"]) == 0  # done: read back
+    capsys.readouterr()
+    bad = tmp_path / "bad.pt"
+    bad.write_text("not a lens")
+    assert main(["lens", "--from", str(bad), "--out", str(tmp_path / "refused"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a Jacobian-lens artifact" in err[0] and not (tmp_path / "refused").exists()
