@@ -328,8 +328,18 @@ class RunConfig:
         return out
 
     def hash(self) -> str:
-        """A short stable hash of the configuration (16 hex digits of SHA-256)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        """A short stable hash of the configuration (16 hex digits of SHA-256).
+
+        The section of a stage outside ``depthlens run`` (``in_run`` false: ``lens``) enters it
+        only when one of its options differs from its default. So adding such a stage leaves
+        the hash of every run that does not change its options as it was, and a run made
+        before it existed can take that stage with ``--resume``."""
+        values = self.to_dict()
+        for name, stage in STAGES.items():
+            defaults = {f.name: f.default for f in option_fields(stage.options) if f.derived is None}
+            if not stage.in_run and values.get(name) == _plain(defaults):
+                del values[name]
+        blob = json.dumps(values, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def __eq__(self, other: object) -> bool:

@@ -71,3 +71,38 @@ def test_lens_from_a_file_analyses_it_without_a_model(tmp_path: Path, capsys: py
     assert main(["lens", "--from", str(bad), "--out", str(tmp_path / "refused"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not a Jacobian-lens artifact" in err[0] and not (tmp_path / "refused").exists()
+
+
+def test_the_report_sets_the_transport_beside_the_product_of_mean_jacobians(tmp_path: Path) -> None:
+    """``transport_against_product``: layer ℓ's transport erank beside the erank of the product of
+    the saved mean sub-layer Jacobians over the layers after ℓ (NumPy, from the arrays), the
+    descriptive ratio at layer 0, and the figure drawn from both."""
+    from depthlens.report.figures import FIGURES, render_figure
+    from depthlens.report.statistics import compute_statistic
+    from depthlens.report.statistics.residual import transport_against_product
+    from depthlens.runs.atomic import map_safetensors
+    from depthlens.runs.tables import RunTables
+
+    config = RunConfig(model="random:llama:num_hidden_layers=4", chunks=3, seq_len=20, lens_chunks=2,
+                       lens_skip_first=4, jacobian_mode="isolated", funnel_rank=0, funnel_alphas=(1.0,), funnel_boot=0,
+                       null="none")
+    out = run(config, tmp_path / "run", stages=("jacobian", "lens"), execution=QUIET)
+    tables = RunTables(out)
+    pairs = transport_against_product(tables)
+    assert pairs["layer"].tolist() == [0, 1, 2] and not pairs["truncated"].any()
+    saved = map_safetensors(out / "arrays" / "jacobians_trained_isolated.safetensors")
+    transport = pd.read_parquet(out / "tables" / "transport.parquet").set_index("layer")
+    for layer in range(3):
+        product = np.eye(64)
+        for k in range(layer + 1, 4):  # J_mlp J_attn of each later layer, the last one leftmost
+            product = saved[f"{k}.mlp"] @ saved[f"{k}.attn"] @ product
+        s = np.linalg.svd(product, compute_uv=False)
+        p = s**2 / np.sum(s**2)
+        row = pairs.set_index("layer").loc[layer]
+        assert row["erank_product"] == pytest.approx(np.exp(-np.sum(p * np.log(p))), rel=1e-9)
+        assert row["erank_transport"] == transport.loc[layer, "erank"]
+    value, _ = compute_statistic("funnel_product_over_transport", tables)
+    assert value == pytest.approx(pairs.loc[0, "erank_product"] / pairs.loc[0, "erank_transport"])
+    spec = next(f for f in FIGURES if f.name == "transport_funnel")
+    path, why = render_figure(spec, tables, tmp_path / "figures")
+    assert path is not None and path.is_file(), why

@@ -124,6 +124,8 @@ def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str
         _jacobian(root, rng, ident)
     if "topology" in stages:
         _topology(root, boundaries, ident)
+    if "lens" in stages:
+        _lens(root, ident)
     if "census" in stages:
         _census(root, ident)
     return root
@@ -347,6 +349,16 @@ def write_funnel_boot(root: Path, ident: dict[str, str] | None = None, replicate
                 "erank_one_step": first * wobble, "erank_full_depth": last * (1.0 + 0.01 * k) * wobble_last,
                 "failure": None}))
     write_table(root, "funnel_boot", pd.concat(parts, ignore_index=True), ident)
+
+
+def _lens(root: Path, ident: dict[str, str]) -> None:
+    """The transport of the 18 layers of :func:`_jacobian`'s model: erank 128 at the last layer,
+    falling to 20 at layer 0 (less than the product of mean operators does)."""
+    from depthlens.jacobian.metrics import METRICS
+
+    rows = [{"layer": layer, "n_prompts": 4, **dict.fromkeys(METRICS, 0.5), "erank": 20.0 + 6.0 * layer,
+             "failure": None} for layer in range(18)]
+    write_table(root, "transport", pd.DataFrame(rows), ident)
 
 
 def _topology(root: Path, boundaries: int, ident: dict[str, str]) -> None:

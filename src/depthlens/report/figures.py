@@ -40,6 +40,8 @@ from matplotlib.ticker import MaxNLocator
 
 from ..runs.atomic import atomic_path
 from .canvas import DPI, ROLE_COLOURS, Skip, need, new_figure, prefer
+from .statistics import NotTested, TooLittleData
+from .statistics.residual import transport_against_product
 from .census_figures import CAPTIONS as CENSUS_CAPTIONS
 from .census_figures import draw_census_coupling, draw_census_formation, draw_census_funnel, draw_census_norms
 from .intervention_figures import CAPTIONS as INTERVENTION_CAPTIONS
@@ -101,6 +103,13 @@ CAPTIONS: dict[str, str] = {
         "depth for every Schur-split α (α = 1: the real operators; α = 0: non-normal part "
         "removed), trained solid, step 0 dashed. Look for a funnel (erank falling by an order of "
         "magnitude) at α = 1 in the trained model only, largely removed at α = 0."
+    ),
+    "transport_funnel": (
+        "Effective rank of the true transport from block ℓ to the last block's output (the Jacobian lens of "
+        "the lens stage: every position, averaged over prompts and source positions) and of the backward "
+        "product of the trained mean sub-layer Jacobians over the same sub-layers (α = 1), against ℓ. Look "
+        "for whether the product of per-layer means funnels as the end-to-end operator does, and where the "
+        "two part."
     ),
     "coupling": (
         "Coupling between topology and dynamics as a heatmap: one column per layer, one row per "
@@ -397,6 +406,25 @@ def draw_cumulative_erank(t: RunTables) -> Figure:
     return fig
 
 
+def draw_transport_funnel(t: RunTables) -> Figure:
+    try:
+        pairs = transport_against_product(t)
+    except (NotTested, TooLittleData) as exc:
+        raise Skip(str(exc)) from None
+    fig = new_figure(6.0, 4.0)
+    ax = fig.subplots()
+    ax.plot(pairs["layer"], pairs["erank_transport"], marker=".", label="true transport J_ℓ (lens)")
+    product = "product of mean Jacobians" + (" (rank-truncated)" if pairs["truncated"].any() else "")
+    ax.plot(pairs["layer"], pairs["erank_product"], marker=".", ls="--", label=product)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("source layer ℓ (the operator runs from block ℓ's output to the last block's)")
+    ax.set_ylabel("erank")
+    ax.set_title("The true funnel against the product of mean Jacobians", fontsize=10)
+    ax.legend(fontsize=7)
+    return fig
+
+
 #: Widest figure, in inches (at :data:`DPI`, the report's 1100 px content width: no downscaling).
 MAX_WIDTH = 11.0
 #: Smallest font of the coupling heatmap, in points.
@@ -509,6 +537,8 @@ FIGURES: tuple[FigureSpec, ...] = (
                draw_cumulative_erank),
     FigureSpec("schur_split", "B", "The Schur split at full depth, per Schur order", ("cumulative",),
                draw_schur_split),
+    FigureSpec("transport_funnel", "B", "The true funnel against the product of mean Jacobians",
+               ("transport", "cumulative"), draw_transport_funnel),
     FigureSpec("coupling", "B", "Topology–dynamics coupling", ("coupling",), draw_coupling),
     FigureSpec("census_formation", "C", "Formation against consolidation over training", ("census_heads",),
                draw_census_formation),

@@ -524,3 +524,48 @@ def _symmetry_gap(t: RunTables) -> float:
     values = [finite_median(numeric(_early_operators(t, ("attn", "mlp"), c)["symmetry_update"]), f"{c} symmetry")
               for c in ("init", "trained")]
     return values[0] - values[1]
+
+
+def transport_against_product(t: RunTables) -> pd.DataFrame:
+    """The true funnel beside the funnel of mean operators, per source layer ℓ = 0 … L − 2:
+    ``erank_transport``, the effective rank of the lens's transport J_ℓ (``transport`` table:
+    the total cross-position Jacobian from block ℓ's output to the last block's), and
+    ``erank_product``, that of the backward product of the trained model's mean sub-layer
+    Jacobians over the 2(L − 1 − ℓ) sub-layers after block ℓ (``cumulative``: α = 1, the
+    funnel's Jacobian mode, the exact curve when the run has it, else the rank-truncated one;
+    column ``truncated``). Descriptive: the two estimate different operators, and their gap is
+    what the product of per-layer means leaves out (other positions, the average of products).
+
+    Raises
+    ------
+    NotTested
+        Without the lens stage's table or the trained backward curve.
+    """
+    transport = t.table("transport")
+    if transport is None:
+        raise NotTested("needs the lens stage's transport table: run depthlens lens into this run directory "
+                        "with --resume")
+    require_columns(transport, "transport.parquet", "layer", "erank")
+    try:
+        curve, truncated = _funnel_curve(t, "trained", 1.0, "backward", False), False
+    except NotTested:
+        curve, truncated = _funnel_curve(t, "trained", 1.0, "backward", True), True
+    erank = dict(zip(numeric(curve["steps"]).astype(int), numeric(curve["erank"])))
+    L = max(erank) // 2
+    rows = [{"layer": int(layer), "erank_transport": float(value), "erank_product": erank.get(2 * (L - 1 - int(layer)),
+             float("nan")), "truncated": truncated}
+            for layer, value in zip(transport["layer"], numeric(transport["erank"])) if int(layer) <= L - 2]
+    if not rows:
+        raise TooLittleData("the transport table has no layer below the last")
+    return pd.DataFrame(rows).sort_values("layer").reset_index(drop=True)
+
+
+@register("funnel_product_over_transport", ["transport", "cumulative"],
+          "Descriptive: the erank of the backward product of the trained mean Jacobians over every sub-layer after "
+          "block 0, over the erank of the true transport from block 0 (the Jacobian lens of the lens stage); 1 when "
+          "the product of per-layer means funnels as much as the true end-to-end operator.")
+def _product_over_transport(t: RunTables) -> float:
+    pair = transport_against_product(t).iloc[0]
+    if pair["layer"] != 0 or not math.isfinite(pair["erank_product"]):
+        raise TooLittleData("no layer-0 pair of transport and product")
+    return float(pair["erank_product"] / pair["erank_transport"])
