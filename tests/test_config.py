@@ -212,3 +212,17 @@ def test_config_path_is_a_folder_or_binary(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not valid TOML.*--config") as err:
         RunConfig.from_sources(control)
     assert "\n" not in str(err.value)
+
+
+def test_a_stage_outside_run_enters_the_hash_only_off_its_defaults() -> None:
+    """The lens section at its defaults leaves the hash of the options without it (a run made
+    before the stage existed resumes); a lens option off its default changes it."""
+    import hashlib
+    import json
+
+    config = RunConfig(chunks=4)
+    without = {k: v for k, v in config.to_dict().items() if k != "lens"}
+    assert "lens" in config.to_dict()
+    assert config.hash() == hashlib.sha256(json.dumps(without, sort_keys=True).encode()).hexdigest()[:16]
+    assert RunConfig(chunks=4, lens_chunks=8).hash() != config.hash()
+    assert RunConfig(chunks=4, null_samples=3).hash() != config.hash()  # a stage of run: always in it
