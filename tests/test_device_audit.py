@@ -18,7 +18,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "depthlens"
 #: The packages and modules whose tensors can live on the model's device.
-SCANNED = ["attention", "jacobian", "topology", "interventions", "contest", "census", "models", "stages",
+SCANNED = ["attention", "jacobian", "topology", "interventions", "contest", "census", "lens", "models", "stages",
            "residual.py"]
 
 

@@ -66,7 +66,7 @@ class Transport:
         if layer not in self._matrices:
             raise InputError(f"{self.path} has no transport of layer {layer}; its source layers are "
                              f"{list(self.source_layers)}.")
-        out = self._matrices[layer].to(torch.float64).numpy()
+        out = self._matrices[layer].to("cpu", torch.float64).numpy()
         return out / self._scale if self._scale != 1.0 else out
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:

@@ -108,7 +108,7 @@ def run(context: StageContext) -> None:
             if sums is None:  # the float64 copy of the model, made once there is work
                 sums = TransportSums.for_model(context.loaded.model, skip_first=opts.lens_skip_first,
                                                skip_last=opts.lens_skip_last)
-                sums.sums, sums.n_done = {k: v.numpy() for k, v in stored.items()}, n_done
+                sums.sums, sums.n_done = {k: v.cpu().numpy() for k, v in stored.items()}, n_done
             ids = chunks.ids[c, : int(chunks.lengths[c])]
             sums.add(ids)
             done.append(c)
@@ -120,7 +120,7 @@ def run(context: StageContext) -> None:
     bar.close()
     run_dir.finished(STAGE, [unit_key(c) for c in range(n)], required=True)
     state, count, _ = _read_fit(fit_path)
-    mean = {layer: state[layer].numpy() / count for layer in sorted(state)}
+    mean = {layer: state[layer].cpu().numpy() / count for layer in sorted(state)}
     ident = context.ident()
     write_transport(run_dir.root / "arrays" / ARTIFACT, mean, n_prompts=count, dtype=getattr(torch, opts.lens_dtype),
                     metadata={**ident, "skip_first": opts.lens_skip_first, "skip_last": opts.lens_skip_last,
