@@ -49,9 +49,10 @@ PARTS: dict[str, tuple[str, tuple[str, ...], str]] = {
           "Per-head operators A and their Perron deflations B = A − P, matched shuffle nulls, head "
           "roles and depth products (METHODS A1–A6); head ablation, the massive-activation clamp chain "
           "and the feature-family contest (METHODS A7)."),
-    "B": ("Part B. Spectral geometry of the residual stream", ("jacobian", "topology"),
+    "B": ("Part B. Spectral geometry of the residual stream", ("jacobian", "topology", "lens"),
           "Mean sub-layer Jacobians, their spectra, the cumulative funnel with the Schur split, and "
-          "the coupling of activation topology to Jacobian amplification (METHODS B1–B6)."),
+          "the coupling of activation topology to Jacobian amplification (METHODS B1–B6); with the lens "
+          "stage, the true end-to-end transport beside the funnel of mean Jacobians."),
     "C": ("Part C. Training dynamics", ("census",),
           "The checkpoint census: head roles and reserve, the funnel and the coupling at every checkpoint of a "
           "series in training order (depthlens census, or a run with --revisions), and where heads sit in each "
