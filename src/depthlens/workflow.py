@@ -25,7 +25,7 @@ from . import data
 from . import stages as stages_registry
 from .config import RunConfig
 from .executors import Execution
-from .stages.context import StageContext
+from .stages.context import StageContext, with_identity
 from .environment import environment_block
 from .executors import check_execution
 from .errors import InputError, RunIncomplete, StorageError
@@ -279,10 +279,8 @@ def analyse_transport_file(path: str | Path, out: str | Path, run_mode: RunMode 
         metrics, _ = transport_table(lens, progress=not execution.quiet)
         ident = {"model": str(lens.metadata.get("model") or source["file"]),
                  "revision": str(lens.metadata.get("revision") or ""), "text": str(lens.metadata.get("text") or "")}
-        table = metrics.assign(n_prompts=lens.n_prompts)
-        for key in reversed(list(ident)):  # the identity columns first, as every table has them
-            table.insert(0, key, ident[key])
-        run_dir.write_table("transport", conform_table("transport", table))
+        run_dir.write_table("transport", conform_table("transport", with_identity(metrics.assign(n_prompts=lens.n_prompts),
+                                                                                  ident)))
         run_dir.mark_stage("lens", "done", seconds=round(time.perf_counter() - start, 3))
     conclude(run_dir, None)
     return run_dir.root

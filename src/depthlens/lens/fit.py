@@ -21,7 +21,6 @@ directions at every layer (``L · batch · T · d`` float64 numbers).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -145,15 +144,13 @@ class TransportSums:
         adapter = adapter_for(double_copy(model).eval())
         return cls(adapter, list(range(adapter.n_layers)) if layers is None else list(layers), **kwargs)
 
-    def add(self, input_ids: Tensor, progress: Callable[[int], None] | None = None) -> None:
-        """Add one prompt's transports (``progress`` is called with 1 when it is done)."""
+    def add(self, input_ids: Tensor) -> None:
+        """Add one prompt's transports."""
         one = prompt_transport(self.adapter, input_ids, self.layers, skip_first=self.skip_first,
                                skip_last=self.skip_last)
         for layer, J in one.items():
             self.sums[layer] = self.sums[layer] + J if layer in self.sums else J
         self.n_done += 1
-        if progress is not None:
-            progress(1)
 
     def mean(self) -> dict[int, np.ndarray]:
         """The transport of each layer: the sums over :attr:`n_done` prompts."""

@@ -23,7 +23,17 @@ from ..schema import IDENTITY, conform_table
 if TYPE_CHECKING:
     from ..config import RunConfig
 
-__all__ = ["StageContext"]
+__all__ = ["StageContext", "with_identity"]
+
+
+def with_identity(table: pd.DataFrame, ident: dict[str, str]) -> pd.DataFrame:
+    """A copy of ``table`` with the identity columns of :data:`depthlens.schema.IDENTITY`
+    first: its own where it has them (e.g. a ``revision`` per row), else ``ident``'s values."""
+    table = table.copy()
+    for key in reversed(list(IDENTITY)):
+        column = table.pop(key) if key in table.columns else ident[key]
+        table.insert(0, key, column)
+    return table
 
 
 @dataclass
@@ -93,9 +103,4 @@ class StageContext:
         depthlens.schema.SchemaError
             When the table differs from its declaration (a bug of the stage).
         """
-        table = table.copy()
-        ident = self.ident(revision)
-        for key in reversed(list(IDENTITY)):
-            column = table.pop(key) if key in table.columns else ident[key]
-            table.insert(0, key, column)
-        self.run_dir.write_table(name, conform_table(name, table))
+        self.run_dir.write_table(name, conform_table(name, with_identity(table, self.ident(revision))))

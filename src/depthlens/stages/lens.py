@@ -99,7 +99,8 @@ def run(context: StageContext) -> None:
     opts, run_dir, chunks = context.options, context.run_dir, context.chunks
     n = min(opts.lens_chunks, len(chunks))
     fit_path = run_dir.root / "arrays" / FIT
-    stored, n_done, done = _read_fit(fit_path)
+    stored, count, done = _read_fit(fit_path)
+    totals = {k: v.cpu().numpy() for k, v in stored.items()}
     sums: TransportSums | None = None
     bar = tqdm(total=n, initial=len(done), desc=STAGE, unit="chunk", disable=context.execution.quiet)
     for c in range(n):
@@ -108,9 +109,9 @@ def run(context: StageContext) -> None:
             if sums is None:  # the float64 copy of the model, made once there is work
                 sums = TransportSums.for_model(context.loaded.model, skip_first=opts.lens_skip_first,
                                                skip_last=opts.lens_skip_last)
-                sums.sums, sums.n_done = {k: v.cpu().numpy() for k, v in stored.items()}, n_done
-            ids = chunks.ids[c, : int(chunks.lengths[c])]
-            sums.add(ids)
+                sums.sums, sums.n_done = totals, count
+            sums.add(chunks.ids[c, : int(chunks.lengths[c])])
+            totals, count = sums.sums, sums.n_done
             done.append(c)
             _write_fit(fit_path, sums, done)  # the sums first: they, not the units, say what was added
             bar.update()
@@ -119,8 +120,7 @@ def run(context: StageContext) -> None:
             run_dir.write_unit(STAGE, key, {"rows": pd.DataFrame([{"chunk": c, "positions": len(V)}])})
     bar.close()
     run_dir.finished(STAGE, [unit_key(c) for c in range(n)], required=True)
-    state, count, _ = _read_fit(fit_path)
-    mean = {layer: state[layer].cpu().numpy() / count for layer in sorted(state)}
+    mean = {layer: totals[layer] / count for layer in sorted(totals)}
     ident = context.ident()
     write_transport(run_dir.root / "arrays" / ARTIFACT, mean, n_prompts=count, dtype=getattr(torch, opts.lens_dtype),
                     metadata={**ident, "skip_first": opts.lens_skip_first, "skip_last": opts.lens_skip_last,
