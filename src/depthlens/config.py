@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from .errors import InputError
 from .options import OptionField, Spelling, check_fields, check_type, flags_restated, option_choices, option_fields
-from .stages import STAGES, Stage
+from .stages import STAGES
 
 __all__ = ["DTYPES", "MAX_SEED", "OPTION_CHOICES", "PRESETS", "PRESET_VALUES", "PROMPTS_SUFFIX", "RunConfig", "RunOptions",
            "check_type", "config_file_spelling", "file_options", "is_prompts_file", "option_owner"]
@@ -178,19 +178,21 @@ def is_prompts_file(text: object) -> bool:
 def _owners() -> dict[str, str | None]:
     """Where each option lives: ``None`` for the run's own options, else the stage's name (for
     the registry as it stands: :func:`depthlens.stages.register` adds stages)."""
-    return _owners_of(tuple(STAGES.values()))
+    # keyed by what the map depends on, (name, options class) per stage: cheap to hash, where
+    # the Stage records themselves hash every field (this runs on every option read)
+    return _owners_of(tuple((stage.name, stage.options) for stage in STAGES.values()))
 
 
 @functools.cache
-def _owners_of(stages: tuple[Stage, ...]) -> dict[str, str | None]:
+def _owners_of(stages: tuple[tuple[str, type], ...]) -> dict[str, str | None]:
     owners: dict[str, str | None] = {f.name: None for f in option_fields(RunOptions)}
-    names = {stage.name for stage in stages}
-    for stage in stages:
-        for f in option_fields(stage.options):
+    names = {name for name, _ in stages}
+    for name, options in stages:
+        for f in option_fields(options):
             if f.derived is None:
                 if f.name in owners or f.name in names or f.name == "preset":
-                    raise TypeError(f"option {f.name} of stage {stage.name} clashes with another option")
-                owners[f.name] = stage.name
+                    raise TypeError(f"option {f.name} of stage {name} clashes with another option")
+                owners[f.name] = name
     return owners
 
 

@@ -93,6 +93,10 @@ class StageContext:
         revision (``--revisions``)."""
         return {"trained": self.ident()["revision"], "init": ""}.get(checkpoint, checkpoint)
 
+    def revision_column(self, checkpoints: pd.Series) -> pd.Series:
+        """:meth:`revision_of` of every row of a ``checkpoint`` column (looked up once per checkpoint)."""
+        return checkpoints.map({name: self.revision_of(name) for name in checkpoints.unique()})
+
     def write_table(self, name: str, table: pd.DataFrame, revision: str | None = None) -> None:
         """Write ``tables/NAME.parquet``: the identity columns first (:meth:`ident`; a table
         that has a ``revision`` column per row keeps it), then ``table``, checked against

@@ -206,7 +206,7 @@ def run(context: StageContext) -> None:
         tables = analyse_checkpoints(context.run_dir, ckpts, context.chunks, opts, batch_size=batch_size, quiet=quiet,
                                      operators=operators, pool=pool)
     for name, table in tables.items():
-        table.insert(0, "revision", table["checkpoint"].map(context.revision_of))
+        table.insert(0, "revision", context.revision_column(table["checkpoint"]))
         context.write_table(name, table)
     coupling = tables["coupling"].groupby("checkpoint", sort=False)
     context.run_dir.write_json("topology", {
