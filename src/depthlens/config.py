@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from .errors import InputError
 from .options import OptionField, Spelling, check_fields, check_type, flags_restated, option_choices, option_fields
+from .jacobian.options import ALPHAS as JACOBIAN_ALPHAS
 from .stages import STAGES
 
 __all__ = ["DTYPES", "MAX_SEED", "OPTION_CHOICES", "PRESETS", "PRESET_VALUES", "PROMPTS_SUFFIX", "RunConfig", "RunOptions",
@@ -48,7 +49,8 @@ PRESETS = ("quick", "default", "paper")
 #: option's own default. An option given explicitly (a flag, a --config key, a keyword) always
 #: wins. ``"all"`` stands for the run's chunk count. ``quick`` is a smoke run of about 2 minutes
 #: on SmolLM2 (2 cores), without the step-0 null; ``paper`` the protocol of METHODS.md (A3: every chunk's pseudospectral
-#: radii; A4: S = 16 nulls per observed matrix, on every chunk).
+#: radii; A4: S = 16 nulls per observed matrix, on every chunk; B4: the five α of the Schur split, on every
+#: checkpoint, every Schur order in both directions).
 PRESET_VALUES: dict[str, dict[str, Any]] = {
     "default": {},
     "quick": {"chunks": 4, "seq_len": 32, "null_samples": 2, "null_chunks": 1, "extras_chunks": 1,
@@ -57,7 +59,8 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
               "ablation_boot": 200,
               "clamp_chunks": 2, "control_seeds": 1, "clamp_null_samples": 1, "contest_chunks": 2, "contest_boot": 200,
               "contest_perm": 200, "funnel_boot": 0, "init_seeds": 1, "null": "none"},
-    "paper": {"null_samples": 16, "null_chunks": "all", "extras_chunks": "all", "funnel_boot": 200},
+    "paper": {"null_samples": 16, "null_chunks": "all", "extras_chunks": "all", "funnel_boot": 200,
+              "funnel_alphas": JACOBIAN_ALPHAS, "funnel_curves": "every"},
 }
 
 

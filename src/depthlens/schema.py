@@ -581,8 +581,10 @@ _JACOBIAN = {
                               "protocol), `canonical` (descending modulus, then imaginary, then real part), "
                               "`outside_first` (|λ| > 1 first) or `inside_first` (|λ| ≤ 1 first), the last two "
                               "keeping LAPACK's order within each group. The first of --schur-orders has every α; "
-                              "the others α = 0 only; α = 1 does not depend on the order (J(1) = J) and is "
-                              "computed once, labelled with the first.", "text"),
+                              "the others α = 0 only (with --funnel-curves read, the default: on the trained "
+                              "model's backward curve at the last truncation alone, where B4 reads them; the "
+                              "step-0 null and --revisions have α = 1 alone); α = 1 does not depend on the order "
+                              "(J(1) = J) and is computed once, labelled with the first.", "text"),
         "schur_alpha": Column("Schur-split scale α of the non-normal part: every operator replaced by "
                         "J(α) = Q(Λ + αN)Q* (METHODS B4); α = 1 the real operators, α = 0 their normal parts.",
                         "in [0, 1]"),

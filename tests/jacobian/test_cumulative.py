@@ -415,6 +415,29 @@ def test_funnel_order_layout(rng: np.random.Generator) -> None:
     assert set(only["schur_order"]) == {"canonical"}
 
 
+def test_further_orders_on_the_curves_asked_for(rng: np.random.Generator) -> None:
+    """``further`` limits the further orders' α = 0 curves to the (direction, rank) pairs given;
+    the first order keeps every curve, and each curve computed equals the full layout's bit for
+    bit (every curve is its own computation)."""
+    ops = nonnormal_ops(rng, 4, 6)
+    kwargs = {"alphas": (0.0, 1.0), "ranks": (None, 3), "schur_orders": ("lapack", "canonical", "inside_first")}
+    full = schur_funnel(ops, **kwargs)
+    part = schur_funnel(ops, further=[("backward", 3)], **kwargs)
+    others = part[part["schur_order"] != "lapack"]
+    assert set(others["direction"]) == {"backward"} and set(others["truncation"]) == {3}
+    assert set(others["schur_order"]) == {"canonical", "inside_first"} and set(others["schur_alpha"]) == {0.0}
+    first = part[part["schur_order"] == "lapack"]
+    assert len(first) == len(full[full["schur_order"] == "lapack"])
+    keys = ["schur_order", "schur_alpha", "direction", "truncation", "depth"]
+    merged = part.merge(full, on=keys, suffixes=("", "_full"))
+    assert len(merged) == len(part)
+    np.testing.assert_array_equal(merged["erank"], merged["erank_full"])
+    with pytest.raises(InputError, match="further"):
+        schur_funnel(ops, further=[], **kwargs)
+    with pytest.raises(InputError, match="direction"):
+        schur_funnel(ops, further=[("sideways", 3)], **kwargs)
+
+
 def upper_triangular_ops(rng: np.random.Generator, n: int, d: int) -> tuple[list[np.ndarray], np.ndarray]:
     """Upper-triangular operators ``D_b + N_b``, diagonals by strictly descending modulus (so
     they are already in ``canonical``, ``lapack`` and ``outside_first`` order) straddling 1."""

@@ -1,10 +1,13 @@
-"""The jacobian stage's layer operators and depth order, on hand-built operator dicts."""
+"""The jacobian stage's layer operators, depth order and funnel plan, on hand-built operator dicts."""
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
+from depthlens.config import RunConfig
 from depthlens.jacobian.store import operator_list, with_layer_operators
+from depthlens.stages.jacobian import funnel_plan
 
 
 def _ops(rng: np.random.Generator, n_layers: int, d: int) -> dict[tuple[int, str], np.ndarray]:
@@ -36,3 +39,70 @@ def test_operator_list_keeps_sub_layers_in_depth_order(rng: np.random.Generator)
     assert len(got) == 6
     for i, (layer, kind) in enumerate((layer, kind) for layer in range(3) for kind in ("attn", "mlp")):
         assert got[i] is ops[(layer, kind)]
+
+
+def _planned_table(opts, d: int = 8, depth: int = 6) -> pd.DataFrame:
+    """A ``cumulative`` table with one log-linear curve (erank 8 → 2, steeper without the split)
+    per curve that :func:`funnel_plan` computes for ``trained`` and ``init`` in both modes."""
+    from depthlens.jacobian.cumulative import DIRECTIONS
+
+    rows = []
+    for checkpoint in ("trained", "init"):
+        for mode in ("isolated", "in_context"):
+            plan = funnel_plan(opts, checkpoint, mode, d)
+            if plan is None:
+                continue
+            caps = [d if r is None else min(r, d) for r in plan["ranks"]]
+            for order in plan["schur_orders"]:
+                first = order == plan["schur_orders"][0]
+                for alpha in plan["alphas"] if first else [a for a in plan["alphas"] if a == 0.0]:
+                    if alpha == 1.0 and not first:
+                        continue
+                    wanted = [(di, c) for di in plan["directions"] for c in caps] if first or plan["further"] is None \
+                        else [(di, d if r is None else min(r, d)) for di, r in plan["further"]]
+                    for direction, cap in wanted:
+                        assert direction in DIRECTIONS
+                        k = np.arange(1, depth + 1)
+                        last = 2.0 if alpha == 1.0 else 4.0
+                        rows.append(pd.DataFrame({
+                            "checkpoint": checkpoint, "jacobian_mode": mode, "schur_order": order, "schur_alpha": alpha,
+                            "direction": direction, "truncation": cap, "depth": depth - k, "steps": k,
+                            "erank": 8.0 * (last / 8.0) ** ((k - 1) / (depth - 1))}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_default_plan_computes_what_the_funnel_statistics_read() -> None:
+    """Every statistic that reads the funnel curves alone (the claims B2–B4, their variants and
+    descriptive values) finds its curves among those the default plan computes: none says
+    "not tested" and none lacks a curve (d = 8 and rank 4: both truncations are computed)."""
+    from depthlens.report.statistics import STATISTICS, compute_estimate
+    from depthlens.report.worlds import MemoryTables
+
+    opts = RunConfig(funnel_rank=4).options("jacobian")
+    tables = MemoryTables({"cumulative": _planned_table(opts)})
+    names = [n for n, s in STATISTICS.items() if s.needs == ("cumulative",)]
+    assert len(names) >= 20
+    for name in names:
+        estimate, note = compute_estimate(name, tables)
+        assert estimate is not None and np.isfinite(estimate.value), f"{name}: {note}"
+
+
+def test_funnel_plan_keeps_the_split_for_the_trained_model() -> None:
+    read = RunConfig().options("jacobian")
+    trained = funnel_plan(read, "trained", "isolated", 576)
+    assert trained == {"alphas": (0.0, 0.5, 1.0), "directions": ("forward", "backward"), "ranks": (None, 512),
+                       "schur_orders": ("lapack", "canonical", "outside_first", "inside_first"),
+                       "further": [("backward", 512)]}
+    for checkpoint in ("init", "step-1000"):  # the step-0 null and a --revisions checkpoint: α = 1 alone
+        assert funnel_plan(read, checkpoint, "isolated", 576)["alphas"] == (1.0,)
+        assert funnel_plan(read, checkpoint, "in_context", 576) == {
+            "alphas": (1.0,), "schur_orders": ("lapack",), "further": None, "directions": ("backward",), "ranks": (512,)}
+    assert funnel_plan(read, "trained", "in_context", 576)["alphas"] == (0.0, 1.0)
+    assert funnel_plan(read, "trained", "isolated", 400)["ranks"] == (None,)  # rank 512 is the exact product
+    assert funnel_plan(RunConfig(funnel_alphas=(0.5,)).options("jacobian"), "init", "isolated", 576) is None
+    every = RunConfig(preset="paper").options("jacobian")
+    for checkpoint in ("trained", "init"):
+        assert funnel_plan(every, checkpoint, "isolated", 576) == {
+            "alphas": (0.0, 0.25, 0.5, 0.75, 1.0), "directions": ("forward", "backward"), "ranks": (None, 512),
+            "schur_orders": ("lapack", "canonical", "outside_first", "inside_first"), "further": None}
+        assert funnel_plan(every, checkpoint, "in_context", 576)["alphas"] == (0.0, 1.0)

@@ -9,10 +9,16 @@ from ..errors import InputError
 from ..linalg.orders import SCHUR_ORDERS, SchurOrder
 from ..options import check_distinct, check_fields
 
-__all__ = ["ALPHAS", "JACOBIAN_MODES", "JacobianMode", "JacobianOptions", "init_seed_of"]
+__all__ = ["ALPHAS", "DEFAULT_ALPHAS", "FUNNEL_CURVES", "JACOBIAN_MODES", "JacobianMode", "JacobianOptions",
+           "init_seed_of"]
 
-#: Scales of the non-normal part in METHODS B4 (the default ``--funnel-alphas``).
+#: Scales of the non-normal part in METHODS B4 (``--funnel-alphas`` of ``--preset paper``).
 ALPHAS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: The default ``--funnel-alphas``: the ends the claims read (B4: α = 0 against α = 1) and the
+#: midpoint the Schur-split figure draws between them.
+DEFAULT_ALPHAS: tuple[float, ...] = (0.0, 0.5, 1.0)
+#: The choices of ``--funnel-curves``.
+FUNNEL_CURVES = ("read", "every")
 
 JacobianMode = Literal["isolated", "isolated_observed", "in_context"]
 #: The Jacobian modes of METHODS B1, in the order a run computes them.
@@ -44,6 +50,12 @@ class JacobianOptions:
         protocol), canonical (descending modulus), outside_first (|λ| > 1 first),
         inside_first (|λ| ≤ 1 first); the first gets every α, the others α = 0 only, and
         α = 1 (order-free) is computed once, labelled with the first
+    funnel_curves : {"read", "every"}
+        which funnel curves are computed: read = those the claims, their variants and the
+        figures read (the Schur split on the trained model only, the further Schur orders on
+        the claims' backward curve only, the other Jacobian mode on that curve only); every =
+        the Schur split of every checkpoint, every order in both directions and at every
+        truncation (--preset paper)
     funnel_boot : int
         bootstrap replicates over chunks of the claims' funnel (backward, rank --funnel-rank, α = 1,
         the funnel's mode): per replicate the run's chunks are drawn again with replacement (from
@@ -69,8 +81,9 @@ class JacobianOptions:
     jacobian_mode: Literal["isolated", "isolated_observed", "in_context", "both", "all"] = "both"
     positions: Literal["last", "all"] = "last"
     funnel_rank: int = field(default=512, metadata={"min": 0})
-    funnel_alphas: tuple[float, ...] = ALPHAS
+    funnel_alphas: tuple[float, ...] = DEFAULT_ALPHAS
     schur_orders: tuple[SchurOrder, ...] = SCHUR_ORDERS
+    funnel_curves: Literal["read", "every"] = "read"
     funnel_boot: int = field(default=50, metadata={"min": 0})
     init_seeds: int = field(default=3, metadata={"min": 1})
     null: Literal["init", "none"] = "init"

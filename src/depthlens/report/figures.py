@@ -432,7 +432,8 @@ COUPLING_FONT = 8.0
 
 
 def draw_schur_split(t: RunTables) -> Figure:
-    """Full-depth erank against α, trained and init, one line per Schur order (B2 protocol)."""
+    """Full-depth erank against α, one line per checkpoint and Schur order with a split (B2
+    protocol; by default the trained model's only, the step-0 null having α = 1 alone)."""
     df, mode = _cumulative(t, "backward")
     truncated = df[df["truncation"] < df["truncation"].max()]
     df, protocol = (truncated, "rank-truncated") if not truncated.empty else (df, "exact")

@@ -8,10 +8,10 @@ config, fresh initial weights under the run seed) and any extra hub revisions. U
 "mlp" | "layer")``, saved to ``arrays/`` in the dtype of ``save_arrays``, or not at all, plus
 their metrics and eigenvalues; with float32 or none a unit-private float64 copy serves the
 funnel and the topology stage until the run ends), ``funnel_<checkpoint>`` (cumulative
-eranks of the sub-layer operators for every Schur order, α, direction and truncation, on the
-``isolated`` operators, or the first mode run) and ``funnel_<checkpoint>_<mode>`` for every
-other mode run, at α = 0 and 1 in the first Schur order only (the funnel claims' sensitivity
-to the Jacobian mode).
+eranks of the sub-layer operators, on the ``isolated`` operators, or the first mode run) and
+``funnel_<checkpoint>_<mode>`` for every other mode run (the funnel claims' sensitivity to the
+Jacobian mode); which curves each unit computes is :func:`funnel_plan`'s plan
+(``--funnel-curves``).
 
 With ``--funnel-boot`` above 0 the funnel mode's unit also bootstraps the claims' funnel over
 chunks (:mod:`depthlens.jacobian.bootstrap`): its mean operators are then summed chunk by chunk
@@ -29,7 +29,7 @@ the bootstrap resamples prompts with their own numbers of tokens.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -44,6 +44,7 @@ from ..jacobian.metrics import metrics_and_eigenvalues
 from ..jacobian.options import JacobianOptions, init_seed_of
 from ..jacobian.store import STAGE
 from ..runs import RunDirectory
+from ..schema import TRAINED
 from .context import StageContext
 
 if TYPE_CHECKING:
@@ -84,8 +85,40 @@ def run(context: StageContext) -> None:
                       context.execution.quiet, context.load_revision, pool,
                       threads=max(1, min(context.execution.jobs, os.cpu_count() or 1)))
     for name, table in tables.items():
-        table.insert(0, "revision", table["checkpoint"].map(context.revision_of))
+        table.insert(0, "revision", context.revision_column(table["checkpoint"]))
         context.write_table(name, table)
+
+
+def funnel_plan(opts: JacobianOptions, checkpoint: str, mode: str, d: int) -> dict[str, Any] | None:
+    """The curves of one funnel unit, as keywords of :func:`~depthlens.jacobian.cumulative.schur_funnel`
+    (``alphas``, ``directions``, ``ranks``, ``schur_orders``, ``further``), or None when it has none.
+
+    The truncations are the exact products and, when ``funnel_rank`` is below ``d``, rank
+    ``funnel_rank``; the claims' protocol curve is the backward one at the last of them.
+
+    - ``--funnel-curves every``: the funnel mode gets every α of ``funnel_alphas`` in the first
+      Schur order and α = 0 in the others, each in both directions at every truncation; the
+      other modes α = 0 and 1 in the first order, likewise.
+    - ``read`` (the default), what the claims, their variants and the figures read: the
+      funnel mode of the ``trained`` checkpoint as ``every``, except that the further Schur
+      orders get the protocol curve only (B4 reads them there); the funnel mode of every other
+      checkpoint (the step-0 null, ``--revisions``) α = 1 alone, both directions, every
+      truncation (B3, C2 and their variants); the other modes the protocol curve alone, at
+      α = 0 and 1 for ``trained`` (B2's and B4's in-context variants) and α = 1 otherwise.
+    """
+    ranks = (None,) if opts.funnel_rank == 0 or opts.funnel_rank >= d else (None, opts.funnel_rank)
+    protocol = {"directions": ("backward",), "ranks": ranks[-1:]}
+    main, trained = mode == opts.funnel_mode, checkpoint == TRAINED
+    if opts.funnel_curves == "every" or (main and trained):
+        alphas = opts.funnel_alphas if main else tuple(a for a in opts.funnel_alphas if a in (0.0, 1.0))
+        further = None if opts.funnel_curves == "every" else [("backward", ranks[-1])]
+        plan = {"alphas": alphas, "directions": DIRECTIONS, "ranks": ranks,
+                "schur_orders": opts.schur_orders if main else opts.schur_orders[:1], "further": further}
+    else:
+        kept = (0.0, 1.0) if trained else (1.0,)
+        plan = {"alphas": tuple(a for a in opts.funnel_alphas if a in kept), "schur_orders": opts.schur_orders[:1],
+                "further": None, **({"directions": DIRECTIONS, "ranks": ranks} if main else protocol)}
+    return plan if plan["alphas"] else None
 
 
 def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, pool, threads: int = 1
@@ -126,21 +159,16 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
         for mode in [funnel_mode, *(m for m in opts.modes if m != funnel_mode)]:
             if mode not in ops_by_mode:
                 continue  # its operators failed (recorded above); the funnel needs them
-            # the funnel mode gets every α and Schur order; the others α = 0 and 1 in the first order
-            # only (the sensitivity of the funnel claims to the Jacobian mode)
+            plan = funnel_plan(opts, name, mode, loaded.adapter.d_model)
+            if plan is None:
+                continue
+
             def funnel_unit() -> dict[str, pd.DataFrame]:
                 found = ops_by_mode[mode]
                 if found is None:
                     found = store.operators(run_dir, name, mode, lambda: model or get(), token_ids, opts,
                                             batch_size=batch_size, quiet=quiet)
-                ops = store.operator_list(found)
-                d = ops[0].shape[0]
-                ranks = (None,) if opts.funnel_rank == 0 or opts.funnel_rank >= d else (None, opts.funnel_rank)
-                alphas = opts.funnel_alphas if mode == funnel_mode else tuple(
-                    a for a in opts.funnel_alphas if a in (0.0, 1.0))
-                orders = opts.schur_orders if mode == funnel_mode else opts.schur_orders[:1]
-                return {"funnel": schur_funnel(ops, alphas=alphas, directions=DIRECTIONS, ranks=ranks,
-                                               schur_orders=orders, progress=not quiet, pool=pool,
+                return {"funnel": schur_funnel(store.operator_list(found), **plan, progress=not quiet, pool=pool,
                                                label=f"{store.label(name)} ({mode})", device=funnel_device)}
 
             key = f"funnel_{name}" if mode == funnel_mode else f"funnel_{name}_{mode}"
