@@ -51,16 +51,21 @@ def test_operator_metrics_match_saved_operators(run_root: Path) -> None:
 
 def test_cumulative_alpha_one_is_the_plain_product(run_root: Path) -> None:
     table = pd.read_parquet(run_root / "tables" / "cumulative.parquet")
-    assert sorted(table["schur_alpha"].unique()) == [0.0, 0.25, 0.5, 0.75, 1.0]
-    for mode in ("isolated", "in_context"):  # the funnel mode at every α, the other mode at α = 1 (sensitivity)
+    assert sorted(table["schur_alpha"].unique()) == [0.0, 0.5, 1.0]  # the default grid
+    # the funnel mode at every α, the other mode at α = 0 and 1 on the backward curve (sensitivity);
+    # the step-0 null at α = 1 alone (--funnel-curves read)
+    assert set(table.loc[table["checkpoint"] == "init", "schur_alpha"]) == {1.0}
+    for mode in ("isolated", "in_context"):
         rows = table[(table["checkpoint"] == "trained") & (table["jacobian_mode"] == mode)]
-        assert sorted(rows["schur_alpha"].unique()) == ([0.0, 0.25, 0.5, 0.75, 1.0] if mode == "isolated" else [0.0, 1.0])
+        assert sorted(rows["schur_alpha"].unique()) == ([0.0, 0.5, 1.0] if mode == "isolated" else [0.0, 1.0])
         assert set(rows["schur_order"]) == ({"lapack", "canonical", "outside_first", "inside_first"}
                                             if mode == "isolated" else {"lapack"})
-        got = rows[(rows["schur_alpha"] == 1.0) & (rows["direction"] == "forward")]
-        expect = cumulative_ranks(operator_list(_ops(run_root, "trained", mode)), "forward")
-        np.testing.assert_allclose(got.sort_values("depth")["erank"].to_numpy(), expect["erank"].to_numpy(),
-                                   rtol=1e-12)
+        assert set(rows["direction"]) == ({"forward", "backward"} if mode == "isolated" else {"backward"})
+        for direction in sorted(set(rows["direction"])):
+            got = rows[(rows["schur_alpha"] == 1.0) & (rows["direction"] == direction)]
+            expect = cumulative_ranks(operator_list(_ops(run_root, "trained", mode)), direction)
+            np.testing.assert_allclose(got.sort_values("depth")["erank"].to_numpy(), expect["erank"].to_numpy(),
+                                       rtol=1e-12)
 
 
 def test_funnel_bootstrap_of_every_checkpoint_and_step0_seed(run_root: Path) -> None:
