@@ -3,8 +3,8 @@ of the cost as a number (the fitted log-log slope per stage).
 
 Width: ``depthlens run`` (every stage of the main job, then claims and report) on layerwise
 random Llamas of ``--layers`` layers, streamed (``--stream-layers``), at each width of
-``--widths`` (default 576, 1024, 2048, 4096; 64-wide heads, four query heads per key-value
-head, d_ff = 3.5 d), with the quick preset's sizes (``--chunks`` chunks of ``--seq-len``
+``--widths`` (default 576, 1024, 2048, 4096; 64-wide heads, a third as many key-value heads
+or fewer, d_ff = 3.5 d), with the quick preset's sizes (``--chunks`` chunks of ``--seq-len``
 tokens). Chunks: the same command at the first width for each count of ``--chunk-counts``.
 Each run is a child process on ``--jobs`` workers, its folder deleted afterwards; each stage's
 wall time comes from the run's ``manifest.json``. The script prints every time, then per stage
@@ -36,10 +36,12 @@ import numpy as np
 
 
 def model_spec(width: int, layers: int) -> str:
-    """A layerwise random Llama of width ``width`` (64-wide heads, 4 query heads per key-value head)."""
+    """A layerwise random Llama of width ``width``: 64-wide heads, as many key-value heads as the
+    largest divisor of the head count that is at most a third of it (3 of 9 at 576, as SmolLM2)."""
     heads = max(1, width // 64)
+    kv = max(k for k in range(1, heads + 1) if heads % k == 0 and 3 * k <= max(heads, 3))
     return (f"random:llama:init=layerwise,hidden_size={width},num_hidden_layers={layers},num_attention_heads={heads},"
-            f"num_key_value_heads={max(1, heads // 4)},intermediate_size={int(3.5 * width)}")
+            f"num_key_value_heads={kv},intermediate_size={int(3.5 * width)}")
 
 
 def stage_seconds(spec: str, chunks: int, seq_len: int, jobs: int) -> tuple[float, dict[str, float]]:
