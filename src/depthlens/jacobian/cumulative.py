@@ -439,9 +439,9 @@ def schur_funnel(
     forms = [J if isinstance(J, SchurForm) else None for J in items]
     ops = _operators([form.matrix if form is not None else J for form, J in zip(forms, items, strict=True)])
     d = ops[0].shape[0]
-    caps = [_cap(r, d) for r in ranks]
-    further_curves = [(direction, cap) for direction in directions for cap in caps] if further is None else list(
-        dict.fromkeys((direction, _cap(r, d)) for direction, r in further))
+    # the (direction, rank cap) of every curve of the first order, and of the further orders' α = 0
+    every = [(direction, _cap(r, d)) for direction in directions for r in ranks]
+    further_curves = every if further is None else list(dict.fromkeys((di, _cap(r, d)) for di, r in further))
     # (order, α) in row order: every α for the first order (α = 1 unsplit), α = 0 for the others
     plan = [(orders[0], float(a)) for a in alpha_values] + [(o, 0.0) for o in orders[1:] if np.any(alpha_values == 0)]
     split = list(dict.fromkeys(o for o, a in plan if a != 1.0))  # the orders whose normal parts are needed
@@ -454,15 +454,13 @@ def schur_funnel(
         ops_ref: Sequence[object] = _share(ops, folder / "ops") if local else ops
         if (orders[0], 1.0) in plan:  # needs no Schur form, so it starts while they are computed
             curves[(orders[0], 1.0)] = [on.submit(_split_curve, ops_ref, None, 1.0, direction, cap, orders[0], device)
-                                        for direction in directions for cap in caps]
+                                        for direction, cap in every]
         normal = _normal_parts(pool, forms, ops, split, folder, progress=progress, label=label)
         for order, a in plan:
             if a != 1.0:
                 refs = normal[order] if local else _load(normal[order])
-                wanted = [(direction, cap) for direction in directions for cap in caps] if order == orders[0] \
-                    else further_curves
                 curves[(order, a)] = [on.submit(_split_curve, ops_ref, refs, a, direction, cap, order, device)
-                                      for direction, cap in wanted]
+                                      for direction, cap in (every if order == orders[0] else further_curves)]
         futures = [f for key in plan for f in curves[key]]
         tables = [f.result() for f in tqdm(futures, desc=f"schur funnel {label}".strip(), unit="curve", disable=not progress)]
     table = pd.concat(tables, ignore_index=True)
