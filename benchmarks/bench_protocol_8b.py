@@ -14,9 +14,10 @@ memory), one BLAS thread per process as the stage's workers run:
   form without vectors and an SVD with vectors), the Schur forms of every order as the funnel
   computes them (:func:`~depthlens.linalg.schur.schur_forms`: one complex decomposition, two
   reorderings, the canonical form), and their normal parts;
-- one backward rank-512 funnel step, real (α = 1) and complex (α = 0): the factored step (a
-  d × d by d × 512 product and a thin SVD) against the naive one (the d × d product and its
-  full SVD), the ratio printed.
+- one backward rank-512 funnel step, real (α = 1) and complex (α = 0), as the funnel's own
+  accumulator takes it (:class:`~depthlens.jacobian.cumulative._Accumulator`: the d × d operator
+  times the d × 512 factor, and that product's singular values) against the naive step, the
+  exact product's (the d × d product and its singular values), the ratio printed.
 
 The projection for 32 layers assumes the stage's two workers share the per-operator work
 evenly (metrics of 96 operators, Schur forms of 64, five curves of 64 steps) and the
@@ -36,9 +37,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
-import scipy.linalg  # noqa: E402
 import torch  # noqa: E402
 
+from depthlens.jacobian.cumulative import _Accumulator  # noqa: E402
 from depthlens.jacobian.mean import mean_operators  # noqa: E402
 from depthlens.jacobian.metrics import operator_metrics  # noqa: E402
 from depthlens.linalg.schur import SCHUR_ORDERS, schur_forms  # noqa: E402
@@ -55,14 +56,12 @@ def _timed(fn):
     return time.perf_counter() - start, out
 
 
-def _step(J: np.ndarray, F: np.ndarray) -> float:
-    """Seconds of one factored truncated step: ``J F`` (d × r) and its thin SVD."""
-    return _timed(lambda: scipy.linalg.svd(J @ F, full_matrices=False, check_finite=False))[0]
-
-
-def _naive_step(J: np.ndarray, C: np.ndarray) -> float:
-    """Seconds of one naive step: the dense product ``J C`` (d × d) and its full SVD."""
-    return _timed(lambda: scipy.linalg.svd(J @ C, check_finite=False))[0]
+def _step(J: np.ndarray, factor: np.ndarray) -> float:
+    """Seconds of one funnel step on the running product held as ``factor`` (d × k): the
+    accumulator's ``J @ factor`` and its singular values (k = 512 truncated, k = d exact)."""
+    acc = _Accumulator(factor.shape[1])
+    acc.factor = factor
+    return _timed(lambda: acc.push(J))[0]
 
 
 def main() -> None:
@@ -76,31 +75,33 @@ def main() -> None:
     print(f"bench_protocol_8b: layer {args.layer} of the Llama-3.1-8B shape (d = 4096), one chunk of 64 tokens, "
           f"1 BLAS thread")
     print(f"  mean sub-layer Jacobians (isolated, both sub-layers): {t_jac:7.1f} s")
-    metrics, forms, parts, names = [], [], [], []
-    for (layer, kind), J in ops.items():
+    timings = []  # per sub-layer operator: seconds of its metrics, Schur forms and normal parts
+    for (_, kind), J in ops.items():
         J = np.ascontiguousarray(J)
         t_m, _ = _timed(lambda J=J: operator_metrics(J))
         t_s, got = _timed(lambda J=J: schur_forms(J, SCHUR_ORDERS))
         t_n, _ = _timed(lambda got=got: [f.normal_part for f in got])
-        metrics.append(t_m), forms.append(t_s), parts.append(t_n), names.append(kind)
+        timings.append((t_m, t_s, t_n))
         print(f"  {kind:4s}: metrics {t_m:6.1f} s; Schur forms in {len(SCHUR_ORDERS)} orders {t_s:6.1f} s; "
               f"their normal parts {t_n:5.1f} s")
+    metrics, forms, parts = (np.array(column) for column in zip(*timings))
     J = np.ascontiguousarray(next(iter(ops.values())))
     d = J.shape[0]
     rng = np.random.default_rng(0)
     F = np.linalg.qr(rng.standard_normal((d, RANK)))[0]
     Fc = F + 1j * np.linalg.qr(rng.standard_normal((d, RANK)))[0]
     t_real, t_cplx = _step(J, F), _step(J.astype(np.complex128), Fc)
-    t_naive = _naive_step(J, rng.standard_normal((d, d)))
-    print(f"  funnel step, rank {RANK}: real {t_real:5.2f} s, complex {t_cplx:5.2f} s; naive (d x d product and "
-          f"full SVD, real) {t_naive:5.1f} s: {t_naive / t_real:5.1f}x the factored real step")
+    t_naive = _step(J, rng.standard_normal((d, d)))
+    print(f"  funnel step, rank {RANK}: real {t_real:5.2f} s, complex {t_cplx:5.2f} s; naive (the exact product's "
+          f"step: d x d product and its singular values, real) {t_naive:5.1f} s: {t_naive / t_real:5.1f}x the "
+          f"truncated real step")
     n_sub, n_ops = 2 * LAYERS, 3 * LAYERS
     parts_h = {
         "Jacobians": LAYERS * t_jac / 3600,
-        "metrics": n_ops * float(np.mean(metrics)) / WORKERS / 3600,
-        "Schur forms": LAYERS * sum(forms) / WORKERS / 3600,
-        "normal parts": LAYERS * sum(parts) / WORKERS / 3600,
-        "curves": n_sub * (t_real + (len(SCHUR_ORDERS)) * t_cplx) / WORKERS / 3600,
+        "metrics": n_ops * metrics.mean() / WORKERS / 3600,
+        "Schur forms": LAYERS * forms.sum() / WORKERS / 3600,
+        "normal parts": LAYERS * parts.sum() / WORKERS / 3600,
+        "curves": n_sub * (t_real + len(SCHUR_ORDERS) * t_cplx) / WORKERS / 3600,
     }
     total = sum(parts_h.values())
     print(f"  projection, {LAYERS} layers on {WORKERS} workers: " + ", ".join(f"{k} {v:4.2f} h" for k, v in parts_h.items())
