@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from depthlens.errors import InputError
 from depthlens.linalg.normality import henrici
-from depthlens.linalg.schur import SCHUR_ORDERS, schur_form, schur_split
+from depthlens.linalg.schur import SCHUR_ORDERS, iter_schur_forms, schur_form, schur_forms, schur_split
 
 
 def _same_spectrum(X: np.ndarray, Y: np.ndarray, atol: float) -> None:
@@ -176,3 +176,18 @@ def test_structural_unit_eigenvalues_stay_inside_whatever_the_rounding(order: st
         form = schur_form(M, order)
         np.testing.assert_array_equal(form.t, np.triu(t))
         np.testing.assert_array_equal(form.q, q)
+
+
+def test_iter_schur_forms_is_schur_forms_one_at_a_time(rng: np.random.Generator) -> None:
+    """Bit for bit the list's forms, in the order asked (repeats included); bad input is
+    refused at the call, before any decomposition."""
+    M = rng.standard_normal((9, 9))
+    orders = ("outside_first", "canonical", "lapack", "inside_first", "lapack")
+    for got, want in zip(iter_schur_forms(M, orders), schur_forms(M, orders), strict=True):
+        assert got.order == want.order
+        np.testing.assert_array_equal(got.t, want.t)
+        np.testing.assert_array_equal(got.q, want.q)
+    with pytest.raises(InputError, match="Schur order"):
+        iter_schur_forms(M, ("lapack", "sorted"))
+    with pytest.raises(InputError):
+        iter_schur_forms(np.ones((2, 3)), ("lapack",))

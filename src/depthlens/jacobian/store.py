@@ -165,6 +165,9 @@ def compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: tor
                                    chunk_positions=own)
         for layer in range(adapter.n_layers):
             ops[(layer, LAYER)][...] = layer_operator(ops[(layer, "attn")], ops[(layer, "mlp")], adapter.parallel_residual)
+    # the engines' float64 layer copies (1.75 GB a layer at d = 4096) are not needed while the
+    # workers analyse the operators; the next computation copies the layers again
+    engines.clear_cache(adapter)
     found = _mapped(path)
     if copy and opts.save_arrays == "float32":
         with run_dir.array_writer(public.stem, shapes, np.float32, **meta) as rounded:
