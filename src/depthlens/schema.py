@@ -592,6 +592,8 @@ _JACOBIAN = {
                             "C_b = J_{last} ⋯ J_b (from the output side).", "text"),
         "truncation": Column("Rank cap of the running product: min(r, d) for the truncated curve, d for the "
                              "exact one (METHODS B3).", "integer rank"),
+        "exact": Column("Whether the curve is the exact product (truncation d). Models wider than "
+                        "--funnel-exact-width (2048) have rank-truncated curves only.", "bool"),
         "depth": Column("Sub-layer index b of the product (0-based; attention then MLP of each layer).", "integer"),
         "steps": Column("Number of sub-layer factors in C_b.", "integer"),
         "erank": Column("Effective rank exp(H(p)), p_i = σ_i² / Σσ², of the cumulative product C_b.",

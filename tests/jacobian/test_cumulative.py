@@ -159,9 +159,10 @@ def nonnormal_ops(rng: np.random.Generator, n: int, d: int) -> list[np.ndarray]:
 def test_funnel_alpha_one_is_plain_curve(rng: np.random.Generator) -> None:
     ops = nonnormal_ops(rng, 6, 10)
     funnel = schur_funnel(ops, alphas=(1.0,), ranks=(None, 4))
-    assert list(funnel.columns) == ["schur_order", "schur_alpha", "direction", "truncation", "depth", "steps", "erank", "erank_sigma",
-                                    "participation_ratio", "log_norm", "failure"]
+    assert list(funnel.columns) == ["schur_order", "schur_alpha", "direction", "truncation", "exact", "depth", "steps", "erank",
+                                    "erank_sigma", "participation_ratio", "log_norm", "failure"]
     assert funnel["failure"].isna().all() and (funnel["schur_order"] == "lapack").all()
+    assert (funnel["exact"] == (funnel["truncation"] == 10)).all() and funnel["exact"].any()
     for direction in ("forward", "backward"):
         for rank, cap in ((None, 10), (4, 4)):
             part = funnel[(funnel["direction"] == direction) & (funnel["truncation"] == cap)]
@@ -288,8 +289,8 @@ def test_funnel_reuses_schur_forms(rng: np.random.Generator, monkeypatch: pytest
     want = schur_funnel(ops, alphas=(0.0, 0.75), schur_orders=("canonical", "lapack"))
     assert sorted(want["schur_order"].unique()) == ["canonical", "lapack"]
     made = []
-    forms_of = cumulative.schur_forms
-    monkeypatch.setattr(cumulative, "schur_forms", lambda J, orders: made.append(list(orders)) or forms_of(J, orders))
+    forms_of = cumulative.iter_schur_forms
+    monkeypatch.setattr(cumulative, "iter_schur_forms", lambda J, orders: made.append(list(orders)) or forms_of(J, orders))
     pd.testing.assert_frame_equal(schur_funnel(forms, alphas=(0.0, 0.75), schur_orders=("canonical", "lapack")), want)
     assert made == [["lapack"]] * len(ops)
 

@@ -93,3 +93,39 @@ def test_funnel_plan_keeps_the_split_for_the_trained_model() -> None:
             "alphas": (0.0, 0.25, 0.5, 0.75, 1.0), "directions": ("forward", "backward"), "ranks": (None, 512),
             "schur_orders": ("lapack", "canonical", "outside_first", "inside_first"), "further": None}
         assert funnel_plan(every, checkpoint, "in_context", 576)["alphas"] == (0.0, 1.0)
+
+
+def test_wide_models_plan_rank_truncated_curves_only(rng: np.random.Generator) -> None:
+    """Above --funnel-exact-width the plan drops the exact products (--funnel-rank 0 keeps
+    them): every statistic of the rank-truncated curves is unchanged without the exact rows,
+    and the exact variants say why they are not tested instead of reading a truncated curve
+    as exact (d = 8, rank 4)."""
+    from depthlens.report.statistics import STATISTICS, compute_estimate
+    from depthlens.report.worlds import MemoryTables
+
+    wide = RunConfig(funnel_rank=4, funnel_exact_width=6).options("jacobian")
+    assert funnel_plan(wide, "trained", "isolated", 8)["ranks"] == (4,)
+    assert funnel_plan(wide, "init", "in_context", 8)["ranks"] == (4,)
+    assert funnel_plan(RunConfig(funnel_rank=4, funnel_exact_width=8).options("jacobian"), "trained", "isolated", 8)[
+        "ranks"] == (None, 4)
+    assert funnel_plan(RunConfig(funnel_rank=0, funnel_exact_width=6).options("jacobian"), "trained", "isolated", 8)[
+        "ranks"] == (None,)
+    table = _planned_table(RunConfig(funnel_rank=4).options("jacobian"), rng)
+    assert (table["exact"] == (table["truncation"] == 8)).all() and table["exact"].any() and not table["exact"].all()
+    full, truncated = MemoryTables({"cumulative": table}), MemoryTables({"cumulative": table[~table["exact"]]})
+    names = [n for n, s in STATISTICS.items() if s.needs == ("cumulative",)]
+    exact = [n for n in names if n.endswith("_exact")]
+    assert len(exact) >= 6
+    for name in names:
+        want, _ = compute_estimate(name, full)
+        got, note = compute_estimate(name, truncated)
+        if name in exact:
+            assert got is None and "--funnel-exact-width" in note, name
+        else:
+            assert got is not None and got.value == want.value, f"{name}: {note}"
+    # the Schur-split figure names the curves it draws by the same column
+    from depthlens.report.figures import draw_schur_split
+
+    for tables, protocol in ((full, "rank-truncated"), (truncated, "rank-truncated"),
+                             (MemoryTables({"cumulative": table[table["exact"]]}), "exact")):
+        assert f"(backward, {protocol}, isolated)" in draw_schur_split(tables).axes[0].get_title()

@@ -44,7 +44,7 @@ from ..errors import DecompositionError, InputError
 from ..linalg import guarded
 from ..linalg._checks import as_square
 from ..linalg.ranks import erank, erank_sigma, participation_ratio
-from ..linalg.schur import SCHUR_ORDERS, SchurForm, SchurOrder, check_schur_order, schur_forms
+from ..linalg.schur import SCHUR_ORDERS, SchurForm, SchurOrder, check_schur_order, iter_schur_forms
 from ..executors.local import InlineExecutor
 from .options import ALPHAS
 
@@ -397,9 +397,10 @@ def schur_funnel(
     -------
     DataFrame
         Columns ``schur_order``, ``schur_alpha``, ``direction``, ``truncation`` (the rank cap used:
-        min(r, d), and d for exact), then the columns of :func:`cumulative_ranks` and
-        ``failure``; one row per (schur_order, schur_alpha, direction, truncation, depth) computed,
-        the first order's rows first, by α in the order given. ``failure`` is None, or the
+        min(r, d), and d for exact), ``exact`` (the cap is d: the exact products), then the
+        columns of :func:`cumulative_ranks` and ``failure``; one row per (schur_order,
+        schur_alpha, direction, truncation, depth) computed, the first order's rows first, by α
+        in the order given. ``failure`` is None, or the
         reason why no SVD driver of :mod:`depthlens.linalg.guarded` converged on that curve,
         whose values are then NaN. Where a normal part is complex (always for the orders other
         than ``canonical``, and for ``canonical`` when J has complex eigenvalues), ``J(α)``
@@ -464,7 +465,7 @@ def schur_funnel(
         futures = [f for key in plan for f in curves[key]]
         tables = [f.result() for f in tqdm(futures, desc=f"schur funnel {label}".strip(), unit="curve", disable=not progress)]
     table = pd.concat(tables, ignore_index=True)
-    return table[["schur_order", "schur_alpha", "direction", "truncation", *_COLUMNS, "failure"]]
+    return table[["schur_order", "schur_alpha", "direction", "truncation", "exact", *_COLUMNS, "failure"]]
 
 
 def _normal_parts(pool: Executor, forms: Sequence[SchurForm | None], ops: Sequence[np.ndarray], orders: Sequence[SchurOrder],
@@ -500,11 +501,13 @@ def _normal_parts(pool: Executor, forms: Sequence[SchurForm | None], ops: Sequen
 
 def _normal_part(J: np.ndarray, orders: Sequence[SchurOrder], paths: Sequence[Path] | None) -> list[np.ndarray] | None:
     """The normal parts ``M₀ = QΛQ*`` of the Schur forms of ``J`` in ``orders``, from one
-    complex Schur decomposition (bit for bit those of :func:`depthlens.linalg.schur.schur_form`):
-    saved to ``paths`` (one per order; returns None), or returned when ``paths`` is None."""
-    parts = [form.normal_part for form in schur_forms(J, orders)]
+    complex Schur decomposition (bit for bit those of :func:`depthlens.linalg.schur.schur_form`;
+    one form alive at a time, :func:`depthlens.linalg.schur.iter_schur_forms`): saved to
+    ``paths`` (one per order, each as soon as computed; returns None), or returned when
+    ``paths`` is None."""
+    parts = (form.normal_part for form in iter_schur_forms(J, orders))
     if paths is None:
-        return parts
+        return list(parts)
     for path, part in zip(paths, parts, strict=True):
         np.save(path, part)
     return None
@@ -547,4 +550,5 @@ def _split_curve(
     except DecompositionError as exc:  # every SVD driver failed: this curve is NaN, with the reason
         curve = pd.DataFrame({"depth": np.arange(len(ops)), "steps": np.nan, **{c: np.nan for c in (*_RANKS, "log_norm")},
                               "failure": str(exc)})
-    return curve.assign(schur_order=order, schur_alpha=alpha, direction=direction, truncation=cap)
+    return curve.assign(schur_order=order, schur_alpha=alpha, direction=direction, truncation=cap,
+                        exact=cap >= len(ops[0]))

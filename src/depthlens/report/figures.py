@@ -41,7 +41,7 @@ from matplotlib.ticker import MaxNLocator
 from ..runs.atomic import atomic_path
 from .canvas import DPI, ROLE_COLOURS, Skip, need, new_figure, prefer
 from .statistics import NotTested, TooLittleData
-from .statistics.residual import transport_against_product
+from .statistics.residual import exact_rows, transport_against_product
 from .census_figures import CAPTIONS as CENSUS_CAPTIONS
 from .census_figures import draw_census_coupling, draw_census_formation, draw_census_funnel, draw_census_norms
 from .intervention_figures import CAPTIONS as INTERVENTION_CAPTIONS
@@ -435,7 +435,7 @@ def draw_schur_split(t: RunTables) -> Figure:
     """Full-depth erank against α, one line per checkpoint and Schur order with a split (B2
     protocol; by default the trained model's only, the step-0 null having α = 1 alone)."""
     df, mode = _cumulative(t, "backward")
-    truncated = df[df["truncation"] < df["truncation"].max()]
+    truncated = df[~exact_rows(df)]
     df, protocol = (truncated, "rank-truncated") if not truncated.empty else (df, "exact")
     df = df[df["steps"] == df["steps"].max()]
     if df["schur_alpha"].astype(float).nunique() < 2:

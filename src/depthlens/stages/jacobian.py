@@ -93,8 +93,9 @@ def funnel_plan(opts: JacobianOptions, checkpoint: str, mode: str, d: int) -> di
     """The curves of one funnel unit, as keywords of :func:`~depthlens.jacobian.cumulative.schur_funnel`
     (``alphas``, ``directions``, ``ranks``, ``schur_orders``, ``further``), or None when it has none.
 
-    The truncations are the exact products and, when ``funnel_rank`` is below ``d``, rank
-    ``funnel_rank``; the claims' protocol curve is the backward one at the last of them.
+    The truncations are the exact products (when ``d`` is at most ``funnel_exact_width``, or
+    ``funnel_rank`` is 0) and, when ``funnel_rank`` is below ``d``, rank ``funnel_rank``; the
+    claims' protocol curve is the backward one at the last of them.
 
     - ``--funnel-curves every``: the funnel mode gets every α of ``funnel_alphas`` in the first
       Schur order and α = 0 in the others, each in both directions at every truncation; the
@@ -106,7 +107,10 @@ def funnel_plan(opts: JacobianOptions, checkpoint: str, mode: str, d: int) -> di
       truncation (B3, C2 and their variants); the other modes the protocol curve alone, at
       α = 0 and 1 for ``trained`` (B2's and B4's in-context variants) and α = 1 otherwise.
     """
-    ranks = (None,) if opts.funnel_rank == 0 or opts.funnel_rank >= d else (None, opts.funnel_rank)
+    if opts.funnel_rank == 0 or opts.funnel_rank >= d:
+        ranks: tuple[int | None, ...] = (None,)
+    else:
+        ranks = (None, opts.funnel_rank) if d <= opts.funnel_exact_width else (opts.funnel_rank,)
     protocol = {"directions": ("backward",), "ranks": ranks[-1:]}
     main, trained = mode == opts.funnel_mode, checkpoint == TRAINED
     if opts.funnel_curves == "every" or (main and trained):

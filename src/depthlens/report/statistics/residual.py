@@ -170,12 +170,19 @@ def _count(count: Callable[[], int]) -> int | None:
 CLAIM_RANK = 512
 
 
+def exact_rows(df: pd.DataFrame) -> pd.Series:
+    """Which rows of a ``cumulative`` table belong to exact-product curves: its ``exact``
+    column, or in runs made before that column (which always computed the exact products)
+    the largest truncation."""
+    return df["exact"].astype(bool) if "exact" in df.columns else df["truncation"] == df["truncation"].max()
+
+
 def _funnel_curve(t: RunTables, checkpoint: str, alpha: float, direction: str, truncated: bool,
                   schur_order: str = "lapack", jacobian_mode: str | None = None) -> pd.DataFrame:
     """One cumulative erank curve, by number of factors, of ``jacobian_mode`` (default the
     funnel's: ``isolated`` when present): ``truncated`` picks the rank-capped curve
     (truncation < d; for d ≤ :data:`CLAIM_RANK` the exact one, which that cap leaves as it
-    is), else the exact one; at α < 1 the Schur order ``schur_order`` (α = 1
+    is), else the exact one (column ``exact``; in runs without it, the largest truncation); at α < 1 the Schur order ``schur_order`` (α = 1
     does not depend on it)."""
     df = select_rows(t.table("cumulative"), "cumulative.parquet", checkpoint=checkpoint, direction=direction)
     require_columns(df, "cumulative.parquet", "jacobian_mode", "schur_alpha", "truncation", "steps", "erank")
@@ -190,14 +197,15 @@ def _funnel_curve(t: RunTables, checkpoint: str, alpha: float, direction: str, t
     if df.empty:
         raise NotTested(f"cumulative.parquet has no {direction} curve for {checkpoint} at α = {alpha:g}"
                         + (f" in Schur order {schur_order}" if alpha < 1 else ""))
-    exact = df["truncation"].max()
-    capped = df[df["truncation"] < exact]
-    if truncated and capped.empty and exact <= CLAIM_RANK:
-        capped = df[df["truncation"] == exact]  # the protocol's cap is at or above d: the exact product
-    df = capped if truncated else df[df["truncation"] == exact]
+    is_exact = exact_rows(df)
+    exact, capped = df[is_exact], df[~is_exact]
+    if truncated and capped.empty and not exact.empty and exact["truncation"].max() <= CLAIM_RANK:
+        capped = exact  # the protocol's cap is at or above d: the exact product
+    df = capped if truncated else exact
     if df.empty:
         raise NotTested(f"cumulative.parquet has no {'rank-truncated' if truncated else 'exact'} curve "
-                        f"(--funnel-rank 0 computes exact products only)")
+                        "(--funnel-rank 0 computes exact products only; models wider than --funnel-exact-width "
+                        "rank-truncated ones only)")
     return df.sort_values("steps")
 
 
