@@ -28,7 +28,14 @@ little memory.
    25 s); ``--jacobian-layers N`` runs N layers of the same shape, ``--jacobian-only`` skips
    topology, ``--skip-8b`` leaves parts 2 and 3 out.
 
-``python benchmarks/bench_stream.py [--skip-8b] [--jacobian-layers N] [--jobs N] [--jacobian-only]``
+   ``--protocol`` runs this part alone, under the paper's protocol (the jacobian stage: isolated
+   operators, their metrics, the rank-512 funnel at α ∈ {0, 1} under every Schur order, no
+   exact products at this width, no step-0 null, no bootstrap), at 1 layer and at N
+   (``--jacobian-layers``, at least 2), and projects the time to 32 layers from the two: the
+   1-layer time (loading and start-up included) plus 31 times the cost of a further layer,
+   ``(T_N − T_1) / (N − 1)`` (the 3-hour target of issue 30).
+
+``python benchmarks/bench_stream.py [--skip-8b] [--jacobian-layers N] [--jobs N] [--jacobian-only] [--protocol]``
 """
 
 from __future__ import annotations
@@ -150,19 +157,28 @@ def llama_8b() -> None:
           f"(this random model's is 256)")
 
 
-def jacobian_8b(layers: int, jobs: int = 1, topology: bool = True) -> None:
-    """Part 3: the streamed jacobian (and topology) stages of the 8B-shaped model (``layers`` deep)."""
+#: The jacobian stage's funnel options: the exact funnel at α = 1 alone (part 3), or the paper's protocol (--protocol).
+FUNNEL = {False: ["--funnel-rank", "0", "--funnel-alphas", "1", "--schur-orders", "lapack"],
+          True: ["--funnel-rank", "512", "--funnel-alphas", "0,1", "--funnel-boot", "0"]}
+
+
+def jacobian_8b(layers: int, jobs: int = 1, topology: bool = True, protocol: bool = False) -> float:
+    """Part 3: the streamed jacobian (and topology) stages of the 8B-shaped model (``layers`` deep);
+    ``protocol``: the jacobian stage under the paper's protocol. Returns the wall seconds."""
     spec = LLAMA_8B.replace("num_hidden_layers=32", f"num_hidden_layers={layers}")
+    topology = topology and not protocol
     stage = "topology" if topology else "jacobian"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         argv = [str(Path(sys.executable).with_name("depthlens")), stage, "--model", spec, "--stream-layers",
-                "--chunks", "1", "--seq-len", "64", "--jacobian-mode", "isolated", "--null", "none", "--funnel-rank", "0",
-                "--funnel-alphas", "1", "--schur-orders", "lapack", "--jobs", str(jobs), "--quiet", "--out", str(out)]
+                "--chunks", "1", "--seq-len", "64", "--jacobian-mode", "isolated", "--null", "none", *FUNNEL[protocol],
+                "--jobs", str(jobs), "--quiet", "--out", str(out)]
         code, elapsed, peak, mapped = _child(argv)
         stages = json.loads((out / "manifest.json").read_text())["stages"] if (out / "manifest.json").is_file() else {}
+    funnel = ("the rank-512 funnel at alpha in {0, 1} under every Schur order (the paper's protocol)" if protocol
+              else "exact funnel at alpha = 1")
     print(f"bench_stream: Llama-3.1-8B shape with {layers} layers, streamed, jacobian{' + topology' if topology else ''} "
-          f"stage{'s' if topology else ''} (1 chunk x 64 tokens, isolated operators, exact funnel at alpha = 1, no step-0 "
+          f"stage{'s' if topology else ''} (1 chunk x 64 tokens, isolated operators, {funnel}, no step-0 "
           f"null, --jobs {jobs})")
     times = ", ".join(f"{name} {record.get('seconds', float('nan')) / 60:.1f} min ({record.get('status')})"
                       for name, record in stages.items())
@@ -171,6 +187,20 @@ def jacobian_8b(layers: int, jobs: int = 1, topology: bool = True) -> None:
     n_ops = 3 * layers
     print(f"  naive (every operator and co-moment in memory, not run): {n_ops * 4096**2 * 8 / 2**30:5.1f} GiB of "
           f"operators and {2 * layers * 4096**2 * 8 / 2**30:5.1f} GiB of co-moments")
+    return elapsed
+
+
+def protocol_8b(layers: int, jobs: int) -> None:
+    """``--protocol``: the jacobian stage under the paper's protocol at 1 and ``layers`` layers,
+    and the projection to 32 layers."""
+    if layers < 2:
+        raise SystemExit("--protocol needs --jacobian-layers 2 or more (it also runs 1 layer, for the difference)")
+    one = jacobian_8b(1, jobs, protocol=True)
+    many = jacobian_8b(layers, jobs, protocol=True)
+    per_layer = (many - one) / (layers - 1)
+    hours = (one + 31 * per_layer) / 3600
+    print(f"  projection to 32 layers: {one / 60:.1f} min for the first layer (loading and start-up included) + 31 x "
+          f"{per_layer / 60:.1f} min = {hours:4.2f} h, {hours / 3:4.2f}x the 3-hour target")
 
 
 def main() -> None:
@@ -179,11 +209,16 @@ def main() -> None:
     parser.add_argument("--jacobian-layers", type=int, default=32, help="layers of the 8B-shaped jacobian run (32)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes of the jacobian run (1)")
     parser.add_argument("--jacobian-only", action="store_true", help="the jacobian stage without topology")
+    parser.add_argument("--protocol", action="store_true",
+                        help="the paper's jacobian protocol (no topology) at 1 and N layers, projected to 32 layers")
     args = parser.parse_args()
+    if args.protocol:
+        protocol_8b(args.jacobian_layers, args.jobs)
+        return
     overhead()
     if not args.skip_8b:
         llama_8b()
-        jacobian_8b(args.jacobian_layers, args.jobs, topology=not args.jacobian_only)
+        jacobian_8b(args.jacobian_layers, args.jobs, topology=not args.jacobian_only, protocol=args.protocol)
 
 
 if __name__ == "__main__":
