@@ -22,9 +22,10 @@ memory), one BLAS thread per process as the stage's workers run:
 The projection for 32 layers assumes the stage's two workers share the per-operator work
 evenly (metrics of 96 operators, Schur forms of 64, five curves of 64 steps) and the
 Jacobians run as measured; it prints each part, the total against 3 hours, and which part
-dominates, and this process's peak resident memory (against 8 GiB): an upper bound of one
-worker's, since it holds the streamed layer, both operators and all four Schur forms of one
-at once.
+dominates, and this process's peak resident memory. That is not the stage's: this process
+holds the streamed layer and its float64 copy, both operators, and all four Schur forms of an
+operator with their normal parts at once (``bench_stream.py --protocol`` measures the stage's
+own peak, workers included).
 
 ``python benchmarks/bench_protocol_8b.py [--layer 1]``
 """
@@ -111,7 +112,8 @@ def main() -> None:
           + f"; total {total:4.2f} h = {total / TARGET_H:4.2f}x the {TARGET_H:g}-hour target "
           f"(largest: {max(parts_h, key=parts_h.get)})")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-    print(f"  peak resident memory of this process: {peak:4.2f} GiB (target < 8 GiB for the run)")
+    print(f"  peak resident memory of this process: {peak:4.2f} GiB (the layer and its float64 copy, both operators, "
+          "four Schur forms and their normal parts at once; bench_stream.py --protocol measures the stage's own)")
 
 
 if __name__ == "__main__":
