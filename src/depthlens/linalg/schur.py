@@ -119,9 +119,17 @@ class SchurForm:
         return (self.q * self.eigenvalues) @ self.q.conj().T
 
 
+def canonical_rank(lam: np.ndarray, scale: float) -> np.ndarray:
+    """Each eigenvalue's position in the ``canonical`` order (module notes; moduli rounded to 10
+    digits of ``scale``, ties kept in their current order)."""
+    order = np.lexsort((-lam.real, -lam.imag, -np.round(np.abs(lam) / scale, 10)))
+    rank = np.empty(len(lam), dtype=np.int64)
+    rank[order] = np.arange(len(lam))
+    return rank
+
+
 def _first_in_order(lam: np.ndarray, scale: float) -> int:
-    modulus = np.round(np.abs(lam) / scale, 10)
-    return int(np.lexsort((-lam.real, -lam.imag, -modulus))[0])
+    return int(np.argmin(canonical_rank(lam, scale)))
 
 
 def _canonical_order(t: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -135,11 +143,7 @@ def _canonical_order(t: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarr
     if scale == 0:
         return t, q
     if len(t) >= BLOCKED_FROM:
-        lam = np.diagonal(t)
-        order = np.lexsort((-lam.real, -lam.imag, -np.round(np.abs(lam) / scale, 10)))
-        rank = np.empty(len(t), dtype=np.int64)
-        rank[order] = np.arange(len(t))
-        reorder.sort_diagonal(t, q, rank)
+        reorder.sort_diagonal(t, q, canonical_rank(np.diagonal(t), scale))
         return t, q
     for p in range(len(t) - 1):
         j = p + _first_in_order(np.diagonal(t)[p:], scale)
