@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from depthlens.errors import InputError
+from depthlens.jacobian import bootstrap
 from depthlens.jacobian.bootstrap import bootstrap_weights, funnel_bootstrap, mean_of_chunks, resampled_means
 from depthlens.jacobian.cumulative import cumulative_ends, cumulative_ranks
 from depthlens.jacobian.engines import chunk_operator_sums, input_state, mean_operators, sublayer_jacobian_sum
@@ -54,6 +55,25 @@ def test_resampled_mean_is_the_mean_of_the_explicitly_resampled_chunks(rng: np.r
     np.testing.assert_allclose(mean_of_chunks(sums, counts), np.concatenate(tokens).mean(axis=0), rtol=0, atol=1e-14)
     with pytest.raises(InputError, match="weights cover"):
         next(resampled_means(sums, counts, bootstrap_weights(3, 2, seed=0)))
+    with pytest.raises(InputError, match="buffer has shape"):
+        next(resampled_means(sums, counts, weights, np.empty((6, d * d + 1))))
+
+
+def test_resampled_means_in_small_blocks_reuse_one_array(rng: np.random.Generator,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of two replicates (the block size patched down) written into the caller's array:
+    each replicate, read before the generator moves on, is the mean of one block of one call."""
+    d, C, R = 4, 3, 7
+    sums, counts = rng.standard_normal((C, d, d)), np.array([2, 1, 3])
+    weights = bootstrap_weights(C, R, seed=2)
+    whole = [m.copy() for m in resampled_means(sums, counts, weights)]
+    monkeypatch.setattr(bootstrap, "_BLOCK_BYTES", 2 * 8 * d * d)
+    buffer = np.full(bootstrap.means_buffer(R, d), np.nan)
+    assert buffer.shape == (2, d * d)
+    for got, want, w in zip(resampled_means(sums, counts, weights, buffer), whole, weights, strict=True):
+        assert np.shares_memory(got, buffer)
+        np.testing.assert_allclose(got, np.tensordot(w, sums, 1) / (w @ counts), rtol=0, atol=1e-14)
+        np.testing.assert_array_equal(got, want)
     with pytest.raises(InputError, match="non-negative integers"):
         next(resampled_means(sums, counts, np.ones((2, 4))))
 

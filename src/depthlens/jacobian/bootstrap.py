@@ -33,7 +33,7 @@ import pandas as pd
 from ..errors import InputError
 from .cumulative import cumulative_ends
 
-__all__ = ["BOOT_TAG", "bootstrap_weights", "funnel_bootstrap", "mean_of_chunks", "resampled_means"]
+__all__ = ["BOOT_TAG", "bootstrap_weights", "funnel_bootstrap", "mean_of_chunks", "means_buffer", "resampled_means"]
 
 #: Second entry of the weights' ``SeedSequence([seed, BOOT_TAG])``: a stream of its own.
 BOOT_TAG = 0xB007
@@ -85,11 +85,14 @@ def _check_weights(weights: Any, n_chunks: int | None = None) -> np.ndarray:
     return w.astype(np.float64)
 
 
-def resampled_means(sums: np.ndarray, counts: np.ndarray, weights: np.ndarray) -> Iterator[np.ndarray]:
+def resampled_means(sums: np.ndarray, counts: np.ndarray, weights: np.ndarray,
+                    buffer: np.ndarray | None = None) -> Iterator[np.ndarray]:
     """The replicates' mean operators ``Σ_c w_kc sums[c] / Σ_c w_kc counts[c]``, one per row of ``weights``.
 
     Formed a block of replicates at a time by one matrix product ``(block, C) × (C, d²)``
-    (float64, exact to rounding), blocks of at most 256 MB.
+    (float64, exact to rounding), blocks of at most 256 MB, written into one array that is
+    reused from block to block (and from call to call with ``buffer``): a fresh 256 MB
+    array per block costs more in page faults than the product itself.
 
     Parameters
     ----------
@@ -99,10 +102,14 @@ def resampled_means(sums: np.ndarray, counts: np.ndarray, weights: np.ndarray) -
         Operators per chunk.
     weights : ndarray (R, C) of int
         As :func:`bootstrap_weights`.
+    buffer : ndarray, optional
+        A float64 array of :func:`means_buffer`'s shape for these sizes, to hold the blocks
+        (e.g. one for every sub-layer of a funnel); a new one otherwise.
 
     Yields
     ------
-    ndarray (d, d) float64, replicate by replicate.
+    ndarray (d, d) float64, replicate by replicate: views of the block array, valid until the
+    generator moves past their block (copy one to keep it).
 
     Raises
     ------
@@ -116,10 +123,22 @@ def resampled_means(sums: np.ndarray, counts: np.ndarray, weights: np.ndarray) -
     d = S.shape[1]
     flat = S.reshape(S.shape[0], d * d)
     totals = w @ np.asarray(counts, dtype=np.float64)
-    block = max(1, _BLOCK_BYTES // (8 * d * d))
-    for start in range(0, w.shape[0], block):
-        means = (w[start : start + block] @ flat) / totals[start : start + block, None]
+    shape = means_buffer(w.shape[0], d)
+    if buffer is None:
+        buffer = np.empty(shape, dtype=np.float64)
+    elif buffer.shape != shape or buffer.dtype != np.float64:
+        raise InputError(f"buffer has shape {buffer.shape} and dtype {buffer.dtype}; pass float64 {shape}.")
+    for start in range(0, w.shape[0], shape[0]):
+        rows = w[start : start + shape[0]]
+        means = buffer[: rows.shape[0]]
+        np.matmul(rows, flat, out=means)
+        means /= totals[start : start + shape[0], None]
         yield from means.reshape(-1, d, d)
+
+
+def means_buffer(replicates: int, d: int) -> tuple[int, int]:
+    """The shape of :func:`resampled_means`'s block array: ``(block, d²)``, blocks of at most 256 MB."""
+    return max(1, min(int(replicates), _BLOCK_BYTES // (8 * d * d))), d * d
 
 
 def funnel_bootstrap(sums: Iterable[tuple[Any, np.ndarray, np.ndarray]], weights: np.ndarray, n_operators: int,
@@ -173,12 +192,16 @@ def funnel_bootstrap(sums: Iterable[tuple[Any, np.ndarray, np.ndarray]], weights
     """
     w = _check_weights(weights).astype(np.int64)
 
+    buffer: list[np.ndarray] = []  # one block array for every sub-layer: each step is used up before the next
+
     def steps() -> Iterator[Iterator[np.ndarray]]:
         for key, S, counts in sums:
             point = mean_of_chunks(S, counts)
             if out is not None:
                 out[key][...] = point
-            yield itertools.chain((point,), resampled_means(S, counts, w))
+            if not buffer and len(w):
+                buffer.append(np.empty(means_buffer(len(w), point.shape[0]), dtype=np.float64))
+            yield itertools.chain((point,), resampled_means(S, counts, w, *buffer))
 
     ends, failures = cumulative_ends(steps(), n_operators, direction, rank, device, threads)
     return pd.DataFrame({"replicate": np.arange(len(ends)), "erank_one_step": ends[:, 0],

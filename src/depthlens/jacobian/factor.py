@@ -90,6 +90,20 @@ class Factor:
             AV = gV
         return S - torch.einsum("n,nck,ncm->km", w / R.m, AV, R.vecs)
 
+    def _applied(self, c: Tensor) -> Tensor:
+        """``W sum_n c_n A_n R_n`` (d, m): :meth:`_weighted` with ``W`` applied.
+
+        Without a token factor (the one-token attention, ``W = Wo E Wv``) no ``d x d x d``
+        product is formed: ``W R_n`` is ``W`` with scaled columns minus rank-one terms, so
+        ``sum_n (c_n/s_n) W diag(g) - sum_n (c_n/(s_n m)) (W (g * V_n)^T) V_n`` costs O(N d^2).
+        """
+        R = self.R
+        if self.alphas is not None or self.A is not None or R is None:
+            return self.W @ self._weighted(c)
+        w = c / R.scale
+        WgV = (R.vecs * R.gain) @ self.W.T  # (N, c, d)
+        return self.W * (w.sum() * R.gain) - torch.einsum("n,ncd,ncm->dm", w / R.m, WgV, R.vecs)
+
     def _rows(self, Z: Tensor) -> Tensor:
         """``Z_n A_n R_n`` for left vectors ``Z (N, c, K)``: (N, c, m)."""
         if self.alphas is not None:
@@ -109,9 +123,9 @@ class Factor:
         """
         ones = torch.ones(self.n, dtype=self.W.dtype, device=self.W.device)
         if self.P is None:
-            return self.W @ self._weighted(ones)
+            return self._applied(ones)
         P = self.P
-        first = self.W @ self._weighted(1.0 / P.scale)
+        first = self._applied(1.0 / P.scale)
         rows = self._rows(P.vecs @ self.W)  # (N, c, m)
         second = torch.einsum("n,ncd,nce->de", 1.0 / (P.scale * P.m), P.vecs, rows)
         return P.gain[:, None] * (first - second)

@@ -133,7 +133,8 @@ class Captures:
         return captured
 
     def residual_states(self, input_ids: Tensor) -> Tensor:
-        """The residual stream ``(2L + 1, B, T, d)`` in the model dtype, from one forward pass.
+        """The residual stream ``(2L + 1, B, T, d)`` in the model dtype, from one forward pass
+        that stops at the final norm (no logits are formed).
 
         Index ``2l`` is the input of layer ``l``, ``2l + 1`` its pre-MLP residual (for parallel
         residual models ``h + Attn(ln_1(h))``), ``2L`` the last layer's output before the final
@@ -165,6 +166,7 @@ class Captures:
 
         def final(module: nn.Module, args: tuple, kwargs: dict) -> None:
             states[2 * L] = first_arg(args, kwargs, "input").detach()
+            raise _Stop  # the final norm and the unembedding read nothing kept here
 
         try:
             for i, layer in enumerate(self.layers):
@@ -175,7 +177,7 @@ class Captures:
                 else:
                     handles.append(mod.register_forward_pre_hook(pre_mlp(i), with_kwargs=True))
             handles.append(self._final_norm_module.register_forward_pre_hook(final, with_kwargs=True))
-            with torch.no_grad():
+            with torch.no_grad(), contextlib.suppress(_Stop):
                 self._forward(ids)
         finally:
             for h in handles:
