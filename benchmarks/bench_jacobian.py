@@ -79,8 +79,8 @@ def flops_projection(d=4096, H=32, KV=8, hd=128, F=14336, L=32, T=128, n_chunks=
     ic_keys = 2 * T * d * 2 * KVhd * batch  # keys and values of the chunks
     ic_tok = 2 * d * (Hhd + 2 * KVhd) + 4 * H * T * hd * hd + 2 * Hhd * hd * d + 8 * Hhd * d
     ic_w = 2 * d * Hhd * d
-    iso_tok = 2 * d * d
-    iso_w = 2 * d * d * d
+    iso_tok = 6 * d * d  # W (g * v)^T, its rank-one term and the norm's: no d x d x d product (Factor._applied)
+    iso_w = d * d
     per_layer_mlp = tokens * mlp_tok + batches * mlp_w
     per_layer_ic = batches * ic_keys + tokens * ic_tok + batches * ic_w
     per_layer_iso = tokens * iso_tok + batches * iso_w
