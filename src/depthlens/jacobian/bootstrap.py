@@ -192,16 +192,15 @@ def funnel_bootstrap(sums: Iterable[tuple[Any, np.ndarray, np.ndarray]], weights
     """
     w = _check_weights(weights).astype(np.int64)
 
-    buffer: list[np.ndarray] = []  # one block array for every sub-layer: each step is used up before the next
-
     def steps() -> Iterator[Iterator[np.ndarray]]:
+        buffer = None  # one block array for every sub-layer: each step is used up before the next
         for key, S, counts in sums:
             point = mean_of_chunks(S, counts)
             if out is not None:
                 out[key][...] = point
-            if not buffer and len(w):
-                buffer.append(np.empty(means_buffer(len(w), point.shape[0]), dtype=np.float64))
-            yield itertools.chain((point,), resampled_means(S, counts, w, *buffer))
+            if buffer is None:
+                buffer = np.empty(means_buffer(len(w), point.shape[0]), dtype=np.float64)
+            yield itertools.chain((point,), resampled_means(S, counts, w, buffer))
 
     ends, failures = cumulative_ends(steps(), n_operators, direction, rank, device, threads)
     return pd.DataFrame({"replicate": np.arange(len(ends)), "erank_one_step": ends[:, 0],
