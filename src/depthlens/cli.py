@@ -40,6 +40,7 @@ from .config import (  # noqa: E402
     read_toml,
 )
 from . import __version__  # noqa: E402
+from .allocator import keep_freed_memory  # noqa: E402
 from .errors import DepthlensError, RunIncomplete, one_line  # noqa: E402
 from .options import Spelling, add_flags, flag_values, flags_restated  # noqa: E402
 from .stages import STAGES, run_stages, with_requirements  # noqa: E402
@@ -372,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)  # --help and --version end here, before numpy, pandas or torch load
     args.command_line = ("depthlens", *(sys.argv[1:] if argv is None else argv))
+    keep_freed_memory()  # freed arrays are reused instead of faulted in again (allocator.py)
     from .executors.local import abandoned_call_running, install_sigterm_handler
 
     previous = install_sigterm_handler()  # SIGTERM (timeout, SLURM, OOM killers) stops like Ctrl-C

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .. import drivers, interrupts
+from ..allocator import keep_freed_memory
 from .spec import open_backend, parse_executor
 
 if TYPE_CHECKING:
@@ -97,7 +98,8 @@ def _watch_parent(parent: int) -> None:
 
 
 def _worker_init(parent: int) -> None:
-    """Worker initializer: die with the parent process ``parent``.
+    """Worker initializer: die with the parent process ``parent``; keep freed memory for reuse
+    as the parent does (:func:`~depthlens.allocator.keep_freed_memory`).
 
     On Linux the kernel sends SIGKILL when the parent thread that started this worker
     exits (``PR_SET_PDEATHSIG``); :func:`executor` pools start their workers from the
@@ -110,6 +112,7 @@ def _worker_init(parent: int) -> None:
             libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != parent:
         os._exit(1)
+    keep_freed_memory()
     threading.Thread(target=_watch_parent, args=(parent,), name="depthlens-parent-watchdog", daemon=True).start()
 
 
