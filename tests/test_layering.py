@@ -90,7 +90,8 @@ def test_an_export_named_like_its_submodule_stays_the_export() -> None:
 #: (imports under ``if TYPE_CHECKING:`` are for annotations and do not count). A new package or
 #: top-level module gets a place here.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "lazy", "interrupts", "drivers", "options", "environment", "cache", "stats", "residual", "linalg"),
+    ("errors", "lazy", "interrupts", "drivers", "options", "environment", "allocator", "cache", "stats", "residual",
+     "linalg"),
     ("schema",),
     ("runs",),
     ("executors", "models", "data", "revisions"),
