@@ -6,15 +6,20 @@ goes back to the kernel as well. Either way the next array of that size faults e
 in again, zeroed by the kernel. The analyses allocate and drop arrays of tens to hundreds of MB
 thousands of times (per-chunk Jacobian stacks, bootstrap blocks, attention matrices, logits),
 so on SmolLM2 ``make demo`` took 45.8 million minor page faults and 139 s of system CPU time.
-With :func:`keep_freed_memory` every block comes from the heap and stays there once freed: the
-jacobian stage's system time fell from 48 to 12 s and its wall time by 21 s, the clamp stage's
-page faults from 5.5 to 0.37 million, at the same peak resident memory (4.24 GB).
+With :func:`keep_freed_memory` every block comes from the heap and stays there once freed:
+``make demo`` then took 1.7 million page faults, 38 s of system time and 732 s of wall time
+instead of 785, with a peak resident memory of 4.38 GB instead of 4.23 (the clamp stage alone:
+5.5 against 0.37 million faults).
 
 The cost is that memory freed late in a run is not given back to the system before the process
 ends; the peak, which is what a machine must hold, does not change. Numbers do not change either:
-this decides where arrays live, not what is computed. The console script applies it to its
-own process and to its worker processes; a Python session that imports depthlens keeps its
-own policy unless it calls the function.
+this decides where arrays live, not what is computed. Blocks that a thread other than the main
+one asks for beyond glibc's per-thread heap size (64 MiB) are still mapped: glibc has no other
+place for them.
+
+The console script applies the policy to its own process, and the local executor's worker
+processes apply it whoever started them. A Python session that imports depthlens keeps its own
+policy unless it calls :func:`keep_freed_memory` (a notebook may prefer memory given back).
 """
 
 from __future__ import annotations
