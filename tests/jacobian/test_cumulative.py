@@ -416,10 +416,10 @@ def test_funnel_order_layout(rng: np.random.Generator) -> None:
     assert set(only["schur_order"]) == {"canonical"}
 
 
-def test_further_orders_on_the_curves_asked_for(rng: np.random.Generator) -> None:
-    """``further`` limits the further orders' α = 0 curves to the (direction, rank) pairs given;
-    the first order keeps every curve, and each curve computed equals the full layout's bit for
-    bit (every curve is its own computation)."""
+def test_split_and_further_orders_on_the_curves_asked_for(rng: np.random.Generator) -> None:
+    """``further`` limits the further orders' α = 0 curves to the (direction, rank) pairs given,
+    ``split`` the first order's α < 1 curves; α = 1 keeps every curve, and each curve computed
+    equals the full layout's bit for bit (every curve is its own computation)."""
     ops = nonnormal_ops(rng, 4, 6)
     kwargs = {"alphas": (0.0, 1.0), "ranks": (None, 3), "schur_orders": ("lapack", "canonical", "inside_first")}
     full = schur_funnel(ops, **kwargs)
@@ -433,6 +433,20 @@ def test_further_orders_on_the_curves_asked_for(rng: np.random.Generator) -> Non
     merged = part.merge(full, on=keys, suffixes=("", "_full"))
     assert len(merged) == len(part)
     np.testing.assert_array_equal(merged["erank"], merged["erank_full"])
+    both = schur_funnel(ops, split=[("forward", None)], further=[("backward", 3)], **kwargs)
+    first = both[both["schur_order"] == "lapack"]
+    assert set(zip(first.loc[first["schur_alpha"] == 0.0, "direction"], first.loc[first["schur_alpha"] == 0.0,
+                                                                                 "truncation"])) == {("forward", 6)}
+    assert len(first[first["schur_alpha"] == 1.0]) == len(full[(full["schur_order"] == "lapack")
+                                                               & (full["schur_alpha"] == 1.0)])
+    merged = both.merge(full, on=keys, suffixes=("", "_full"))
+    assert len(merged) == len(both)
+    np.testing.assert_array_equal(merged["erank"], merged["erank_full"])
+    for name in ("split", "further"):
+        with pytest.raises(InputError, match=name):
+            schur_funnel(ops, **{name: []}, **kwargs)
+        with pytest.raises(InputError, match="direction"):
+            schur_funnel(ops, **{name: [("sideways", 3)]}, **kwargs)
     with pytest.raises(InputError, match="further"):
         schur_funnel(ops, further=[], **kwargs)
     with pytest.raises(InputError, match="direction"):

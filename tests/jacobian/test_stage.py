@@ -74,16 +74,42 @@ def test_default_plan_computes_what_the_funnel_statistics_read(rng: np.random.Ge
         assert estimate is not None and np.isfinite(estimate.value), f"{name}: {note}"
 
 
+def test_default_plan_draws_the_same_funnel_figures_as_every_curve() -> None:
+    """The figures that read the Schur split (the forward cumulative erank of the least
+    truncation, the backward full-depth erank against α) draw the trained model's lines the same,
+    bit for bit, from the default plan's curves as from every curve (d = 8, rank 4: the default
+    leaves out the split's backward exact and forward truncated curves)."""
+    from depthlens.report.figures import draw_cumulative_erank, draw_schur_split
+    from depthlens.report.worlds import MemoryTables
+
+    def lines(opts, draw) -> dict[str, tuple]:
+        table = _planned_table(opts, np.random.default_rng(7))
+        axes = draw(MemoryTables({"cumulative": table})).axes[0]
+        return {line.get_label(): tuple(line.get_ydata()) for line in axes.lines
+                if str(line.get_label()).startswith("trained")}
+
+    read, every = RunConfig(funnel_rank=4).options("jacobian"), RunConfig(funnel_rank=4, funnel_curves="every").options(
+        "jacobian")
+    for draw in (draw_cumulative_erank, draw_schur_split):
+        drawn = lines(read, draw)
+        assert len(drawn) >= 3 and drawn == lines(every, draw)
+    planned = _planned_table(read, np.random.default_rng(7))
+    split = planned[(planned["checkpoint"] == "trained") & (planned["jacobian_mode"] == "isolated")
+                    & (planned["schur_alpha"] < 1)]
+    assert set(zip(split["direction"], split["exact"])) == {("backward", False), ("forward", True)}
+
+
 def test_funnel_plan_keeps_the_split_for_the_trained_model() -> None:
     read = RunConfig().options("jacobian")
     trained = funnel_plan(read, "trained", "isolated", 576)
     assert trained == {"alphas": (0.0, 0.5, 1.0), "directions": ("forward", "backward"), "ranks": (None, 512),
                        "schur_orders": ("lapack", "canonical", "outside_first", "inside_first"),
-                       "further": [("backward", 512)]}
+                       "split": [("backward", 512), ("forward", None)], "further": [("backward", 512)]}
     for checkpoint in ("init", "step-1000"):  # the step-0 null and a --revisions checkpoint: α = 1 alone
         assert funnel_plan(read, checkpoint, "isolated", 576)["alphas"] == (1.0,)
         assert funnel_plan(read, checkpoint, "in_context", 576) == {
-            "alphas": (1.0,), "schur_orders": ("lapack",), "further": None, "directions": ("backward",), "ranks": (512,)}
+            "alphas": (1.0,), "schur_orders": ("lapack",), "split": None, "further": None, "directions": ("backward",),
+            "ranks": (512,)}
     assert funnel_plan(read, "trained", "in_context", 576)["alphas"] == (0.0, 1.0)
     assert funnel_plan(read, "trained", "isolated", 400)["ranks"] == (None,)  # rank 512 is the exact product
     assert funnel_plan(RunConfig(funnel_alphas=(0.5,)).options("jacobian"), "init", "isolated", 576) is None
@@ -91,7 +117,7 @@ def test_funnel_plan_keeps_the_split_for_the_trained_model() -> None:
     for checkpoint in ("trained", "init"):
         assert funnel_plan(every, checkpoint, "isolated", 576) == {
             "alphas": (0.0, 0.25, 0.5, 0.75, 1.0), "directions": ("forward", "backward"), "ranks": (None, 512),
-            "schur_orders": ("lapack", "canonical", "outside_first", "inside_first"), "further": None}
+            "schur_orders": ("lapack", "canonical", "outside_first", "inside_first"), "split": None, "further": None}
         assert funnel_plan(every, checkpoint, "in_context", 576)["alphas"] == (0.0, 1.0)
 
 
@@ -123,9 +149,12 @@ def test_wide_models_plan_rank_truncated_curves_only(rng: np.random.Generator) -
             assert got is None and "--funnel-exact-width" in note, name
         else:
             assert got is not None and got.value == want.value, f"{name}: {note}"
-    # the Schur-split figure names the curves it draws by the same column
+    # the Schur-split figure names the curves it draws by the same column (a run of exact products
+    # alone, --funnel-rank 0, has its split on the exact curves)
     from depthlens.report.figures import draw_schur_split
 
+    exact_only = _planned_table(RunConfig(funnel_rank=0).options("jacobian"), rng)
+    assert exact_only["exact"].all()
     for tables, protocol in ((full, "rank-truncated"), (truncated, "rank-truncated"),
-                             (MemoryTables({"cumulative": table[table["exact"]]}), "exact")):
+                             (MemoryTables({"cumulative": exact_only}), "exact")):
         assert f"(backward, {protocol}, isolated)" in draw_schur_split(tables).axes[0].get_title()

@@ -341,6 +341,7 @@ def schur_funnel(
     ranks: Sequence[int | None] = (None,),
     *,
     schur_orders: Sequence[SchurOrder] = SCHUR_ORDERS[:1],
+    split: Sequence[tuple[str, int | None]] | None = None,
     further: Sequence[tuple[str, int | None]] | None = None,
     progress: bool = False,
     pool: Executor | None = None,
@@ -369,14 +370,18 @@ def schur_funnel(
     schur_orders : sequence of {"lapack", "canonical", "outside_first", "inside_first"}
         Eigenvalue orders of the Schur forms (:data:`~depthlens.linalg.schur.SCHUR_ORDERS`),
         distinct, the protocol's order first (default: ``lapack`` alone). The first gets every
-        α of ``alphas``; every further order only α = 0 (when 0 is among ``alphas``), where
+        α of ``alphas`` (α < 1 on the ``split`` curves); every further order only α = 0 (when 0 is among ``alphas``), where
         the order matters most (``J(0)`` is the normal part itself), to keep the cost down.
         α = 1 does not depend on the order (``J(1) = J``): its curves are computed once and
         labelled with the first order.
+    split : sequence of (direction, rank), optional
+        The curves of the first order at every α other than 1, as ``(direction, rank)`` pairs
+        (a rank as in ``ranks``); default: every direction with every rank, like α = 1. A run
+        that reads the split on a few curves only computes just those.
     further : sequence of (direction, rank), optional
-        The curves of the further orders' α = 0, as ``(direction, rank)`` pairs (a rank as in
-        ``ranks``); default: every direction with every rank, like the first order. A run that
-        reads those orders on one curve only (the claims' protocol) computes just that one.
+        The curves of the further orders' α = 0, as ``split``; default: every direction with
+        every rank. A run that reads those orders on one curve only (the claims' protocol)
+        computes just that one.
     progress : bool
         Show progress bars (tqdm); ``label`` (e.g. ``step-0 null``) follows their names.
     pool : Executor, optional
@@ -432,17 +437,19 @@ def schur_funnel(
     orders = [check_schur_order(o) for o in schur_orders]
     if not orders or len(set(orders)) != len(orders):
         raise InputError(f"schur_orders is {schur_orders!r}; pass distinct orders of {', '.join(SCHUR_ORDERS)}.")
-    if further is not None and not further:
-        raise InputError("further is empty; pass (direction, rank) pairs, e.g. [('backward', 512)], or None for all.")
-    for direction, _ in further or ():
-        _check_direction(direction)
+    for name, pairs in (("split", split), ("further", further)):
+        if pairs is not None and not pairs:
+            raise InputError(f"{name} is empty; pass (direction, rank) pairs, e.g. [('backward', 512)], or None for all.")
+        for direction, _ in pairs or ():
+            _check_direction(direction)
     items = list(operators)
     forms = [J if isinstance(J, SchurForm) else None for J in items]
     ops = _operators([form.matrix if form is not None else J for form, J in zip(forms, items, strict=True)])
     d = ops[0].shape[0]
-    # the (direction, rank cap) of every curve of the first order, and of the further orders' α = 0
+    # the (direction, rank cap) of every curve of α = 1, of the first order's split and of the further orders' α = 0
     every = [(direction, _cap(r, d)) for direction in directions for r in ranks]
-    further_curves = every if further is None else list(dict.fromkeys((di, _cap(r, d)) for di, r in further))
+    split_curves, further_curves = (every if pairs is None else list(dict.fromkeys((di, _cap(r, d)) for di, r in pairs))
+                                    for pairs in (split, further))
     # (order, α) in row order: every α for the first order (α = 1 unsplit), α = 0 for the others
     plan = [(orders[0], float(a)) for a in alpha_values] + [(o, 0.0) for o in orders[1:] if np.any(alpha_values == 0)]
     split = list(dict.fromkeys(o for o, a in plan if a != 1.0))  # the orders whose normal parts are needed
@@ -461,7 +468,7 @@ def schur_funnel(
             if a != 1.0:
                 refs = normal[order] if local else _load(normal[order])
                 curves[(order, a)] = [on.submit(_split_curve, ops_ref, refs, a, direction, cap, order, device)
-                                      for direction, cap in (every if order == orders[0] else further_curves)]
+                                      for direction, cap in (split_curves if order == orders[0] else further_curves)]
         futures = [f for key in plan for f in curves[key]]
         tables = [f.result() for f in tqdm(futures, desc=f"schur funnel {label}".strip(), unit="curve", disable=not progress)]
     table = pd.concat(tables, ignore_index=True)

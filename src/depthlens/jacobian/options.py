@@ -57,8 +57,9 @@ class JacobianOptions:
         α = 1 (order-free) is computed once, labelled with the first
     funnel_curves : {"read", "every"}
         which funnel curves are computed: read = those the claims, their variants and the
-        figures read (the Schur split on the trained model only, the further Schur orders on
-        the claims' backward curve only, the other Jacobian mode on that curve only); every =
+        figures read (the Schur split on the trained model only, on the claims' backward curve
+        and the forward curve of the least truncation, the further Schur orders on the claims'
+        backward curve only, the other Jacobian mode on that curve only); every =
         the Schur split of every checkpoint, every order in both directions and at every
         truncation (--preset paper)
     funnel_boot : int

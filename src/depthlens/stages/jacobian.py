@@ -91,7 +91,8 @@ def run(context: StageContext) -> None:
 
 def funnel_plan(opts: JacobianOptions, checkpoint: str, mode: str, d: int) -> dict[str, Any] | None:
     """The curves of one funnel unit, as keywords of :func:`~depthlens.jacobian.cumulative.schur_funnel`
-    (``alphas``, ``directions``, ``ranks``, ``schur_orders``, ``further``), or None when it has none.
+    (``alphas``, ``directions``, ``ranks``, ``schur_orders``, ``split``, ``further``), or None
+    when it has none.
 
     The truncations are the exact products (when ``d`` is at most ``funnel_exact_width``, or
     ``funnel_rank`` is 0) and, when ``funnel_rank`` is below ``d``, rank ``funnel_rank``; the
@@ -101,11 +102,14 @@ def funnel_plan(opts: JacobianOptions, checkpoint: str, mode: str, d: int) -> di
       Schur order and α = 0 in the others, each in both directions at every truncation; the
       other modes α = 0 and 1 in the first order, likewise.
     - ``read`` (the default), what the claims, their variants and the figures read: the
-      funnel mode of the ``trained`` checkpoint as ``every``, except that the further Schur
-      orders get the protocol curve only (B4 reads them there); the funnel mode of every other
-      checkpoint (the step-0 null, ``--revisions``) α = 1 alone, both directions, every
-      truncation (B3, C2 and their variants); the other modes the protocol curve alone, at
-      α = 0 and 1 for ``trained`` (B2's and B4's in-context variants) and α = 1 otherwise.
+      funnel mode of the ``trained`` checkpoint gets α = 1 in both directions at every
+      truncation (B2 and its variants), the Schur split (α < 1) of the first order on the
+      protocol curve (B4, the Schur-split figure) and the forward curve of the least
+      truncation (B4's forward exact variant, the cumulative-erank figure), and the further
+      Schur orders α = 0 on the protocol curve only (B4 reads them there); the funnel mode of
+      every other checkpoint (the step-0 null, ``--revisions``) α = 1 alone, both directions,
+      every truncation (B3, C2 and their variants); the other modes the protocol curve alone,
+      at α = 0 and 1 for ``trained`` (B2's and B4's in-context variants) and α = 1 otherwise.
     """
     if opts.funnel_rank == 0 or opts.funnel_rank >= d:
         ranks: tuple[int | None, ...] = (None,)
@@ -115,13 +119,15 @@ def funnel_plan(opts: JacobianOptions, checkpoint: str, mode: str, d: int) -> di
     main, trained = mode == opts.funnel_mode, checkpoint == TRAINED
     if opts.funnel_curves == "every" or (main and trained):
         alphas = opts.funnel_alphas if main else tuple(a for a in opts.funnel_alphas if a in (0.0, 1.0))
-        further = None if opts.funnel_curves == "every" else [("backward", ranks[-1])]
+        read = opts.funnel_curves == "read"
         plan = {"alphas": alphas, "directions": DIRECTIONS, "ranks": ranks,
-                "schur_orders": opts.schur_orders if main else opts.schur_orders[:1], "further": further}
+                "schur_orders": opts.schur_orders if main else opts.schur_orders[:1],
+                "split": [("backward", ranks[-1]), ("forward", ranks[0])] if read else None,
+                "further": [("backward", ranks[-1])] if read else None}
     else:
         kept = (0.0, 1.0) if trained else (1.0,)
         plan = {"alphas": tuple(a for a in opts.funnel_alphas if a in kept), "schur_orders": opts.schur_orders[:1],
-                "further": None, **({"directions": DIRECTIONS, "ranks": ranks} if main else protocol)}
+                "split": None, "further": None, **({"directions": DIRECTIONS, "ranks": ranks} if main else protocol)}
     return plan if plan["alphas"] else None
 
 
