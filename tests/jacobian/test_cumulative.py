@@ -447,10 +447,6 @@ def test_split_and_further_orders_on_the_curves_asked_for(rng: np.random.Generat
             schur_funnel(ops, **{name: []}, **kwargs)
         with pytest.raises(InputError, match="direction"):
             schur_funnel(ops, **{name: [("sideways", 3)]}, **kwargs)
-    with pytest.raises(InputError, match="further"):
-        schur_funnel(ops, further=[], **kwargs)
-    with pytest.raises(InputError, match="direction"):
-        schur_funnel(ops, further=[("sideways", 3)], **kwargs)
 
 
 def upper_triangular_ops(rng: np.random.Generator, n: int, d: int) -> tuple[list[np.ndarray], np.ndarray]:

@@ -370,10 +370,10 @@ def schur_funnel(
     schur_orders : sequence of {"lapack", "canonical", "outside_first", "inside_first"}
         Eigenvalue orders of the Schur forms (:data:`~depthlens.linalg.schur.SCHUR_ORDERS`),
         distinct, the protocol's order first (default: ``lapack`` alone). The first gets every
-        α of ``alphas`` (α < 1 on the ``split`` curves); every further order only α = 0 (when 0 is among ``alphas``), where
-        the order matters most (``J(0)`` is the normal part itself), to keep the cost down.
-        α = 1 does not depend on the order (``J(1) = J``): its curves are computed once and
-        labelled with the first order.
+        α of ``alphas`` (α < 1 on the ``split`` curves); every further order only α = 0 (when 0
+        is among ``alphas``), where the order matters most (``J(0)`` is the normal part
+        itself), to keep the cost down. α = 1 does not depend on the order (``J(1) = J``): its
+        curves are computed once and labelled with the first order.
     split : sequence of (direction, rank), optional
         The curves of the first order at every α other than 1, as ``(direction, rank)`` pairs
         (a rank as in ``ranks``); default: every direction with every rank, like α = 1. A run
@@ -439,7 +439,8 @@ def schur_funnel(
         raise InputError(f"schur_orders is {schur_orders!r}; pass distinct orders of {', '.join(SCHUR_ORDERS)}.")
     for name, pairs in (("split", split), ("further", further)):
         if pairs is not None and not pairs:
-            raise InputError(f"{name} is empty; pass (direction, rank) pairs, e.g. [('backward', 512)], or None for all.")
+            raise InputError(f"{name} is empty; pass (direction, rank) pairs, e.g. [('backward', 512)], "
+                             "or None for all.")
         for direction, _ in pairs or ():
             _check_direction(direction)
     items = list(operators)
@@ -452,7 +453,7 @@ def schur_funnel(
                                     for pairs in (split, further))
     # (order, α) in row order: every α for the first order (α = 1 unsplit), α = 0 for the others
     plan = [(orders[0], float(a)) for a in alpha_values] + [(o, 0.0) for o in orders[1:] if np.any(alpha_values == 0)]
-    split = list(dict.fromkeys(o for o, a in plan if a != 1.0))  # the orders whose normal parts are needed
+    split_orders = list(dict.fromkeys(o for o, a in plan if a != 1.0))  # the orders whose normal parts are needed
     pool = pool if pool is not None else InlineExecutor()
     on = pool if device is None else InlineExecutor()  # where the curves run
     local = getattr(on, "local_files", False)  # workers on this machine memory-map the arrays
@@ -463,7 +464,7 @@ def schur_funnel(
         if (orders[0], 1.0) in plan:  # needs no Schur form, so it starts while they are computed
             curves[(orders[0], 1.0)] = [on.submit(_split_curve, ops_ref, None, 1.0, direction, cap, orders[0], device)
                                         for direction, cap in every]
-        normal = _normal_parts(pool, forms, ops, split, folder, progress=progress, label=label)
+        normal = _normal_parts(pool, forms, ops, split_orders, folder, progress=progress, label=label)
         for order, a in plan:
             if a != 1.0:
                 refs = normal[order] if local else _load(normal[order])
