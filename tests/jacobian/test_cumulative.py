@@ -435,8 +435,8 @@ def test_split_and_further_orders_on_the_curves_asked_for(rng: np.random.Generat
     np.testing.assert_array_equal(merged["erank"], merged["erank_full"])
     both = schur_funnel(ops, split=[("forward", None)], further=[("backward", 3)], **kwargs)
     first = both[both["schur_order"] == "lapack"]
-    assert set(zip(first.loc[first["schur_alpha"] == 0.0, "direction"], first.loc[first["schur_alpha"] == 0.0,
-                                                                                 "truncation"])) == {("forward", 6)}
+    split0 = first[first["schur_alpha"] == 0.0]
+    assert set(zip(split0["direction"], split0["truncation"])) == {("forward", 6)}
     assert len(first[first["schur_alpha"] == 1.0]) == len(full[(full["schur_order"] == "lapack")
                                                                & (full["schur_alpha"] == 1.0)])
     merged = both.merge(full, on=keys, suffixes=("", "_full"))
