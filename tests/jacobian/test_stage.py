@@ -82,18 +82,17 @@ def test_default_plan_draws_the_same_funnel_figures_as_every_curve() -> None:
     from depthlens.report.figures import draw_cumulative_erank, draw_schur_split
     from depthlens.report.worlds import MemoryTables
 
-    def lines(opts, draw) -> dict[str, tuple]:
-        table = _planned_table(opts, np.random.default_rng(7))
+    read, every = (RunConfig(funnel_rank=4, funnel_curves=curves).options("jacobian") for curves in ("read", "every"))
+    planned, full = (_planned_table(opts, np.random.default_rng(7)) for opts in (read, every))
+
+    def lines(table: pd.DataFrame, draw) -> dict[str, tuple]:
         axes = draw(MemoryTables({"cumulative": table})).axes[0]
         return {line.get_label(): tuple(line.get_ydata()) for line in axes.lines
                 if str(line.get_label()).startswith("trained")}
 
-    read, every = RunConfig(funnel_rank=4).options("jacobian"), RunConfig(funnel_rank=4, funnel_curves="every").options(
-        "jacobian")
     for draw in (draw_cumulative_erank, draw_schur_split):
-        drawn = lines(read, draw)
-        assert len(drawn) >= 3 and drawn == lines(every, draw)
-    planned = _planned_table(read, np.random.default_rng(7))
+        drawn = lines(planned, draw)
+        assert len(drawn) >= 3 and drawn == lines(full, draw)
     split = planned[(planned["checkpoint"] == "trained") & (planned["jacobian_mode"] == "isolated")
                     & (planned["schur_alpha"] < 1)]
     assert set(zip(split["direction"], split["exact"])) == {("backward", False), ("forward", True)}
