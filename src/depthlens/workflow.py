@@ -33,6 +33,7 @@ from .models import LoadedModel, load_model
 from .models.loading import check_spec, series_checkpoints
 from .models.random_models import random_spec
 from .models.finite import check_finite_weights
+from .models.registry import family
 from .executors.local import kept_workers
 from .report import default_claims_path, load_claims, render_report
 from .report.claims import CLAIMS_COPY
@@ -124,6 +125,22 @@ def check_context(config: RunConfig, plan: Sequence[str], context: int | None, n
             check(config, context, name)
 
 
+def check_served(plan: Sequence[str], loaded: LoadedModel) -> None:
+    """Refuse a plan with a stage that the model's family does not serve
+    (:attr:`~depthlens.models.registry.Family.stages`), before anything is written.
+
+    Raises
+    ------
+    InputError
+        Naming the stages the family serves and the command that runs them.
+    """
+    served = family(loaded.adapter.family).stages
+    extra = [stage for stage in plan if served is not None and stage in stages_registry.STAGES and stage not in served]
+    if extra:
+        raise InputError(f"{loaded.name} is a {loaded.adapter.family} model, on which depthlens serves the "
+                         f"{', '.join(served)} stage only, not {', '.join(extra)}; run depthlens {served[0]} on it.")
+
+
 def prepare(config: RunConfig, loaded: LoadedModel | None = None, plan: Sequence[str] = ()) -> Prepared:
     """Load the model (unless ``loaded`` is given: an in-memory model, see
     :func:`depthlens.models.wrap_model`) and the text chunks of ``config``, checking each on
@@ -140,6 +157,7 @@ def prepare(config: RunConfig, loaded: LoadedModel | None = None, plan: Sequence
                             trust_remote_code=config.trust_remote_code, seed=config.seed,
                             stream_layers=config.stream_layers)
     check_finite_weights(loaded.model, loaded.name)
+    check_served(plan, loaded)
     check_context(config, plan, loaded.adapter.max_seq_len, loaded.name)
     if config.prompts:
         prompts = data.load_prompts(config.text)

@@ -28,7 +28,7 @@ SRC = Path(depthlens.__file__).parent
 
 
 def test_registry_lists_the_builtin_families_in_order() -> None:
-    assert FAMILIES == ("llama", "gemma3", "gpt2", "gpt_neox", "olmo2", "olmo3")
+    assert FAMILIES == ("llama", "gemma3", "gpt2", "gpt_neox", "olmo2", "olmo3", "gemma4")
     assert tuple(entry.name for entry in families()) == FAMILIES
     model_types = [t for entry in families() for t in entry.model_types]
     assert len(model_types) == len(set(model_types))

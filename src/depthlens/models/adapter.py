@@ -157,7 +157,7 @@ class Adapter(Captures, Interventions, ABC):
         cfg = self.config
         self.n_layers: int = len(self.layers)
         self.n_heads: int = int(cfg.num_attention_heads)
-        self.n_kv_heads: int = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.n_kv_heads: int = int(self._n_kv_heads())
         self.head_dim: int = int(self._head_dim())
         self.d_model: int = int(cfg.hidden_size)
         self.max_seq_len: int = int(cfg.max_position_embeddings)
@@ -203,12 +203,13 @@ class Adapter(Captures, Interventions, ABC):
         """Token ids (B, T) -> the input of layer 0, h0 (B, T, d), at positions 0 .. T-1."""
 
     @abstractmethod
-    def qkv(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Queries (B, H, T, hd), keys and values (B, KV, T, hd) from the attention module's input.
 
         ``x`` is what the model feeds its attention module (already normed for pre-norm
         families); q/k norms and rotary position embeddings (positions 0 .. T-1) are
-        applied exactly as in the model, in the model dtype.
+        applied exactly as in the model, in the model dtype. Keys and values are None for a
+        layer that attends with another layer's (:meth:`kv_source`).
         """
 
     @abstractmethod
@@ -231,6 +232,9 @@ class Adapter(Captures, Interventions, ABC):
     def _layer_weights(self, layer: int, read: WeightReader) -> LayerWeights:
         """The weights of decoder layer ``layer``, read with ``read`` (see :meth:`layer_weights`)."""
 
+    def _n_kv_heads(self) -> int:
+        return getattr(self.config, "num_key_value_heads", None) or self.n_heads
+
     def _head_dim(self) -> int:
         hd = getattr(self._attns[0], "head_dim", None) or getattr(self.config, "head_dim", None)
         return int(hd or self.config.hidden_size // self.config.num_attention_heads)
@@ -248,6 +252,22 @@ class Adapter(Captures, Interventions, ABC):
 
     def _parallel_residual(self) -> bool:
         return False
+
+    # ------------------------------------------------------------------ per-layer shapes
+
+    def layer_head_dim(self, layer: int) -> int:
+        """The width of one head of ``layer`` (:attr:`head_dim` unless the family's layers differ)."""
+        return self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        """The key/value heads of ``layer`` (:attr:`n_kv_heads` unless the family's layers differ)."""
+        return self.n_kv_heads
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose keys and values ``layer`` attends with: itself, except in a family
+        that shares them across layers (Gemma 4's last ``num_kv_shared_layers``), whose
+        :meth:`qkv` gives None for the keys and values of a layer that reads another's."""
+        return layer
 
     # ------------------------------------------------------------------ attention arithmetic
 
@@ -347,7 +367,7 @@ class Adapter(Captures, Interventions, ABC):
         read = WeightReader(dtype, self.device if device is None else torch.device(device))
         with torch.no_grad():
             w = self._layer_weights(layer, read)
-        H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        H, KV, hd = self.n_heads, self.layer_kv_heads(layer), self.layer_head_dim(layer)
         q_width, k_width = (hd, hd) if w.qk_per_head else (H * hd, KV * hd)
         for norm, size, what in ((w.q_norm, q_width, "q"), (w.k_norm, k_width, "k")):
             if norm is not None and norm.size != size:
@@ -447,7 +467,7 @@ class Adapter(Captures, Interventions, ABC):
         Scores are scaled, soft-capped, masked (causal, sliding window) and soft-maxed in
         float32 as Hugging Face's eager path does.
         """
-        n_rep = self.n_heads // self.n_kv_heads
+        n_rep = self.n_heads // self.layer_kv_heads(layer)
         k = _repeat_kv(k, n_rep)
         v = _repeat_kv(v, n_rep)
         T = q.shape[-2]
@@ -464,7 +484,7 @@ class Adapter(Captures, Interventions, ABC):
     def probs_from_qk(self, layer: int, q: Tensor, k: Tensor) -> Tensor:
         """Float64 attention probabilities (B, H, T, T) from queries (B, H, T, hd) and keys (B, KV, T, hd)."""
         q64 = q.to(torch.float64)
-        k64 = _repeat_kv(k, self.n_heads // self.n_kv_heads).to(torch.float64)
+        k64 = _repeat_kv(k, self.n_heads // self.layer_kv_heads(layer)).to(torch.float64)
         scores = torch.matmul(q64, k64.transpose(-1, -2)) * self.attention_scale(layer)
         cap = self.attention_softcap(layer)
         if cap is not None:

@@ -24,10 +24,13 @@ from ..errors import ModelError
 from . import registry
 from .registry import family_for_config, text_config
 
-__all__ = ["FAMILIES", "build_random", "family_of", "parse_overrides", "random_config", "text_config"]
+__all__ = ["COMPLETE_FAMILIES", "FAMILIES", "build_random", "family_of", "parse_overrides", "random_config", "text_config"]
 
 #: The registered family names, in registry order.
 FAMILIES: tuple[str, ...] = tuple(entry.name for entry in registry.families())
+
+#: The families whose adapters serve every stage (the others name theirs: ``Family.stages``).
+COMPLETE_FAMILIES: tuple[str, ...] = tuple(entry.name for entry in registry.families() if entry.stages is None)
 
 
 def family_of(config: Any) -> str:

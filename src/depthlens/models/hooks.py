@@ -92,9 +92,15 @@ class Captures:
     def _attention_probs(self, ids: Tensor, wanted: list[int]) -> Iterator[tuple[int, Tensor]]:
         # queries and keys are formed in the forward pass, while the layer's weights are in
         # memory (a streamed model holds one layer at a time)
-        captured = self._attention_captures(ids, set(wanted), lambda layer, x: self.qkv(layer, x)[:2])
+        sources = {self.kv_source(layer) for layer in wanted}  # whose keys the wanted layers read
+
+        def keep(layer: int, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
+            q, k, _ = self.qkv(layer, x)
+            return (q if layer in wanted else None), (k if layer in sources else None)
+
+        captured = self._attention_captures(ids, set(wanted) | sources, keep)
         for layer in wanted:
-            q, k = captured[layer]
+            q, k = captured[layer][0], captured[self.kv_source(layer)][1]
             with torch.no_grad():  # closed before the yield: a consumer stopped there keeps its grad mode
                 probs = self.probs_from_qk(layer, q, k)
             yield layer, probs
@@ -207,4 +213,4 @@ class Captures:
         finally:
             handle.remove()
         x = out[0]
-        return x.reshape(*x.shape[:2], self.n_heads, self.head_dim)
+        return x.reshape(*x.shape[:2], self.n_heads, self.layer_head_dim(layer))

@@ -15,6 +15,9 @@ family        model_type values                           notes
 ``gpt_neox``  ``gpt_neox`` (Pythia)                       partial RoPE, parallel residual
 ``olmo2``     ``olmo2``                                   post-norms, q/k norms on full width
 ``olmo3``     ``olmo3``                                   as olmo2 plus sliding layers
+``gemma4``    ``gemma4_text`` (and multimodal ``gemma4``)  per-layer shapes, shared keys and
+                                                          values, per-layer inputs (attention
+                                                          stage only)
 ============  ==========================================  ===================================
 
 Adding an architecture: write ``models/<name>.py`` with its adapter subclass and
@@ -55,6 +58,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "gpt2",
     "gpt_neox",
     "olmo",
+    "gemma4",
 )
 
 #: Configuration fields most tiny random models share (width 64, 2 layers, 4 heads,
@@ -102,6 +106,9 @@ class Family:
     finish_config : callable, optional
         ``f(values)`` editing the keyword arguments in place just before the configuration
         class is called (e.g. GPT-NeoX turns ``rotary_pct`` into ``rope_parameters``).
+    stages : tuple of str, optional
+        The stages the family's adapter serves, where it does not serve them all (None);
+        a run that plans another is refused before anything is written.
     """
 
     name: str
@@ -113,6 +120,7 @@ class Family:
     aliases: Mapping[str, str] = dataclasses.field(default_factory=dict)
     wrapper_types: tuple[str, ...] = ()
     finish_config: Callable[[dict[str, Any]], None] | None = None
+    stages: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("tiny_config", "aliases"):  # read-only views: an entry cannot be edited
@@ -223,10 +231,11 @@ def family_for_config(config: Any) -> Family:
     _load_builtin()
     entry = _BY_MODEL_TYPE.get(model_type)
     if entry is not None:
-        if getattr(text_config(config), "use_bidirectional_attention", False):
+        bidirectional = getattr(text_config(config), "use_bidirectional_attention", False)
+        if bidirectional is True or bidirectional == "all":  # Gemma 4's "vision" keeps text causal
             raise ModelError(
                 f"model_type {model_type!r} is configured with bidirectional attention "
-                "(use_bidirectional_attention=True); depthlens needs a causal LM."
+                f"(use_bidirectional_attention={bidirectional!r}); depthlens needs a causal LM."
             )
         return entry
     if _is_bidirectional(config):

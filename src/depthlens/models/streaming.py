@@ -2,7 +2,8 @@
 
 A streamed model is built as a *skeleton*: the Hugging Face module tree of its configuration
 with every parameter on torch's ``meta`` device (no storage) and every buffer real (rotary
-frequencies and the like are computed as usual). The parameters outside the decoder layers
+frequencies and the like are computed as usual; persistent buffers that the source holds, such
+as Gemma 4's layer scalars, are read from it). The parameters outside the decoder layers
 (embeddings, final norm, LM head) are then filled once; a decoder layer's parameters are
 filled from a :class:`LayerSource` when something first touches that layer (a forward pass
 through any of its modules, or :meth:`~depthlens.models.adapter.Adapter.layer_weights`) and
@@ -148,6 +149,11 @@ class LayerSource(ABC):
     @abstractmethod
     def describe(self, layer: int | None) -> str:
         """Where ``layer``'s weights come from, for error messages (a file, a generator)."""
+
+    def load_buffers(self, model: nn.Module) -> None:
+        """Give the skeleton's persistent buffers the values the source holds for them (e.g.
+        Gemma 4's ``layer_scalar``), in place; the others keep the values the model class
+        made. Buffers are small and stay resident. The default holds none."""
 
 
 def _replace(slots: list[Slot], value: nn.Parameter) -> None:
@@ -315,6 +321,21 @@ class SafetensorsLayers(LayerSource):
         if layer is None and tied:
             model.lm_head.weight = model.get_input_embeddings().weight
 
+    def load_buffers(self, model: nn.Module) -> None:
+        prefix = getattr(model, "base_model_prefix", "")
+        for owner_name, owner in model.named_modules():
+            for attr, buf in owner._buffers.items():
+                if buf is None or attr in owner._non_persistent_buffers_set:
+                    continue
+                key = self._key(f"{owner_name}.{attr}" if owner_name else attr, prefix)
+                if key is None:
+                    continue
+                value = self._open[self._where[key]].get_tensor(key)
+                if tuple(value.shape) != tuple(buf.shape):
+                    raise ModelError(f"buffer {key} in {self._where[key]} has shape {tuple(value.shape)}, the model "
+                                     f"expects {tuple(buf.shape)}; the file does not match config.json.")
+                owner._buffers[attr] = value.to(device=buf.device, dtype=buf.dtype)
+
     def _part(self, layer: int | None) -> str:
         return "the weights outside the decoder layers" if layer is None else f"layer {layer}"
 
@@ -360,6 +381,7 @@ class Streamer:
         self.resident: int | None = None
         self.loads = 0
         self._names = _qualified(model)
+        source.load_buffers(model)
         self._fill(model, None)
         self._handles = [m.register_forward_pre_hook(self._hook(i)) for i, lay in enumerate(self.layers)
                          for m in lay.modules()]

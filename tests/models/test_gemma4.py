@@ -1,0 +1,193 @@
+"""The gemma4 family on tiny random E2B/E4B-shaped models: its attention matrices against the
+model's own eager attention (shared-key layers included), its per-layer shapes, loading from
+a folder (in memory and layer-streamed), and the one-line refusals of what it does not serve.
+
+Integration tier: models are built in code, no download.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import depthlens
+from depthlens.errors import InputError, ModelError
+from depthlens.models import adapter_for, build_random, load_model, random_config
+from depthlens.models.random_models import random_tokenizer
+
+B, T = 2, 16
+
+
+def _perturbed(model: torch.nn.Module, seed: int = 7) -> torch.nn.Module:
+    """Non-trivial norm weights and layer scalars, so every norm and scalar is exercised."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.2 * torch.randn(p.shape, generator=gen))
+        for layer in model.model.layers:
+            layer.layer_scalar.fill_(0.5 + float(torch.rand(1, generator=gen)))
+    return model
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return _perturbed(build_random("gemma4", seed=1))
+
+
+def _ids(seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 256, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_tiny_config_has_every_feature_of_the_seed_shape() -> None:
+    cfg = random_config("gemma4")
+    assert cfg.layer_types == ["sliding_attention", "full_attention"] * 3
+    assert cfg.kv_sharing_modes == [None, None, "store", "store", "reuse", "reuse"]
+    assert cfg.hidden_size_per_layer_input > 0 and cfg.attention_k_eq_v and cfg.use_double_wide_mlp
+    assert cfg.final_logit_softcapping == 30.0
+
+
+def test_per_layer_shapes_and_key_sources(model) -> None:
+    ad = adapter_for(model)
+    assert ad.family == "gemma4" and ad.n_layers == 6 and ad.n_heads == 4 and ad.d_model == 64
+    assert [ad.layer_head_dim(i) for i in range(6)] == [16, 32] * 3
+    assert [ad.layer_kv_heads(i) for i in range(6)] == [2, 1] * 3
+    assert (ad.head_dim, ad.n_kv_heads) == (16, 2)  # layer 0's
+    assert [ad.kv_source(i) for i in range(6)] == [0, 1, 2, 3, 2, 3]  # each shared layer reads the last of its type
+    assert ad.sliding_windows == [4, None] * 3
+    assert ad.logit_softcap() == 30.0
+
+
+def test_attention_matches_eager_output_attentions(model) -> None:
+    """Float32 eager attention (Hugging Face soft-maxes in float32, so a float64 model's own
+    matrices are float32-accurate too); the adapter's are recomputed in float64."""
+    ad = adapter_for(model)
+    ids = _ids()
+    with torch.no_grad():
+        ref = model(ids, output_attentions=True).attentions
+    seen = []
+    for layer, A in ad.attention_probs(ids):
+        assert A.dtype == torch.float64 and A.shape == (B, 4, T, T)
+        assert torch.allclose(A, ref[layer].double(), rtol=0, atol=1e-5), (layer, (A - ref[layer].double()).abs().max())
+        assert torch.allclose(A.sum(-1), torch.ones(B, 4, T, dtype=torch.float64), rtol=0, atol=1e-12)
+        seen.append(layer)
+    assert seen == list(range(6))
+    # shared layers alone, in any order: their keys come from layers not asked for
+    for layer, A in ad.attention_probs(ids, [5, 4]):
+        assert torch.allclose(A, ref[layer].double(), rtol=0, atol=1e-5)
+    # a shared layer's keys are its source's: with the source's key projection changed, so are they
+    weight = model.model.layers[3].self_attn.k_proj.weight
+    kept = weight.detach().clone()
+    with torch.no_grad():
+        weight.add_(0.5 * torch.randn(weight.shape, generator=torch.Generator().manual_seed(1)))
+    try:
+        changed = dict(ad.attention_probs(ids, [5]))[5]
+    finally:
+        with torch.no_grad():
+            weight.copy_(kept)
+    assert not torch.allclose(changed, ref[5].double(), rtol=0, atol=1e-3)
+
+
+def test_sliding_windows_are_respected(model) -> None:
+    ad = adapter_for(model)
+    for layer, A in ad.attention_probs(_ids(1)):
+        i, j = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
+        if ad.sliding_windows[layer] is not None:
+            assert (A[..., i - j >= 4] == 0).all()
+            assert (A[..., (i - j < 4) & (j <= i)] > 0).all()
+
+
+def test_residual_states_are_the_layer_inputs(model) -> None:
+    ad = adapter_for(model)
+    ids = _ids(2)
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states
+    states = ad.residual_states(ids)
+    for layer in range(6):
+        assert torch.equal(states[2 * layer], hidden[layer])
+    assert torch.equal(ad.final_norm(states[-1]), hidden[-1])
+
+
+def test_sub_layer_maps_are_refused_in_one_line(model) -> None:
+    ad = adapter_for(model)
+    h = torch.zeros(1, 3, 64)
+    for call in (lambda: ad.sublayer(0, "attn"), lambda: ad.branch(1, "mlp"), lambda: ad.block(2),
+                 lambda: ad.composed_logits(_ids()), lambda: ad.layer_weights(0)):
+        with pytest.raises(ModelError) as excinfo:
+            call()
+        message = str(excinfo.value)
+        assert "\n" not in message and "per-layer-input" in message and "attention stage" in message
+    assert h.abs().sum() == 0
+
+
+def test_mixture_of_experts_and_all_shared_configs_are_refused() -> None:
+    moe = build_random("gemma4", "enable_moe_block=true,num_experts=2,top_k_experts=1,moe_intermediate_size=16")
+    with pytest.raises(ModelError, match="enable_moe_block=True"):
+        adapter_for(moe)
+    shared = build_random("gemma4", "num_hidden_layers=2,num_kv_shared_layers=2")
+    with pytest.raises(ModelError, match="every layer of this gemma4 model reads shared keys"):
+        adapter_for(shared)
+
+
+def test_vision_only_bidirectional_attention_is_causal_for_text() -> None:
+    assert adapter_for(build_random("gemma4", "use_bidirectional_attention=vision")).family == "gemma4"
+    with pytest.raises(ModelError, match="bidirectional"):
+        adapter_for(build_random("gemma4", "use_bidirectional_attention=all"))
+
+
+def _saved(tmp_path: Path) -> Path:
+    loaded = load_model("random:gemma4", seed=4)
+    _perturbed(loaded.model)
+    folder = tmp_path / "gemma4"
+    loaded.model.save_pretrained(folder)
+    random_tokenizer(loaded.model).save_pretrained(folder)
+    return folder
+
+
+def test_safetensors_folder_loads_and_streams_to_the_same_matrices(tmp_path) -> None:
+    folder = _saved(tmp_path)
+    memory = load_model(str(folder))
+    streamed = load_model(str(folder), stream_layers=True)
+    assert memory.family == "gemma4" and streamed.adapter.streamer is not None
+    ids = _ids(3)
+    with torch.no_grad():
+        ref = memory.model(ids, output_attentions=True).attentions
+    got_memory = dict(memory.adapter.attention_probs(ids))
+    got_streamed = dict(streamed.adapter.attention_probs(ids))
+    for layer in range(6):
+        assert torch.allclose(got_memory[layer], ref[layer].double(), rtol=0, atol=1e-5)
+        assert torch.equal(got_streamed[layer], got_memory[layer])
+
+
+def test_multimodal_gemma4_text_path() -> None:
+    text = {k: v for k, v in random_config("gemma4").to_dict().items() if k not in ("model_type", "transformers_version")}
+    cfg = transformers.Gemma4Config(text_config={**text, "pad_token_id": 0}, vision_config=None, audio_config=None)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    ad = adapter_for(model)
+    assert ad.family == "gemma4" and ad.n_layers == 6 and [ad.kv_source(i) for i in range(6)] == [0, 1, 2, 3, 2, 3]
+    ids = torch.randint(0, 250, (1, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(input_ids=ids, output_attentions=True).attentions
+    for layer, A in ad.attention_probs(ids):
+        assert torch.allclose(A, ref[layer].double(), rtol=0, atol=1e-5)
+
+
+def test_a_run_with_stages_the_family_does_not_serve_is_refused_before_writing(tmp_path) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(InputError) as excinfo:
+        depthlens.analyse("random:gemma4", out=out, preset="quick")
+    message = str(excinfo.value)
+    assert "\n" not in message and "serves the attention stage only" in message and "jacobian" in message
+    assert not out.exists()
+
+
+def test_the_attention_stage_runs_on_gemma4(tmp_path) -> None:
+    run = depthlens.analyse("random:gemma4", out=tmp_path / "run", preset="quick", stages=["attention"],
+                            probe_seqs=2, chunks=2, seq_len=16)
+    heads = run.table("heads")
+    assert sorted(set(heads["layer"])) == list(range(6)) and set(heads["head"]) == set(range(4))
