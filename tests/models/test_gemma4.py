@@ -16,6 +16,7 @@ import transformers
 import depthlens
 from depthlens.errors import InputError, ModelError
 from depthlens.models import adapter_for, build_random, load_model, random_config
+from depthlens.models.float64 import Float64Mode, double_copy
 from depthlens.models.random_models import random_tokenizer
 
 B, T = 2, 16
@@ -91,6 +92,28 @@ def test_attention_matches_eager_output_attentions(model) -> None:
     assert not torch.allclose(changed, ref[5].double(), rtol=0, atol=1e-3)
 
 
+def test_attention_matches_eager_in_float64(model) -> None:
+    """A float64 copy under Float64Mode (norms and softmax kept in float64): the adapter's
+    queries and keys follow the model's arithmetic to float64 rounding, not just float32's."""
+    m64 = double_copy(model).eval()
+    ad = adapter_for(m64)
+    ids = _ids(4)
+    with Float64Mode(), torch.no_grad():
+        ref = m64(ids, output_attentions=True).attentions
+        got = dict(ad.attention_probs(ids))
+    for layer in range(6):
+        assert torch.allclose(got[layer], ref[layer], rtol=0, atol=1e-13), (layer, (got[layer] - ref[layer]).abs().max())
+    # values (the source layer's for a shared layer; from the key projection on full layers):
+    # the matrices times them are the heads' outputs the model feeds its output projection
+    with Float64Mode(), torch.no_grad():
+        inputs = ad.attention_inputs(ids)
+        for layer in range(6):
+            v = ad.qkv(ad.kv_source(layer), inputs[ad.kv_source(layer)])[2]
+            v = torch.repeat_interleave(v, 4 // ad.layer_kv_heads(layer), dim=1)
+            heads = (got[layer] @ v).transpose(1, 2)
+            assert torch.allclose(heads, ad.head_outputs(ids, layer), rtol=0, atol=1e-12), layer
+
+
 def test_sliding_windows_are_respected(model) -> None:
     ad = adapter_for(model)
     for layer, A in ad.attention_probs(_ids(1)):
@@ -119,7 +142,7 @@ def test_sub_layer_maps_are_refused_in_one_line(model) -> None:
         with pytest.raises(ModelError) as excinfo:
             call()
         message = str(excinfo.value)
-        assert "\n" not in message and "per-layer-input" in message and "attention stage" in message
+        assert "\n" not in message and "per-layer-input" in message and "attention and lens stages" in message
     assert h.abs().sum() == 0
 
 
@@ -182,7 +205,7 @@ def test_a_run_with_stages_the_family_does_not_serve_is_refused_before_writing(t
     with pytest.raises(InputError) as excinfo:
         depthlens.analyse("random:gemma4", out=out, preset="quick")
     message = str(excinfo.value)
-    assert "\n" not in message and "serves the attention stage only" in message and "jacobian" in message
+    assert "\n" not in message and "serves the attention and lens stages only" in message and "jacobian" in message
     assert not out.exists()
 
 
@@ -191,3 +214,13 @@ def test_the_attention_stage_runs_on_gemma4(tmp_path) -> None:
                             probe_seqs=2, chunks=2, seq_len=16)
     heads = run.table("heads")
     assert sorted(set(heads["layer"])) == list(range(6)) and set(heads["head"]) == set(range(4))
+
+
+def test_the_lens_stage_runs_on_gemma4(tmp_path) -> None:
+    from depthlens.lens.artifact import read_transport
+
+    run = depthlens.analyse("random:gemma4", out=tmp_path / "run", preset="quick", stages=["lens"], chunks=2, seq_len=20)
+    transport = run.table("transport")
+    assert sorted(transport["layer"]) == list(range(6))
+    artifact = read_transport(tmp_path / "run" / "arrays" / "lens.pt")
+    assert artifact.d_model == 64 and sorted(artifact.source_layers) == list(range(6))

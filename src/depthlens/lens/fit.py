@@ -65,9 +65,11 @@ def prompt_transport(adapter: Adapter, input_ids: Tensor, layers: list[int] | No
     Parameters
     ----------
     adapter : Adapter
-        A float64 model's adapter (see :class:`TransportSums`, which makes one); its blocks are
-        run through :meth:`~depthlens.models.adapter.Adapter.block` under
-        :class:`~depthlens.models.float64.Float64Mode`.
+        A float64 model's adapter (see :class:`TransportSums`, which makes one); the model's
+        own forward pass runs under :class:`~depthlens.models.float64.Float64Mode` with a zero
+        offset after each block (:meth:`~depthlens.models.adapter.Adapter.layer_offsets`), so
+        every path from ``h_ℓ`` to ``h_final`` counts, keys and values that later layers share
+        included.
     input_ids : Tensor, shape (T,) or (1, T)
         One prompt.
     layers : list of int, optional
@@ -92,12 +94,7 @@ def prompt_transport(adapter: Adapter, input_ids: Tensor, layers: list[int] | No
     V = torch.as_tensor(valid_positions(T, skip_first, skip_last))
     step = batch or max(1, min(d, GRADIENT_BUDGET // max(1, L * T * d)))
     with torch.enable_grad(), Float64Mode():
-        h = adapter.embed(ids).to(torch.float64)
-        offsets = []
-        for layer in range(L):  # a zero offset after each block: its gradient is that of h_ℓ
-            offset = torch.zeros_like(h, requires_grad=True)
-            h = adapter.block(layer)(h) + offset
-            offsets.append(offset)
+        h, offsets = adapter.layer_offsets(ids)  # a zero offset after each block: its gradient is that of h_ℓ
         S = h[0].sum(dim=0)  # Σ_{t′} h_final,t′
         wanted = [offsets[layer] for layer in layers]
         rows: dict[int, list[Tensor]] = {layer: [] for layer in layers}

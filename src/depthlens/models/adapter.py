@@ -74,13 +74,7 @@ SUBLAYERS: tuple[Sublayer, ...] = ("attn", "mlp")
 
 
 def check_sublayer(kind: str) -> Sublayer:
-    """``kind`` if it is one of :data:`SUBLAYERS`.
-
-    Raises
-    ------
-    InputError
-        Otherwise.
-    """
+    """``kind`` if it is one of :data:`SUBLAYERS`, else :class:`~depthlens.errors.InputError`."""
     if kind not in SUBLAYERS:
         raise InputError(f"sublayer {kind!r} is not one of {SUBLAYERS}.")
     return kind  # type: ignore[return-value]
@@ -253,8 +247,6 @@ class Adapter(Captures, Interventions, ABC):
     def _parallel_residual(self) -> bool:
         return False
 
-    # ------------------------------------------------------------------ per-layer shapes
-
     def layer_head_dim(self, layer: int) -> int:
         """The width of one head of ``layer`` (:attr:`head_dim` unless the family's layers differ)."""
         return self.head_dim
@@ -264,9 +256,8 @@ class Adapter(Captures, Interventions, ABC):
         return self.n_kv_heads
 
     def kv_source(self, layer: int) -> int:
-        """The layer whose keys and values ``layer`` attends with: itself, except in a family
-        that shares them across layers (Gemma 4's last ``num_kv_shared_layers``), whose
-        :meth:`qkv` gives None for the keys and values of a layer that reads another's."""
+        """The layer whose keys and values ``layer`` attends with: itself, or an earlier one where
+        a family shares them (Gemma 4), whose :meth:`qkv` then gives None for keys and values."""
         return layer
 
     # ------------------------------------------------------------------ attention arithmetic

@@ -17,7 +17,9 @@ layers have their own rotary embedding (partial on full layers). The last
 last earlier layer of its type (:meth:`Gemma4Adapter.kv_source`).
 
 What depthlens serves on this family: the attention stage (every layer's float64 attention
-matrices, shared-key layers included, equal to the model's eager attention). The sub-layer
+matrices, shared-key layers included, equal to the model's eager attention) and the lens stage
+(transport through the model's own forward pass, shared keys and per-layer inputs included:
+:meth:`~depthlens.models.adapter.Adapter.layer_offsets`). The sub-layer
 maps are refused in one line: a layer's update depends on its per-layer input and, for a
 shared layer, on an earlier layer's keys, so it is not a function of the residual alone, and
 the per-layer-input update is a third residual boundary that the Jacobian, topology, ablate
@@ -40,7 +42,7 @@ from .registry import TINY_COMMON, Family, text_config
 from .weights import LayerWeights, WeightReader
 
 #: What the family's adapter serves (:attr:`~depthlens.models.registry.Family.stages`).
-STAGES = ("attention",)
+STAGES = ("attention", "lens")
 
 
 class Gemma4Adapter(Gemma3Adapter):
@@ -108,7 +110,7 @@ class Gemma4Adapter(Gemma3Adapter):
     def _unsupported(self, what: str) -> NoReturn:
         raise ModelError(f"gemma4 {what}: a Gemma 4 layer adds a per-layer-input update and may read an earlier "
                          "layer's keys and values, so its sub-layers are not maps of the residual alone; depthlens "
-                         f"serves the {', '.join(STAGES)} stage on this family.")
+                         f"serves the {' and '.join(STAGES)} stages on this family.")
 
     def branch(self, layer: int, kind: Sublayer) -> Callable[[Tensor], Tensor]:
         self._unsupported("sub-layer maps")

@@ -193,6 +193,50 @@ class Captures:
             raise ModelError(f"residual states {missing} were not seen in the forward pass; the layout is unexpected.")
         return torch.stack(states)  # type: ignore[arg-type]
 
+    def layer_offsets(self, input_ids: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """The model's own forward pass with a zero offset added to every decoder layer's
+        output: ``(h_final, offsets)``.
+
+        ``h_final`` (B, T, d) is the last layer's output before the final norm (the pass stops
+        there: no logits are formed); ``offsets[l]`` is the zero tensor, with
+        ``requires_grad``, added to layer ``l``'s output. The gradient of anything computed
+        from ``h_final`` with respect to ``offsets[l]`` is therefore its gradient with respect
+        to layer ``l``'s output through every path of the model's own computation: later
+        layers, and also keys and values that later layers share and per-layer inputs (Gemma 4).
+        Runs with gradients enabled, in the model's dtype; active ablations and clamps act.
+        """
+        ids = self._ids(input_ids)
+        offsets: list[Tensor | None] = [None] * self.n_layers
+        final: list[Tensor] = []
+        handles = []
+
+        def after(i: int) -> Callable:
+            def hook(module: nn.Module, args: tuple, output: Any) -> Any:
+                out = output[0] if isinstance(output, tuple) else output
+                offsets[i] = torch.zeros_like(out, requires_grad=True)
+                moved = out + offsets[i]
+                return (moved, *output[1:]) if isinstance(output, tuple) else moved
+
+            return hook
+
+        def stop(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            final.append(first_arg(args, kwargs, "input"))
+            raise _Stop
+
+        try:
+            for i, layer in enumerate(self.layers):
+                handles.append(layer.register_forward_hook(after(i)))
+            handles.append(self._final_norm_module.register_forward_pre_hook(stop, with_kwargs=True))
+            with torch.enable_grad(), contextlib.suppress(_Stop):
+                self._forward(ids)
+        finally:
+            for h in handles:
+                h.remove()
+        if not final or any(o is None for o in offsets):
+            raise ModelError("the forward pass did not pass every decoder layer and the final norm; the layout is "
+                             "unexpected.")
+        return final[0], offsets  # type: ignore[return-value]
+
     def head_outputs(self, input_ids: Tensor, layer: int) -> Tensor:
         """Every query head's output before the output projection of ``layer``: (B, T, H, hd).
 
