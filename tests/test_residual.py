@@ -11,6 +11,18 @@ from depthlens.residual import boundary_names, massive_mask, summarise_boundarie
 
 def test_boundary_names() -> None:
     assert boundary_names(2) == [(0, "pre_attn"), (0, "pre_mlp"), (1, "pre_attn"), (1, "pre_mlp"), (2, "final")]
+    assert boundary_names(1, ("pre_attn", "pre_mlp", "pre_ple")) == [(0, "pre_attn"), (0, "pre_mlp"), (0, "pre_ple"),
+                                                                     (1, "final")]
+
+
+def test_three_boundaries_a_layer(rng: np.random.Generator) -> None:
+    states = rng.normal(size=(7, 3, 5))  # 2 layers of 3 boundaries and the final state
+    table = summarise_boundaries(states, boundaries=("pre_attn", "pre_mlp", "pre_ple"))
+    assert list(zip(table["layer"], table["boundary"])) == [(0, "pre_attn"), (0, "pre_mlp"), (0, "pre_ple"),
+                                                            (1, "pre_attn"), (1, "pre_mlp"), (1, "pre_ple"), (2, "final")]
+    np.testing.assert_allclose(table["rms"], np.sqrt((states**2).mean(axis=(1, 2))), rtol=1e-13)
+    with pytest.raises(InputError, match=r"expected \(3L \+ 1, T, d\)"):
+        summarise_boundaries(states[:6], boundaries=("pre_attn", "pre_mlp", "pre_ple"))
 
 
 def test_summary_matches_direct(rng: np.random.Generator) -> None:

@@ -2,7 +2,8 @@
 
 Boundary ``b`` of a model with ``L`` layers: ``b = 2l`` is the pre-attention residual of
 layer ``l``, ``b = 2l + 1`` its pre-MLP residual, ``b = 2L`` the output of the last layer
-before the final norm.
+before the final norm. A family whose layer updates the residual more often has ``S > 2``
+boundaries a layer (Gemma 4: ``pre_attn``, ``pre_mlp``, ``pre_ple``), ``b = S·l + k``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ MASSIVE_ABS = 100.0
 MASSIVE_RATIO = 1000.0
 
 
-def boundary_names(n_layers: int) -> list[tuple[int, str]]:
-    """``(layer, boundary)`` for each of the ``2L + 1`` boundaries, in depth order."""
-    names = [(layer, kind) for layer in range(n_layers) for kind in ("pre_attn", "pre_mlp")]
+#: The boundaries of a layer with an attention and an MLP update.
+BOUNDARIES: tuple[str, ...] = ("pre_attn", "pre_mlp")
+
+
+def boundary_names(n_layers: int, boundaries: tuple[str, ...] = BOUNDARIES) -> list[tuple[int, str]]:
+    """``(layer, boundary)`` for each of the ``S·L + 1`` boundaries (``S`` of them a layer), in depth order."""
+    names = [(layer, kind) for layer in range(n_layers) for kind in boundaries]
     return names + [(n_layers, "final")]
 
 
@@ -41,16 +46,19 @@ def massive_mask(h: np.ndarray, abs_min: float = MASSIVE_ABS, ratio: float = MAS
     return (mag >= abs_min) & (mag >= ratio * np.median(mag))
 
 
-def summarise_boundaries(states: np.ndarray, positions: np.ndarray | None = None) -> pd.DataFrame:
+def summarise_boundaries(states: np.ndarray, positions: np.ndarray | None = None,
+                         boundaries: tuple[str, ...] = BOUNDARIES) -> pd.DataFrame:
     """Per-boundary summary of residual states of one chunk.
 
     Parameters
     ----------
-    states : ndarray, shape (2L + 1, T, d)
+    states : ndarray, shape (S·L + 1, T, d)
         Residual states of one chunk at every boundary (or at the positions summarised).
     positions : ndarray of int, shape (T,), optional
         The chunk's position of each of the ``T`` states given (e.g. a prompt's analysed
         positions), which ``max_pos`` reports; default ``0 … T − 1``.
+    boundaries : tuple of str
+        The ``S`` boundaries of a layer (the adapter's ``boundaries``).
 
     Returns
     -------
@@ -62,16 +70,17 @@ def summarise_boundaries(states: np.ndarray, positions: np.ndarray | None = None
     Raises
     ------
     InputError
-        If ``states`` is not 3-D with an odd number of boundaries.
+        If ``states`` is not 3-D with ``S·L + 1`` boundaries.
     """
     arr = np.asarray(states, dtype=np.float64)
-    if arr.ndim != 3 or arr.shape[0] % 2 != 1 or arr.shape[1] == 0:
-        raise InputError(f"residual states have shape {arr.shape}; expected (2L + 1, T, d) with T >= 1.")
+    S = len(boundaries)
+    if arr.ndim != 3 or arr.shape[0] % S != 1 or arr.shape[1] == 0:
+        raise InputError(f"residual states have shape {arr.shape}; expected ({S}L + 1, T, d) with T >= 1.")
     where = np.arange(arr.shape[1]) if positions is None else np.asarray(positions, dtype=np.int64)
     if where.shape != (arr.shape[1],):
         raise InputError(f"positions has shape {where.shape}; pass one position per state ({arr.shape[1]}).")
     rows = []
-    for b, (layer, kind) in enumerate(boundary_names(arr.shape[0] // 2)):
+    for b, (layer, kind) in enumerate(boundary_names(arr.shape[0] // S, boundaries)):
         h = arr[b]
         mag = np.abs(h)
         pos, dim = np.unravel_index(int(np.argmax(mag)), mag.shape)

@@ -126,8 +126,8 @@ _CAPTURE = {
         **_keys("chunk"),
         "layer": Column("Layer of the boundary, 0-based; L (the number of layers) for `final`.", "integer"),
         "boundary": Column("Residual-stream boundary: `pre_attn` (input of layer l), `pre_mlp` (between its "
-                           "attention and MLP) or `final` (output of the last layer, before the final norm).",
-                           "text"),
+                           "attention and MLP), `pre_ple` (Gemma 4: between its MLP and its per-layer-input update) "
+                           "or `final` (output of the last layer, before the final norm).", "text"),
         "rms": Column("Root mean square over every entry (all positions and dimensions) of the residual "
                       "states at this boundary of this chunk; of a prompt (a prompts file), over its analysed "
                       "positions, as are the other columns of the row.", "residual units; exact float64 reduction"),

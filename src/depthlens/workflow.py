@@ -138,7 +138,7 @@ def check_served(plan: Sequence[str], loaded: LoadedModel) -> None:
     extra = [stage for stage in plan if served is not None and stage in stages_registry.STAGES and stage not in served]
     if extra:
         raise InputError(f"{loaded.name} is a {loaded.adapter.family} model, on which depthlens serves the "
-                         f"{' and '.join(served)} stages only, not {', '.join(extra)}; run depthlens {served[0]} on it.")
+                         f"{', '.join(served)} stages only, not {', '.join(extra)}; run depthlens {served[0]} on it.")
 
 
 def prepare(config: RunConfig, loaded: LoadedModel | None = None, plan: Sequence[str] = ()) -> Prepared:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -18,6 +19,7 @@ from depthlens.errors import InputError, ModelError
 from depthlens.models import adapter_for, build_random, load_model, random_config
 from depthlens.models.float64 import Float64Mode, double_copy
 from depthlens.models.random_models import random_tokenizer
+from depthlens.workflow import prepare
 
 B, T = 2, 16
 
@@ -123,15 +125,36 @@ def test_sliding_windows_are_respected(model) -> None:
             assert (A[..., (i - j < 4) & (j <= i)] > 0).all()
 
 
-def test_residual_states_are_the_layer_inputs(model) -> None:
-    ad = adapter_for(model)
+def test_residual_states_at_three_boundaries_chain_into_each_layer(model) -> None:
+    """``pre_attn``, ``pre_mlp`` and ``pre_ple`` of every layer, in float64: each is the one
+    before plus that update, written out from the layer's modules (attention from the
+    adapter's matrices and values), and the per-layer-input update times the layer scalar
+    gives the next layer's input."""
+    m64 = double_copy(model).eval()
+    ad = adapter_for(m64)
+    assert ad.boundaries == ("pre_attn", "pre_mlp", "pre_ple")
     ids = _ids(2)
-    with torch.no_grad():
-        hidden = model(ids, output_hidden_states=True).hidden_states
-    states = ad.residual_states(ids)
-    for layer in range(6):
-        assert torch.equal(states[2 * layer], hidden[layer])
-    assert torch.equal(ad.final_norm(states[-1]), hidden[-1])
+    with Float64Mode(), torch.no_grad():
+        hidden = m64(ids, output_hidden_states=True).hidden_states
+        states = ad.residual_states(ids)
+        assert states.shape == (3 * 6 + 1, B, T, 64)
+        embeds = m64.model.embed_tokens(ids)
+        per_layer = m64.model.project_per_layer_inputs(embeds, m64.model.get_per_layer_inputs(ids, embeds))
+        inputs, probs = ad.attention_inputs(ids), dict(ad.attention_probs(ids))
+        for index in range(6):
+            layer, (h, g, r) = m64.model.layers[index], states[3 * index: 3 * index + 3]
+            assert torch.equal(h, hidden[index])
+            source = ad.kv_source(index)
+            v = torch.repeat_interleave(ad.qkv(source, inputs[source])[2], 4 // ad.layer_kv_heads(index), dim=1)
+            heads = (probs[index] @ v).transpose(1, 2).reshape(B, T, -1)
+            torch.testing.assert_close(g, h + layer.post_attention_layernorm(layer.self_attn.o_proj(heads)),
+                                       rtol=0, atol=1e-12)
+            mlp = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(g)))
+            torch.testing.assert_close(r, g + mlp, rtol=0, atol=1e-12)
+            gate = layer.act_fn(layer.per_layer_input_gate(r)) * per_layer[:, :, index]
+            update = layer.post_per_layer_input_norm(layer.per_layer_projection(gate))
+            torch.testing.assert_close(states[3 * index + 3], layer.layer_scalar * (r + update), rtol=0, atol=1e-12)
+        torch.testing.assert_close(ad.final_norm(states[-1]), hidden[-1], rtol=0, atol=1e-12)
 
 
 def test_sub_layer_maps_are_refused_in_one_line(model) -> None:
@@ -142,7 +165,7 @@ def test_sub_layer_maps_are_refused_in_one_line(model) -> None:
         with pytest.raises(ModelError) as excinfo:
             call()
         message = str(excinfo.value)
-        assert "\n" not in message and "per-layer-input" in message and "attention and lens stages" in message
+        assert "\n" not in message and "per-layer-input" in message and "capture, attention, lens stages" in message
     assert h.abs().sum() == 0
 
 
@@ -205,7 +228,7 @@ def test_a_run_with_stages_the_family_does_not_serve_is_refused_before_writing(t
     with pytest.raises(InputError) as excinfo:
         depthlens.analyse("random:gemma4", out=out, preset="quick")
     message = str(excinfo.value)
-    assert "\n" not in message and "serves the attention and lens stages only" in message and "jacobian" in message
+    assert "\n" not in message and "serves the capture, attention, lens stages only" in message and "jacobian" in message
     assert not out.exists()
 
 
@@ -224,3 +247,15 @@ def test_the_lens_stage_runs_on_gemma4(tmp_path) -> None:
     assert sorted(transport["layer"]) == list(range(6))
     artifact = read_transport(tmp_path / "run" / "arrays" / "lens.pt")
     assert artifact.d_model == 64 and sorted(artifact.source_layers) == list(range(6))
+
+
+def test_the_capture_stage_summarises_three_boundaries_a_layer(tmp_path) -> None:
+    run = depthlens.analyse("random:gemma4", out=tmp_path / "run", preset="quick", stages=["capture"], chunks=2,
+                            seq_len=16)
+    summary = run.table("residual_summary")
+    chunk = summary[summary["chunk"] == 0]
+    assert list(zip(chunk["layer"], chunk["boundary"])) == [
+        *((layer, kind) for layer in range(6) for kind in ("pre_attn", "pre_mlp", "pre_ple")), (6, "final")]
+    prepared = prepare(run.config)  # the run's model and chunks, made again
+    states = prepared.loaded.adapter.residual_states(prepared.token_ids[:1])[:, 0].double()
+    np.testing.assert_allclose(chunk["rms"], states.pow(2).mean(dim=(1, 2)).sqrt().numpy(), rtol=1e-12, atol=0)

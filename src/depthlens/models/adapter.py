@@ -13,6 +13,9 @@ Residual states
     before the final norm. For parallel-residual models (GPT-NeoX / Pythia with
     ``use_parallel_residual``) the pre-MLP state is *defined* as ``h + Attn(ln_1(h))``; the
     model's MLP reads ``ln_2(h)`` of the pre-attention state ``h``, not of this state.
+    A family with more residual updates per layer names more boundaries
+    (:attr:`Adapter.boundaries`; Gemma 4 adds ``pre_ple``, before its per-layer-input
+    update): with ``S`` boundaries a layer, ``[S * l + k]`` is boundary ``k`` of layer ``l``.
 
 Sub-layer maps
     ``sublayer(l, "attn")`` is ``h -> h + Attn(norm(h))`` and ``sublayer(l, "mlp")`` is
@@ -52,16 +55,16 @@ adapter never adds a BOS token (see :meth:`Adapter.prepend_bos`).
 
 from __future__ import annotations
 
-import operator
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, ModelError
+from .checks import Checks
 from .hooks import Captures
 from .interventions import Interventions
 from .registry import family_for_config, text_config
@@ -80,22 +83,12 @@ def check_sublayer(kind: str) -> Sublayer:
     return kind  # type: ignore[return-value]
 
 
-def _as_index(value: object) -> int | None:
-    """``value`` as a Python int if it is an integer (numpy integers included, bools not)."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
-
-
 def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     """(B, KV, T, d) -> (B, KV * n_rep, T, d); query head j reads key/value head j // n_rep."""
     return x if n_rep == 1 else torch.repeat_interleave(x, n_rep, dim=1)
 
 
-class Adapter(Captures, Interventions, ABC):
+class Adapter(Captures, Interventions, Checks, ABC):
     """A causal LM seen as a stack of sub-layer maps (abstract; one subclass per family).
 
     Attributes
@@ -119,6 +112,9 @@ class Adapter(Captures, Interventions, ABC):
         True when attention and MLP read the same residual (GPT-NeoX / Pythia).
     has_rope : bool
         True when queries and keys carry rotary position embeddings (:meth:`rope_cos_sin`).
+    boundaries : tuple of str
+        The residual states of one layer, in order (:meth:`residual_states`): ``pre_attn``
+        and ``pre_mlp``, and more where the family's layer updates the residual more often.
 
     Examples
     --------
@@ -167,6 +163,7 @@ class Adapter(Captures, Interventions, ABC):
         self._rope = getattr(self.backbone, "rotary_emb", None)
         self._rotary_fn = getattr(sys.modules[type(self._attns[0]).__module__], "apply_rotary_pos_emb", None)
         self.has_rope: bool = self._rope is not None and self._rotary_fn is not None
+        self.boundaries: tuple[str, ...] = ("pre_attn", "pre_mlp", *self._extra_boundaries())
         #: The :class:`~depthlens.models.streaming.Streamer` of a layer-streamed model, else None.
         self.streamer: Any = None
 
@@ -246,6 +243,14 @@ class Adapter(Captures, Interventions, ABC):
 
     def _parallel_residual(self) -> bool:
         return False
+
+    def _extra_boundaries(self) -> tuple[str, ...]:
+        """Boundaries of a layer after its pre-MLP residual (:meth:`_extra_boundary_module`)."""
+        return ()
+
+    def _extra_boundary_module(self, layer: int, boundary: str) -> nn.Module:
+        """A module whose first input is the residual at extra boundary ``boundary`` of ``layer``."""
+        raise ModelError(f"{self.family} has no boundary {boundary!r}.")
 
     def layer_head_dim(self, layer: int) -> int:
         """The width of one head of ``layer`` (:attr:`head_dim` unless the family's layers differ)."""
@@ -367,29 +372,6 @@ class Adapter(Captures, Interventions, ABC):
 
     # ------------------------------------------------------------------ helpers
 
-    def checked_ids(self, input_ids: Tensor) -> Tensor:
-        """``input_ids`` ((T,) or (B, T)) as a (B, T) int64 tensor on the model's device, refused
-        in one line (:class:`~depthlens.errors.InputError`) when longer than the context or
-        outside the vocabulary."""
-        return self._ids(input_ids)
-
-    def _ids(self, input_ids: Tensor) -> Tensor:
-        ids = torch.as_tensor(input_ids)
-        if ids.ndim == 1:
-            ids = ids.unsqueeze(0)
-        if ids.ndim != 2 or ids.shape[1] == 0 or ids.shape[0] == 0:
-            raise InputError(f"input_ids has shape {tuple(ids.shape)}; pass token ids of shape (B, T) with T >= 1.")
-        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
-            raise InputError(f"input_ids has dtype {ids.dtype}; pass integer token ids.")
-        if ids.shape[1] > self.max_seq_len:
-            raise InputError(
-                f"input_ids has {ids.shape[1]} positions; this model handles at most {self.max_seq_len}."
-            )
-        vocab = self.vocab_size
-        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-            raise InputError(f"input_ids holds ids outside [0, {vocab}); check the tokenizer matches the model.")
-        return ids.long().to(self.device)
-
     @property
     def device(self) -> torch.device:
         """The device of the model's parameters (those held in memory, for a streamed model)."""
@@ -403,33 +385,6 @@ class Adapter(Captures, Interventions, ABC):
     def _held_parameter(self) -> nn.Parameter:
         """The first parameter that is not on ``meta`` (a streamed model's released layers are)."""
         return next(p for p in self.model.parameters() if not p.is_meta)
-
-    def check_layer(self, layer: int, *, allow_end: bool = False) -> int:
-        """``layer`` as an int if it is a layer index (``allow_end``: or ``n_layers``, the final state).
-
-        Raises
-        ------
-        InputError
-            For anything else (out of range, not an integer, a bool).
-        """
-        top = self.n_layers if allow_end else self.n_layers - 1
-        index = _as_index(layer)
-        if index is None or not 0 <= index <= top:
-            raise InputError(f"layer {layer!r} is out of range; this model has layers 0 .. {self.n_layers - 1}.")
-        return index
-
-    def _check_heads(self, head: int | Iterable[int]) -> list[int]:
-        heads = [head] if _as_index(head) is not None else list(head)
-        if not heads:
-            raise InputError("no heads given; pass a head index or a non-empty list of them.")
-        for i, h in enumerate(heads):
-            index = _as_index(h)
-            if index is None or not 0 <= index < self.n_heads:
-                raise InputError(f"head {h!r} is out of range; layers have heads 0 .. {self.n_heads - 1}.")
-            heads[i] = index
-        if len(set(heads)) != len(heads):
-            raise InputError(f"heads {heads} repeat an index; list each head once.")
-        return heads
 
     def _forward(self, ids: Tensor) -> Any:
         return self.model(input_ids=ids, use_cache=False)

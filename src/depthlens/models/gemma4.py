@@ -16,15 +16,16 @@ layers have their own rotary embedding (partial on full layers). The last
 ``num_kv_shared_layers`` layers compute no keys or values: each attends with those of the
 last earlier layer of its type (:meth:`Gemma4Adapter.kv_source`).
 
-What depthlens serves on this family: the attention stage (every layer's float64 attention
-matrices, shared-key layers included, equal to the model's eager attention) and the lens stage
+What depthlens serves on this family: the capture stage (pattern features, and the residual
+stream at three boundaries a layer: ``pre_attn``, ``pre_mlp`` and ``pre_ple``, before the
+per-layer-input update), the attention stage (every layer's float64 attention matrices,
+shared-key layers included, equal to the model's eager attention) and the lens stage
 (transport through the model's own forward pass, shared keys and per-layer inputs included:
-:meth:`~depthlens.models.adapter.Adapter.layer_offsets`). The sub-layer
-maps are refused in one line: a layer's update depends on its per-layer input and, for a
-shared layer, on an earlier layer's keys, so it is not a function of the residual alone, and
-the per-layer-input update is a third residual boundary that the Jacobian, topology, ablate
-and clamp engines do not yet know. A mixture-of-experts block (``enable_moe_block``) is
-refused.
+:meth:`~depthlens.models.adapter.Adapter.layer_offsets`). The sub-layer maps are refused in
+one line: a layer's update depends on its per-layer input and, for a shared layer, on an
+earlier layer's keys, so it is not a function of the residual alone; and the Jacobian,
+topology, ablate and clamp engines know two boundaries a layer, not three. A
+mixture-of-experts block (``enable_moe_block``) is refused.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from .registry import TINY_COMMON, Family, text_config
 from .weights import LayerWeights, WeightReader
 
 #: What the family's adapter serves (:attr:`~depthlens.models.registry.Family.stages`).
-STAGES = ("attention", "lens")
+STAGES = ("capture", "attention", "lens")
 
 
 class Gemma4Adapter(Gemma3Adapter):
@@ -66,6 +67,14 @@ class Gemma4Adapter(Gemma3Adapter):
         self._sources = [i if modes[i] != "reuse" else max(j for j in range(first_shared) if types[j] == types[i])
                          for i in range(self.n_layers)]
         self._rotate = sys.modules[type(self._attns[0]).__module__].apply_rotary_pos_emb
+
+    def _extra_boundaries(self) -> tuple[str, ...]:
+        return ("pre_ple",) if self.config.hidden_size_per_layer_input else ()
+
+    def _extra_boundary_module(self, layer: int, boundary: str) -> nn.Module:
+        if boundary != "pre_ple":
+            return super()._extra_boundary_module(layer, boundary)
+        return self.layers[layer].per_layer_input_gate  # reads the residual after the MLP update
 
     # ------------------------------------------------------------------ per-layer shapes
     # n_kv_heads and head_dim are layer 0's (a sliding layer's); layers differ
@@ -110,7 +119,7 @@ class Gemma4Adapter(Gemma3Adapter):
     def _unsupported(self, what: str) -> NoReturn:
         raise ModelError(f"gemma4 {what}: a Gemma 4 layer adds a per-layer-input update and may read an earlier "
                          "layer's keys and values, so its sub-layers are not maps of the residual alone; depthlens "
-                         f"serves the {' and '.join(STAGES)} stages on this family.")
+                         f"serves the {', '.join(STAGES)} stages on this family.")
 
     def branch(self, layer: int, kind: Sublayer) -> Callable[[Tensor], Tensor]:
         self._unsupported("sub-layer maps")

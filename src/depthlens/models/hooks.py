@@ -139,49 +139,48 @@ class Captures:
         return captured
 
     def residual_states(self, input_ids: Tensor) -> Tensor:
-        """The residual stream ``(2L + 1, B, T, d)`` in the model dtype, from one forward pass
-        that stops at the final norm (no logits are formed).
+        """The residual stream ``(S·L + 1, B, T, d)`` in the model dtype (``S`` boundaries a
+        layer, :attr:`boundaries`; 2 but for Gemma 4's 3), from one forward pass that stops
+        at the final norm (no logits are formed).
 
-        Index ``2l`` is the input of layer ``l``, ``2l + 1`` its pre-MLP residual (for parallel
-        residual models ``h + Attn(ln_1(h))``), ``2L`` the last layer's output before the final
-        norm. Active clamps and ablations are reflected.
+        Index ``S·l`` is the input of layer ``l``, ``S·l + 1`` its pre-MLP residual (for
+        parallel residual models ``h + Attn(ln_1(h))``), ``S·l + k`` its further boundaries,
+        ``S·L`` the last layer's output before the final norm. Active clamps and ablations are
+        reflected.
         """
         ids = self._ids(input_ids)
-        L = self.n_layers
-        states: list[Tensor | None] = [None] * (2 * L + 1)
+        L, S = self.n_layers, len(self.boundaries)
+        states: list[Tensor | None] = [None] * (S * L + 1)
         handles = []
 
-        def pre_layer(i: int) -> Callable:
+        def pre(index: int) -> Callable:
             def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-                states[2 * i] = first_arg(args, kwargs).detach()
-
-            return hook
-
-        def pre_mlp(i: int) -> Callable:
-            def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-                states[2 * i + 1] = first_arg(args, kwargs).detach()
+                states[index] = first_arg(args, kwargs).detach()
 
             return hook
 
         def attn_out(i: int) -> Callable:
             def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
                 a = output[0] if isinstance(output, tuple) else output
-                states[2 * i + 1] = states[2 * i] + a.detach()
+                states[S * i + 1] = states[S * i] + a.detach()
 
             return hook
 
         def final(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            states[2 * L] = first_arg(args, kwargs, "input").detach()
+            states[S * L] = first_arg(args, kwargs, "input").detach()
             raise _Stop  # the final norm and the unembedding read nothing kept here
 
         try:
             for i, layer in enumerate(self.layers):
-                handles.append(layer.register_forward_pre_hook(pre_layer(i), with_kwargs=True))
+                handles.append(layer.register_forward_pre_hook(pre(S * i), with_kwargs=True))
                 mod = self._pre_mlp_module(i)
                 if mod is None:
                     handles.append(self._attns[i].register_forward_hook(attn_out(i), with_kwargs=True))
                 else:
-                    handles.append(mod.register_forward_pre_hook(pre_mlp(i), with_kwargs=True))
+                    handles.append(mod.register_forward_pre_hook(pre(S * i + 1), with_kwargs=True))
+                for k, boundary in enumerate(self.boundaries[2:], start=2):
+                    module = self._extra_boundary_module(i, boundary)
+                    handles.append(module.register_forward_pre_hook(pre(S * i + k), with_kwargs=True))
             handles.append(self._final_norm_module.register_forward_pre_hook(final, with_kwargs=True))
             with torch.no_grad(), contextlib.suppress(_Stop):
                 self._forward(ids)

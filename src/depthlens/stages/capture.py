@@ -110,7 +110,7 @@ def capture_batch(adapter, input_ids: torch.Tensor | Chunks, first_chunk: int) -
     states = adapter.residual_states(input_ids).detach().to(torch.float64).cpu().numpy()
     residual_tables = []
     for i, chunk in enumerate(chunk_ids):
-        table = summarise_boundaries(states[:, i])
+        table = summarise_boundaries(states[:, i], boundaries=adapter.boundaries)
         table.insert(0, "chunk", int(chunk))
         residual_tables.append(table)
     return {
@@ -138,7 +138,7 @@ def _capture_ragged(adapter, batch: Chunks, first_chunk: int) -> dict[str, pd.Da
     residual_tables = []
     for i in range(len(lengths)):
         positions = batch.positions(i)
-        table = summarise_boundaries(states[:, i][:, positions], positions)
+        table = summarise_boundaries(states[:, i][:, positions], positions, adapter.boundaries)
         table.insert(0, "chunk", first_chunk + i)
         residual_tables.append(table)
     return {
