@@ -52,6 +52,9 @@ __all__ = ["cache_root", "gguf_model_name", "gguf_shards", "load_gguf"]
 _CACHE_FORMAT = 2
 #: GGUF architectures whose expert tensors transformers merges across several file tensors.
 _MERGED_ARCHITECTURES = frozenset({"qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss", "minimax-m2"})
+#: GGUF architectures whose configuration transformers' GGUF reader does not carry in full
+#: (Gemma 4: its per-layer inputs, shared keys and values and layer types take defaults).
+_PARTIAL_CONFIG_ARCHITECTURES = frozenset({"gemma4"})
 _MARKER = "depthlens.json"
 #: A shard's file name: ``<stem>-<number>-of-<count>.gguf`` (gguf-py's ``SHARD_NAME_FORMAT``).
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -215,7 +218,8 @@ def _write_weights(shards: list[Path], config: Any, out: Path, read: Callable[[P
     ------
     ModelError
         An architecture whose GGUF tensors transformers merges across tensors (mixtures of
-        experts), a tensor of the wrong shape, or a parameter the file does not hold.
+        experts) or whose configuration it does not read in full (Gemma 4), a tensor of the
+        wrong shape, or a parameter the file does not hold.
     """
     import numpy as np
     from gguf import GGUFReader
@@ -231,6 +235,10 @@ def _write_weights(shards: list[Path], config: Any, out: Path, read: Callable[[P
     if architecture in _MERGED_ARCHITECTURES:
         raise ModelError(f"{path} is a {architecture} GGUF file, whose expert tensors depthlens cannot convert; "
                          "pass the model's safetensors folder instead.")
+    if architecture in _PARTIAL_CONFIG_ARCHITECTURES:
+        raise ModelError(f"{path} is a {architecture} GGUF file, whose per-layer-input, shared key/value and "
+                         "layer-type settings transformers' GGUF reader does not carry; pass the model's safetensors "
+                         "folder or hub id instead.")
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
     model = skeleton(config)
     with _cached_name_maps():
