@@ -125,20 +125,21 @@ def check_context(config: RunConfig, plan: Sequence[str], context: int | None, n
             check(config, context, name)
 
 
-def check_served(plan: Sequence[str], loaded: LoadedModel) -> None:
-    """Refuse a plan with a stage that the model's family does not serve
-    (:attr:`~depthlens.models.registry.Family.stages`), before anything is written.
+def check_served(plan: Sequence[str], family_name: str, name: str, fix: str = "") -> None:
+    """Refuse a plan with a stage that the family ``family_name`` of the model ``name`` does
+    not serve (:attr:`~depthlens.models.registry.Family.stages`), before anything is written.
 
     Raises
     ------
     InputError
-        Naming the stages the family serves and the command that runs them.
+        Naming the stages the family serves and ``fix`` (default: the commands that run them).
     """
-    served = family(loaded.adapter.family).stages
+    served = family(family_name).stages
     extra = [stage for stage in plan if served is not None and stage in stages_registry.STAGES and stage not in served]
     if extra:
-        raise InputError(f"{loaded.name} is a {loaded.adapter.family} model, on which depthlens serves the "
-                         f"{', '.join(served)} stages only, not {', '.join(extra)}; run depthlens {served[0]} on it.")
+        names = ", ".join(served)
+        raise InputError(f"{name} is a {family_name} model, on which depthlens serves the {names} stages only, not "
+                         f"{', '.join(extra)}; {fix or 'run one of depthlens ' + names + ' on it'}.")
 
 
 def prepare(config: RunConfig, loaded: LoadedModel | None = None, plan: Sequence[str] = ()) -> Prepared:
@@ -157,7 +158,7 @@ def prepare(config: RunConfig, loaded: LoadedModel | None = None, plan: Sequence
                             trust_remote_code=config.trust_remote_code, seed=config.seed,
                             stream_layers=config.stream_layers)
     check_finite_weights(loaded.model, loaded.name)
-    check_served(plan, loaded)
+    check_served(plan, loaded.adapter.family, loaded.name)
     check_context(config, plan, loaded.adapter.max_seq_len, loaded.name)
     if config.prompts:
         prompts = data.load_prompts(config.text)

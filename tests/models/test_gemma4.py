@@ -229,7 +229,27 @@ def test_a_run_with_stages_the_family_does_not_serve_is_refused_before_writing(t
         depthlens.analyse("random:gemma4", out=out, preset="quick")
     message = str(excinfo.value)
     assert "\n" not in message and "serves the capture, attention, lens stages only" in message and "jacobian" in message
+    assert "run one of depthlens capture, attention, lens on it" in message
     assert not out.exists()
+
+
+def test_a_trained_gemma4_series_and_its_census(tmp_path) -> None:
+    """Any depth trains (two layers: none shared, so every layer type computes its keys); a
+    census of stages the family does not serve is refused before writing, one it serves runs."""
+    from depthlens.training import resolve, train
+
+    assert random_config("gemma4", "num_hidden_layers=2").num_kv_shared_layers == 0
+    assert random_config("gemma4", "num_hidden_layers=5").layer_types[-1] == "full_attention"
+    series = train(resolve(None, family="gemma4", n_layers=2, d_model=32, n_heads=2, d_ff=64, steps=2, checkpoints=1,
+                           seq_len=32), tmp_path / "series", quiet=True)
+    out = tmp_path / "census"
+    with pytest.raises(InputError) as excinfo:
+        depthlens.census(series, out=out, preset="quick", probe_len=8, seq_len=16)
+    message = str(excinfo.value)
+    assert "\n" not in message and "not jacobian, topology" in message and "pass stages= with those" in message
+    assert not out.exists()
+    run = depthlens.census(series, out=out, preset="quick", stages=["attention"], probe_len=8, seq_len=16, chunks=2)
+    assert sorted(set(run.census_heads["checkpoint"])) == ["step-0", "step-2"]
 
 
 def test_the_attention_stage_runs_on_gemma4(tmp_path) -> None:

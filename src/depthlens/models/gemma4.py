@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from torch import Tensor, nn
 
@@ -134,6 +134,14 @@ class Gemma4Adapter(Gemma3Adapter):
         self._unsupported("layer weights")
 
 
+def _finish_config(values: dict[str, Any]) -> None:
+    """Tiny configurations of any depth: the last layer full (as Gemma 4 requires), and unless
+    set, the last two layers reading shared keys and values where at least four layers
+    compute their own (fewer: none shared), so every layer type keeps a producer."""
+    values["layer_types"] = [*values["layer_types"][:-1], "full_attention"]
+    values.setdefault("num_kv_shared_layers", max(0, min(2, int(values["num_hidden_layers"]) - 4)))
+
+
 ENTRIES = (
     Family(
         name="gemma4",
@@ -142,8 +150,8 @@ ENTRIES = (
         tiny_config={
             **TINY_COMMON,
             # E2B/E4B-shaped: sliding and full layers of different head widths and key/value
-            # heads, the last two layers reading shared keys and values (one of each type),
-            # per-layer inputs, double-wide MLPs on the shared layers, values from the keys on
+            # heads, the last two layers reading shared keys and values (one of each type:
+            # _finish_config), per-layer inputs, double-wide MLPs on the shared layers, values from the keys on
             # full layers, and a final logit soft-cap
             "num_hidden_layers": 6,
             "num_key_value_heads": 2,
@@ -154,7 +162,6 @@ ENTRIES = (
             "sliding_window": 4,
             "vocab_size_per_layer_input": 256,
             "hidden_size_per_layer_input": 8,
-            "num_kv_shared_layers": 2,
             "attention_k_eq_v": True,
             "use_double_wide_mlp": True,
             "final_logit_softcapping": 30.0,
@@ -163,6 +170,7 @@ ENTRIES = (
         adapter=Gemma4Adapter,
         layer_pattern=("sliding_attention", "full_attention"),
         wrapper_types=("gemma4",),
+        finish_config=_finish_config,
         stages=STAGES,
     ),
 )

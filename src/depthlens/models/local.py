@@ -65,18 +65,31 @@ def series_checkpoint(folder: Path, revision: str | None) -> Path:
     return folder / revision
 
 
+def _declared(folder: str | Path) -> dict:
+    """A checkpoint folder's ``config.json`` as a dict, empty when it is missing or unreadable."""
+    try:
+        values = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return values if isinstance(values, dict) else {}
+
+
 def declared_context(folder: str | Path) -> int | None:
     """The context length a checkpoint folder's ``config.json`` declares
     (``max_position_embeddings``, else GPT-2's ``n_positions`` or ``n_ctx``), read without
     loading the model; None when the folder has no readable config or it declares none."""
-    try:
-        values = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
+    values = _declared(folder)
     for key in ("max_position_embeddings", "n_positions", "n_ctx"):
-        if isinstance(values, dict) and isinstance(values.get(key), int) and values[key] > 0:
+        if isinstance(values.get(key), int) and values[key] > 0:
             return int(values[key])
     return None
+
+
+def declared_model_type(folder: str | Path) -> str | None:
+    """The ``model_type`` a checkpoint folder's ``config.json`` declares, read without loading
+    the model; None when there is none."""
+    model_type = _declared(folder).get("model_type")
+    return model_type if isinstance(model_type, str) else None
 
 
 def _weight_files(folder: Path) -> tuple[list[Path], bool]:

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from .adapter import Adapter
 
 __all__ = [
-    "BUILTIN_MODULES", "TINY_COMMON", "Family", "families", "family", "family_for_config", "register", "text_config",
+    "BUILTIN_MODULES", "TINY_COMMON", "Family", "families", "family", "family_for_config", "family_of_model_type",
+    "register", "text_config",
 ]
 
 #: The modules (in :mod:`depthlens.models`) that declare the built-in families in their
@@ -200,6 +201,12 @@ def family(name: str) -> Family:
     if entry is None:
         raise ModelError(f"unknown family {name!r}; choose one of {', '.join(_ENTRIES)}.")
     return entry
+
+
+def family_of_model_type(model_type: str) -> Family | None:
+    """The :class:`Family` whose ``model_types`` hold ``model_type``, or None."""
+    _load_builtin()
+    return _BY_MODEL_TYPE.get(model_type)
 
 
 def text_config(config: Any) -> Any:
