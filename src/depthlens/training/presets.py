@@ -40,6 +40,12 @@ __all__ = ["TRAINING_PRESETS", "resolve"]
 #: that layer 3 had at step 2947 is gone, so longer training alone does not reach C1's five.
 #: Eight heads a layer instead (4000 steps, 12.5 min on 2 cores) end with roles in two layers (a
 #: previous-token head and a sink in layer 3, an induction head in layer 4; C1 p = 0.93).
+#: Two routes to more paired layers failed before any head formed: dropping each layer with
+#: probability 0.3 per step (so that circuits would repeat across layers; 3000 steps in 4.7 min)
+#: left the training loss at 4.43 with no induction drop; and seed replicates, whose layers C1
+#: could pool, need the induction head to form in each, which none of seeds 0 and 1 did by 2000
+#: steps at lr 3e-3 (two series in parallel on one thread each: 6.9 min, 1.28 times the steps
+#: per second of one series on two threads).
 TRAINING_PRESETS: dict[str, dict[str, Any]] = {
     "induction": {"family": "llama", "n_layers": 2, "d_model": 128, "n_heads": 4, "d_ff": 512, "seq_len": 160,
                   "batch_size": 32, "steps": 2000, "lr": 1e-3, "warmup": 100, "checkpoints": 12,
