@@ -88,7 +88,7 @@ def paired(adapter, ids: torch.Tensor, batch_size: int) -> dict:
                   for s in range(0, HELDOUT, batch_size)]
         out = {"naive": [], "core": [], "delta_naive": [], "delta_core": [], "clean": t_clean}
         for layer in SAMPLE_LAYERS:
-            value = means[layer, SAMPLE_HEAD]
+            value = means[layer][SAMPLE_HEAD]
             start = _clock()
             with adapter.ablate_head(layer, SAMPLE_HEAD, "mean", value):
                 ablated = naive_nll(adapter, held, batch_size)

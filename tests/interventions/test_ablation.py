@@ -126,7 +126,7 @@ def test_delta_ce_matches_full_forward_passes(ids: torch.Tensor, budget: int, mo
     table, _ = ab.criticality(ad, ids, ("mean",), HELDOUT, BATCH, n_boot=50)
     means = ab.head_means(ad, ids[: CHUNKS - HELDOUT], BATCH)
     for row in table.itertuples():
-        want = _brute_delta(ad, ids, row.layer, row.head, "mean", means[row.layer, row.head].float())
+        want = _brute_delta(ad, ids, row.layer, row.head, "mean", means[row.layer][row.head].float())
         assert abs(row.criticality - want) < 1e-5, (row.layer, row.head, row.criticality, want)
     held = ids[CHUNKS - HELDOUT :]
     np.testing.assert_allclose(table["ce_clean"], float(_brute_nll(ad, held).mean()), rtol=1e-6)

@@ -116,6 +116,18 @@ def test_attention_matches_eager_in_float64(model) -> None:
             assert torch.allclose(heads, ad.head_outputs(ids, layer), rtol=0, atol=1e-12), layer
 
 
+def test_apply_rope_is_the_rotation_qkv_applies(model) -> None:
+    ad = adapter_for(model)
+    x = ad.attention_inputs(_ids(5), [1])[1]
+    a = model.model.layers[1].self_attn
+    shape = (B, T, -1, ad.layer_head_dim(1))
+    q = a.q_norm(a.q_proj(x).view(shape)).transpose(1, 2)
+    k = a.k_norm(a.k_proj(x).view(shape)).transpose(1, 2)
+    rq, rk = ad.apply_rope(q, k, *ad.rope_cos_sin(1, T, x))
+    want_q, want_k, _ = ad.qkv(1, x)
+    assert torch.equal(rq, want_q) and torch.equal(rk, want_k) and not torch.equal(rq, q)
+
+
 def test_sliding_windows_are_respected(model) -> None:
     ad = adapter_for(model)
     for layer, A in ad.attention_probs(_ids(1)):
@@ -165,7 +177,7 @@ def test_sub_layer_maps_are_refused_in_one_line(model) -> None:
         with pytest.raises(ModelError) as excinfo:
             call()
         message = str(excinfo.value)
-        assert "\n" not in message and "per-layer-input" in message and "capture, attention, lens stages" in message
+        assert "\n" not in message and "per-layer-input" in message and "capture, attention, ablate, contest, lens stages" in message
     assert h.abs().sum() == 0
 
 
@@ -228,8 +240,8 @@ def test_a_run_with_stages_the_family_does_not_serve_is_refused_before_writing(t
     with pytest.raises(InputError) as excinfo:
         depthlens.analyse("random:gemma4", out=out, preset="quick")
     message = str(excinfo.value)
-    assert "\n" not in message and "serves the capture, attention, lens stages only" in message and "jacobian" in message
-    assert "run one of depthlens capture, attention, lens on it" in message
+    assert "\n" not in message and "serves the capture, attention, ablate, contest, lens stages only" in message and "jacobian" in message
+    assert "run one of depthlens capture, attention, ablate, contest, lens on it" in message
     assert not out.exists()
 
 
@@ -252,11 +264,14 @@ def test_a_trained_gemma4_series_and_its_census(tmp_path) -> None:
     assert sorted(set(run.census_heads["checkpoint"])) == ["step-0", "step-2"]
 
 
-def test_the_attention_stage_runs_on_gemma4(tmp_path) -> None:
-    run = depthlens.analyse("random:gemma4", out=tmp_path / "run", preset="quick", stages=["attention"],
-                            probe_seqs=2, chunks=2, seq_len=16)
-    heads = run.table("heads")
-    assert sorted(set(heads["layer"])) == list(range(6)) and set(heads["head"]) == set(range(4))
+def test_the_attention_ablate_and_contest_stages_run_on_gemma4(tmp_path) -> None:
+    run = depthlens.analyse("random:gemma4", out=tmp_path / "run", preset="quick", stages=["contest"],
+                            probe_seqs=2, chunks=4, seq_len=16)
+    assert {name: record["status"] for name, record in run.manifest["stages"].items()} == {
+        "attention": "done", "ablate": "done", "contest": "done"}
+    for table in ("heads", "ablation"):
+        rows = run.table(table)
+        assert sorted(set(rows["layer"])) == list(range(6)) and set(rows["head"]) == set(range(4))
 
 
 def test_the_lens_stage_runs_on_gemma4(tmp_path) -> None:
@@ -279,3 +294,33 @@ def test_the_capture_stage_summarises_three_boundaries_a_layer(tmp_path) -> None
     prepared = prepare(run.config)  # the run's model and chunks, made again
     states = prepared.loaded.adapter.residual_states(prepared.token_ids[:1])[:, 0].double()
     np.testing.assert_allclose(chunk["rms"], states.pow(2).mean(dim=(1, 2)).sqrt().numpy(), rtol=1e-12, atol=0)
+
+
+def test_ablation_criticality_equals_the_models_own_passes() -> None:
+    """Every head of every layer (shared-key layers and their sources included), mean, zero and
+    resample ablation: the stage's batched passes against one forward pass per head with the
+    ablation hook, cross-entropy from float64 log-softmax."""
+    from depthlens.interventions import ablation as ab
+
+    loaded = load_model("random:gemma4", seed=3)
+    _perturbed(loaded.model, seed=5)
+    ad = loaded.adapter
+    ids = torch.randint(0, 256, (5, 12), generator=torch.Generator().manual_seed(6))
+    table, _ = ab.criticality(ad, ids, ("mean", "zero", "resample"), 3, 2, n_boot=20)
+    means = ab.head_means(ad, ids[:2], 2)
+    assert [tuple(m.shape) for m in means] == [(4, 16), (4, 32)] * 3
+    held = ids[2:]
+
+    def nll(batch: torch.Tensor) -> torch.Tensor:
+        logits = ad.logits(batch).to(torch.float64)[:, :-1]
+        return -torch.log_softmax(logits, dim=-1).gather(-1, batch[:, 1:, None])[..., 0]
+
+    clean = nll(held)
+    sources = ids[torch.tensor([0, 1, 0])]
+    for row in table.itertuples():
+        value = {"mean": means[row.layer][row.head].float(), "zero": None,
+                 "resample": ad.head_outputs(sources, row.layer)[:, :, row.head]}[row.method]
+        with ad.ablate_head(row.layer, row.head, row.method, value):
+            want = float((nll(held) - clean).mean())
+        assert abs(row.criticality - want) < 1e-5, (row.layer, row.head, row.method, row.criticality, want)
+    assert (table["criticality"].abs() > 0).all()

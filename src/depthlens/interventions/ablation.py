@@ -28,7 +28,9 @@ pass per layer instead of one per head, with the same arithmetic. Layers below `
 unchanged by the ablation, so skipping them is exact; and because clean and ablated values
 go through the same maps and cross-entropy, a head whose output-projection slice is zero gets
 ΔCE = 0 (bit for bit in the suite, whose BLAS computes a row the same way whatever the
-batch).
+batch). A model whose layers are not maps of the residual alone (Gemma 4:
+``Adapter.block_maps`` False) has no layer to start from: its clean and ablated passes are
+its own forward pass, each whole (about twice the work).
 
 Arithmetic: forward passes in the model dtype (float32 by default); per-token cross-entropies
 from float32 logits (``log_softmax`` of a few chunks at a time; bfloat16/float16 logits are
@@ -218,11 +220,14 @@ def clean_pass(adapter, ids: Tensor, chunks: Sequence[int], keep: Collection[int
     ids = torch.as_tensor(ids).to(adapter.device)
     states: dict[int, Tensor] = {}
     with torch.inference_mode():
-        h = adapter.embed(ids)
-        for k in range(adapter.n_layers):
-            if keep is None or k in keep:
-                states[k] = h
-            h = adapter.block(k)(h)
+        if adapter.block_maps:
+            h = adapter.embed(ids)
+            for k in range(adapter.n_layers):
+                if keep is None or k in keep:
+                    states[k] = h
+                h = adapter.block(k)(h)
+        else:  # no layer to start from: the ablations run the whole forward pass (ablated_nll)
+            h = adapter.final_state(ids)
         nll = token_nll(adapter, h, ids)
     return CleanPass(ids, np.asarray(chunks, dtype=np.int64), states, nll,
                      None if counted is None else torch.as_tensor(np.asarray(counted, dtype=bool)))
@@ -230,8 +235,13 @@ def clean_pass(adapter, ids: Tensor, chunks: Sequence[int], keep: Collection[int
 
 def _block_path_with_hook(adapter, ids: Tensor, last: int, on_output: Callable[[int, Tensor], None]) -> None:
     """Run ``embed`` and ``block(0) … block(last)`` with ``on_output(layer, x)`` seeing every
-    output projection's input ``x`` (B, T, H·hd)."""
+    output projection's input ``x`` (B, T, H·hd) (the model's own forward pass where the
+    adapter has no block maps, as :func:`clean_pass`)."""
     ids = torch.as_tensor(ids).to(adapter.device)
+    if not adapter.block_maps:
+        with torch.inference_mode():
+            adapter.each_head_output(ids, last, on_output)
+        return
     with torch.inference_mode():
         h = adapter.embed(ids)
         for k in range(last + 1):
@@ -267,17 +277,16 @@ def head_outputs(adapter, ids: Tensor, layers: Collection[int] | None = None) ->
     out: dict[int, Tensor] = {}
     if not wanted:
         return out
-    H, hd = adapter.n_heads, adapter.head_dim
 
     def keep(layer: int, x: Tensor) -> None:
         if layer in wanted:
-            out[layer] = x.reshape(*x.shape[:2], H, hd).clone()
+            out[layer] = x.reshape(*x.shape[:2], adapter.n_heads, adapter.layer_head_dim(layer)).clone()
 
     _block_path_with_hook(adapter, ids, max(wanted), keep)
     return out
 
 
-def head_means(adapter, ids: Tensor, batch_size: int, lengths: np.ndarray | None = None) -> Tensor:
+def head_means(adapter, ids: Tensor, batch_size: int, lengths: np.ndarray | None = None) -> list[Tensor]:
     """Each head's mean output vector over every token of ``ids`` (the mean chunks).
 
     Parameters
@@ -292,25 +301,27 @@ def head_means(adapter, ids: Tensor, batch_size: int, lengths: np.ndarray | None
 
     Returns
     -------
-    Tensor, shape (L, H, hd), float64, on the CPU
-        Sum over chunks and positions of the head outputs (each converted to float64 before
-        summing) divided by ``N·T`` (by ``Σ lengths``).
+    list of Tensor, shape (H, hd_l), float64, on the CPU
+        Per layer ``l`` (of head width ``hd_l``): the sum over chunks and positions of the
+        head outputs (each converted to float64 before summing) divided by ``N·T`` (by
+        ``Σ lengths``).
     """
-    L, H, hd = adapter.n_layers, adapter.n_heads, adapter.head_dim
-    sums = torch.zeros((L, H, hd), dtype=torch.float64)
+    L, H = adapter.n_layers, adapter.n_heads
+    sums = [torch.zeros((H, adapter.layer_head_dim(layer)), dtype=torch.float64) for layer in range(L)]
     N, T = ids.shape
     inside: list[Tensor | None] = [None]  # the current batch's real positions (B, T), with lengths
 
     def add(layer: int, x: Tensor) -> None:
         if inside[0] is not None:
             x = x[inside[0].to(x.device)]
-        sums[layer] += x.reshape(-1, H, hd).to("cpu", torch.float64).sum(dim=0)
+        sums[layer] += x.reshape(-1, *sums[layer].shape).to("cpu", torch.float64).sum(dim=0)
 
     for start in range(0, N, batch_size):
         if lengths is not None:
             inside[0] = torch.arange(T)[None, :] < torch.as_tensor(lengths[start : start + batch_size])[:, None]
         _block_path_with_hook(adapter, ids[start : start + batch_size], L - 1, add)
-    return sums / (N * T if lengths is None else int(np.sum(lengths)))
+    count = N * T if lengths is None else int(np.sum(lengths))
+    return [total / count for total in sums]
 
 
 def ablated_nll(adapter, clean: CleanPass, layer: int, heads: Sequence[int], method: str,
@@ -348,14 +359,17 @@ def ablated_nll(adapter, clean: CleanPass, layer: int, heads: Sequence[int], met
         n = len(part)
         with torch.inference_mode(), adapter.ablate_each(
                 layer, part, method, None if values is None else values[start : start + n]):
-            h = clean.states[layer].repeat(n, 1, 1)
-            for k in range(layer, adapter.n_layers):
-                h = adapter.block(k)(h)
+            if adapter.block_maps:
+                h = clean.states[layer].repeat(n, 1, 1)
+                for k in range(layer, adapter.n_layers):
+                    h = adapter.block(k)(h)
+            else:
+                h = adapter.final_state(clean.ids.repeat(n, 1))
             out.append(token_nll(adapter, h, clean.ids.repeat(n, 1)).reshape(n, B, T - 1))
     return torch.cat(out)
 
 
-def _values(method: str, layer: int, heads: Sequence[int], means: Tensor | None,
+def _values(method: str, layer: int, heads: Sequence[int], means: list[Tensor] | None,
             sources: dict[int, Tensor] | None) -> Tensor | None:
     """The ``values`` of :meth:`~depthlens.models.adapter.Adapter.ablate_each` for ``heads`` of ``layer``."""
     if method == "zero":
@@ -363,7 +377,7 @@ def _values(method: str, layer: int, heads: Sequence[int], means: Tensor | None,
     if method == "mean":
         if means is None:
             raise InputError("mean ablation needs the head means (head_means over the mean chunks).")
-        return means[layer, list(heads)]
+        return means[layer][list(heads)]
     if method == "resample":
         if sources is None or layer not in sources:
             raise InputError(f"resample ablation needs the head outputs of layer {layer} on the paired mean chunks.")
@@ -376,7 +390,7 @@ def layer_rows(
     clean: CleanPass,
     layer: int,
     methods: Sequence[str],
-    means: Tensor | None = None,
+    means: list[Tensor] | None = None,
     sources: dict[int, Tensor] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> pd.DataFrame:
@@ -390,7 +404,7 @@ def layer_rows(
     layer : int
     methods : sequence of str
         Ablation methods, in the order of the rows.
-    means : Tensor (L, H, hd), optional
+    means : list of Tensor (H, hd_l), optional
         :func:`head_means` of the mean chunks (needed for ``mean``).
     sources : dict of int to Tensor (B, T, H, hd), optional
         :func:`head_outputs` of the mean chunks paired with ``clean``'s rows by

@@ -58,7 +58,7 @@ from __future__ import annotations
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -115,6 +115,10 @@ class Adapter(Captures, Interventions, Checks, ABC):
     boundaries : tuple of str
         The residual states of one layer, in order (:meth:`residual_states`): ``pre_attn``
         and ``pre_mlp``, and more where the family's layer updates the residual more often.
+    block_maps : bool
+        Whether :meth:`block` maps a layer's input to its output alone, so that a pass may
+        start at any layer (False for Gemma 4, whose layers also read per-layer inputs and
+        keys shared from earlier layers: passes run the model's own forward pass).
 
     Examples
     --------
@@ -126,6 +130,8 @@ class Adapter(Captures, Interventions, Checks, ABC):
     >>> A.shape, A.dtype
     (torch.Size([1, 4, 8, 8]), torch.float64)
     """
+
+    block_maps: ClassVar[bool] = True
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model

@@ -19,12 +19,13 @@ last earlier layer of its type (:meth:`Gemma4Adapter.kv_source`).
 What depthlens serves on this family: the capture stage (pattern features, and the residual
 stream at three boundaries a layer: ``pre_attn``, ``pre_mlp`` and ``pre_ple``, before the
 per-layer-input update), the attention stage (every layer's float64 attention matrices,
-shared-key layers included, equal to the model's eager attention) and the lens stage
-(transport through the model's own forward pass, shared keys and per-layer inputs included:
-:meth:`~depthlens.models.adapter.Adapter.layer_offsets`). The sub-layer maps are refused in
-one line: a layer's update depends on its per-layer input and, for a shared layer, on an
-earlier layer's keys, so it is not a function of the residual alone; and the Jacobian,
-topology, ablate and clamp engines know two boundaries a layer, not three. A
+shared-key layers included, equal to the model's eager attention), the ablate stage and the
+contest (head ablations through the model's own forward pass: ``block_maps`` is False), and
+the lens stage (transport through the model's own forward pass, shared keys and per-layer
+inputs included: :meth:`~depthlens.models.adapter.Adapter.layer_offsets`). The sub-layer maps
+are refused in one line: a layer's update depends on its per-layer input and, for a shared
+layer, on an earlier layer's keys, so it is not a function of the residual alone; and the
+Jacobian, topology and clamp engines know two boundaries a layer, not three. A
 mixture-of-experts block (``enable_moe_block``) is refused.
 """
 
@@ -43,13 +44,14 @@ from .registry import TINY_COMMON, Family, text_config
 from .weights import LayerWeights, WeightReader
 
 #: What the family's adapter serves (:attr:`~depthlens.models.registry.Family.stages`).
-STAGES = ("capture", "attention", "lens")
+STAGES = ("capture", "attention", "ablate", "contest", "lens")
 
 
 class Gemma4Adapter(Gemma3Adapter):
     """Adapter for ``Gemma4ForCausalLM`` (and the text part of ``Gemma4ForConditionalGeneration``)."""
 
     norm_offset = 0.0
+    block_maps = False
 
     def __init__(self, model: nn.Module) -> None:
         cfg = text_config(model.config)

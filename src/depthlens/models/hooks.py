@@ -2,10 +2,12 @@
 
 :class:`Captures` is mixed into :class:`~depthlens.models.adapter.Adapter` and gives it
 :meth:`~Captures.attention_inputs`, :meth:`~Captures.attention_probs` (recomputed in float64
-from the captured attention inputs), :meth:`~Captures.residual_states` and
-:meth:`~Captures.head_outputs`. Every capture runs under ``torch.no_grad()``, returns
-detached tensors, stops the forward pass once it has what it needs where it can, and removes
-its hooks on the way out, also after an exception. Active ablations and clamps
+from the captured attention inputs), :meth:`~Captures.residual_states`,
+:meth:`~Captures.final_state`, :meth:`~Captures.head_outputs` and
+:meth:`~Captures.each_head_output`, and :meth:`~Captures.layer_offsets` (the one that keeps
+gradients). Every other capture runs under ``torch.no_grad()`` and returns detached tensors;
+each stops the forward pass once it has what it needs where it can, and removes its hooks on
+the way out, also after an exception (:meth:`~Captures._hooked`). Active ablations and clamps
 (:mod:`depthlens.models.interventions`) act on the captured forward pass.
 """
 
@@ -58,6 +60,20 @@ class Captures:
     (``layers``, ``_attns``, ``_oprojs``, ``_final_norm_module``) and the module its family
     names with ``_pre_mlp_module``.
     """
+
+    @contextlib.contextmanager
+    def _hooked(self, ids: Tensor, grad: bool = False) -> Iterator[list]:
+        """Yield a list for the hook handles the body registers, then run one forward pass on
+        ``ids`` (without gradients unless ``grad``; a hook's :class:`_Stop` ends it quietly) and
+        remove every handle, also after an exception in the body or the pass."""
+        handles: list = []
+        try:
+            yield handles
+            with torch.enable_grad() if grad else torch.no_grad(), contextlib.suppress(_Stop):
+                self._forward(ids)
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def attention_probs(
         self, input_ids: Tensor, layers: int | Iterable[int] | None = None
@@ -118,7 +134,6 @@ class Captures:
             return {}
         last = max(wanted)
         captured: dict[int, Any] = {}
-        handles = []
 
         def make(i: int) -> Callable:
             def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -128,14 +143,9 @@ class Captures:
 
             return hook
 
-        try:
+        with self._hooked(ids) as handles:
             for i in wanted:
                 handles.append(self._attns[i].register_forward_pre_hook(make(i), with_kwargs=True))
-            with torch.no_grad(), contextlib.suppress(_Stop):
-                self._forward(ids)
-        finally:
-            for h in handles:
-                h.remove()
         return captured
 
     def residual_states(self, input_ids: Tensor) -> Tensor:
@@ -151,7 +161,6 @@ class Captures:
         ids = self._ids(input_ids)
         L, S = self.n_layers, len(self.boundaries)
         states: list[Tensor | None] = [None] * (S * L + 1)
-        handles = []
 
         def pre(index: int) -> Callable:
             def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -170,7 +179,7 @@ class Captures:
             states[S * L] = first_arg(args, kwargs, "input").detach()
             raise _Stop  # the final norm and the unembedding read nothing kept here
 
-        try:
+        with self._hooked(ids) as handles:
             for i, layer in enumerate(self.layers):
                 handles.append(layer.register_forward_pre_hook(pre(S * i), with_kwargs=True))
                 mod = self._pre_mlp_module(i)
@@ -182,11 +191,6 @@ class Captures:
                     module = self._extra_boundary_module(i, boundary)
                     handles.append(module.register_forward_pre_hook(pre(S * i + k), with_kwargs=True))
             handles.append(self._final_norm_module.register_forward_pre_hook(final, with_kwargs=True))
-            with torch.no_grad(), contextlib.suppress(_Stop):
-                self._forward(ids)
-        finally:
-            for h in handles:
-                h.remove()
         missing = [i for i, s in enumerate(states) if s is None]
         if missing:
             raise ModelError(f"residual states {missing} were not seen in the forward pass; the layout is unexpected.")
@@ -207,7 +211,6 @@ class Captures:
         ids = self._ids(input_ids)
         offsets: list[Tensor | None] = [None] * self.n_layers
         final: list[Tensor] = []
-        handles = []
 
         def after(i: int) -> Callable:
             def hook(module: nn.Module, args: tuple, output: Any) -> Any:
@@ -222,38 +225,53 @@ class Captures:
             final.append(first_arg(args, kwargs, "input"))
             raise _Stop
 
-        try:
+        with self._hooked(ids, grad=True) as handles:
             for i, layer in enumerate(self.layers):
                 handles.append(layer.register_forward_hook(after(i)))
             handles.append(self._final_norm_module.register_forward_pre_hook(stop, with_kwargs=True))
-            with torch.enable_grad(), contextlib.suppress(_Stop):
-                self._forward(ids)
-        finally:
-            for h in handles:
-                h.remove()
         if not final or any(o is None for o in offsets):
             raise ModelError("the forward pass did not pass every decoder layer and the final norm; the layout is "
                              "unexpected.")
         return final[0], offsets  # type: ignore[return-value]
+
+    def final_state(self, input_ids: Tensor) -> Tensor:
+        """The last layer's output ``(B, T, d)`` before the final norm, in the model dtype, from
+        the model's own forward pass (which stops there: no logits are formed). Active
+        ablations and clamps act."""
+        ids = self._ids(input_ids)
+        out: list[Tensor] = []
+
+        def stop(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            out.append(first_arg(args, kwargs, "input").detach())
+            raise _Stop
+
+        with self._hooked(ids) as handles:
+            handles.append(self._final_norm_module.register_forward_pre_hook(stop, with_kwargs=True))
+        return out[0]
+
+    def each_head_output(self, input_ids: Tensor, last: int, on_output: Callable[[int, Tensor], None]) -> None:
+        """Call ``on_output(layer, x)`` with every output projection's input ``x`` (B, T, H·hd)
+        of layers ``0 … last``, in the model's own forward pass (which stops after ``last``'s)."""
+        ids = self._ids(input_ids)
+
+        def make(layer: int) -> Callable:
+            def hook(module: nn.Module, args: tuple) -> None:
+                on_output(layer, args[0].detach())
+                if layer == last:
+                    raise _Stop
+
+            return hook
+
+        with self._hooked(ids) as handles:
+            handles.extend(self._oprojs[k].register_forward_pre_hook(make(k)) for k in range(last + 1))
 
     def head_outputs(self, input_ids: Tensor, layer: int) -> Tensor:
         """Every query head's output before the output projection of ``layer``: (B, T, H, hd).
 
         Active ablations of that layer are reflected (the capture sees the projection's input).
         """
-        ids = self._ids(input_ids)
         self.check_layer(layer)
-        out: list[Tensor] = []
-
-        def hook(module: nn.Module, args: tuple) -> None:
-            out.append(args[0].detach())
-            raise _Stop
-
-        handle = self._oprojs[layer].register_forward_pre_hook(hook)
-        try:
-            with torch.no_grad(), contextlib.suppress(_Stop):
-                self._forward(ids)
-        finally:
-            handle.remove()
-        x = out[0]
+        out: dict[int, Tensor] = {}
+        self.each_head_output(input_ids, layer, out.__setitem__)
+        x = out[layer]
         return x.reshape(*x.shape[:2], self.n_heads, self.layer_head_dim(layer))

@@ -69,7 +69,7 @@ class Interventions:
         single = isinstance(head, int)
         if method not in ABLATION_METHODS:
             raise InputError(f"ablation method {method!r} is not one of {ABLATION_METHODS}.")
-        hd = self.head_dim
+        hd = self.layer_head_dim(layer)
         n = len(heads)
         if method == "zero":
             if value is not None:
@@ -147,7 +147,7 @@ class Interventions:
         index = [self._check_heads(h)[0] for h in heads]
         if method not in ABLATION_METHODS:
             raise InputError(f"ablation method {method!r} is not one of {ABLATION_METHODS}.")
-        n, hd = len(index), self.head_dim
+        n, hd = len(index), self.layer_head_dim(layer)
         if method == "zero":
             if values is not None:
                 raise InputError("zero ablation takes no value; leave values=None.")
