@@ -171,14 +171,12 @@ def test_residual_states_at_three_boundaries_chain_into_each_layer(model) -> Non
 
 def test_sub_layer_maps_are_refused_in_one_line(model) -> None:
     ad = adapter_for(model)
-    h = torch.zeros(1, 3, 64)
     for call in (lambda: ad.sublayer(0, "attn"), lambda: ad.branch(1, "mlp"), lambda: ad.block(2),
                  lambda: ad.composed_logits(_ids()), lambda: ad.layer_weights(0)):
         with pytest.raises(ModelError) as excinfo:
             call()
         message = str(excinfo.value)
         assert "\n" not in message and "per-layer-input" in message and "capture, attention, ablate, contest, lens stages" in message
-    assert h.abs().sum() == 0
 
 
 def test_mixture_of_experts_and_all_shared_configs_are_refused() -> None:
