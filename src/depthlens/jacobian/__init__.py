@@ -16,8 +16,9 @@ _EXPORTS = {
     **dict.fromkeys(["bootstrap_weights", "funnel_bootstrap"], ".bootstrap"),
     **dict.fromkeys(["METRICS", "SELF_ALIGN_K", "OperatorSpectra", "metrics_and_eigenvalues", "metrics_table",
                      "operator_metrics", "spectra"], ".metrics"),
-    **dict.fromkeys(["MeanAccumulator", "chunk_operator_sums", "input_state", "mean_operators", "sublayer_jacobian_sum",
-                     "sublayer_jacobians"], ".engines"),
+    **dict.fromkeys(["MeanAccumulator", "chunk_operator_sums", "engine_states", "input_state", "kv_state",
+                     "mean_operators", "read_states", "state_reads", "sublayer_jacobian_sum", "sublayer_jacobians"],
+                    ".engines"),
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

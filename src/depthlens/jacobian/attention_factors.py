@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import InputError
 from ..models.adapter import Adapter
 from ..models.weights import LayerWeights, Norm
 from .factor import Factor
@@ -24,34 +25,62 @@ from .factor import Factor
 __all__ = ["Chunk", "in_context_attn_factor", "isolated_attn_factor", "isolated_attn_update"]
 
 
-def _value_output(adapter: Adapter, ops: LayerWeights, x: Tensor) -> Tensor:
-    """The output projection of one-token attention at residuals ``x (N, d)``, before any
-    post-norm: ``Wo E (Wv n + bv) + bo`` with ``n`` the pre-normed ``x`` (softmax weight 1)."""
-    H, KV, hd = adapter.n_heads, adapter.n_kv_heads, adapter.head_dim
+def _head_values(adapter: Adapter, layer: int, ops: LayerWeights, x: Tensor) -> Tensor:
+    """The values ``v_norm(Wv n + bv)`` of residuals ``x (N, d)`` read by ``ops``'s pre-norm: (N, KV, hd)."""
+    KV, hd = adapter.layer_kv_heads(layer), adapter.layer_head_dim(layer)
     n = ops.attn_in(x) if ops.attn_in is not None else x
-    a = n @ ops.value_output(H, KV, hd).T
+    v = n @ ops.Wv.T
     if ops.bv is not None:
-        bv = torch.repeat_interleave(ops.bv.reshape(KV, hd), H // KV, dim=0).reshape(-1)
-        a = a + ops.Wo @ bv
-    if ops.bo is not None:
-        a = a + ops.bo
-    return a
+        v = v + ops.bv
+    v = v.reshape(-1, KV, hd)
+    return ops.v_norm(v) if ops.v_norm is not None else v
 
 
-def isolated_attn_update(adapter: Adapter, ops: LayerWeights, x: Tensor) -> Tensor:
-    """What the attention sub-layer adds to one-token sequences ``x (N, d)``: ``post(Wo E (Wv
-    n + bv) + bo)`` (the value-output path, post-norm included), so ``x + update`` is the
-    block-internal pre-MLP state of the ``isolated`` mode. Exact in the weights' dtype."""
-    a = _value_output(adapter, ops, x)
+def _output(adapter: Adapter, layer: int, ops: LayerWeights, values: Tensor) -> Tensor:
+    """``Wo E values + bo`` (N, d) of one-token attention (softmax weight 1) from values (N, KV, hd), before any post-norm."""
+    rep = adapter.n_heads // values.shape[1]
+    a = torch.repeat_interleave(values, rep, dim=1).reshape(values.shape[0], -1) @ ops.Wo.T
+    return a if ops.bo is None else a + ops.bo
+
+
+def isolated_attn_update(adapter: Adapter, layer: int, ops: LayerWeights, x: Tensor,
+                         source: tuple[LayerWeights, Tensor] | None = None) -> Tensor:
+    """What the attention sub-layer adds to one-token sequences ``x (N, d)``: ``post(Wo E v +
+    bo)`` with ``v`` the token's value (the value-output path, post-norm included), so ``x +
+    update`` is the block-internal pre-MLP state of the ``isolated`` mode. A layer that reads
+    an earlier layer's keys and values (``ops.kv_shared``) takes ``v`` from ``source``: that
+    layer's weights and its pre-attention residuals at the same tokens. Exact in the weights' dtype."""
+    if ops.kv_shared and source is None:
+        raise InputError(f"layer {layer} attends with layer {adapter.kv_source(layer)}'s keys and values; pass that "
+                         "layer's pre-attention residuals (kv) at the same tokens.")
+    a = _output(adapter, layer, ops, _head_values(adapter, layer, *(source or (ops, x))))
     return ops.attn_post(a) if ops.attn_post is not None else a
 
 
-def isolated_attn_factor(adapter: Adapter, ops: LayerWeights, x: Tensor) -> Factor:
-    """Attention sub-layer on one-token sequences ``x (N, d)``: value-output path only."""
-    M = ops.value_output(adapter.n_heads, adapter.n_kv_heads, adapter.head_dim)
+def _value_jacobian(adapter: Adapter, layer: int, ops: LayerWeights, n: Tensor) -> Tensor:
+    """``d v / d n`` per query head at pre-normed residuals ``n (N, d)``: (N, H, hd, d) with a value norm (``J_v Wv``)."""
+    KV, hd = adapter.layer_kv_heads(layer), adapter.layer_head_dim(layer)
+    v = n @ ops.Wv.T
+    if ops.bv is not None:
+        v = v + ops.bv
+    J = ops.v_norm.jacobian(v.reshape(-1, KV, hd)).left(ops.Wv.reshape(KV, hd, -1))  # type: ignore[union-attr]
+    return torch.repeat_interleave(J, adapter.n_heads // KV, dim=1)
+
+
+def isolated_attn_factor(adapter: Adapter, layer: int, ops: LayerWeights, x: Tensor) -> Factor:
+    """Attention sub-layer on one-token sequences ``x (N, d)``: value-output path only (an
+    update of zero where the keys and values are an earlier layer's, ``ops.kv_shared``)."""
+    N, d = x.shape
+    if ops.kv_shared:  # softmax weight 1 on a value that does not depend on x
+        return Factor(x.new_zeros(d, 1), N, A=x.new_zeros(N, 1, d))
     R = ops.attn_in.jacobian(x) if ops.attn_in is not None else None
-    P = ops.attn_post.jacobian(_value_output(adapter, ops, x)) if ops.attn_post is not None else None
-    return Factor(M, x.shape[0], R=R, P=P)
+    P = ops.attn_post.jacobian(_output(adapter, layer, ops, _head_values(adapter, layer, ops, x))) \
+        if ops.attn_post is not None else None
+    if ops.v_norm is None:
+        M = ops.value_output(adapter.n_heads, adapter.layer_kv_heads(layer), adapter.layer_head_dim(layer))
+        return Factor(M, N, R=R, P=P)
+    n = ops.attn_in(x) if ops.attn_in is not None else x
+    return Factor(ops.Wo, N, A=_value_jacobian(adapter, layer, ops, n).reshape(N, -1, d), R=R, P=P)
 
 
 def _rope(
@@ -79,11 +108,16 @@ def _qk_jacobian(norm: Norm | None, raw: Tensor, W: Tensor, heads: int, hd: int,
 
 
 class Chunk:
-    """Keys and values of every position of a batch of chunks, computed once per (layer, batch)."""
+    """Keys and values of every position of a batch of chunks, computed once per (layer, batch).
+
+    ``ops`` and ``h`` are those of the layer that computes them: ``layer`` itself, or the
+    earlier layer whose keys and values it reads (:meth:`~depthlens.models.adapter.Adapter.kv_source`,
+    whose shapes, rotary embedding and mask are ``layer``'s).
+    """
 
     def __init__(self, adapter: Adapter, layer: int, ops: LayerWeights, h: Tensor) -> None:
         B, T, _ = h.shape
-        KV, hd = adapter.n_kv_heads, adapter.head_dim
+        KV, hd = adapter.layer_kv_heads(layer), adapter.layer_head_dim(layer)
         n = ops.attn_in(h) if ops.attn_in is not None else h
         k = n @ ops.Wk.T
         if ops.bk is not None:
@@ -94,7 +128,8 @@ class Chunk:
         if ops.bv is not None:
             v = v + ops.bv
         self.k = k.reshape(B, T, KV, hd).transpose(1, 2)  # (B, KV, T, hd), before RoPE
-        self.v = v.reshape(B, T, KV, hd).transpose(1, 2)
+        v = v.reshape(B, T, KV, hd)
+        self.v = (ops.v_norm(v) if ops.v_norm is not None else v).transpose(1, 2)
         self.rope = _rope(adapter, layer, T, h.dtype, h.device)
         if self.rope is not None:
             cos, sin = self.rope
@@ -115,8 +150,9 @@ def _rotation(adapter: Adapter, cos: Tensor, sin: Tensor, hd: int) -> Tensor:
 def in_context_attn_factor(
     adapter: Adapter, layer: int, ops: LayerWeights, ctx: Chunk, h: Tensor, b: Tensor, t: Tensor
 ) -> Factor:
-    """Attention at tokens ``(b, t)`` of the chunks behind ``ctx``; ``h (N, d)`` their residuals."""
-    H, KV, hd = adapter.n_heads, adapter.n_kv_heads, adapter.head_dim
+    """Attention at tokens ``(b, t)`` of the chunks behind ``ctx``; ``h (N, d)`` their residuals.
+    Where the keys and values are an earlier layer's (``ops.kv_shared``), only the query varies."""
+    H, KV, hd = adapter.n_heads, adapter.layer_kv_heads(layer), adapter.layer_head_dim(layer)
     rep = H // KV
     N = h.shape[0]
     scale = adapter.attention_scale(layer)
@@ -126,9 +162,6 @@ def in_context_attn_factor(
     q_raw = n @ ops.Wq.T
     if ops.bq is not None:
         q_raw = q_raw + ops.bq
-    k_raw = n @ ops.Wk.T
-    if ops.bk is not None:
-        k_raw = k_raw + ops.bk
     if ops.q_norm is not None:
         qt = ops.q_norm(q_raw.reshape(N, H, hd)) if ops.qk_per_head else ops.q_norm(q_raw).reshape(N, H, hd)
     else:
@@ -161,8 +194,29 @@ def in_context_attn_factor(
     else:
         q_back = q
     Jq = _qk_jacobian(ops.q_norm, q_raw, ops.Wq, H, hd, ops.qk_per_head)  # (N, H, hd, d)
+    A = (G @ Jq).reshape(N, H * hd, -1)
+    if not ops.kv_shared:
+        _own_key_and_value(adapter, layer, ops, A, n, q_back, w, p, V, o, t, scale)
+    P = None
+    if ops.attn_post is not None:
+        a = o.reshape(N, H * hd) @ ops.Wo.T
+        if ops.bo is not None:
+            a = a + ops.bo
+        P = ops.attn_post.jacobian(a)
+    return Factor(ops.Wo, N, A=A, R=R_pre, P=P)
+
+
+def _own_key_and_value(adapter: Adapter, layer: int, ops: LayerWeights, A: Tensor, n: Tensor, q_back: Tensor,
+                       w: Tensor, p: Tensor, V: Tensor, o: Tensor, t: Tensor, scale: float) -> None:
+    """Add to ``A (N, H hd, d)`` what the token's own key and value contribute (in place)."""
+    N, H, hd = q_back.shape
+    KV = adapter.layer_kv_heads(layer)
+    rep = H // KV
+    k_raw = n @ ops.Wk.T
+    if ops.bk is not None:
+        k_raw = k_raw + ops.bk
     Jk = _qk_jacobian(ops.k_norm, k_raw, ops.Wk, KV, hd, ops.qk_per_head)  # (N, KV, hd, d)
-    ar = torch.arange(N, device=h.device)
+    ar = torch.arange(N, device=n.device)
     w_t = w[ar, :, t]  # (N, H)
     p_t = p[ar, :, t]
     v_t = V[ar, :, t]  # (N, H, hd): the token's own value
@@ -173,14 +227,10 @@ def in_context_attn_factor(
         row = qg @ Jk
     row = row.reshape(N, H, -1)  # row_h = (R_t^T q_h)^T dk~/dn of its group
     coef = (scale * w_t)[..., None] * (v_t - o)  # (N, H, hd)
-    Wv = torch.repeat_interleave(ops.Wv.reshape(KV, hd, -1), rep, dim=0)  # (H, hd, d)
-    A = (G @ Jq).reshape(N * H, hd, -1)
-    A = torch.baddbmm(A, coef.reshape(N * H, hd, 1), row.reshape(N * H, 1, -1))
-    A = A.reshape(N, H, hd, -1).addcmul_(p_t[..., None, None], Wv).reshape(N, H * hd, -1)
-    P = None
-    if ops.attn_post is not None:
-        a = o.reshape(N, H * hd) @ ops.Wo.T
-        if ops.bo is not None:
-            a = a + ops.bo
-        P = ops.attn_post.jacobian(a)
-    return Factor(ops.Wo, N, A=A, R=R_pre, P=P)
+    if ops.v_norm is None:
+        Wv = torch.repeat_interleave(ops.Wv.reshape(KV, hd, -1), rep, dim=0)  # (H, hd, d)
+    else:
+        Wv = _value_jacobian(adapter, layer, ops, n)  # (N, H, hd, d)
+    heads = A.view(N * H, hd, -1)
+    heads.baddbmm_(coef.reshape(N * H, hd, 1), row.reshape(N * H, 1, -1))
+    heads.view(N, H, hd, -1).addcmul_(p_t[..., None, None], Wv)

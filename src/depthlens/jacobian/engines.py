@@ -7,6 +7,21 @@ Operators
     :meth:`Adapter.residual_states`), or for the ``isolated`` MLP at a state computed from one,
     and returned as a dense ``(d, d)`` matrix per token.
 
+Gemma 4 (three sub-layers a layer)
+    A third map, ``ple`` (residual before the per-layer-input update -> next pre-attention
+    residual): ``J = s (I + P(y) Wp diag(act'(Wg r) * p) Wg)`` with ``p`` the layer's per-layer
+    input at the token (a function of the token, not of the residual), ``P`` the post-norm
+    Jacobian at ``y = Wp (act(Wg r) * p)`` and ``s`` the layer's ``layer_scalar``, carried by
+    the last sub-layer so that the three operators chain boundary to boundary. Values pass a
+    scale-free per-head norm, so the value path is ``J_v(v) Wv`` per token instead of ``Wv``
+    (and ``Wv = Wk`` where values come from the keys). A layer that reads an earlier layer's
+    keys and values varies through its query alone: ``in_context`` drops the own-key and
+    own-value terms (the keys and values come from the source layer's states), and the
+    ``isolated`` one-token attention has ``U = 0``; its one-token output, which the block's
+    later sub-layers read, uses the value the source layer computes from the token's own
+    state there. The engines take those states and the per-layer inputs beside the residual
+    (:func:`~depthlens.jacobian.sublayer.state_reads`, :func:`~depthlens.jacobian.sublayer.engine_states`).
+
 Modes
     ``isolated`` (default, the source paper's protocol): the token's observed pre-attention
     residual ``x`` fed through the whole decoder block as a one-token sequence. One key means
@@ -92,7 +107,8 @@ from __future__ import annotations
 
 from ._layers import clear_cache
 from .mean import MeanAccumulator, chunk_operator_sums, mean_operators
-from .sublayer import KINDS, POSITIONS, input_state, sublayer_jacobian_sum, sublayer_jacobians
+from .sublayer import (KINDS, POSITIONS, engine_states, input_state, kv_state, read_states, state_reads,
+                       sublayer_jacobian_sum, sublayer_jacobians)
 
 __all__ = [
     "KINDS",
@@ -100,8 +116,12 @@ __all__ = [
     "MeanAccumulator",
     "chunk_operator_sums",
     "clear_cache",
+    "engine_states",
     "input_state",
+    "kv_state",
     "mean_operators",
+    "read_states",
+    "state_reads",
     "sublayer_jacobian_sum",
     "sublayer_jacobians",
 ]

@@ -18,12 +18,15 @@ from torch import Tensor
 
 from ..models.weights import LayerWeights, NormJacobian
 
-__all__ = ["Factor", "mlp_factor"]
+__all__ = ["Factor", "mlp_factor", "mlp_update", "ple_factor", "ple_update"]
 
 
 @dataclasses.dataclass
 class Factor:
     """``U_n = P_n @ W @ A_n @ R_n`` for a batch of N tokens; a missing factor is the identity.
+
+    The operator is ``J_n = scale (I + U_n)``: ``scale`` is 1 except on the last sub-layer of
+    a layer whose output is multiplied by a scalar (Gemma 4's ``layer_scalar``).
 
     ``W`` (d, K) is constant (``Wo``, ``Wd`` or ``Wo E Wv``). The token factor ``A_n`` (K, m) is
     either dense (``A`` (N, K, m)) or a sum of row-scaled constant matrices
@@ -39,6 +42,7 @@ class Factor:
     Bs: tuple[Tensor, ...] = ()
     R: NormJacobian | None = None
     P: NormJacobian | None = None
+    scale: float = 1.0
 
     def _A_dense(self) -> Tensor | None:
         if self.alphas is None:
@@ -49,7 +53,7 @@ class Factor:
         return A
 
     def dense(self) -> Tensor:
-        """``J = I + U``: (N, d, d)."""
+        """``J = scale (I + U)``: (N, d, d)."""
         A = self._A_dense()
         X = self.W @ A if A is not None else self.W.expand(self.n, *self.W.shape)
         if self.R is not None:
@@ -59,7 +63,7 @@ class Factor:
         elif A is None and self.R is None:
             X = X.clone()
         X.diagonal(dim1=-2, dim2=-1).add_(1.0)
-        return X
+        return X if self.scale == 1.0 else X.mul_(self.scale)
 
     def _weighted(self, c: Tensor) -> Tensor:
         """``sum_n c_n A_n R_n`` (K, m), without forming ``A_n R_n`` token by token.
@@ -115,7 +119,7 @@ class Factor:
         return self.R.right(rows) if self.R is not None else rows
 
     def total(self) -> Tensor:
-        """``sum_n U_n`` (d, d) with ``W`` applied once to summed token factors.
+        """``sum_n U_n`` (d, d) with ``W`` applied once to summed token factors (``scale`` not applied).
 
         No post-norm: ``W sum_n A_n R_n``. With ``P_n = diag(g) (I - sum_c u u^T / d) / s_n``:
         ``diag(g) [W sum_n A_n R_n / s_n - sum_n sum_c u_nc (u_nc^T W A_n R_n) / (d s_n)]``.
@@ -136,27 +140,62 @@ def _act_and_slope(act: Callable[[Tensor], Tensor], u: Tensor) -> tuple[Tensor, 
     return torch.func.jvp(act, (u,), (torch.ones_like(u),))
 
 
-def mlp_factor(ops: LayerWeights, x: Tensor) -> Factor:
-    """The MLP sub-layer at residuals ``x (N, d)``: ``A_n = diag(act'(u) * w) Wg + diag(act(u)) Wu`` as row scalings."""
-    R = ops.mlp_in.jacobian(x) if ops.mlp_in is not None else None
+def _mlp_forward(ops: LayerWeights, x: Tensor, output: bool = True) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """The MLP at residuals ``x (N, d)``: ``(act'(u), act(u), w or None, out)`` with ``u`` the
+    gate's and ``w`` the up projection's pre-activations, ``out`` the output before any post-norm
+    (None unless ``output``)."""
     n = ops.mlp_in(x) if ops.mlp_in is not None else x
     u = n @ ops.Wg.T
     if ops.bg is not None:
         u = u + ops.bg
     f, df = _act_and_slope(ops.act, u)
+    w = None
     if ops.Wu is not None:
         w = n @ ops.Wu.T
         if ops.bu is not None:
             w = w + ops.bu
+    if not output:
+        return df, f, w, None
+    out = (f if w is None else f * w) @ ops.Wd.T
+    return df, f, w, out if ops.bd is None else out + ops.bd
+
+
+def mlp_update(ops: LayerWeights, x: Tensor) -> Tensor:
+    """What the MLP sub-layer adds to residuals ``x (N, d)``: ``mlp_post(Wd z + bd)``."""
+    out = _mlp_forward(ops, x)[-1]
+    assert out is not None
+    return ops.mlp_post(out) if ops.mlp_post is not None else out
+
+
+def mlp_factor(ops: LayerWeights, x: Tensor, scale: float = 1.0) -> Factor:
+    """The MLP sub-layer at residuals ``x (N, d)``: ``A_n = diag(act'(u) * w) Wg + diag(act(u)) Wu`` as row scalings."""
+    R = ops.mlp_in.jacobian(x) if ops.mlp_in is not None else None
+    df, f, w, out = _mlp_forward(ops, x, output=ops.mlp_post is not None)
+    if w is not None:
         alphas, Bs = torch.stack([df * w, f], dim=1), (ops.Wg, ops.Wu)
-        z = f * w
     else:
         alphas, Bs = df[:, None, :], (ops.Wg,)
-        z = f
-    P = None
-    if ops.mlp_post is not None:
-        out = z @ ops.Wd.T
-        if ops.bd is not None:
-            out = out + ops.bd
-        P = ops.mlp_post.jacobian(out)
-    return Factor(ops.Wd, x.shape[0], alphas=alphas, Bs=Bs, R=R, P=P)
+    P = ops.mlp_post.jacobian(out) if ops.mlp_post is not None and out is not None else None
+    return Factor(ops.Wd, x.shape[0], alphas=alphas, Bs=Bs, R=R, P=P, scale=scale)
+
+
+def _ple_forward(ops: LayerWeights, r: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:
+    """``(act'(u) * p, out)`` of the per-layer-input update at residuals ``r (N, d)`` and per-layer
+    inputs ``p (N, dp)``: ``u = Wg r``, ``out = Wp (act(u) * p)`` before the post-norm."""
+    ple = ops.ple
+    assert ple is not None
+    f, df = _act_and_slope(ple.act, r @ ple.Wg.T)
+    return df * p, (f * p) @ ple.Wp.T
+
+
+def ple_update(ops: LayerWeights, r: Tensor, p: Tensor) -> Tensor:
+    """What the per-layer-input sub-layer adds to residuals ``r (N, d)`` given the per-layer inputs ``p (N, dp)``."""
+    return ops.ple.post(_ple_forward(ops, r, p)[1])  # type: ignore[union-attr]
+
+
+def ple_factor(ops: LayerWeights, r: Tensor, p: Tensor, scale: float = 1.0) -> Factor:
+    """The per-layer-input sub-layer at residuals ``r (N, d)`` and per-layer inputs ``p (N, dp)``:
+    ``U_n = P_n Wp diag(act'(Wg r_n) * p_n) Wg`` (``p`` is not a function of the residual)."""
+    slope, out = _ple_forward(ops, r, p)
+    return Factor(ops.ple.Wp, r.shape[0], alphas=slope[:, None, :], Bs=(ops.ple.Wg,),  # type: ignore[union-attr]
+                  P=ops.ple.post.jacobian(out), scale=scale)  # type: ignore[union-attr]

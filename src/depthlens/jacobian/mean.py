@@ -20,7 +20,8 @@ from tqdm.auto import tqdm
 from ..errors import InputError
 from ..models.adapter import Adapter, Sublayer, check_sublayer
 from .options import JacobianMode
-from .sublayer import KINDS, check_dtype, check_jacobian_mode, input_state, select_positions, sublayer_jacobian_sum
+from .sublayer import (KINDS, check_dtype, check_jacobian_mode, engine_states, read_states, select_positions,
+                       state_reads, sublayer_jacobian_sum)
 
 __all__ = ["MeanAccumulator", "chunk_operator_sums", "mean_operators"]
 
@@ -108,10 +109,12 @@ def mean_operators(
     out: Mapping[tuple[int, Sublayer], np.ndarray] | None = None,
     chunk_positions: Sequence[Sequence[int]] | None = None,
 ) -> Mapping[tuple[int, Sublayer], np.ndarray]:
-    """Mean operators ``J̄ = (1/N) sum J`` of every layer's ``attn`` and ``mlp`` over chunks.
+    """Mean operators ``J̄ = (1/N) sum J`` of every layer's sub-layers (``attn`` and ``mlp``, and
+    ``ple`` where the family has it: :attr:`~depthlens.models.adapter.Adapter.sublayers`) over chunks.
 
-    One forward pass per batch of chunks gives the residual states; then, per layer, the
-    engines sum the operators of the selected positions (:func:`sublayer_jacobian_sum`).
+    One forward pass per batch of chunks gives the residual states (and any per-layer inputs:
+    :func:`~depthlens.jacobian.sublayer.engine_states`); then, per layer, the engines sum the
+    operators of the selected positions (:func:`sublayer_jacobian_sum`).
 
     Parameters
     ----------
@@ -166,18 +169,19 @@ def mean_operators(
     try:
         for s in starts:
             if per_chunk is None:
-                states = adapter.residual_states(ids[s : s + int(batch_size)])
+                states = engine_states(adapter, ids[s : s + int(batch_size)])
             else:  # up to the batch's last selected position
                 own = per_chunk[s : s + int(batch_size)]
-                states = adapter.residual_states(ids[s : s + int(batch_size), : max(p[-1] for p in own) + 1])
+                states = engine_states(adapter, ids[s : s + int(batch_size), : max(p[-1] for p in own) + 1])
             for layer in wanted:
-                for kind in KINDS:
-                    residuals = states[input_state(adapter, layer, kind, jacobian_mode)]
+                for kind in adapter.sublayers:
+                    reads = state_reads(adapter, layer, kind, jacobian_mode)
                     if per_chunk is None:
+                        residuals, extra = read_states(states, reads)
                         total, count = sublayer_jacobian_sum(adapter, residuals, layer, kind, jacobian_mode, positions,
-                                                             dtype)
+                                                             dtype, **extra)
                     else:
-                        total, count = _own_positions_sum(adapter, residuals, own, layer, kind, jacobian_mode, dtype)
+                        total, count = _own_positions_sum(adapter, states, reads, own, layer, kind, jacobian_mode, dtype)
                     if out is None:
                         acc.add_sum(layer, kind, total, count)
                     else:
@@ -210,20 +214,24 @@ def _chunk_positions(chunk_positions: Sequence[Sequence[int]] | None, shape: tup
     return out
 
 
-def _own_positions_sum(adapter: Adapter, residuals: Tensor, own: Sequence[Sequence[int]], layer: int, kind: Sublayer,
-                       jacobian_mode: JacobianMode, dtype: torch.dtype) -> tuple[Tensor, int]:
-    """``(sum J, count)`` over chunk b's positions ``own[b]`` of a batch's ``residuals`` (B, T, d):
-    one engine call on all the selected tokens where the engine reads each token alone (the
-    isolated modes, the MLP), else (the ``in_context`` attention) one per chunk."""
+def _own_positions_sum(adapter: Adapter, states: Sequence[Tensor], reads: tuple[int, int | None, int | None],
+                       own: Sequence[Sequence[int]], layer: int, kind: Sublayer, jacobian_mode: JacobianMode,
+                       dtype: torch.dtype) -> tuple[Tensor, int]:
+    """``(sum J, count)`` over chunk b's positions ``own[b]`` of a batch's ``states`` (each
+    (B, T, ·), read at ``reads``): one engine call on all the selected tokens where the engine
+    reads each token alone (the isolated modes, the MLP), else (the ``in_context`` attention)
+    one per chunk."""
     if jacobian_mode == "in_context" and kind == "attn":
         total, count = None, 0
         for b, pos in enumerate(own):
-            t, c = sublayer_jacobian_sum(adapter, residuals[b : b + 1], layer, kind, jacobian_mode, list(pos), dtype)
+            residuals, extra = read_states({i: states[i][b : b + 1] for i in reads if i is not None}, reads)
+            t, c = sublayer_jacobian_sum(adapter, residuals, layer, kind, jacobian_mode, list(pos), dtype, **extra)
             total, count = (t if total is None else total + t), count + c
         assert total is not None
         return total, count
-    tokens = torch.cat([residuals[b, list(pos)] for b, pos in enumerate(own)])
-    return sublayer_jacobian_sum(adapter, tokens[None], layer, kind, jacobian_mode, "all", dtype)
+    kept = {i: torch.cat([states[i][b, list(pos)] for b, pos in enumerate(own)])[None] for i in reads if i is not None}
+    residuals, extra = read_states(kept, reads)
+    return sublayer_jacobian_sum(adapter, residuals, layer, kind, jacobian_mode, "all", dtype, **extra)
 
 
 def chunk_operator_sums(
@@ -241,7 +249,7 @@ def chunk_operator_sums(
     """The operators of every chunk summed per chunk, one sub-layer at a time in the order of ``keys``.
 
     The forward passes run first (``batch_size`` chunks each) and keep the residual states the
-    engines read for ``keys`` (:func:`~depthlens.jacobian.sublayer.input_state`): in the two
+    engines read for ``keys`` (:func:`~depthlens.jacobian.sublayer.state_reads`): in the two
     isolated modes only the selected positions (the engines read nothing else there), in
     ``in_context`` whole chunks. Then, per key, :func:`sublayer_jacobian_sum` runs on each
     chunk alone.
@@ -283,7 +291,7 @@ def chunk_operator_sums(
     ids = _checked_ids(input_ids, jacobian_mode, dtype, batch_size)
     selected = select_positions(positions, ids.shape[1])
     per_chunk = _chunk_positions(chunk_positions, ids.shape)
-    wanted = [(adapter.check_layer(int(layer)), check_sublayer(kind)) for layer, kind in keys]
+    wanted = [(adapter.check_layer(int(layer)), adapter.check_kind(kind)) for layer, kind in keys]
     if not wanted:
         raise InputError("keys is empty; pass the (layer, kind) sub-layers whose chunk sums are wanted.")
     if per_chunk is not None:
@@ -293,11 +301,12 @@ def chunk_operator_sums(
     # the isolated engines read the selected positions alone: keep those, and select them all later
     trim = jacobian_mode != "in_context"
     read: str | int | Sequence[int] = "all" if trim else positions
-    states = {input_state(adapter, layer, kind, jacobian_mode): [] for layer, kind in wanted}  # type: ignore[var-annotated]
+    states: dict[int, list[Tensor]] = {i: [] for key in wanted for i in state_reads(adapter, *key, jacobian_mode)
+                                       if i is not None}
     starts = range(0, ids.shape[0], int(batch_size))
     name = f"{label} ({jacobian_mode})" if label else f"({jacobian_mode})"
     for s in tqdm(starts, desc=f"forward passes {name}", unit="batch", disable=not progress):
-        hs = adapter.residual_states(ids[s : s + int(batch_size)])
+        hs = engine_states(adapter, ids[s : s + int(batch_size)])
         for index, kept in states.items():
             kept.append(hs[index][:, selected] if trim else hs[index].clone())  # copies: hs is freed
         del hs
@@ -310,14 +319,15 @@ def _sums_per_chunk(adapter: Adapter, kept: dict[int, list[Tensor]], wanted: lis
                     jacobian_mode: JacobianMode, reads: Sequence[str | int | Sequence[int]], dtype: torch.dtype,
                     progress: bool, name: str) -> Iterator[tuple[tuple[int, Sublayer], np.ndarray, np.ndarray]]:
     """Per key of ``wanted``, the engine's sum of each chunk alone: chunk ``c``'s kept states
-    ``kept[state][c]`` (T_c, d), read at ``reads[c]``."""
+    ``kept[state][c]`` (T_c, ·), read at ``reads[c]``."""
     n_chunks, d = len(reads), adapter.d_model
     for layer, kind in tqdm(wanted, desc=f"chunk jacobians {name}", unit="sub-layer", disable=not progress):
-        residuals = kept[input_state(adapter, layer, kind, jacobian_mode)]
+        indices = state_reads(adapter, layer, kind, jacobian_mode)
         sums = np.empty((n_chunks, d, d), dtype=np.float64)
         counts = np.empty(n_chunks, dtype=np.int64)
         for c in range(n_chunks):
-            total, count = sublayer_jacobian_sum(adapter, residuals[c][None], layer, kind, jacobian_mode, reads[c], dtype)
+            residuals, extra = read_states({i: kept[i][c][None] for i in indices if i is not None}, indices)
+            total, count = sublayer_jacobian_sum(adapter, residuals, layer, kind, jacobian_mode, reads[c], dtype, **extra)
             sums[c] = total.to(torch.float64).cpu().numpy()
             counts[c] = count
         yield (layer, kind), sums, counts
@@ -330,11 +340,12 @@ def _own_chunk_sums(adapter: Adapter, ids: Tensor, wanted: list[tuple[int, Subla
     are, per chunk, those of its positions (isolated modes) or of its positions up to its last
     one (``in_context``), and each chunk's sum reads its own alone."""
     trim = jacobian_mode != "in_context"
-    states: dict[int, list[Tensor]] = {input_state(adapter, layer, kind, jacobian_mode): [] for layer, kind in wanted}
+    states: dict[int, list[Tensor]] = {i: [] for key in wanted for i in state_reads(adapter, *key, jacobian_mode)
+                                       if i is not None}
     name = f"{label} ({jacobian_mode})" if label else f"({jacobian_mode})"
     for s in tqdm(range(0, ids.shape[0], batch_size), desc=f"forward passes {name}", unit="batch", disable=not progress):
         own = per_chunk[s : s + batch_size]
-        hs = adapter.residual_states(ids[s : s + batch_size, : max(p[-1] for p in own) + 1])
+        hs = engine_states(adapter, ids[s : s + batch_size, : max(p[-1] for p in own) + 1])
         for index, kept in states.items():
             kept.extend(hs[index][b, pos] if trim else hs[index][b, : pos[-1] + 1].clone() for b, pos in enumerate(own))
         del hs

@@ -5,7 +5,7 @@ this module (:func:`operators`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -66,21 +66,28 @@ def operator_list(ops: dict[tuple[int, str], np.ndarray]) -> list[np.ndarray]:
 
 
 def with_layer_operators(ops: dict[tuple[int, str], np.ndarray], parallel_residual: bool) -> dict[tuple[int, str], np.ndarray]:
-    """``ops`` with the layer operator ``(l, "layer")`` after each layer's two sub-layers:
-    ``J̄_mlp @ J̄_attn`` (the product of the two mean operators, the two steps the funnel
-    multiplies), or ``J̄_attn + J̄_mlp − I`` on parallel-residual models, the layer's own
-    Jacobian there (:mod:`depthlens.jacobian.engines`); float64, exact to rounding."""
+    """``ops`` with the layer operator ``(l, "layer")`` after each layer's sub-layers: the
+    product of its mean sub-layer operators in order, ``J̄_mlp @ J̄_attn`` (and ``J̄_ple @ J̄_mlp
+    @ J̄_attn`` where a layer has three, its output scalar inside ``J̄_ple``: the steps the
+    funnel multiplies), or ``J̄_attn + J̄_mlp − I`` on parallel-residual models, the layer's
+    own Jacobian there (:mod:`depthlens.jacobian.engines`); float64, exact to rounding."""
     out: dict[tuple[int, str], np.ndarray] = {}
     for layer in sorted({k[0] for k in ops}):
-        attn, mlp = ops[(layer, "attn")], ops[(layer, "mlp")]
-        out[(layer, "attn")], out[(layer, "mlp")] = attn, mlp
-        out[(layer, LAYER)] = layer_operator(attn, mlp, parallel_residual)
+        subs = [ops[(layer, kind)] for kind in SUBLAYERS if (layer, kind) in ops]
+        out.update({(layer, kind): ops[(layer, kind)] for kind in SUBLAYERS if (layer, kind) in ops})
+        out[(layer, LAYER)] = layer_operator(subs, parallel_residual)
     return out
 
 
-def layer_operator(attn: np.ndarray, mlp: np.ndarray, parallel_residual: bool) -> np.ndarray:
-    """One layer's operator from its two mean sub-layer operators (see :func:`with_layer_operators`)."""
-    return attn + mlp - np.eye(attn.shape[0]) if parallel_residual else mlp @ attn
+def layer_operator(subs: Sequence[np.ndarray], parallel_residual: bool) -> np.ndarray:
+    """One layer's operator from its mean sub-layer operators in order (see :func:`with_layer_operators`)."""
+    if parallel_residual:
+        attn, mlp = subs
+        return attn + mlp - np.eye(attn.shape[0])
+    out = subs[0]
+    for J in subs[1:]:
+        out = J @ out
+    return out
 
 
 def label(name: str) -> str:
@@ -107,16 +114,18 @@ def boot_rank(opts: JacobianOptions, d: int) -> int | None:
     return opts.funnel_rank if 0 < opts.funnel_rank < d else None
 
 
-def sublayer_keys_backward(n_layers: int) -> list[tuple[int, str]]:
-    """The sub-layers from the last one down: the order of the backward product."""
-    return [(layer, kind) for layer in reversed(range(n_layers)) for kind in reversed(SUBLAYERS)]
+def sublayer_keys_backward(n_layers: int, sublayers: Sequence[str] = ("attn", "mlp")) -> list[tuple[int, str]]:
+    """The sub-layers (``sublayers`` of each layer, e.g. :attr:`Adapter.sublayers
+    <depthlens.models.adapter.Adapter.sublayers>`) from the last one down: the order of the backward product."""
+    return [(layer, kind) for layer in reversed(range(n_layers)) for kind in reversed(tuple(sublayers))]
 
 
-def boot_table(sums, weights: np.ndarray, n_layers: int, d: int, opts: JacobianOptions, device: str | None,
+def boot_table(sums, weights: np.ndarray, n_steps: int, d: int, opts: JacobianOptions, device: str | None,
           threads: int, out: dict | None = None) -> pd.DataFrame:
-    """The bootstrapped funnel ends of per-chunk sums in backward order, with the truncation used."""
+    """The bootstrapped funnel ends of per-chunk sums of ``n_steps`` sub-layers in backward
+    order, with the truncation used."""
     rank = boot_rank(opts, d)
-    table = funnel_bootstrap(sums, weights, 2 * n_layers, rank, "backward", out=out, device=device, threads=threads)
+    table = funnel_bootstrap(sums, weights, n_steps, rank, "backward", out=out, device=device, threads=threads)
     table.insert(0, "truncation", d if rank is None else rank)
     return table
 
@@ -134,7 +143,8 @@ def compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: tor
     :func:`engines.mean_operators` (in a bootstrapped mode: the mean of
     :func:`engines.chunk_operator_sums`, whatever ``weights``) and :func:`with_layer_operators`
     held in memory, bit for bit."""
-    d, keys = adapter.d_model, [(layer, kind) for layer in range(adapter.n_layers) for kind in (*SUBLAYERS, LAYER)]
+    subs = adapter.sublayers
+    d, keys = adapter.d_model, [(layer, kind) for layer in range(adapter.n_layers) for kind in (*subs, LAYER)]
     shapes = {f"{l}.{k}": (d, d) for l, k in keys}
     own = chunk_positions(token_ids, opts.positions)
     token_ids = as_chunks(token_ids).ids
@@ -151,20 +161,20 @@ def compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: tor
         ops = {(l, k): store[f"{l}.{k}"] for l, k in keys}
         sub = {k: v for k, v in ops.items() if k[1] != LAYER}
         if bootstrapped(opts, mode):
-            sums = engines.chunk_operator_sums(adapter, token_ids, sublayer_keys_backward(adapter.n_layers), mode,
+            sums = engines.chunk_operator_sums(adapter, token_ids, sublayer_keys_backward(adapter.n_layers, subs), mode,
                                                opts.positions, batch_size, progress=not quiet,
                                                label=label(name) + label_suffix, chunk_positions=own)
             if weights is None:  # the operators alone
                 for key, S, counts in sums:
                     sub[key][...] = mean_of_chunks(S, counts)
             else:
-                boot = boot_table(sums, weights, adapter.n_layers, d, opts, device, threads, out=sub)
+                boot = boot_table(sums, weights, len(subs) * adapter.n_layers, d, opts, device, threads, out=sub)
         else:
             engines.mean_operators(adapter, token_ids, jacobian_mode=mode, positions=opts.positions,
                                    batch_size=batch_size, progress=not quiet, label=label(name) + label_suffix, out=sub,
                                    chunk_positions=own)
         for layer in range(adapter.n_layers):
-            ops[(layer, LAYER)][...] = layer_operator(ops[(layer, "attn")], ops[(layer, "mlp")], adapter.parallel_residual)
+            ops[(layer, LAYER)][...] = layer_operator([ops[(layer, k)] for k in subs], adapter.parallel_residual)
     # the engines' float64 layer copies (1.75 GB a layer at d = 4096) are not needed while the
     # workers analyse the operators; the next computation copies the layers again
     engines.clear_cache(adapter)
@@ -178,7 +188,7 @@ def compute(run_dir: RunDirectory, name: str, mode: str, adapter, token_ids: tor
 
 def saved_operators(run_dir: RunDirectory, name: str, mode: str) -> dict[tuple[int, str], np.ndarray] | None:
     """The float64 mean operators of checkpoint ``name`` and ``mode`` that the run holds, as
-    read-only memory maps in layer order (``attn``, ``mlp``, ``layer``): the float64
+    read-only memory maps in layer order (``attn``, ``mlp``, any ``ple``, ``layer``): the float64
     ``arrays/`` file, else the unit-private copy; None when there is neither (the array is
     float32 or absent and the copy was deleted at the end of an earlier session)."""
     for path in _paths(run_dir, name, mode):

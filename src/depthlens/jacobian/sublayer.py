@@ -9,17 +9,17 @@ on the layer's cached weights (:func:`~depthlens.jacobian._layers.layer_ops`). T
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..models.adapter import SUBLAYERS, Adapter, Sublayer, check_sublayer
+from ..models.adapter import SUBLAYERS, Adapter, Sublayer
 from ._layers import layer_ops
 from .attention_factors import Chunk, in_context_attn_factor, isolated_attn_factor, isolated_attn_update
-from .factor import Factor, mlp_factor
+from .factor import Factor, mlp_factor, mlp_update, ple_factor
 from .options import JACOBIAN_MODES, JacobianMode
 
 __all__ = [
@@ -27,7 +27,11 @@ __all__ = [
     "POSITIONS",
     "check_dtype",
     "check_jacobian_mode",
+    "engine_states",
     "input_state",
+    "kv_state",
+    "read_states",
+    "state_reads",
     "select_positions",
     "sublayer_jacobian_sum",
     "sublayer_jacobians",
@@ -50,18 +54,58 @@ def input_state(adapter: Adapter, layer: int, kind: Sublayer, jacobian_mode: Jac
     """Index into :meth:`Adapter.residual_states` of the observed residual the engines read for
     sub-layer ``kind`` of ``layer`` in ``jacobian_mode``.
 
-    ``2 * layer`` (the pre-attention residual) for ``attn``, and for ``mlp`` in the
-    ``isolated`` mode, whose MLP input is computed inside the one-token block from it;
-    ``2 * layer + 1`` (the observed pre-MLP residual) for ``mlp`` in ``isolated_observed`` and
+    With ``S`` boundaries a layer (:attr:`Adapter.sublayers`): ``S * layer`` (the pre-attention
+    residual) in the ``isolated`` mode, whose later sub-layers read states computed inside the
+    one-token block from it, and for attention; ``S * layer + i`` (the observed residual
+    before the ``i``-th sub-layer, e.g. the pre-MLP state) in ``isolated_observed`` and
     ``in_context``, except on parallel-residual models, whose MLP reads the pre-attention
-    state ``2 * layer`` in every mode.
+    state in every mode.
     """
     adapter.check_layer(layer)
-    check_sublayer(kind)
+    adapter.check_kind(kind)
     check_jacobian_mode(jacobian_mode)
-    if kind == "mlp" and jacobian_mode != "isolated" and not adapter.parallel_residual:
-        return 2 * layer + 1
-    return 2 * layer
+    first = len(adapter.sublayers) * layer
+    if jacobian_mode == "isolated" or adapter.parallel_residual:
+        return first
+    return first + adapter.sublayers.index(kind)
+
+
+def kv_state(adapter: Adapter, layer: int, kind: Sublayer, jacobian_mode: JacobianMode = "isolated") -> int | None:
+    """Index into :meth:`Adapter.residual_states` of the pre-attention residual of the layer whose
+    keys and values ``layer`` reads (:meth:`Adapter.kv_source`), where the engine for ``kind``
+    needs it: the ``in_context`` attention (keys and values of the chunk) and the later
+    sub-layers of the ``isolated`` block (the token's own value); None otherwise."""
+    input_state(adapter, layer, kind, jacobian_mode)  # checks the arguments
+    source = adapter.kv_source(layer)
+    needed = (kind == "attn" and jacobian_mode == "in_context") or (kind != "attn" and jacobian_mode == "isolated")
+    return len(adapter.sublayers) * source if source != layer and needed else None
+
+
+def state_reads(adapter: Adapter, layer: int, kind: Sublayer,
+                jacobian_mode: JacobianMode = "isolated") -> tuple[int, int | None, int | None]:
+    """Indices into :func:`engine_states` of what the engine reads for sub-layer ``kind`` of
+    ``layer``: the residual (:func:`input_state`), the key/value source's residual
+    (:func:`kv_state`, or None) and the layer's per-layer inputs (for ``ple``, or None)."""
+    first = len(adapter.sublayers) * adapter.n_layers + 1
+    return (input_state(adapter, layer, kind, jacobian_mode), kv_state(adapter, layer, kind, jacobian_mode),
+            first + layer if kind == "ple" else None)
+
+
+def engine_states(adapter: Adapter, input_ids: Tensor) -> Sequence[Tensor]:
+    """Everything the engines read of a batch of chunks, indexed as :func:`state_reads` says:
+    :meth:`Adapter.residual_states`, then (where the family has them) each layer's per-layer
+    inputs ``(B, T, dp)``."""
+    states = adapter.residual_states(input_ids)
+    per_layer = adapter.per_layer_inputs(input_ids)
+    return states if per_layer is None else [*states, *per_layer.unbind(2)]
+
+
+def read_states(states: Sequence[Tensor] | Mapping[int, Tensor],
+                reads: tuple[int, int | None, int | None]) -> tuple[Tensor, dict[str, Tensor | None]]:
+    """``(residuals, {"kv": ..., "layer_input": ...})`` of ``states`` at ``reads`` (:func:`state_reads`),
+    as the engines take them."""
+    i, kv, p = reads
+    return states[i], {"kv": None if kv is None else states[kv], "layer_input": None if p is None else states[p]}
 
 
 def check_jacobian_mode(jacobian_mode: str) -> str:
@@ -124,6 +168,23 @@ def _check_finite(h: Tensor) -> Tensor:
     return h
 
 
+def _extra(adapter: Adapter, given: Tensor | None, needed: bool, like: Tensor, width: int, what: str,
+           fix: str) -> Tensor | None:
+    """An extra per-token input of the engine (``(B, T, width)`` over the chunks of ``like``),
+    checked where ``needed``; one-line :class:`InputError` when it is missing or misshaped."""
+    if not needed:
+        return None
+    if given is None:
+        raise InputError(f"{what} is needed here and was not given; {fix}.")
+    x = torch.as_tensor(given)
+    if x.ndim == 2:
+        x = x.unsqueeze(0)
+    if x.ndim != 3 or x.shape[:2] != like.shape[:2] or x.shape[-1] != width or not x.is_floating_point():
+        raise InputError(f"{what} has shape {tuple(x.shape)}, dtype {x.dtype}; pass floating-point {tuple(like.shape[:2])}"
+                         f" + ({width},) values at the residuals' tokens; {fix}.")
+    return x
+
+
 def _factors(
     adapter: Adapter,
     residuals: Tensor,
@@ -132,41 +193,61 @@ def _factors(
     jacobian_mode: JacobianMode,
     positions: str | int | Sequence[int],
     dtype: torch.dtype,
+    kv: Tensor | None = None,
+    layer_input: Tensor | None = None,
 ) -> Iterator[Factor]:
     """Yield the factored Jacobians of the selected tokens, ``_TOKEN_CHUNK`` tokens at a time, batch-major."""
-    check_sublayer(kind)
     check_jacobian_mode(jacobian_mode)
     check_dtype(dtype)
     adapter.check_layer(layer)
+    adapter.check_kind(kind)
     r = _check_residuals(adapter, residuals)
     B, T, _ = r.shape
     pos = select_positions(positions, T)
     dev = adapter.device
     ops = layer_ops(adapter, layer, dtype)
+    source = adapter.kv_source(layer)
+    kv_r = _extra(adapter, kv, kv_state(adapter, layer, kind, jacobian_mode) is not None, r, adapter.d_model,
+                  f"kv (the pre-attention residuals of layer {source}, whose keys and values layer {layer} reads)",
+                  f"pass residual_states(ids)[{len(adapter.sublayers) * source}]")
+    p = _extra(adapter, layer_input, kind == "ple", r, adapter.per_layer_width,
+               f"layer_input (layer {layer}'s per-layer inputs)", f"pass per_layer_inputs(ids)[:, :, {layer}]")
+    src_ops = layer_ops(adapter, source, dtype) if kv_r is not None else None
+    scale = ops.out_scale if kind == adapter.sublayers[-1] else 1.0
     b_idx = torch.arange(B, device=dev).repeat_interleave(len(pos))
     t_idx = torch.tensor(pos, device=dev).repeat(B)
     in_context = jacobian_mode == "in_context" and kind == "attn"
-    block_internal = jacobian_mode == "isolated" and kind == "mlp" and not adapter.parallel_residual
+    block_internal = jacobian_mode == "isolated" and kind != "attn" and not adapter.parallel_residual
+
+    def tokens(x: Tensor | None) -> Tensor | None:  # the selected tokens, (B * len(pos), width)
+        return None if x is None else _check_finite(x[:, pos].to(device=dev, dtype=dtype)).reshape(-1, x.shape[-1])
+
     with torch.no_grad():
         if in_context:
             h = _check_finite(r[:, : max(pos) + 1].to(device=dev, dtype=dtype))
-            ctx = Chunk(adapter, layer, ops, h)
+            ctx = Chunk(adapter, layer, ops, h) if src_ops is None else \
+                Chunk(adapter, layer, src_ops, _check_finite(kv_r[:, : max(pos) + 1].to(device=dev, dtype=dtype)))
         else:
-            h = _check_finite(r[:, pos].to(device=dev, dtype=dtype))
+            h, kv_t, p_t = tokens(r), tokens(kv_r), tokens(p)
     for s in range(0, b_idx.numel(), _TOKEN_CHUNK):
         b, t = b_idx[s : s + _TOKEN_CHUNK], t_idx[s : s + _TOKEN_CHUNK]
         with torch.no_grad():  # closed before the yield: a consumer stopped there keeps its grad mode
             if in_context:
                 factor = in_context_attn_factor(adapter, layer, ops, ctx, h[b, t], b, t)
             else:
-                x = h.reshape(-1, h.shape[-1])[s : s + _TOKEN_CHUNK]
+                x = h[s : s + _TOKEN_CHUNK]
                 if kind == "attn":
-                    factor = isolated_attn_factor(adapter, ops, x)
-                elif block_internal:
-                    factor = mlp_factor(ops, x + isolated_attn_update(adapter, ops, x))
+                    factor = isolated_attn_factor(adapter, layer, ops, x)
                 else:
-                    factor = mlp_factor(ops, x)
+                    if block_internal:  # the state before this sub-layer inside the one-token block
+                        shared = None if src_ops is None else (src_ops, kv_t[s : s + _TOKEN_CHUNK])
+                        x = x + isolated_attn_update(adapter, layer, ops, x, shared)
+                        if kind == "ple":
+                            x = x + mlp_update(ops, x)
+                    factor = mlp_factor(ops, x, scale) if kind == "mlp" else \
+                        ple_factor(ops, x, p_t[s : s + _TOKEN_CHUNK], scale)
         yield factor
+
 
 # ---------------------------------------------------------------------------------------
 # public API
@@ -181,6 +262,8 @@ def sublayer_jacobians(
     jacobian_mode: JacobianMode = "isolated",
     positions: str | int | Sequence[int] = "last",
     dtype: torch.dtype = torch.float64,
+    kv: Tensor | None = None,
+    layer_input: Tensor | None = None,
 ) -> Tensor:
     """Jacobians ``J = I + U`` of sub-layer ``kind`` of ``layer`` at the selected tokens: (N, d, d).
 
@@ -193,7 +276,10 @@ def sublayer_jacobians(
         ``isolated`` MLP, the pre-MLP residual for the other MLP modes (for ``in_context``
         attention, every position up to the selected ones is used as context).
     layer : int
-    kind : {"attn", "mlp"}
+    kind : {"attn", "mlp", "ple"}
+        One of the model's :attr:`~depthlens.models.adapter.Adapter.sublayers`; the last one
+        of a layer includes the scalar multiplying the layer's output (Gemma 4), so that it
+        maps its boundary to the next layer's input.
     jacobian_mode : {"isolated", "isolated_observed", "in_context"}
         See :mod:`depthlens.jacobian.engines`. Attention is the same one-token operator in
         both isolated modes; the ``isolated`` MLP is taken at ``x + Attn(x)`` inside the
@@ -204,6 +290,15 @@ def sublayer_jacobians(
         ``(b0 p0, b0 p1, ..., b1 p0, ...)``.
     dtype : torch.float64 (default) or torch.float32
         Arithmetic dtype (weights are cast once and cached).
+    kv : Tensor (B, T, d), optional
+        Where ``layer`` attends with an earlier layer's keys and values
+        (:meth:`~depthlens.models.adapter.Adapter.kv_source`) and the engine reads them
+        (:func:`kv_state`: ``in_context`` attention, the later sub-layers of the ``isolated``
+        block): that layer's pre-attention residuals of the same chunks. Attention on such a
+        layer varies through its query alone; its one-token (isolated) update is zero.
+    layer_input : Tensor (B, T, dp), optional
+        For ``ple``: the layer's per-layer inputs of the same chunks
+        (:meth:`~depthlens.models.adapter.Adapter.per_layer_inputs`).
 
     Returns
     -------
@@ -218,7 +313,8 @@ def sublayer_jacobians(
     InputError
         Bad kind, jacobian_mode, positions, dtype, layer or residual shape / non-finite values.
     """
-    chunks = [f.dense() for f in _factors(adapter, residuals, layer, kind, jacobian_mode, positions, dtype)]
+    chunks = [f.dense() for f in _factors(adapter, residuals, layer, kind, jacobian_mode, positions, dtype, kv,
+                                          layer_input)]
     return torch.cat(chunks, dim=0)
 
 
@@ -230,6 +326,8 @@ def sublayer_jacobian_sum(
     jacobian_mode: JacobianMode = "isolated",
     positions: str | int | Sequence[int] = "last",
     dtype: torch.dtype = torch.float64,
+    kv: Tensor | None = None,
+    layer_input: Tensor | None = None,
 ) -> tuple[Tensor, int]:
     """``(sum_n J_n (d, d), N)`` over the selected tokens, as :func:`sublayer_jacobians` would give.
 
@@ -237,11 +335,11 @@ def sublayer_jacobian_sum(
     to the summed token factors (exact up to float rounding; see :meth:`~depthlens.jacobian.factor.Factor.total`).
     """
     total = None
-    count = 0
-    for f in _factors(adapter, residuals, layer, kind, jacobian_mode, positions, dtype):
+    count, scale = 0, 1.0
+    for f in _factors(adapter, residuals, layer, kind, jacobian_mode, positions, dtype, kv, layer_input):
         s = f.total()
         total = s if total is None else total + s
-        count += f.n
+        count, scale = count + f.n, f.scale
     assert total is not None
     total.diagonal().add_(float(count))
-    return total, count
+    return (total if scale == 1.0 else total.mul_(scale)), count

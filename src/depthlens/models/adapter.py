@@ -72,12 +72,16 @@ from .weights import LayerWeights, WeightReader
 
 __all__ = ["SUBLAYERS", "Adapter", "Sublayer", "adapter_for", "check_sublayer"]
 
-Sublayer = Literal["attn", "mlp"]
-SUBLAYERS: tuple[Sublayer, ...] = ("attn", "mlp")
+Sublayer = Literal["attn", "mlp", "ple"]
+#: Every sub-layer kind, in the order they act inside a layer: attention, MLP, and the
+#: per-layer-input update of the families that have one (Gemma 4); :attr:`Adapter.sublayers`
+#: names a model's own.
+SUBLAYERS: tuple[Sublayer, ...] = ("attn", "mlp", "ple")
 
 
 def check_sublayer(kind: str) -> Sublayer:
-    """``kind`` if it is one of :data:`SUBLAYERS`, else :class:`~depthlens.errors.InputError`."""
+    """``kind`` if it is one of :data:`SUBLAYERS`, else :class:`~depthlens.errors.InputError`
+    (:meth:`Adapter.check_kind` also checks that the model has it)."""
     if kind not in SUBLAYERS:
         raise InputError(f"sublayer {kind!r} is not one of {SUBLAYERS}.")
     return kind  # type: ignore[return-value]
@@ -265,6 +269,28 @@ class Adapter(Captures, Interventions, Checks, ABC):
     def layer_kv_heads(self, layer: int) -> int:
         """The key/value heads of ``layer`` (:attr:`n_kv_heads` unless the family's layers differ)."""
         return self.n_kv_heads
+
+    @property
+    def sublayers(self) -> tuple[Sublayer, ...]:
+        """The sub-layers of a layer, in order: ``("attn", "mlp")``, and ``"ple"`` where the
+        family's layers add a per-layer-input update (one per boundary of :attr:`boundaries`)."""
+        return ("attn", "mlp")
+
+    def check_kind(self, kind: str) -> Sublayer:
+        """``kind`` if this model's layers have that sub-layer, else a one-line :class:`InputError`."""
+        if check_sublayer(kind) not in self.sublayers:
+            raise InputError(f"{self.family} layers have no {kind!r} sub-layer; they have {self.sublayers}.")
+        return kind  # type: ignore[return-value]
+
+    @property
+    def per_layer_width(self) -> int:
+        """The width ``dp`` of :meth:`per_layer_inputs` (0 where the family has none)."""
+        return 0
+
+    def per_layer_inputs(self, input_ids: Tensor) -> Tensor | None:
+        """What each layer reads besides the residual, per token: ``(B, T, L, dp)`` (Gemma 4's
+        per-layer inputs, fed to the layers' ``ple`` sub-layer), or None where the family has none."""
+        return None
 
     def kv_source(self, layer: int) -> int:
         """The layer whose keys and values ``layer`` attends with: itself, or an earlier one where

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..errors import ModelError
 
-__all__ = ["LayerWeights", "Norm", "NormJacobian", "WeightReader"]
+__all__ = ["LayerWeights", "Norm", "NormJacobian", "PerLayerInput", "WeightReader"]
 
 
 @dataclasses.dataclass
@@ -115,6 +115,18 @@ class NormJacobian:
 
 
 @dataclasses.dataclass
+class PerLayerInput:
+    """A per-layer-input update (Gemma 4): the residual ``r`` receives
+    ``post(Wp (act(Wg r) * p))``, with ``p`` the layer's per-layer input at the token
+    (``Wg`` (dp, d), ``Wp`` (d, dp))."""
+
+    Wg: Tensor
+    Wp: Tensor
+    post: Norm
+    act: Callable[[Tensor], Tensor]
+
+
+@dataclasses.dataclass
 class LayerWeights:
     """One decoder layer in the engine dtype. Matrices are ``(out, in)``; biases may be None.
 
@@ -148,6 +160,10 @@ class LayerWeights:
     Wd: Tensor
     bd: Tensor | None
     mlp_post: Norm | None
+    v_norm: Norm | None = None
+    ple: PerLayerInput | None = None
+    out_scale: float = 1.0
+    kv_shared: bool = False
     _M: Tensor | None = None  # Wo E Wv, built on first use
 
     def value_output(self, n_heads: int, n_kv_heads: int, head_dim: int) -> Tensor:

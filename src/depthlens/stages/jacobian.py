@@ -217,11 +217,12 @@ def _extra_nulls(run_dir, loaded, token_ids, opts: JacobianOptions, weights: np.
         def null_unit(k: int = k) -> dict[str, pd.DataFrame]:
             adapter = init_like(loaded, seed=init_seed_of(opts.seed + k)).adapter
             sums = engines.chunk_operator_sums(adapter, as_chunks(token_ids).ids,
-                                               store.sublayer_keys_backward(adapter.n_layers), mode, opts.positions,
-                                               batch_size, progress=not quiet,
+                                               store.sublayer_keys_backward(adapter.n_layers, adapter.sublayers), mode,
+                                               opts.positions, batch_size, progress=not quiet,
                                                label=f"step-0 null of seed {opts.seed + k}",
                                                chunk_positions=store.chunk_positions(token_ids, opts.positions))
-            return {"boot": store.boot_table(sums, weights, adapter.n_layers, adapter.d_model, opts, device, threads)}
+            steps = len(adapter.sublayers) * adapter.n_layers
+            return {"boot": store.boot_table(sums, weights, steps, adapter.d_model, opts, device, threads)}
 
         done = run_dir.unit(STAGE, f"boot_init_{k}", null_unit, isolated=True)  # each null's model goes on return
         if done is not None:
