@@ -76,9 +76,11 @@ _ID = {
     "head": Column("Query head within the layer, 0-based (grouped-query attention: every query head has "
                    "its own matrix).", "integer"),
     "chunk": Column("Text chunk, 0-based, in the order of the run's token ids.", "integer"),
-    "sublayer": Column("Sub-layer: `attn` (attention with its skip connection) or `mlp` (MLP with its "
-                       "skip connection); in the jacobian stage's operators and eigenvalues also `layer`, the "
-                       "full-layer operator of the two mean operators, J̄_mlp · J̄_attn (parallel-residual "
+    "sublayer": Column("Sub-layer: `attn` (attention with its skip connection), `mlp` (MLP with its "
+                       "skip connection) or, on Gemma 4, `ple` (the per-layer-input update with its skip "
+                       "connection, times the layer's output scalar); in the jacobian stage's operators and "
+                       "eigenvalues also `layer`, the full-layer operator: the product of the layer's mean "
+                       "sub-layer operators, J̄_mlp · J̄_attn (Gemma 4: J̄_ple · J̄_mlp · J̄_attn; parallel-residual "
                        "models: J̄_attn + J̄_mlp − I, the layer's own Jacobian).", "text"),
     "jacobian_mode": Column("Jacobian mode of the operator (METHODS B1): `isolated` (the paper's: the observed "
                             "pre-attention residual x through the whole block as a one-token sequence, the MLP at "
@@ -631,8 +633,9 @@ _JACOBIAN = {
 }
 
 # ----------------------------------------------------------------------------- topology
-_BOUNDARY = Column("Operator-input boundary b of the residual stream: 2·layer for the input of the attention "
-                   "sub-layer, 2·layer + 1 for the input of the MLP sub-layer.", "integer")
+_BOUNDARY = Column("Operator-input boundary b of the residual stream, S a layer (2; 3 on Gemma 4): S·layer for "
+                   "the input of the attention sub-layer, S·layer + 1 for the input of the MLP sub-layer, "
+                   "S·layer + 2 for the input of the per-layer-input update (Gemma 4).", "integer")
 _GAMMA = Column("CPM resolution γ of the positive-edge layer, chosen once per checkpoint as the centre of the "
                 "widest plateau of the resolution profile (topology_profile) and used at every boundary.",
                 "dimensionless")
@@ -683,8 +686,8 @@ _TOPOLOGY = {
     "coupling": {
         **_keys("checkpoint"),
         "boundary_index": _BOUNDARY,
-        "layer": Column("Layer of the boundary: boundary_index // 2.", "integer"),
-        "sublayer": Column("Sub-layer the boundary feeds: `attn` (even boundary) or `mlp` (odd).", "text"),
+        "layer": Column("Layer of the boundary: boundary_index // S (S boundaries a layer).", "integer"),
+        "sublayer": Column("Sub-layer the boundary feeds: `attn`, `mlp` or (Gemma 4) `ple`.", "text"),
         "effect": Column("Rank-biserial effect 2·AUC − 1 of boundary-node versus interior-node amplification "
                          "(positive: boundary nodes amplify more).", "in [−1, 1]; exact (mid-ranks)"),
         "p": Column("Two-sided label-permutation p-value of `effect`, (1 + #{|r_perm| ≥ |r_obs|}) / (1 + n_perm).",

@@ -33,7 +33,6 @@ from .models import LoadedModel, load_model
 from .models.loading import check_spec, series_checkpoints
 from .models.random_models import random_spec
 from .models.finite import check_finite_weights
-from .models.registry import family
 from .executors.local import kept_workers
 from .report import default_claims_path, load_claims, render_report
 from .report.claims import CLAIMS_COPY
@@ -125,23 +124,6 @@ def check_context(config: RunConfig, plan: Sequence[str], context: int | None, n
             check(config, context, name)
 
 
-def check_served(plan: Sequence[str], family_name: str, name: str, fix: str = "") -> None:
-    """Refuse a plan with a stage that the family ``family_name`` of the model ``name`` does
-    not serve (:attr:`~depthlens.models.registry.Family.stages`), before anything is written.
-
-    Raises
-    ------
-    InputError
-        Naming the stages the family serves and ``fix`` (default: the commands that run them).
-    """
-    served = family(family_name).stages
-    extra = [stage for stage in plan if served is not None and stage in stages_registry.STAGES and stage not in served]
-    if extra:
-        names = ", ".join(served)
-        raise InputError(f"{name} is a {family_name} model, on which depthlens serves the {names} stages only, not "
-                         f"{', '.join(extra)}; {fix or 'run one of depthlens ' + names + ' on it'}.")
-
-
 def prepare(config: RunConfig, loaded: LoadedModel | None = None, plan: Sequence[str] = ()) -> Prepared:
     """Load the model (unless ``loaded`` is given: an in-memory model, see
     :func:`depthlens.models.wrap_model`) and the text chunks of ``config``, checking each on
@@ -158,7 +140,6 @@ def prepare(config: RunConfig, loaded: LoadedModel | None = None, plan: Sequence
                             trust_remote_code=config.trust_remote_code, seed=config.seed,
                             stream_layers=config.stream_layers)
     check_finite_weights(loaded.model, loaded.name)
-    check_served(plan, loaded.adapter.family, loaded.name)
     check_context(config, plan, loaded.adapter.max_seq_len, loaded.name)
     if config.prompts:
         prompts = data.load_prompts(config.text)

@@ -288,6 +288,10 @@ def test_clamp_values_are_per_layer_clean_values() -> None:
     assert cl.mean_values(sums / count, 3, 2) == {2: float(sums[2, 3] / count)}
     assert cl.arm_alphas((0.5,)) == (0.0, 0.5, 1.0)
     assert cl.has_reserve("mean", math.nan) and cl.has_reserve("dose", 0.0) and not cl.has_reserve("dose", 0.25)
+    three = np.arange(7 * 2 * 3 * 4, dtype=np.float64).reshape(7, 2, 3, 4)  # L = 2, three boundaries a layer (Gemma 4)
+    first, sums, count = cl.layer_inputs_summary(three, per_layer=3)
+    assert [np.array_equal(first[i], three[3 * i, :, 0, :]) for i in range(3)] == [True] * 3
+    assert count == 4 and np.allclose(sums, three[[0, 3, 6], :, 1:, :].sum(axis=(1, 2)))
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.5, None])
@@ -483,16 +487,19 @@ def test_check_refuses_sizes_naming_the_flags() -> None:
         RunConfig(model="random:llama", clamp_alphas=(0.0, 1.5))
 
 
-def test_one_forward_pass_gives_the_adapter_captures() -> None:
+@pytest.mark.parametrize(("family", "layers"), [("llama", [1, 2]), ("gemma4", [1, 4, 5])])
+def test_one_forward_pass_gives_the_adapter_captures(family, layers) -> None:
     """The stage's single pass (logits and attention inputs together) equals the adapter's
-    two captures, clamps active."""
-    loaded = wrap_model(build_random("llama", {"num_hidden_layers": 3}, seed=0), name="small")
+    two captures, clamps active (on Gemma 4, layers 4 and 5 read layers 2 and 3's keys)."""
+    loaded = wrap_model(build_random(family, {"num_hidden_layers": 3} if family == "llama" else None, seed=0),
+                        name="small")
     ad, ids = loaded.adapter, torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode(), ad.clamp(3, 7.0, 0, from_layer=1):
-        logits, probs = clamp_stage._logits_and_probs(ad, ids, [1, 2])
+        logits, probs = ad.logits_and_attention_probs(ids, layers)
         got = dict(probs)
+        assert sorted(got) == layers
         assert torch.equal(logits, ad.logits(ids))
-        assert all(torch.equal(got[layer], p) for layer, p in ad.attention_probs(ids, layers=[1, 2]))
+        assert all(torch.equal(got[layer], p) for layer, p in ad.attention_probs(ids, layers=layers))
 
 
 def test_aggregate_heads_medians_and_failures() -> None:
@@ -507,3 +514,38 @@ def test_aggregate_heads_medians_and_failures() -> None:
     assert math.isnan(out.loc[1, "TR1"]) and out.loc[1, "failure"] == "no driver converged"
     bare = cl.aggregate_heads(sinks, None)
     assert bare["TR1"].isna().all() and bare["failure"].isna().all()
+
+
+def test_planted_massive_activation_on_gemma4(tmp_path: Path, text_file: Path) -> None:
+    """Gemma 4 (three boundaries a layer, layer scalars, shared keys): a dim forced at layer
+    1's input is detected at every boundary from there on, the final one included, and
+    clamping it to its mean (0 in the unforced model) gives every later layer, shared-key
+    layers included, the unforced sink masses."""
+    model = build_random("gemma4", seed=0)
+    with torch.no_grad():  # nothing but the force writes into DIM
+        model.model.embed_tokens.weight[:, DIM] = 0.0
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.o_proj, layer.mlp.down_proj, layer.per_layer_projection):
+                proj.weight[DIM, :] = 0.0
+    loaded, n_layers = wrap_model(model, name="planted-gemma4"), len(model.model.layers)
+    ids = workflow.prepare(RunConfig(model="random:gemma4", text=str(text_file), chunks=CHUNKS, seq_len=SEQ_LEN),
+                           loaded).token_ids[:CLAMP_CHUNKS]
+    with torch.inference_mode():
+        clean = {layer: sink_mass(p.numpy()) for layer, p in loaded.adapter.attention_probs(ids)}
+    handles = _force(model, {DIM: (1.0e4, 1)})
+    try:
+        root = _run(loaded, text_file, tmp_path / "run", control_seeds=1)
+    finally:
+        for handle in handles:
+            handle.remove()
+    massive = pd.read_parquet(root / "tables" / "massive.parquet")
+    got = set(massive[["chunk", "layer", "boundary", "position", "dim"]].itertuples(index=False, name=None))
+    kinds = ("pre_attn", "pre_mlp", "pre_ple")
+    assert got == {(c, layer, kind, 0, DIM) for c in range(CHUNKS)
+                   for layer, kind in [*((l, k) for l in range(1, n_layers) for k in kinds), (n_layers, "final")]}
+    assert _chain(root)["emergence_layers"] == [1]
+    heads = pd.read_parquet(root / "tables" / "clamp_heads.parquet")
+    rows = heads[(heads["target"] == "massive") & (heads["arm"] == "mean")]
+    assert sorted(rows["layer"].unique()) == list(range(1, n_layers))
+    for r in rows.itertuples():
+        assert abs(r.sink_mass - float(np.median(clean[r.layer][:, r.head]))) < 1e-12

@@ -22,7 +22,7 @@ from depthlens.jacobian.engines import (
     sublayer_jacobian_sum,
     sublayer_jacobians,
 )
-from depthlens.models import COMPLETE_FAMILIES, adapter_for, load_model
+from depthlens.models import BLOCK_MAP_FAMILIES, adapter_for, load_model
 from depthlens.models.float64 import Float64Mode, double_copy
 from depthlens.models.hooks import replace_first_arg
 
@@ -94,7 +94,7 @@ def same_batches_states(ad, ids: torch.Tensor, batch_size: int) -> torch.Tensor:
     return torch.cat([ad.residual_states(ids[s : s + batch_size]) for s in range(0, ids.shape[0], batch_size)], dim=1)
 
 
-@pytest.fixture(scope="module", params=COMPLETE_FAMILIES)
+@pytest.fixture(scope="module", params=BLOCK_MAP_FAMILIES)
 def family_case(request):
     loaded = load_model(f"random:{request.param}")
     ad = loaded.adapter

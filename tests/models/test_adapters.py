@@ -13,10 +13,10 @@ import transformers
 from torch import nn
 
 from depthlens.errors import InputError, ModelError
-from depthlens.models import COMPLETE_FAMILIES, FAMILIES, Adapter, adapter_for, build_random, family_of, random_config
+from depthlens.models import BLOCK_MAP_FAMILIES, FAMILIES, Adapter, adapter_for, build_random, family_of, random_config
 from depthlens.models.families import parse_overrides
 
-VARIANTS = (*COMPLETE_FAMILIES, "mistral", "qwen2")
+VARIANTS = (*BLOCK_MAP_FAMILIES, "mistral", "qwen2")
 B, T = 2, 16
 
 

@@ -36,8 +36,7 @@ from ..data import Chunks, as_chunks
 from ..errors import DepthlensError
 from ..models import LoadedModel, load_model
 from ..models.finite import check_finite_weights
-from ..models.local import declared_context, declared_model_type
-from ..models.registry import family_of_model_type
+from ..models.local import declared_context
 from ..runs.tables import RunTables
 from ..runs import RunDirectory, RunMode
 from ..runs.directory import read_manifest
@@ -147,19 +146,15 @@ def _configs(config: RunConfig, series: dict[str, list[Checkpoint]]) -> dict[tup
 def _check_local_series(series: dict[str, list[Checkpoint]], configs: dict[tuple[str, str], RunConfig],
                         plan: list[str]) -> None:
     """Refuse, before anything is written, inputs longer than the context that a local
-    series' checkpoints declare (:func:`depthlens.workflow.check_context`) and stages their
-    family does not serve (:func:`depthlens.workflow.check_served`); a hub series is checked
-    as each checkpoint loads."""
-    from ..workflow import check_context, check_served
+    series' checkpoints declare (:func:`depthlens.workflow.check_context`); a hub series is
+    checked as each checkpoint loads."""
+    from ..workflow import check_context
 
     for spec, ckpts in series.items():
         for ckpt in ckpts:
             if Path(spec).expanduser().is_dir() and ckpt.revision:
                 folder, name = Path(spec).expanduser() / ckpt.revision, f"{spec} {ckpt.revision}"
                 check_context(configs[(spec, ckpt.label)], plan, declared_context(folder), name)
-                entry = family_of_model_type(declared_model_type(folder) or "")
-                if entry is not None:
-                    check_served(plan, entry.name, name, "pass --census-stages with those")
 
 
 def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_mode: RunMode = RunMode.NEW,

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DecompositionError
-from ..residual import boundary_names, massive_mask
+from ..residual import BOUNDARIES, boundary_names, massive_mask
 from ..schema import IDENTITY, SCHEMA
 
 __all__ = [
@@ -58,18 +58,21 @@ CLAMP_COLUMNS = [c for c in SCHEMA["clamp"].columns if c not in IDENTITY]
 
 
 # ----------------------------------------------------------------------------- detection
-def massive_entries(states: np.ndarray, first_chunk: int, lengths: np.ndarray | None = None) -> pd.DataFrame:
+def massive_entries(states: np.ndarray, first_chunk: int, lengths: np.ndarray | None = None,
+                    boundaries: tuple[str, ...] = BOUNDARIES) -> pd.DataFrame:
     """Every massive entry of every boundary of a batch of chunks (METHODS A7).
 
     Parameters
     ----------
-    states : ndarray, shape (2L + 1, B, T, d)
-        Residual states (``Adapter.residual_states``) of ``B`` chunks.
+    states : ndarray, shape (S·L + 1, B, T, d)
+        Residual states (``Adapter.residual_states``) of ``B`` chunks, ``S`` boundaries a layer.
     first_chunk : int
         Global index of the batch's first chunk.
     lengths : ndarray of int, shape (B,), optional
         Each chunk's length (prompts right-padded to T): only its first ``lengths[b]``
         positions are read. Default: all T.
+    boundaries : tuple of str
+        The names of a layer's ``S`` boundaries (``Adapter.boundaries``; default ``pre_attn``, ``pre_mlp``).
 
     Returns
     -------
@@ -77,7 +80,7 @@ def massive_entries(states: np.ndarray, first_chunk: int, lengths: np.ndarray | 
     median is over the ``T·d`` entries of the boundary in the chunk.
     """
     arr = np.asarray(states, dtype=np.float64)
-    names = boundary_names(arr.shape[0] // 2)
+    names = boundary_names(arr.shape[0] // len(boundaries), boundaries)
     rows: list[pd.DataFrame] = []
     for b in range(arr.shape[1]):
         n = arr.shape[2] if lengths is None else int(lengths[b])
@@ -229,17 +232,20 @@ def clamp_targets(plan: ClampPlan, ordinary: np.ndarray, control_seeds: int,
 
 
 # ----------------------------------------------------------------------------- clamp values
-def layer_inputs_summary(states: np.ndarray, lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+def layer_inputs_summary(states: np.ndarray, lengths: np.ndarray | None = None,
+                         per_layer: int = len(BOUNDARIES)) -> tuple[np.ndarray, np.ndarray, int]:
     """Position-0 values and ordinary-position sums of the layer inputs of a batch.
 
     Parameters
     ----------
-    states : ndarray, shape (2L + 1, B, T, d)
-        Clean residual states; the layer inputs are states ``0, 2, …, 2L`` (``2L``: the
-        final-norm input, clamped as "layer L").
+    states : ndarray, shape (S·L + 1, B, T, d)
+        Clean residual states, ``S = per_layer`` boundaries a layer; the layer inputs are
+        states ``0, S, …, S·L`` (``S·L``: the final-norm input, clamped as "layer L").
     lengths : ndarray of int, shape (B,), optional
         Each chunk's length (prompts right-padded to T): its ordinary positions are
         ``1 .. lengths[b] − 1``. Default: all T.
+    per_layer : int
+        Boundaries a layer (``len(Adapter.boundaries)``; default 2).
 
     Returns
     -------
@@ -250,7 +256,7 @@ def layer_inputs_summary(states: np.ndarray, lengths: np.ndarray | None = None) 
     count : int
         Entries per sum, ``B·(T−1)`` (``Σ (lengths − 1)``).
     """
-    inputs = np.asarray(states[0::2], dtype=np.float64)
+    inputs = np.asarray(states[0::per_layer], dtype=np.float64)
     if lengths is not None:
         inside = np.arange(1, inputs.shape[2])[None, :] < np.asarray(lengths)[:, None]  # (B, T − 1)
         return inputs[:, :, 0, :].copy(), inputs[:, :, 1:, :][:, inside].sum(axis=1), int(inside.sum())

@@ -6,7 +6,7 @@ from ..lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(["Adapter", "adapter_for"], ".adapter"),
-    **dict.fromkeys(["COMPLETE_FAMILIES", "FAMILIES", "build_random", "family_of", "random_config"], ".families"),
+    **dict.fromkeys(["BLOCK_MAP_FAMILIES", "FAMILIES", "build_random", "family_of", "random_config"], ".families"),
     **dict.fromkeys(["LoadedModel", "embedded_models", "load_model", "series_checkpoints", "supported_families"],
                     ".loading"),
     **dict.fromkeys(["init_like", "wrap_model"], ".in_memory"),

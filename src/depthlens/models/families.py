@@ -24,13 +24,14 @@ from ..errors import ModelError
 from . import registry
 from .registry import family_for_config, text_config
 
-__all__ = ["COMPLETE_FAMILIES", "FAMILIES", "build_random", "family_of", "parse_overrides", "random_config", "text_config"]
+__all__ = ["BLOCK_MAP_FAMILIES", "FAMILIES", "build_random", "family_of", "parse_overrides", "random_config", "text_config"]
 
 #: The registered family names, in registry order.
 FAMILIES: tuple[str, ...] = tuple(entry.name for entry in registry.families())
 
-#: The families whose adapters serve every stage (the others name theirs: ``Family.stages``).
-COMPLETE_FAMILIES: tuple[str, ...] = tuple(entry.name for entry in registry.families() if entry.stages is None)
+#: The families whose layers are maps of the residual alone, so that their adapters give
+#: sub-layer and layer maps (:attr:`~depthlens.models.adapter.Adapter.block_maps`; not Gemma 4).
+BLOCK_MAP_FAMILIES: tuple[str, ...] = tuple(entry.name for entry in registry.families() if entry.adapter.block_maps)
 
 
 def family_of(config: Any) -> str:

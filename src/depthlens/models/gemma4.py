@@ -16,17 +16,18 @@ layers have their own rotary embedding (partial on full layers). The last
 ``num_kv_shared_layers`` layers compute no keys or values: each attends with those of the
 last earlier layer of its type (:meth:`Gemma4Adapter.kv_source`).
 
-What depthlens serves on this family: the capture stage (pattern features, and the residual
-stream at three boundaries a layer: ``pre_attn``, ``pre_mlp`` and ``pre_ple``, before the
-per-layer-input update), the attention stage (every layer's float64 attention matrices,
-shared-key layers included, equal to the model's eager attention), the ablate stage and the
-contest (head ablations through the model's own forward pass: ``block_maps`` is False), and
-the lens stage (transport through the model's own forward pass, shared keys and per-layer
-inputs included: :meth:`~depthlens.models.adapter.Adapter.layer_offsets`). The sub-layer maps
-are refused in one line: a layer's update depends on its per-layer input and, for a shared
-layer, on an earlier layer's keys, so it is not a function of the residual alone; and the
-Jacobian, topology and clamp engines know two boundaries a layer, not three. A
-mixture-of-experts block (``enable_moe_block``) is refused.
+Every stage runs on this family. The residual stream has three boundaries a layer
+(``pre_attn``, ``pre_mlp`` and ``pre_ple``, before the per-layer-input update) and three
+sub-layer operators (``attn``, ``mlp``, ``ple``; the last includes ``layer_scalar``, so that
+it maps its boundary to the next layer's input). A layer's updates depend on its per-layer
+inputs (:meth:`Gemma4Adapter.per_layer_inputs`) and, on a shared layer, on an earlier
+layer's keys and values, so they are not functions of the residual alone: the stages that
+pass through layers (ablate, contest, lens, clamp) run the model's own forward pass
+(``block_maps`` is False), and the Jacobian engines take the per-layer inputs and the key
+source's residuals besides the residual (:func:`depthlens.jacobian.sublayer.state_reads`).
+The sub-layer and layer maps themselves (:meth:`~depthlens.models.adapter.Adapter.branch`,
+``block``) are refused in one line. A mixture-of-experts block (``enable_moe_block``) is
+refused.
 """
 
 from __future__ import annotations
@@ -35,17 +36,14 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import torch
 from torch import Tensor, nn
 
 from ..errors import ModelError
 from .adapter import Sublayer
 from .gemma3 import Gemma3Adapter
 from .registry import TINY_COMMON, Family, text_config
-from .weights import LayerWeights, WeightReader
-
-#: What the family's adapter serves (:attr:`~depthlens.models.registry.Family.stages`).
-STAGES = ("capture", "attention", "ablate", "contest", "lens")
-
+from .weights import LayerWeights, Norm, PerLayerInput, WeightReader
 
 class Gemma4Adapter(Gemma3Adapter):
     """Adapter for ``Gemma4ForCausalLM`` (and the text part of ``Gemma4ForConditionalGeneration``)."""
@@ -116,12 +114,63 @@ class Gemma4Adapter(Gemma3Adapter):
     def apply_rope(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
+    # ------------------------------------------------------------------ weights and per-layer inputs
+
+    @property
+    def sublayers(self) -> tuple[Sublayer, ...]:
+        return ("attn", "mlp", "ple") if self.per_layer_width else ("attn", "mlp")
+
+    @property
+    def per_layer_width(self) -> int:
+        return int(self.config.hidden_size_per_layer_input or 0)
+
+    def per_layer_inputs(self, input_ids: Tensor) -> Tensor | None:
+        if not self.per_layer_width:
+            return None
+        ids = self.checked_ids(input_ids)
+        with torch.no_grad():
+            embeds = self.backbone.embed_tokens(ids)
+            return self.backbone.project_per_layer_inputs(embeds, self.backbone.get_per_layer_inputs(ids, embeds))
+
+    def _layer_weights(self, layer: int, read: WeightReader) -> LayerWeights:
+        a, mlp, block = self._attns[layer], self.layers[layer].mlp, self.layers[layer]
+        Wq, _ = read.linear(a.q_proj)
+        Wo, _ = read.linear(a.o_proj)
+        Wg, _ = read.linear(mlp.gate_proj)
+        Wu, _ = read.linear(mlp.up_proj)
+        Wd, _ = read.linear(mlp.down_proj)
+        norm = read.norm
+        shared = self.kv_source(layer) != layer
+        if shared:  # keys and values are the source layer's (read by the engines from its weights)
+            Wk = Wv = torch.empty(0, self.d_model, dtype=read.dtype, device=read.device)
+            k_norm = v_norm = None
+        else:
+            Wk, _ = read.linear(a.k_proj)
+            Wv = Wk if a.v_proj is None else read.linear(a.v_proj)[0]  # attention_k_eq_v: values from the keys
+            k_norm = norm(a.k_norm)
+            hd = self.layer_head_dim(layer)
+            v_norm = Norm("rms", torch.ones(hd, dtype=read.dtype, device=read.device), None,
+                          float(a.v_norm.variance_epsilon))
+        ple = None
+        if self.config.hidden_size_per_layer_input:
+            ple = PerLayerInput(Wg=read.linear(block.per_layer_input_gate)[0],
+                                Wp=read.linear(block.per_layer_projection)[0],
+                                post=norm(block.post_per_layer_input_norm), act=block.act_fn)
+        return LayerWeights(
+            attn_in=norm(block.input_layernorm), Wq=Wq, bq=None, Wk=Wk, bk=None, Wv=Wv, bv=None,
+            q_norm=norm(a.q_norm), k_norm=k_norm, qk_per_head=True, Wo=Wo, bo=None,
+            attn_post=norm(block.post_attention_layernorm), mlp_in=norm(block.pre_feedforward_layernorm),
+            Wg=Wg, bg=None, Wu=Wu, bu=None, act=mlp.act_fn, Wd=Wd, bd=None,
+            mlp_post=norm(block.post_feedforward_layernorm), v_norm=v_norm, ple=ple,
+            out_scale=float(block.layer_scalar.reshape(-1)[0]), kv_shared=shared,
+        )
+
     # ------------------------------------------------------------------ not served
 
     def _unsupported(self, what: str) -> NoReturn:
         raise ModelError(f"gemma4 {what}: a Gemma 4 layer adds a per-layer-input update and may read an earlier "
-                         "layer's keys and values, so its sub-layers are not maps of the residual alone; depthlens "
-                         f"serves the {', '.join(STAGES)} stages on this family.")
+                         "layer's keys and values, so its sub-layers are not maps of the residual alone; every "
+                         "depthlens stage runs on it through the model's forward pass and the Jacobian engines.")
 
     def branch(self, layer: int, kind: Sublayer) -> Callable[[Tensor], Tensor]:
         self._unsupported("sub-layer maps")
@@ -131,9 +180,6 @@ class Gemma4Adapter(Gemma3Adapter):
 
     def _mlp_branch(self, layer: int, g: Tensor) -> Tensor:
         self._unsupported("sub-layer maps")
-
-    def _layer_weights(self, layer: int, read: WeightReader) -> LayerWeights:
-        self._unsupported("layer weights")
 
 
 def _finish_config(values: dict[str, Any]) -> None:
@@ -173,6 +219,5 @@ ENTRIES = (
         layer_pattern=("sliding_attention", "full_attention"),
         wrapper_types=("gemma4",),
         finish_config=_finish_config,
-        stages=STAGES,
     ),
 )

@@ -62,15 +62,18 @@ class Captures:
     """
 
     @contextlib.contextmanager
-    def _hooked(self, ids: Tensor, grad: bool = False) -> Iterator[list]:
+    def _hooked(self, ids: Tensor, grad: bool = False, output: dict | None = None) -> Iterator[list]:
         """Yield a list for the hook handles the body registers, then run one forward pass on
-        ``ids`` (without gradients unless ``grad``; a hook's :class:`_Stop` ends it quietly) and
-        remove every handle, also after an exception in the body or the pass."""
+        ``ids`` (without gradients unless ``grad``; a hook's :class:`_Stop` ends it quietly;
+        its output goes to ``output["output"]`` when ``output`` is given) and remove every
+        handle, also after an exception in the body or the pass."""
         handles: list = []
         try:
             yield handles
             with torch.enable_grad() if grad else torch.no_grad(), contextlib.suppress(_Stop):
-                self._forward(ids)
+                result = self._forward(ids)
+                if output is not None:
+                    output["output"] = result
         finally:
             for handle in handles:
                 handle.remove()
@@ -106,15 +109,34 @@ class Captures:
         return self._attention_probs(ids, wanted)
 
     def _attention_probs(self, ids: Tensor, wanted: list[int]) -> Iterator[tuple[int, Tensor]]:
-        # queries and keys are formed in the forward pass, while the layer's weights are in
-        # memory (a streamed model holds one layer at a time)
+        yield from self._probs(self._qk_captures(ids, wanted), wanted)
+
+    def logits_and_attention_probs(self, input_ids: Tensor,
+                                   layers: Iterable[int]) -> tuple[Tensor, Iterator[tuple[int, Tensor]]]:
+        """The model's own logits (B, T, V) and, from the same (whole) forward pass, the float64
+        attention probabilities of ``layers`` as :meth:`attention_probs` yields them (active
+        ablations and clamps act on that pass). The probabilities are formed one layer at a
+        time as the iterator is read."""
+        ids = self._ids(input_ids)
+        wanted = [self.check_layer(layer) for layer in layers]
+        output: dict = {}
+        captured = self._qk_captures(ids, wanted, output)
+        return output["output"].logits, self._probs(captured, wanted)
+
+    def _qk_captures(self, ids: Tensor, wanted: list[int], output: dict | None = None) -> dict[int, Any]:
+        """Queries of the ``wanted`` layers and keys of the layers they read (:meth:`kv_source`),
+        formed during one forward pass while each layer's weights are in memory (a streamed
+        model holds one layer at a time); the pass stops after the last of them unless its
+        ``output`` is wanted."""
         sources = {self.kv_source(layer) for layer in wanted}  # whose keys the wanted layers read
 
         def keep(layer: int, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
             q, k, _ = self.qkv(layer, x)
             return (q if layer in wanted else None), (k if layer in sources else None)
 
-        captured = self._attention_captures(ids, set(wanted) | sources, keep)
+        return self._attention_captures(ids, set(wanted) | sources, keep, output)
+
+    def _probs(self, captured: dict[int, Any], wanted: list[int]) -> Iterator[tuple[int, Tensor]]:
         for layer in wanted:
             q, k = captured[layer][0], captured[self.kv_source(layer)][1]
             with torch.no_grad():  # closed before the yield: a consumer stopped there keeps its grad mode
@@ -127,12 +149,14 @@ class Captures:
         wanted = set(range(self.n_layers)) if layers is None else {self.check_layer(i) for i in layers}
         return self._attention_captures(ids, wanted, lambda layer, x: x)
 
-    def _attention_captures(self, ids: Tensor, wanted: set[int], keep: Callable[[int, Tensor], Any]) -> dict[int, Any]:
+    def _attention_captures(self, ids: Tensor, wanted: set[int], keep: Callable[[int, Tensor], Any],
+                            output: dict | None = None) -> dict[int, Any]:
         """``keep(layer, x)`` of the attention inputs ``x`` of the ``wanted`` layers, each taken
-        during one forward pass that stops after the last of them."""
-        if not wanted:
+        during one forward pass that stops after the last of them (that runs to the end, its
+        output in ``output["output"]``, when ``output`` is given)."""
+        if not wanted and output is None:
             return {}
-        last = max(wanted)
+        last = max(wanted) if output is None and wanted else -1
         captured: dict[int, Any] = {}
 
         def make(i: int) -> Callable:
@@ -143,7 +167,7 @@ class Captures:
 
             return hook
 
-        with self._hooked(ids) as handles:
+        with self._hooked(ids, output=output) as handles:
             for i in wanted:
                 handles.append(self._attns[i].register_forward_pre_hook(make(i), with_kwargs=True))
         return captured

@@ -85,13 +85,6 @@ def declared_context(folder: str | Path) -> int | None:
     return None
 
 
-def declared_model_type(folder: str | Path) -> str | None:
-    """The ``model_type`` a checkpoint folder's ``config.json`` declares, read without loading
-    the model; None when there is none."""
-    model_type = _declared(folder).get("model_type")
-    return model_type if isinstance(model_type, str) else None
-
-
 def _weight_files(folder: Path) -> tuple[list[Path], bool]:
     """The weight files of ``folder`` and whether they are safetensors (else ``pytorch_model*.bin``)."""
     safe = sorted(folder.glob("*.safetensors"))

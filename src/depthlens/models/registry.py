@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .adapter import Adapter
 
 __all__ = [
-    "BUILTIN_MODULES", "TINY_COMMON", "Family", "families", "family", "family_for_config", "family_of_model_type",
+    "BUILTIN_MODULES", "TINY_COMMON", "Family", "families", "family", "family_for_config",
     "register", "text_config",
 ]
 
@@ -107,9 +107,6 @@ class Family:
     finish_config : callable, optional
         ``f(values)`` editing the keyword arguments in place just before the configuration
         class is called (e.g. GPT-NeoX turns ``rotary_pct`` into ``rope_parameters``).
-    stages : tuple of str, optional
-        The stages the family's adapter serves, where it does not serve them all (None);
-        a run that plans another is refused before anything is written.
     """
 
     name: str
@@ -121,7 +118,6 @@ class Family:
     aliases: Mapping[str, str] = dataclasses.field(default_factory=dict)
     wrapper_types: tuple[str, ...] = ()
     finish_config: Callable[[dict[str, Any]], None] | None = None
-    stages: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("tiny_config", "aliases"):  # read-only views: an entry cannot be edited
@@ -201,12 +197,6 @@ def family(name: str) -> Family:
     if entry is None:
         raise ModelError(f"unknown family {name!r}; choose one of {', '.join(_ENTRIES)}.")
     return entry
-
-
-def family_of_model_type(model_type: str) -> Family | None:
-    """The :class:`Family` whose ``model_types`` hold ``model_type``, or None."""
-    _load_builtin()
-    return _BY_MODEL_TYPE.get(model_type)
 
 
 def text_config(config: Any) -> Any:

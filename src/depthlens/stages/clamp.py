@@ -59,7 +59,6 @@ from ..errors import InputError, RunError, require_at_least
 from ..executors.local import executor
 from ..interventions import clamp as cl
 from ..interventions import clamp_verdict
-from ..models.hooks import first_arg
 from .context import StageContext
 
 if TYPE_CHECKING:
@@ -178,7 +177,7 @@ def _detect_phase(context: StageContext) -> tuple[pd.DataFrame, int]:
             batch = ids.take(slice(start, start + batch_size))
             states = context.loaded.adapter.residual_states(batch.ids)
             table = cl.massive_entries(states.to(torch.float64).cpu().numpy(), start,
-                                       batch.lengths if batch.ragged else None)
+                                       batch.lengths if batch.ragged else None, context.loaded.adapter.boundaries)
             run_dir.write_unit(STAGE, key, {"rows": table})
         bar.update()
     bar.close()
@@ -264,7 +263,8 @@ def _clean_inputs(adapter, ids: torch.Tensor | Chunks, batch_size: int) -> _Clea
     for start in range(0, len(ids), batch_size):
         batch = ids.take(slice(start, start + batch_size))
         states = adapter.residual_states(batch.ids).to(torch.float64).cpu().numpy()
-        first, sums, n = cl.layer_inputs_summary(states, batch.lengths if batch.ragged else None)
+        first, sums, n = cl.layer_inputs_summary(states, batch.lengths if batch.ragged else None,
+                                                 len(adapter.boundaries))
         firsts.append(first)
         total, count = total + sums, count + n
     return _Clean(np.concatenate(firsts, axis=1), total / count)
@@ -290,35 +290,6 @@ def _clamped(adapter, unit: _Unit, clean: _Clean, chunks: slice) -> Iterator[Non
                 values = cl.control_values(first, values, source, dim, t.signs[i])
             stack.enter_context(adapter.clamp(dim, values, 0, from_layer=layer))
         yield
-
-
-def _logits_and_probs(adapter, ids: torch.Tensor,
-                      layers: list[int]) -> tuple[torch.Tensor, Iterator[tuple[int, torch.Tensor]]]:
-    """The logits of ``ids`` and the float64 attention probabilities of ``layers``, from one
-    forward pass (active clamps act on it): the attention modules' inputs are captured on the
-    way and the probabilities formed one layer at a time from them, as
-    ``Adapter.attention_probs`` forms them (``qkv`` then ``probs_from_qk``)."""
-    captured: dict[int, torch.Tensor] = {}
-
-    def make(layer: int):
-        def hook(module, args, kwargs) -> None:
-            captured[layer] = first_arg(args, kwargs).detach()
-
-        return hook
-
-    handles = [adapter.attn_module(layer).register_forward_pre_hook(make(layer), with_kwargs=True) for layer in layers]
-    try:
-        logits = adapter.logits(ids)
-    finally:
-        for handle in handles:
-            handle.remove()
-
-    def probs() -> Iterator[tuple[int, torch.Tensor]]:
-        for layer in layers:
-            q, k, _ = adapter.qkv(layer, captured.pop(layer))
-            yield layer, adapter.probs_from_qk(layer, q, k)
-
-    return logits, probs()
 
 
 def _next_token_nll(logits: torch.Tensor, ids: torch.Tensor, counted: np.ndarray | None = None) -> tuple[float, int]:
@@ -361,7 +332,7 @@ def _measure(adapter, pool, unit: _Unit, clean: _Clean, ids: torch.Tensor | Chun
         batch, ragged = chunks.ids, chunks.ragged
         n = [int(length) for length in chunks.lengths]
         with _clamped(adapter, unit, clean, slice(start, start + batch.shape[0])):
-            logits, probs_of = _logits_and_probs(adapter, batch, layers)
+            logits, probs_of = adapter.logits_and_attention_probs(batch, layers)
             nll, count = _next_token_nll(logits, batch, chunks.predicted() if ragged else None)
             ce_sum, n_tokens = ce_sum + nll, n_tokens + count
             del logits

@@ -2,9 +2,10 @@
 sub-layer boundary, signed Leiden CPM communities, boundary nodes, and their coupling to the
 Jacobian amplification of the mean operators (from the ``jacobian`` stage), with BH-FDR.
 
-Boundary ``b`` (0 … 2L−1) is the input of operator ``b``: ``b = 2l`` the pre-attention
-residual of layer ``l`` (input of ``attn``), ``b = 2l + 1`` its pre-MLP residual (input of
-``mlp``). The resolution γ is chosen once per checkpoint from a resolution profile of a
+Boundary ``b`` (0 … SL−1, with S sub-layers a layer) is the input of operator ``b``:
+``b = Sl`` the pre-attention residual of layer ``l`` (input of ``attn``), ``b = Sl + 1`` its
+pre-MLP residual (input of ``mlp``) and, where layers have a per-layer-input update (Gemma 4,
+S = 3), ``b = Sl + 2`` the residual before it (input of ``ple``). The resolution γ is chosen once per checkpoint from a resolution profile of a
 reference boundary (the middle one) and reused at every boundary, so communities are
 comparable across depth; the profile, γ, seed and iterations are recorded.
 
@@ -32,6 +33,7 @@ from tqdm.auto import tqdm
 from ..data import Chunks, as_chunks
 from ..errors import InputError, RunError
 from ..executors.local import InlineExecutor, executor, submitted
+from ..models.adapter import SUBLAYERS
 from ..residual import massive_mask
 from ..runs import RunDirectory
 from ..topology import (
@@ -111,7 +113,7 @@ def boundary_moments(adapter, token_ids: torch.Tensor | Chunks, opts: TopologyOp
     ``label`` names the model in the progress bar (e.g. ``step-0 null``). With ``scratch`` (a
     new ``.npy`` path) the co-moments live in that memory-mapped file, not in memory (64
     boundaries of d = 4096 hold 8.6 GB); the numbers are the same bit for bit."""
-    n_bound, d = 2 * adapter.n_layers, adapter.d_model
+    n_bound, d = len(adapter.sublayers) * adapter.n_layers, adapter.d_model
     backing = None if scratch is None else np.lib.format.open_memmap(scratch, mode="w+", dtype=np.float64,
                                                                      shape=(n_bound, d, d))
     moments = [RunningMoments(d, out=None if backing is None else backing[b].T) for b in range(n_bound)]
@@ -240,6 +242,7 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
             if ops.empty:
                 raise RunError(f"the jacobian stage has no {opts.jacobian_mode} operators of checkpoint {name}; "
                                f"run it with --jacobian-mode {opts.jacobian_mode} or both first.")
+            subs = [kind for kind in SUBLAYERS if kind in set(ops["sublayer"])]  # a layer's, in order
             keys = [f"{STAGE}_{name}_{b:03d}" for b in range(len(ops))]
             profile_key = f"profile_{name}"
             if not all(run_dir.has_unit(STAGE, k) for k in [profile_key, *keys]):
@@ -263,8 +266,8 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
                 prof_table = run_dir.unit(STAGE, profile_key, profile_unit)["profile"]
                 gamma = float(prof_table.loc[prof_table["chosen"], "gamma"].iloc[0])
                 todo = [b for b, key in enumerate(keys) if not run_dir.has_unit(STAGE, key)]
-                tasks = ((moments[b].correlation(), J[(b // 2, "mlp" if b % 2 else "attn")], keep_all[b], gamma, opts, b)
-                         for b in todo)
+                tasks = ((moments[b].correlation(), J[(b // len(subs), subs[b % len(subs)])], keep_all[b], gamma,
+                          opts, b) for b in todo)
                 bar = tqdm(total=len(keys), initial=len(keys) - len(todo), desc=f"topology {label(name)}",
                            unit="boundary", disable=quiet)
                 for b, future in zip(todo, submitted(pool, boundary_rows, tasks, max_pending=PENDING)):
@@ -279,8 +282,8 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
                       for b, g in node_table.groupby("boundary_index")}
             table, _ = coupling_table(inputs, n_perm=opts.n_perm, seed=opts.seed)
             table = table.rename(columns={"layer": "boundary_index"})
-            table.insert(1, "layer", table["boundary_index"] // 2)
-            table.insert(2, "sublayer", np.where(table["boundary_index"] % 2, "mlp", "attn"))
+            table.insert(1, "layer", table["boundary_index"] // len(subs))
+            table.insert(2, "sublayer", np.asarray(subs)[table["boundary_index"] % len(subs)])
             table = table.merge(ops[["layer", "sublayer", "henrici_update_rel", "symmetry", "symmetry_update"]],
                                 on=["layer", "sublayer"], how="left")
             table["significant"] = table["q"] <= opts.q_level
