@@ -73,17 +73,19 @@ def test_lens_from_a_file_analyses_it_without_a_model(tmp_path: Path, capsys: py
     assert len(err) == 1 and "is not a Jacobian-lens artifact" in err[0] and not (tmp_path / "refused").exists()
 
 
-def test_the_report_sets_the_transport_beside_the_product_of_mean_jacobians(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("model", "subs"), [("random:llama:num_hidden_layers=4", ("attn", "mlp")),
+                                           ("random:gemma4:num_hidden_layers=4", ("attn", "mlp", "ple"))])
+def test_the_report_sets_the_transport_beside_the_product_of_mean_jacobians(tmp_path: Path, model, subs) -> None:
     """``transport_against_product``: layer ℓ's transport erank beside the erank of the product of
-    the saved mean sub-layer Jacobians over the layers after ℓ (NumPy, from the arrays), the
-    descriptive ratio at layer 0, and the figure drawn from both."""
+    the saved mean sub-layer Jacobians over the layers after ℓ (NumPy, from the arrays; three a
+    layer on Gemma 4), the descriptive ratio at layer 0, and the figure drawn from both."""
     from depthlens.report.figures import FIGURES, render_figure
     from depthlens.report.statistics import compute_statistic
     from depthlens.report.statistics.residual import transport_against_product
     from depthlens.runs.atomic import map_safetensors
     from depthlens.runs.tables import RunTables
 
-    config = RunConfig(model="random:llama:num_hidden_layers=4", chunks=3, seq_len=20, lens_chunks=2,
+    config = RunConfig(model=model, chunks=3, seq_len=20, lens_chunks=2,
                        lens_skip_first=4, jacobian_mode="isolated", funnel_rank=0, funnel_alphas=(1.0,), funnel_boot=0,
                        null="none")
     out = run(config, tmp_path / "run", stages=("jacobian", "lens"), execution=QUIET)
@@ -94,8 +96,9 @@ def test_the_report_sets_the_transport_beside_the_product_of_mean_jacobians(tmp_
     transport = pd.read_parquet(out / "tables" / "transport.parquet").set_index("layer")
     for layer in range(3):
         product = np.eye(64)
-        for k in range(layer + 1, 4):  # J_mlp J_attn of each later layer, the last one leftmost
-            product = saved[f"{k}.mlp"] @ saved[f"{k}.attn"] @ product
+        for k in range(layer + 1, 4):  # J_mlp J_attn (J_ple J_mlp J_attn) of each later layer, the last one leftmost
+            for kind in subs:
+                product = saved[f"{k}.{kind}"] @ product
         s = np.linalg.svd(product, compute_uv=False)
         p = s**2 / np.sum(s**2)
         row = pairs.set_index("layer").loc[layer]

@@ -539,7 +539,8 @@ def transport_against_product(t: RunTables) -> pd.DataFrame:
     ``erank_transport``, the effective rank of the lens's transport J_ℓ (``transport`` table:
     the total cross-position Jacobian from block ℓ's output to the last block's), and
     ``erank_product``, that of the backward product of the trained model's mean sub-layer
-    Jacobians over the 2(L − 1 − ℓ) sub-layers after block ℓ (``cumulative``: α = 1, the
+    Jacobians over the S(L − 1 − ℓ) sub-layers after block ℓ (S a layer: 2, or 3 with Gemma 4's
+    per-layer-input update, as the ``operators`` table names them; ``cumulative``: α = 1, the
     funnel's Jacobian mode, the exact curve when the run has it, else the rank-truncated one;
     column ``truncated``). Descriptive: the two estimate different operators, and their gap is
     what the product of per-layer means leaves out (other positions, the average of products).
@@ -558,9 +559,12 @@ def transport_against_product(t: RunTables) -> pd.DataFrame:
         curve, truncated = _funnel_curve(t, "trained", 1.0, "backward", False), False
     except NotTested:
         curve, truncated = _funnel_curve(t, "trained", 1.0, "backward", True), True
+    ops = select_rows(t.table("operators"), "operators.parquet", checkpoint="trained")
+    require_columns(ops, "operators.parquet", "sublayer")
+    S = len(set(ops["sublayer"]) - {"layer"})  # sub-layers a layer
     erank = dict(zip(numeric(curve["steps"]).astype(int), numeric(curve["erank"])))
-    L = max(erank) // 2
-    rows = [{"layer": int(layer), "erank_transport": float(value), "erank_product": erank.get(2 * (L - 1 - int(layer)),
+    L = max(erank) // S
+    rows = [{"layer": int(layer), "erank_transport": float(value), "erank_product": erank.get(S * (L - 1 - int(layer)),
              float("nan")), "truncated": truncated}
             for layer, value in zip(transport["layer"], numeric(transport["erank"])) if int(layer) <= L - 2]
     if not rows:
@@ -568,7 +572,7 @@ def transport_against_product(t: RunTables) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values("layer").reset_index(drop=True)
 
 
-@register("funnel_product_over_transport", ["transport", "cumulative"],
+@register("funnel_product_over_transport", ["transport", "cumulative", "operators"],
           "Descriptive: the erank of the backward product of the trained mean Jacobians over every sub-layer after "
           "block 0, over the erank of the true transport from block 0 (the Jacobian lens of the lens stage); 1 when "
           "the product of per-layer means funnels as much as the true end-to-end operator.")
