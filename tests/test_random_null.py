@@ -1,14 +1,15 @@
 """The end-to-end null: a random-init model has no learned structure, so no claim of the
 default claims file that asserts learned structure may come out ``supported`` on one.
 
-For each family that every stage serves (llama, gpt2, gpt_neox, gemma3, olmo2, olmo3: the seed
-systems' shapes but Gemma 4's) and three seeds, the whole analysis (every stage,
+For each family (llama, gpt2, gpt_neox, gemma3, olmo2, olmo3, gemma4: the seed systems' shapes)
+and three seeds, the whole analysis (every stage,
 ``preset="quick"``, ``jobs=1``) runs once on a tiny random model of that family and the default
 claims are scored with :func:`depthlens.report.claims.evaluate` (calibration included, as the
 report scores them). Each (family, seed, claim) is its own test case, so a claim that does come
 out supported is named by the failure, with its value, interval, reason and calibration.
 
-Sizes: 2 layers (3 for gemma3 and olmo3, whose default alternates sliding and full layers),
+Sizes: 2 layers (3 for gemma3 and olmo3, whose default alternates sliding and full layers;
+gemma4 its tiny default of 6, the last two reading shared keys and values),
 width 16, 2 heads; 2 chunks of 12 tokens, the attention
 probe 2 sequences of 2 tokens, the rest as the quick preset has it. The ablate
 stage needs a mean chunk beside a held-out one; the topology stage skips 4 positions per chunk
@@ -40,7 +41,7 @@ import depthlens
 from depthlens.report.claims import evaluate, load_claims
 from depthlens.stages import run_stages
 
-pytestmark = pytest.mark.full_leg  # the full leg only: 18 whole runs, 20 s on 2 cores
+pytestmark = pytest.mark.full_leg  # the full leg only: 21 whole runs, about 22 s on 2 cores
 
 #: Tiny random models: the family's default depth, width 16, 2 query heads (1 key/value head
 #: where the family has grouped-query attention), MLP width 32.
@@ -52,6 +53,8 @@ FAMILIES = {
               "query_pre_attn_scalar=8",
     "olmo2": "hidden_size=16,num_attention_heads=2,num_key_value_heads=1,intermediate_size=32",
     "olmo3": "hidden_size=16,num_attention_heads=2,num_key_value_heads=1,intermediate_size=32",
+    "gemma4": "hidden_size=16,num_attention_heads=2,num_key_value_heads=1,intermediate_size=32,head_dim=8,"
+              "global_head_dim=16,num_global_key_value_heads=1,hidden_size_per_layer_input=4",
 }
 SEEDS = (0, 1, 2)
 #: The quick preset with about the smallest sizes every stage runs on (see the module docstring).

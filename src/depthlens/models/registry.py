@@ -16,8 +16,8 @@ family        model_type values                           notes
 ``olmo2``     ``olmo2``                                   post-norms, q/k norms on full width
 ``olmo3``     ``olmo3``                                   as olmo2 plus sliding layers
 ``gemma4``    ``gemma4_text`` (and multimodal ``gemma4``)  per-layer shapes, shared keys and
-                                                          values, per-layer inputs (capture,
-                                                          attention, ablate, contest, lens)
+                                                          values, per-layer inputs, three
+                                                          sub-layers a layer
 ============  ==========================================  ===================================
 
 Adding an architecture: write ``models/<name>.py`` with its adapter subclass and
