@@ -31,8 +31,8 @@ __all__ = [
     "input_state",
     "kv_state",
     "read_states",
-    "state_reads",
     "select_positions",
+    "state_reads",
     "sublayer_jacobian_sum",
     "sublayer_jacobians",
 ]
@@ -168,8 +168,7 @@ def _check_finite(h: Tensor) -> Tensor:
     return h
 
 
-def _extra(adapter: Adapter, given: Tensor | None, needed: bool, like: Tensor, width: int, what: str,
-           fix: str) -> Tensor | None:
+def _extra(given: Tensor | None, needed: bool, like: Tensor, width: int, what: str, fix: str) -> Tensor | None:
     """An extra per-token input of the engine (``(B, T, width)`` over the chunks of ``like``),
     checked where ``needed``; one-line :class:`InputError` when it is missing or misshaped."""
     if not needed:
@@ -207,10 +206,10 @@ def _factors(
     dev = adapter.device
     ops = layer_ops(adapter, layer, dtype)
     source = adapter.kv_source(layer)
-    kv_r = _extra(adapter, kv, kv_state(adapter, layer, kind, jacobian_mode) is not None, r, adapter.d_model,
+    kv_r = _extra(kv, kv_state(adapter, layer, kind, jacobian_mode) is not None, r, adapter.d_model,
                   f"kv (the pre-attention residuals of layer {source}, whose keys and values layer {layer} reads)",
                   f"pass residual_states(ids)[{len(adapter.sublayers) * source}]")
-    p = _extra(adapter, layer_input, kind == "ple", r, adapter.per_layer_width,
+    p = _extra(layer_input, kind == "ple", r, adapter.per_layer_width,
                f"layer_input (layer {layer}'s per-layer inputs)", f"pass per_layer_inputs(ids)[:, :, {layer}]")
     src_ops = layer_ops(adapter, source, dtype) if kv_r is not None else None
     scale = ops.out_scale if kind == adapter.sublayers[-1] else 1.0
