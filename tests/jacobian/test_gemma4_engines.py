@@ -244,3 +244,33 @@ def test_the_jacobian_and_topology_stages_on_gemma4(tmp_path) -> None:
         J = saved[f"{b // 3}.{('attn', 'mlp', 'ple')[b % 3]}"]
         np.testing.assert_allclose(group["amplification"], amplification(J, topo.amplification)[group["dim"]],
                                    rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["isolated", "in_context"])
+def test_prompts_of_their_own_lengths(setup, mode) -> None:
+    """Chunks read at their own positions (a prompts file): the batched means and the per-chunk
+    sums, which gather each token's per-layer input and key source beside its residual, against
+    the engine on each chunk alone."""
+    from depthlens.jacobian import chunk_operator_sums, mean_operators
+
+    _, ad, ids, states, inputs = setup
+    own = [[2, 5], [T - 1]]
+    with Float64Mode():  # the states of the setup's float64 pass
+        means = mean_operators(ad, ids, mode, chunk_positions=own, batch_size=2)
+        sums = {key: (S, n) for key, S, n in chunk_operator_sums(ad, ids, [(5, "ple"), (4, "attn"), (4, "mlp")], mode,
+                                                                   chunk_positions=own)}
+    for layer, kind in [(4, "attn"), (4, "mlp"), (5, "ple")]:
+        per_chunk = [_engine_sum(ad, states, inputs, layer, kind, mode, b, pos) for b, pos in enumerate(own)]
+        torch.testing.assert_close(torch.as_tensor(means[(layer, kind)]), sum(per_chunk) / 3, rtol=0, atol=1e-12)
+        S, n = sums[(layer, kind)]
+        assert list(n) == [2, 1]
+        for b in range(2):
+            torch.testing.assert_close(torch.as_tensor(S[b]), per_chunk[b], rtol=0, atol=1e-12)
+
+
+def _engine_sum(ad, states, inputs, layer, kind, mode, b, positions):
+    """The dense operators of ``kind`` summed over ``positions`` of chunk ``b`` alone."""
+    kv = kv_state(ad, layer, kind, mode)
+    return sublayer_jacobians(ad, states[input_state(ad, layer, kind, mode)][b : b + 1], layer, kind, mode, positions,
+                              kv=None if kv is None else states[kv][b : b + 1],
+                              layer_input=inputs[b : b + 1, :, layer] if kind == "ple" else None).sum(0)
