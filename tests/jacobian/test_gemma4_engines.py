@@ -49,11 +49,23 @@ def _engine(ad, states, inputs, layer, kind, mode, b, t):
                               layer_input=inputs[b : b + 1, :, layer] if kind == "ple" else None)[0]
 
 
-def _boundary_jacobians(f, x):
-    """d(pre_mlp, pre_ple, output)/dx of ``f(x) -> (g, r, out)``, each (d, d), in float64."""
-    with Float64Mode():
-        J = jacobian(lambda y: torch.cat(f(y)), x)
+def _boundary_jacobians(f, x, handles):
+    """d(pre_mlp, pre_ple, output)/dx of ``f(x) -> (g, r, out)``, each (d, d), in float64; the
+    hooks of ``handles`` are removed after."""
+    try:
+        with Float64Mode():
+            J = jacobian(lambda y: torch.cat(f(y)), x)
+    finally:
+        for h in handles:
+            h.remove()
     return J.split(x.shape[0])
+
+
+def _check_cumulative(ad, states, inputs, layer, mode, b, t, oracle) -> None:
+    """The engine's products (:func:`_cumulative`) against the oracle's boundary Jacobians."""
+    for got, want, what in zip(_cumulative(ad, states, inputs, layer, mode, b, t), oracle,
+                               ("attn", "mlp attn", "ple mlp attn")):
+        torch.testing.assert_close(got, want, rtol=0, atol=ATOL, msg=f"layer {layer} {mode} {what} at {(b, t)}")
 
 
 def _captured(layer_module, store):
@@ -99,20 +111,14 @@ def test_isolated_block_is_the_one_token_decoder_layer(setup, layer) -> None:
                                            shared_kv_states=shared, position_embeddings=pe, attention_mask=None)
                 assert kind in shared
         store = {}
-        handles = _captured(block, store)
-        try:
-            def f(y):
-                out = block(y[None, None], p[None, None], shared_kv_states=dict(shared), position_embeddings=pe,
-                            attention_mask=None)
-                return store["g"][0, 0], store["r"][0, 0], out[0, 0]
 
-            oracle = _boundary_jacobians(f, x.clone())
-        finally:
-            for h in handles:
-                h.remove()
-        for got, want, what in zip(_cumulative(ad, states, inputs, layer, "isolated", b, t), oracle,
-                                   ("attn", "mlp attn", "ple mlp attn")):
-            torch.testing.assert_close(got, want, rtol=0, atol=ATOL, msg=f"layer {layer} {what} at {(b, t)}")
+        def f(y):
+            out = block(y[None, None], p[None, None], shared_kv_states=dict(shared), position_embeddings=pe,
+                        attention_mask=None)
+            return store["g"][0, 0], store["r"][0, 0], out[0, 0]
+
+        oracle = _boundary_jacobians(f, x.clone(), _captured(block, store))
+        _check_cumulative(ad, states, inputs, layer, "isolated", b, t, oracle)
         if source != layer:  # the one-token update does not depend on the token's state here
             assert torch.equal(_engine(ad, states, inputs, layer, "attn", "isolated", b, t), torch.eye(64, dtype=torch.float64))
 
@@ -127,27 +133,20 @@ def test_in_context_operators_are_the_models_own_pass(setup, layer) -> None:
     for b, t in TOKENS:
         store = {}
 
-        def replace(module, args, kwargs, y=None):
+        def replace(module, args, kwargs):
             h = args[0].clone()
             h[0, t] = store["x"]
             return (h, *args[1:]), kwargs
 
-        handles = _captured(block, store)
-        handles.append(block.register_forward_pre_hook(replace, with_kwargs=True))
-        handles.append(block.register_forward_hook(lambda m, a, out: store.__setitem__("out", out)))
-        try:
-            def f(y):
-                store["x"] = y
-                model(ids[b : b + 1])
-                return store["g"][0, t], store["r"][0, t], store["out"][0, t]
+        def f(y):
+            store["x"] = y
+            model(ids[b : b + 1])
+            return store["g"][0, t], store["r"][0, t], store["out"][0, t]
 
-            oracle = _boundary_jacobians(f, states[3 * layer][b, t].clone())
-        finally:
-            for h in handles:
-                h.remove()
-        for got, want, what in zip(_cumulative(ad, states, inputs, layer, "in_context", b, t), oracle,
-                                   ("attn", "mlp attn", "ple mlp attn")):
-            torch.testing.assert_close(got, want, rtol=0, atol=ATOL, msg=f"layer {layer} {what} at {(b, t)}")
+        handles = [*_captured(block, store), block.register_forward_pre_hook(replace, with_kwargs=True),
+                   block.register_forward_hook(lambda m, a, out: store.__setitem__("out", out))]
+        oracle = _boundary_jacobians(f, states[3 * layer][b, t].clone(), handles)
+        _check_cumulative(ad, states, inputs, layer, "in_context", b, t, oracle)
 
 
 @pytest.mark.parametrize("layer", [0, 5])
