@@ -273,3 +273,24 @@ def _engine_sum(ad, states, inputs, layer, kind, mode, b, positions):
     return sublayer_jacobians(ad, states[input_state(ad, layer, kind, mode)][b : b + 1], layer, kind, mode, positions,
                               kv=None if kv is None else states[kv][b : b + 1],
                               layer_input=inputs[b : b + 1, :, layer] if kind == "ple" else None).sum(0)
+
+
+def test_without_per_layer_inputs_the_mlp_carries_the_layer_scalar() -> None:
+    """A Gemma 4 without per-layer inputs (as the 31B): two sub-layers a layer, the MLP's operator
+    times the layer scalar, the one-token block's Jacobian their product."""
+    model = double_copy(_perturbed(build_random("gemma4", "hidden_size_per_layer_input=0", seed=2))).eval()
+    ad = adapter_for(model)
+    assert ad.sublayers == ("attn", "mlp") and ad.boundaries == ("pre_attn", "pre_mlp") and ad.per_layer_width == 0
+    ids = torch.randint(0, 256, (1, T), generator=torch.Generator().manual_seed(4))
+    with Float64Mode(), torch.no_grad():
+        states = ad.residual_states(ids)
+    assert ad.per_layer_inputs(ids) is None and states.shape[0] == 2 * 6 + 1
+    for layer in (0, 3):
+        x, block = states[2 * layer][0, -1], model.model.layers[layer]
+        pe = model.model.rotary_emb(x[None, None], torch.zeros(1, 1, dtype=torch.long), model.config.layer_types[layer])
+        with Float64Mode():
+            oracle = jacobian(lambda y: block(y[None, None], None, shared_kv_states={}, position_embeddings=pe,
+                                              attention_mask=None)[0, 0], x.clone())
+        Ja, Jm = (sublayer_jacobians(ad, states[2 * layer], layer, kind, "isolated", -1)[0] for kind in ("attn", "mlp"))
+        torch.testing.assert_close(Jm @ Ja, oracle, rtol=0, atol=ATOL)
+        assert float(block.layer_scalar) != 1.0
