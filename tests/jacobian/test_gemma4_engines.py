@@ -31,9 +31,11 @@ TOKENS = [(0, T - 1), (1, 3)]
 ATOL = 1e-10
 
 
-@pytest.fixture(scope="module")
-def setup():
-    model = double_copy(_perturbed(build_random("gemma4", seed=1))).eval()
+@pytest.fixture(scope="module", params=[None, "attention_bias=true"], ids=["default", "biases"])
+def setup(request):
+    """The perturbed tiny model (norm weights, scalars and, with ``attention_bias``, the
+    projections' biases all away from their initial values), its float64 states and per-layer inputs."""
+    model = double_copy(_perturbed(build_random("gemma4", request.param, seed=1))).eval()
     ad = adapter_for(model)
     ids = torch.randint(0, 256, (B, T), generator=torch.Generator().manual_seed(3))
     with Float64Mode(), torch.no_grad():

@@ -134,33 +134,31 @@ class Gemma4Adapter(Gemma3Adapter):
 
     def _layer_weights(self, layer: int, read: WeightReader) -> LayerWeights:
         a, mlp, block = self._attns[layer], self.layers[layer].mlp, self.layers[layer]
-        Wq, _ = read.linear(a.q_proj)
-        Wo, _ = read.linear(a.o_proj)
-        Wg, _ = read.linear(mlp.gate_proj)
-        Wu, _ = read.linear(mlp.up_proj)
-        Wd, _ = read.linear(mlp.down_proj)
+        (Wq, bq), (Wo, bo) = read.linear(a.q_proj), read.linear(a.o_proj)
+        (Wg, bg), (Wu, bu), (Wd, bd) = (read.linear(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         norm = read.norm
         shared = self.kv_source(layer) != layer
         if shared:  # keys and values are the source layer's (read by the engines from its weights)
             Wk = Wv = torch.empty(0, self.d_model, dtype=read.dtype, device=read.device)
-            k_norm = v_norm = None
+            bk = bv = k_norm = v_norm = None
         else:
-            Wk, _ = read.linear(a.k_proj)
-            Wv = Wk if a.v_proj is None else read.linear(a.v_proj)[0]  # attention_k_eq_v: values from the keys
+            Wk, bk = read.linear(a.k_proj)
+            # attention_k_eq_v: values from the key projection
+            Wv, bv = (Wk, bk) if a.v_proj is None else read.linear(a.v_proj)
             k_norm = norm(a.k_norm)
             hd = self.layer_head_dim(layer)
             v_norm = Norm("rms", torch.ones(hd, dtype=read.dtype, device=read.device), None,
                           float(a.v_norm.variance_epsilon))
         ple = None
-        if self.config.hidden_size_per_layer_input:
+        if self.per_layer_width:
             ple = PerLayerInput(Wg=read.linear(block.per_layer_input_gate)[0],
                                 Wp=read.linear(block.per_layer_projection)[0],
                                 post=norm(block.post_per_layer_input_norm), act=block.act_fn)
         return LayerWeights(
-            attn_in=norm(block.input_layernorm), Wq=Wq, bq=None, Wk=Wk, bk=None, Wv=Wv, bv=None,
-            q_norm=norm(a.q_norm), k_norm=k_norm, qk_per_head=True, Wo=Wo, bo=None,
+            attn_in=norm(block.input_layernorm), Wq=Wq, bq=bq, Wk=Wk, bk=bk, Wv=Wv, bv=bv,
+            q_norm=norm(a.q_norm), k_norm=k_norm, qk_per_head=True, Wo=Wo, bo=bo,
             attn_post=norm(block.post_attention_layernorm), mlp_in=norm(block.pre_feedforward_layernorm),
-            Wg=Wg, bg=None, Wu=Wu, bu=None, act=mlp.act_fn, Wd=Wd, bd=None,
+            Wg=Wg, bg=bg, Wu=Wu, bu=bu, act=mlp.act_fn, Wd=Wd, bd=bd,
             mlp_post=norm(block.post_feedforward_layernorm), v_norm=v_norm, ple=ple,
             out_scale=float(block.layer_scalar.reshape(-1)[0]), kv_shared=shared,
         )
