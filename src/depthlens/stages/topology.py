@@ -5,9 +5,10 @@ Jacobian amplification of the mean operators (from the ``jacobian`` stage), with
 Boundary ``b`` (0 … SL−1, with S sub-layers a layer) is the input of operator ``b``:
 ``b = Sl`` the pre-attention residual of layer ``l`` (input of ``attn``), ``b = Sl + 1`` its
 pre-MLP residual (input of ``mlp``) and, where layers have a per-layer-input update (Gemma 4,
-S = 3), ``b = Sl + 2`` the residual before it (input of ``ple``). The resolution γ is chosen once per checkpoint from a resolution profile of a
-reference boundary (the middle one) and reused at every boundary, so communities are
-comparable across depth; the profile, γ, seed and iterations are recorded.
+S = 3), ``b = Sl + 2`` the residual before it (input of ``ple``). The resolution γ is chosen
+once per checkpoint from a resolution profile of a reference boundary (the middle one) and
+reused at every boundary, so communities are comparable across depth; the profile, γ, seed
+and iterations are recorded.
 
 Prompts (a prompts file, each prompt a chunk of its own length): the observations are each
 prompt's analysed positions at or after ``skip_positions``; the massive dimensions are those
