@@ -225,6 +225,28 @@ def test_safetensors_folder_loads_and_streams_to_the_same_matrices(tmp_path) -> 
             np.testing.assert_array_equal(got[key], want[key])
 
 
+def test_a_streamed_gemma4_runs_the_jacobian_stage_as_in_memory(tmp_path) -> None:
+    """Shared layers read their key source's weights, so a layer-streamed model releases the
+    layer an engine is working on: the trained model's operators and bootstrap (per-chunk sums)
+    equal the in-memory run's, and the step-0 nulls, whose layers are filled by initialisation
+    as they load (drawn layer by layer, so not the in-memory draw), run too."""
+    folder = _saved(tmp_path)
+    options = dict(preset="quick", stages=["jacobian"], chunks=2, seq_len=16, jacobian_mode="both", null="init",
+                   funnel_boot=2, init_seeds=2, save_arrays="float64")
+    memory = depthlens.analyse(str(folder), out=tmp_path / "memory", **options)
+    streamed = depthlens.analyse(str(folder), out=tmp_path / "streamed", stream_layers=True, **options)
+    assert streamed.manifest["stages"]["jacobian"]["status"] == "done"
+    for name in ("operators", "funnel_boot"):
+        want, got = (run.table(name) for run in (memory, streamed))
+        assert len(got) == len(want) > 0 and set(got["checkpoint"]) == {"trained", "init"}
+        want, got = (t[t["checkpoint"] == "trained"] for t in (want, got))
+        for column in ("erank", "spectral_radius", "erank_full_depth"):
+            if column in want:
+                np.testing.assert_allclose(got[column], want[column], rtol=1e-9, atol=0)
+    null = streamed.table("funnel_boot")
+    assert sorted(set(null.loc[null["checkpoint"] == "init", "init_seed"])) == [0.0, 1.0]
+
+
 def test_multimodal_gemma4_text_path() -> None:
     text = {k: v for k, v in random_config("gemma4").to_dict().items() if k not in ("model_type", "transformers_version")}
     cfg = transformers.Gemma4Config(text_config={**text, "pad_token_id": 0}, vision_config=None, audio_config=None)

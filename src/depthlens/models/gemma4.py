@@ -153,12 +153,12 @@ class Gemma4Adapter(Gemma3Adapter):
         if self.per_layer_width:
             ple = PerLayerInput(Wg=read.linear(block.per_layer_input_gate)[0],
                                 Wp=read.linear(block.per_layer_projection)[0],
-                                post=norm(block.post_per_layer_input_norm), act=block.act_fn)
+                                post=norm(block.post_per_layer_input_norm), act=read.activation(block.act_fn))
         return LayerWeights(
             attn_in=norm(block.input_layernorm), Wq=Wq, bq=bq, Wk=Wk, bk=bk, Wv=Wv, bv=bv,
             q_norm=norm(a.q_norm), k_norm=k_norm, qk_per_head=True, Wo=Wo, bo=bo,
             attn_post=norm(block.post_attention_layernorm), mlp_in=norm(block.pre_feedforward_layernorm),
-            Wg=Wg, bg=bg, Wu=Wu, bu=bu, act=mlp.act_fn, Wd=Wd, bd=bd,
+            Wg=Wg, bg=bg, Wu=Wu, bu=bu, act=read.activation(mlp.act_fn), Wd=Wd, bd=bd,
             mlp_post=norm(block.post_feedforward_layernorm), v_norm=v_norm, ple=ple,
             out_scale=float(block.layer_scalar.reshape(-1)[0]), kv_shared=shared,
         )

@@ -77,7 +77,7 @@ class GPT2Adapter(Adapter):
             attn_in=read.norm(blk.ln_1), Wq=W[:d], bq=None if b is None else b[:d], Wk=W[d : 2 * d],
             bk=None if b is None else b[d : 2 * d], Wv=W[2 * d :], bv=None if b is None else b[2 * d :],
             q_norm=None, k_norm=None, qk_per_head=True, Wo=Wo, bo=bo, attn_post=None, mlp_in=read.norm(blk.ln_2),
-            Wg=Wi, bg=bi, Wu=None, bu=None, act=blk.mlp.act, Wd=Wd, bd=bd, mlp_post=None,
+            Wg=Wi, bg=bi, Wu=None, bu=None, act=read.activation(blk.mlp.act), Wd=Wd, bd=bd, mlp_post=None,
         )
 
 

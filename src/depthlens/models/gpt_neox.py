@@ -91,7 +91,7 @@ class GPTNeoXAdapter(Adapter):
         return LayerWeights(
             attn_in=read.norm(blk.input_layernorm), Wq=Wq, bq=bq, Wk=Wk, bk=bk, Wv=Wv, bv=bv, q_norm=None,
             k_norm=None, qk_per_head=True, Wo=Wo, bo=bo, attn_post=None, mlp_in=read.norm(blk.post_attention_layernorm),
-            Wg=Wi, bg=bi, Wu=None, bu=None, act=blk.mlp.act, Wd=Wd, bd=bd, mlp_post=None,
+            Wg=Wi, bg=bi, Wu=None, bu=None, act=read.activation(blk.mlp.act), Wd=Wd, bd=bd, mlp_post=None,
         )
 
 

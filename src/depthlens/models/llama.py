@@ -116,8 +116,8 @@ class LlamaAdapter(Adapter):
             attn_in=norm(self._norm(layer, "attn_in")), Wq=Wq, bq=bq, Wk=Wk, bk=bk, Wv=Wv, bv=bv,
             q_norm=norm(a.q_norm) if qk else None, k_norm=norm(a.k_norm) if qk else None,
             qk_per_head=self.qk_norm != "full", Wo=Wo, bo=bo, attn_post=norm(self._norm(layer, "attn_post")),
-            mlp_in=norm(self._norm(layer, "mlp_in")), Wg=Wg, bg=bg, Wu=Wu, bu=bu, act=mlp.act_fn, Wd=Wd, bd=bd,
-            mlp_post=norm(self._norm(layer, "mlp_post")),
+            mlp_in=norm(self._norm(layer, "mlp_in")), Wg=Wg, bg=bg, Wu=Wu, bu=bu, act=read.activation(mlp.act_fn),
+            Wd=Wd, bd=bd, mlp_post=norm(self._norm(layer, "mlp_post")),
         )
 
 

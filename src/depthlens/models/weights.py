@@ -201,6 +201,14 @@ class WeightReader:
             return self.tensor(mod.weight.t()), self.tensor(mod.bias)  # type: ignore[return-value]
         raise ModelError(f"unexpected projection module {type(mod).__name__}; the layer layout is not supported.")
 
+    @staticmethod
+    def activation(mod: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+        """The model's activation as the engines call it: a module's ``forward``, which runs
+        without the module's hooks (a layer-streamed model's hooks would load the layer back
+        whenever an engine that reads another layer's weights, e.g. a shared key source, has
+        released it)."""
+        return mod.forward if isinstance(mod, nn.Module) else mod
+
     def norm(self, mod: nn.Module | None, offset: float = 0.0) -> Norm | None:
         """The :class:`Norm` of an ``nn.LayerNorm`` or an RMSNorm module (None stays None).
 
