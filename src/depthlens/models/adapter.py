@@ -272,9 +272,10 @@ class Adapter(Captures, Interventions, Checks, ABC):
 
     @property
     def sublayers(self) -> tuple[Sublayer, ...]:
-        """The sub-layers of a layer, in order: ``("attn", "mlp")``, and ``"ple"`` where the
-        family's layers add a per-layer-input update (one per boundary of :attr:`boundaries`)."""
-        return ("attn", "mlp")
+        """The sub-layers of a layer, in order, one per boundary of :attr:`boundaries` (the one
+        it reads): ``("attn", "mlp")``, and ``"ple"`` where the family's layers add a
+        per-layer-input update (``pre_ple``)."""
+        return tuple(boundary.removeprefix("pre_") for boundary in self.boundaries)  # type: ignore[return-value]
 
     def check_kind(self, kind: str) -> Sublayer:
         """``kind`` if this model's layers have that sub-layer, else a one-line :class:`InputError`."""

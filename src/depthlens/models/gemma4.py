@@ -69,7 +69,7 @@ class Gemma4Adapter(Gemma3Adapter):
         self._rotate = sys.modules[type(self._attns[0]).__module__].apply_rotary_pos_emb
 
     def _extra_boundaries(self) -> tuple[str, ...]:
-        return ("pre_ple",) if self.config.hidden_size_per_layer_input else ()
+        return ("pre_ple",) if self.per_layer_width else ()
 
     def _extra_boundary_module(self, layer: int, boundary: str) -> nn.Module:
         if boundary != "pre_ple":
@@ -115,10 +115,6 @@ class Gemma4Adapter(Gemma3Adapter):
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     # ------------------------------------------------------------------ weights and per-layer inputs
-
-    @property
-    def sublayers(self) -> tuple[Sublayer, ...]:
-        return ("attn", "mlp", "ple") if self.per_layer_width else ("attn", "mlp")
 
     @property
     def per_layer_width(self) -> int:
