@@ -25,14 +25,17 @@ from .factor import Factor
 __all__ = ["Chunk", "in_context_attn_factor", "isolated_attn_factor", "isolated_attn_update"]
 
 
-def _head_values(adapter: Adapter, layer: int, ops: LayerWeights, x: Tensor) -> Tensor:
-    """The values ``v_norm(Wv n + bv)`` of residuals ``x (N, d)`` read by ``ops``'s pre-norm: (N, KV, hd)."""
-    KV, hd = adapter.layer_kv_heads(layer), adapter.layer_head_dim(layer)
-    n = ops.attn_in(x) if ops.attn_in is not None else x
+def _raw_values(adapter: Adapter, layer: int, ops: LayerWeights, n: Tensor) -> Tensor:
+    """``Wv n + bv`` of pre-normed residuals ``n (N, d)``, per key/value head: (N, KV, hd)."""
     v = n @ ops.Wv.T
     if ops.bv is not None:
         v = v + ops.bv
-    v = v.reshape(-1, KV, hd)
+    return v.reshape(-1, adapter.layer_kv_heads(layer), adapter.layer_head_dim(layer))
+
+
+def _head_values(adapter: Adapter, layer: int, ops: LayerWeights, x: Tensor) -> Tensor:
+    """The values ``v_norm(Wv n + bv)`` of residuals ``x (N, d)`` read by ``ops``'s pre-norm: (N, KV, hd)."""
+    v = _raw_values(adapter, layer, ops, ops.attn_in(x) if ops.attn_in is not None else x)
     return ops.v_norm(v) if ops.v_norm is not None else v
 
 
@@ -57,13 +60,11 @@ def isolated_attn_update(adapter: Adapter, layer: int, ops: LayerWeights, x: Ten
     return ops.attn_post(a) if ops.attn_post is not None else a
 
 
-def _value_jacobian(adapter: Adapter, layer: int, ops: LayerWeights, n: Tensor) -> Tensor:
-    """``d v / d n`` per query head at pre-normed residuals ``n (N, d)``: (N, H, hd, d) with a value norm (``J_v Wv``)."""
-    KV, hd = adapter.layer_kv_heads(layer), adapter.layer_head_dim(layer)
-    v = n @ ops.Wv.T
-    if ops.bv is not None:
-        v = v + ops.bv
-    J = ops.v_norm.jacobian(v.reshape(-1, KV, hd)).left(ops.Wv.reshape(KV, hd, -1))  # type: ignore[union-attr]
+def _value_jacobian(adapter: Adapter, layer: int, ops: LayerWeights, raw: Tensor) -> Tensor:
+    """``d v / d n`` per query head with a value norm, at raw values ``raw (N, KV, hd)``
+    (:func:`_raw_values`): ``J_v(raw) Wv``, (N, H, hd, d)."""
+    KV, hd = raw.shape[1:]
+    J = ops.v_norm.jacobian(raw).left(ops.Wv.reshape(KV, hd, -1))  # type: ignore[union-attr]
     return torch.repeat_interleave(J, adapter.n_heads // KV, dim=1)
 
 
@@ -74,13 +75,17 @@ def isolated_attn_factor(adapter: Adapter, layer: int, ops: LayerWeights, x: Ten
     if ops.kv_shared:  # softmax weight 1 on a value that does not depend on x
         return Factor(x.new_zeros(d, 1), N, A=x.new_zeros(N, 1, d))
     R = ops.attn_in.jacobian(x) if ops.attn_in is not None else None
-    P = ops.attn_post.jacobian(_output(adapter, layer, ops, _head_values(adapter, layer, ops, x))) \
-        if ops.attn_post is not None else None
+    raw = None
+    if ops.attn_post is not None or ops.v_norm is not None:  # the values are read
+        raw = _raw_values(adapter, layer, ops, ops.attn_in(x) if ops.attn_in is not None else x)
+    P = None
+    if ops.attn_post is not None:
+        values = ops.v_norm(raw) if ops.v_norm is not None else raw
+        P = ops.attn_post.jacobian(_output(adapter, layer, ops, values))
     if ops.v_norm is None:
         M = ops.value_output(adapter.n_heads, adapter.layer_kv_heads(layer), adapter.layer_head_dim(layer))
         return Factor(M, N, R=R, P=P)
-    n = ops.attn_in(x) if ops.attn_in is not None else x
-    return Factor(ops.Wo, N, A=_value_jacobian(adapter, layer, ops, n).reshape(N, -1, d), R=R, P=P)
+    return Factor(ops.Wo, N, A=_value_jacobian(adapter, layer, ops, raw).reshape(N, -1, d), R=R, P=P)  # type: ignore[arg-type]
 
 
 def _rope(
@@ -230,7 +235,7 @@ def _own_key_and_value(adapter: Adapter, layer: int, ops: LayerWeights, A: Tenso
     if ops.v_norm is None:
         Wv = torch.repeat_interleave(ops.Wv.reshape(KV, hd, -1), rep, dim=0)  # (H, hd, d)
     else:
-        Wv = _value_jacobian(adapter, layer, ops, n)  # (N, H, hd, d)
+        Wv = _value_jacobian(adapter, layer, ops, _raw_values(adapter, layer, ops, n))  # (N, H, hd, d)
     heads = A.view(N * H, hd, -1)
     heads.baddbmm_(coef.reshape(N * H, hd, 1), row.reshape(N * H, 1, -1))
     heads.view(N, H, hd, -1).addcmul_(p_t[..., None, None], Wv)
