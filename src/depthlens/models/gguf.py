@@ -52,9 +52,6 @@ __all__ = ["cache_root", "gguf_model_name", "gguf_shards", "load_gguf"]
 _CACHE_FORMAT = 2
 #: GGUF architectures whose expert tensors transformers merges across several file tensors.
 _MERGED_ARCHITECTURES = frozenset({"qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss", "minimax-m2"})
-#: GGUF architectures whose configuration transformers' GGUF reader does not carry in full
-#: (Gemma 4: its per-layer inputs, shared keys and values and layer types take defaults).
-_PARTIAL_CONFIG_ARCHITECTURES = frozenset({"gemma4"})
 _MARKER = "depthlens.json"
 #: A shard's file name: ``<stem>-<number>-of-<count>.gguf`` (gguf-py's ``SHARD_NAME_FORMAT``).
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -143,18 +140,16 @@ def _convert_gguf(shards: list[Path], target: Path, sha: str, trust_remote_code:
     """Dequantise the GGUF file (or its ``shards``, first to last) tensor by tensor and write a
     complete cache entry at ``target``."""
     path = shards[0]
-    folder, fname = str(path.parent), path.name
+    fname = path.name
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{sha[:16]}-", dir=target.parent))
     try:
         with _whole_model_reader(shards) as read:
             try:
                 with quiet_transformers():
-                    from transformers import AutoConfig
-
-                    tokenizer = tokenizer_from(folder, gguf_file=fname, local_files_only=True)
-                    config = AutoConfig.from_pretrained(folder, gguf_file=fname, local_files_only=True,
-                                                        trust_remote_code=trust_remote_code)
+                    tokenizer, config = _gguf_tokenizer_and_config(path, trust_remote_code)
+            except ModelError:
+                raise
             except Exception as exc:
                 raise ModelError(
                     f"cannot read GGUF file {path} ({one_line(exc)}); "
@@ -184,6 +179,28 @@ def _convert_gguf(shards: list[Path], target: Path, sha: str, trust_remote_code:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _gguf_tokenizer_and_config(path: Path, trust_remote_code: bool) -> tuple[Any, Any]:
+    """The tokenizer and model configuration of the GGUF file ``path`` (the first shard), read by
+    transformers' GGUF reader; for Gemma 4, which that reader carries only in part, the
+    configuration is depthlens's own (:func:`~depthlens.models.gguf_gemma4.gemma4_config`) and the
+    tokenizer is built from the file as a Gemma tokenizer (transformers' tokenizer lookup would
+    read the partial configuration)."""
+    import gguf
+    from transformers import AutoConfig
+    from transformers.modeling_gguf_pytorch_utils import read_field
+
+    folder, fname = str(path.parent), path.name
+    reader = gguf.GGUFReader(str(path))  # the whole model's, inside _whole_model_reader
+    if read_field(reader, "general.architecture")[0] == "gemma4":
+        from .gguf_gemma4 import gemma4_config
+
+        config = gemma4_config(reader, path)
+        return tokenizer_from(folder, gguf_file=fname, local_files_only=True, tokenizer_type="gemma"), config
+    tokenizer = tokenizer_from(folder, gguf_file=fname, local_files_only=True)
+    return tokenizer, AutoConfig.from_pretrained(folder, gguf_file=fname, local_files_only=True,
+                                                 trust_remote_code=trust_remote_code)
+
+
 @contextlib.contextmanager
 def _cached_name_maps() -> Iterator[None]:
     """While active, ``gguf.get_tensor_name_map`` (a pure function of the architecture and the
@@ -209,8 +226,8 @@ def _write_weights(shards: list[Path], config: Any, out: Path, read: Callable[[P
     name map), so the values are those transformers' whole-model GGUF load gives, bit for bit;
     but only one dequantised tensor is in memory at a time (the file is memory-mapped), so a
     model larger than memory converts too. The header is laid out first from the model's
-    parameters (the tied LM head left out, as ``save_pretrained`` does) and every tensor is
-    written at its offset as it is read.
+    parameters and persistent buffers (the tied LM head left out, as ``save_pretrained`` does)
+    and every tensor is written at its offset as it is read.
 
     ``read`` gives the ``gguf.GGUFReader`` of one file (its own tensors); default a new one.
 
@@ -218,8 +235,7 @@ def _write_weights(shards: list[Path], config: Any, out: Path, read: Callable[[P
     ------
     ModelError
         An architecture whose GGUF tensors transformers merges across tensors (mixtures of
-        experts) or whose configuration it does not read in full (Gemma 4), a tensor of the
-        wrong shape, or a parameter the file does not hold.
+        experts), a tensor of the wrong shape, or a parameter or buffer the file does not hold.
     """
     import numpy as np
     from gguf import GGUFReader
@@ -235,15 +251,15 @@ def _write_weights(shards: list[Path], config: Any, out: Path, read: Callable[[P
     if architecture in _MERGED_ARCHITECTURES:
         raise ModelError(f"{path} is a {architecture} GGUF file, whose expert tensors depthlens cannot convert; "
                          "pass the model's safetensors folder instead.")
-    if architecture in _PARTIAL_CONFIG_ARCHITECTURES:
-        raise ModelError(f"{path} is a {architecture} GGUF file, whose per-layer-input, shared key/value and "
-                         "layer-type settings transformers' GGUF reader does not carry; pass the model's safetensors "
-                         "folder or hub id instead.")
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
     model = skeleton(config)
     with _cached_name_maps():
         names = get_gguf_hf_weights_map(model, processor)
+    # llama.cpp's converter names a tensor without a suffix (Gemma 4's layer_scalar) NAME.weight
+    names.update({f"{key}.weight": name for key, name in names.items() if not key.endswith((".weight", ".bias"))})
+    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}  # tied ones once
+    shapes.update({name: tuple(b.shape) for name, b in model.state_dict().items() if name not in tied})  # buffers
     layout = create_safetensors(out, shapes, np.float32, {"format": "pt"})
     written: set[str] = set()
     for shard in shards:
