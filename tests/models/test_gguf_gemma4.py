@@ -103,6 +103,7 @@ def _write(model: torch.nn.Module, path: Path, fault: str | None = None) -> Path
     w.add_bos_token_id(2)
     w.add_eos_token_id(1)
     w.add_pad_token_id(0)
+    w.add_unk_token_id(3)
     w.add_add_bos_token(True)
     state = model.state_dict()
     if cfg.tie_word_embeddings:
@@ -153,7 +154,7 @@ def test_a_converted_gemma4_file_is_the_model_it_was_written_from(tmp_path, over
     with torch.no_grad():
         reference = model(ids).logits
     assert torch.allclose(loaded.adapter.logits(ids), reference, rtol=1e-5, atol=1e-5)
-    assert loaded.tokenizer("ab").input_ids  # the file's gemma4 tokenizer loads
+    assert loaded.tokenizer("ab cd \u20ac").input_ids  # the file's gemma4 tokenizer loads
     streamed = load_model(path, cache_dir=tmp_path / "cache", stream_layers=True)
     assert streamed.provenance["cached"] and torch.equal(streamed.adapter.logits(ids), loaded.adapter.logits(ids))
 
