@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from depthlens import data
 from depthlens.stages import attention as stage
@@ -47,8 +48,15 @@ def planted_matrix(kind: str, ids: torch.Tensor) -> np.ndarray:
     return A
 
 
+class _Captured(dict):
+    """Captures that remember their sequences (the planted patterns depend on the tokens)."""
+
+    ids: torch.Tensor
+
+
 class PlantedAdapter:
-    """The real adapter of a random model with some heads replaced by exact patterns."""
+    """The real adapter of a random model with some heads replaced by exact patterns, in every
+    way the stage forms matrices (in one pass, or from kept captures)."""
 
     def __init__(self, inner) -> None:
         self._inner = inner
@@ -57,7 +65,20 @@ class PlantedAdapter:
         return getattr(self._inner, name)
 
     def attention_probs(self, input_ids: torch.Tensor, layers: Iterable[int] | None = None) -> Iterator[tuple[int, torch.Tensor]]:
-        for layer, probs in self._inner.attention_probs(input_ids, layers=layers):
+        yield from self._planted(self._inner.attention_probs(input_ids, layers=layers), input_ids)
+
+    def qk_captures(self, input_ids: torch.Tensor, layers: Iterable[int] | None = None) -> _Captured:
+        found = _Captured(self._inner.qk_captures(input_ids, layers))
+        found.ids = input_ids
+        return found
+
+    def probs_from_captures(self, captured: _Captured, layers: Iterable[int] | None = None
+                            ) -> Iterator[tuple[int, torch.Tensor]]:
+        yield from self._planted(self._inner.probs_from_captures(captured, layers), captured.ids)
+
+    @staticmethod
+    def _planted(found: Iterator[tuple[int, torch.Tensor]], input_ids: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+        for layer, probs in found:
             probs = probs.clone()
             for (pl, head), kind in PLANTED.items():
                 if pl == layer:
@@ -398,3 +419,28 @@ def test_certify_all_gives_every_chunk_a_bracket_and_each_head_its_certified_chu
     np.testing.assert_array_equal(merged["kreiss_B_lo"], merged["kreiss_B_lo_chunk"])
     assert (heads["kreiss_B_in_bracket"] == 1.0).all()
     assert json.loads((out / "attention.json").read_text())["numerical_health"]["bracket_violations"] == 0
+
+
+def test_kept_and_recomputed_batches_give_the_same_tables(planted_inputs, tmp_path: Path) -> None:
+    """The later phases read the heads phase's kept queries and keys; with no budget every batch
+    is passed again, whole, and every table and array is the same, bit for bit."""
+    loaded, ids, opts = planted_inputs
+    outputs, passes = [], []
+    for budget in (0, stage.CAPTURE_BUDGET):
+        run_dir = RunDirectory.open(tmp_path / f"b{budget}", RunMode.NEW, {"config_hash": "x"})
+        counted: list[int] = []
+        capture = loaded.adapter.qk_captures
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(stage, "CAPTURE_BUDGET", budget)
+            patch.setattr(stage, "PROBE_BATCH", 2)
+            patch.setattr(loaded.adapter, "qk_captures", lambda *a, **k: counted.append(1) or capture(*a, **k))
+            tables, _ = stage.analyse(run_dir, loaded, ids, opts, batch_size=2, execution=Execution(quiet=True, jobs=1))
+        passes.append(len(counted))
+        arrays = load_file(str(tmp_path / f"b{budget}" / "arrays" / "head_spectra.safetensors"))
+        outputs.append((tables, arrays))
+    (first, first_arrays), (second, second_arrays) = outputs
+    assert passes[1] == 2 < passes[0]  # kept: the heads phase's two batches, one pass each
+    for name, table in first.items():
+        pd.testing.assert_frame_equal(table, second[name], check_exact=True)
+    assert all(np.array_equal(v, second_arrays[k].numpy(), equal_nan=True) for k, v in
+               ((k, v.numpy()) for k, v in first_arrays.items()))

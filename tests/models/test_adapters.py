@@ -142,6 +142,20 @@ def test_attention_probs_streams_requested_layers() -> None:
         list(c.ad.attention_probs(c.ids, layers=[5]))
 
 
+def test_kept_captures_form_the_same_matrices_again() -> None:
+    """qk_captures keeps what attention_probs forms its matrices from: probs_from_captures gives
+    them again, bit for bit, for any captured layers, and refuses a layer it has no queries of."""
+    c = _case("llama")
+    captured = c.ad.qk_captures(c.ids)
+    direct = dict(c.ad.attention_probs(c.ids))
+    for _ in range(2):
+        assert all(torch.equal(A, direct[layer]) for layer, A in c.ad.probs_from_captures(captured))
+    (layer, A1), = list(c.ad.probs_from_captures(c.ad.qk_captures(c.ids, [1]), 1))
+    assert layer == 1 and torch.equal(A1, direct[1])
+    with pytest.raises(InputError, match="layer 1's queries"):
+        list(c.ad.probs_from_captures(c.ad.qk_captures(c.ids, [0]), [1]))
+
+
 def test_a_consumer_stopped_between_layers_keeps_its_grad_mode() -> None:
     """A run interrupted while the generator waits at a layer (then held by a traceback) once
     left torch's grad mode off for the rest of the process: the training that followed failed."""

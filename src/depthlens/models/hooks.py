@@ -2,7 +2,8 @@
 
 :class:`Captures` is mixed into :class:`~depthlens.models.adapter.Adapter` and gives it
 :meth:`~Captures.attention_inputs`, :meth:`~Captures.attention_probs` (recomputed in float64
-from the captured attention inputs), :meth:`~Captures.residual_states`,
+from the captured attention inputs; :meth:`~Captures.qk_captures` keeps what they are formed
+from, :meth:`~Captures.probs_from_captures` forms them again), :meth:`~Captures.residual_states`,
 :meth:`~Captures.final_state`, :meth:`~Captures.head_outputs` and
 :meth:`~Captures.each_head_output`, and :meth:`~Captures.layer_offsets` (the one that keeps
 gradients). Every other capture runs under ``torch.no_grad()`` and returns detached tensors;
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..errors import ModelError
+from ..errors import InputError, ModelError
 
 __all__ = ["Captures"]
 
@@ -86,7 +87,8 @@ class Captures:
         One forward pass captures the attention inputs of the requested layers (it stops
         after the last of them); the float64 matrices are then formed one layer at a time,
         so only one layer's matrices are alive at once. Active ablations and clamps act on
-        that forward pass, so the probabilities of later layers reflect them.
+        that forward pass, so the probabilities of later layers reflect them. The same as
+        :meth:`probs_from_captures` of :meth:`qk_captures`.
 
         Parameters
         ----------
@@ -99,17 +101,49 @@ class Captures:
         InputError
             For bad ids or layer indices.
         """
-        ids = self._ids(input_ids)
-        if layers is None:
-            wanted = list(range(self.n_layers))
-        else:
-            wanted = [layers] if isinstance(layers, int) else list(layers)
-            for layer in wanted:
-                self.check_layer(layer)
-        return self._attention_probs(ids, wanted)
+        ids, wanted = self._ids(input_ids), self._wanted_layers(layers)
+        return self._probs(self._qk_captures(ids, wanted), wanted)
 
-    def _attention_probs(self, ids: Tensor, wanted: list[int]) -> Iterator[tuple[int, Tensor]]:
-        yield from self._probs(self._qk_captures(ids, wanted), wanted)
+    def qk_captures(self, input_ids: Tensor, layers: int | Iterable[int] | None = None) -> dict[int, Any]:
+        """What :meth:`attention_probs` forms the matrices of ``layers`` (default all) from: the
+        queries of those layers and the keys of the layers they read (:meth:`kv_source`), in
+        the model dtype and on its device, from one forward pass that stops after the last of
+        them. Keep it to form the matrices again (:meth:`probs_from_captures`) without another
+        forward pass: about ``(H + KV)·T·hd`` values a layer and sequence.
+
+        Raises
+        ------
+        InputError
+            For bad ids or layer indices.
+        """
+        ids = self._ids(input_ids)
+        return self._qk_captures(ids, self._wanted_layers(layers))
+
+    def probs_from_captures(self, captured: dict[int, Any],
+                            layers: int | Iterable[int] | None = None) -> Iterator[tuple[int, Tensor]]:
+        """Yield ``(layer, A)`` for ``layers`` (default all; each captured by ``captured``, a
+        :meth:`qk_captures` result) as :meth:`attention_probs` yields them from the same pass,
+        bit for bit, one layer at a time.
+
+        Raises
+        ------
+        InputError
+            For a layer index out of range or not captured.
+        """
+        wanted = self._wanted_layers(layers)
+        for layer in wanted:
+            if layer not in captured or captured[layer][0] is None:
+                raise InputError(f"layer {layer}'s queries were not captured; pass it to qk_captures.")
+        return self._probs(captured, wanted)
+
+    def _wanted_layers(self, layers: int | Iterable[int] | None) -> list[int]:
+        """``layers`` as a list (default every layer), each checked."""
+        if layers is None:
+            return list(range(self.n_layers))
+        wanted = [layers] if isinstance(layers, int) else list(layers)
+        for layer in wanted:
+            self.check_layer(layer)
+        return wanted
 
     def logits_and_attention_probs(self, input_ids: Tensor,
                                    layers: Iterable[int]) -> tuple[Tensor, Iterator[tuple[int, Tensor]]]:

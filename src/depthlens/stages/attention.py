@@ -10,11 +10,18 @@ units has work to do, and released before the next). The tables hold every check
 Units: ``probe``, ``headsNNNNN``, ``certifyNNNNN``, ``induction`` and ``depthNNNNN`` for the
 trained model, the same keys behind the prefix of :func:`unit_prefix` for a revision.
 
-Memory: the attention matrices of one layer for one batch of chunks are the most held at a
-time (each layer's matrices go to the worker pool and are released before the next layer),
-except in the depth phase, whose products need every layer of a chunk: there one batch's
-matrices of all layers are held (``L·H·n²`` float64 per chunk, 35 MB for SmolLM2 at n = 128).
-The certify and explorer phases queue one matrix per head (its median chunk) for the workers.
+Forward passes: one per batch of ``--batch-size`` consecutive chunks in the heads phase; its
+queries and keys are kept (up to :data:`CAPTURE_BUDGET` bytes, :class:`_Batches`) and the
+certify, depth, pseudospectra and explorer phases form their matrices from them, so every phase
+reads a chunk's matrices exactly as the heads phase's rows were computed (a batch beyond the
+budget, or one a resumed run did not compute, is passed again, whole, with the same numbers).
+
+Memory: besides the kept queries and keys, the attention matrices of one layer for one batch
+of chunks are the most held at a time (each layer's matrices go to the worker pool and are
+released before the next layer), except in the depth phase, whose products need every layer of
+a chunk: there one batch's matrices of all layers are held (``L·H·n²`` float64 per chunk, 35 MB
+for SmolLM2 at n = 128). The certify and explorer phases queue one matrix per head (its median
+chunk) for the workers.
 
 Prompts (a prompts file, :class:`depthlens.data.Chunks`): every matrix is trimmed to its
 prompt's length, so it is the prompt's own operator (causal and row-stochastic); the A3 row
@@ -28,9 +35,8 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import itertools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -62,6 +68,10 @@ PROBE_BATCH = 16
 #: the last ones of this layer finish (no idle worker at a layer's end), and the matrices in
 #: flight stay bounded (256 of 128 × 128 float64: 34 MB).
 MAX_PENDING = 256
+#: Bytes of the chunks' queries and keys the stage keeps after the heads phase for the later
+#: phases (:class:`_Batches`; 377 MB for SmolLM2-135M's 32 chunks of 128 tokens); batches
+#: beyond it are computed again.
+CAPTURE_BUDGET = 1 << 30
 # PSEUDO_GRID (the saved pseudospectra's axis) and PSEUDO_TOL (their σ_min tolerance) live in
 # :mod:`depthlens.attention.head_view`, beside the head explorer's grid taken from them.
 #: Smallest sizes the stage handles: attention matrices (n, n) with n >= 2 (the deflated
@@ -147,6 +157,60 @@ class _OnDemand:
         return getattr(self._loaded, name)
 
 
+class _Batches:
+    """The chunks' queries and keys, one forward pass per batch of ``batch_size`` consecutive
+    chunks (chunk ``c`` in the batch starting at ``c - c % batch_size``), kept in memory while
+    their total stays within ``budget`` bytes, for the phases that read a chunk's matrices
+    again after the heads phase (certify, depth, pseudospectra, explorer). A batch not kept is
+    computed again, the same batch, so every phase and a resumed run see the same matrices, bit
+    for bit, as the heads phase's rows.
+
+    Parameters
+    ----------
+    loaded : LoadedModel or _OnDemand
+        The checkpoint's model (read only when a batch is computed).
+    token_ids : Chunks
+    batch_size : int
+    budget : int
+        Bytes of captures kept (default :data:`CAPTURE_BUDGET`).
+    """
+
+    def __init__(self, loaded: Any, token_ids: data.Chunks, batch_size: int, budget: int | None = None) -> None:
+        self.loaded, self.token_ids, self.batch_size = loaded, token_ids, batch_size
+        self.budget = CAPTURE_BUDGET if budget is None else budget
+        self.kept: dict[int, dict[int, Any]] = {}
+        self.used = 0
+
+    def captures(self, start: int, layers: list[int] | None = None) -> dict[int, Any]:
+        """The captures of the batch at ``start`` for ``layers`` (default all): kept ones, or
+        one forward pass (kept when it captured every layer and fits the budget)."""
+        if start in self.kept:
+            return self.kept[start]
+        ids = self.token_ids.take(slice(start, start + self.batch_size)).ids
+        found = self.loaded.adapter.qk_captures(ids, layers)
+        size = sum(t.nbytes for pair in found.values() for t in pair if t is not None)
+        if layers is None and self.used + size <= self.budget:
+            self.kept[start], self.used = found, self.used + size
+        return found
+
+    def groups(self, chunks: Iterable[int]) -> list[tuple[int, list[int]]]:
+        """``chunks`` (ascending) by the batch that holds them: ``(start, chunks)``."""
+        out: dict[int, list[int]] = {}
+        for c in sorted({int(c) for c in chunks}):
+            out.setdefault(c - c % self.batch_size, []).append(c)
+        return list(out.items())
+
+    def matrices(self, start: int, layers: list[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """``(layer, A)`` of the batch at ``start``, A (B, H, T, T) float64, one layer at a time."""
+        captured = self.captures(start, layers)
+        return ((layer, p.cpu().numpy()) for layer, p in self.loaded.adapter.probs_from_captures(captured, layers))
+
+    def matrix(self, A: np.ndarray, start: int, chunk: int, head: int) -> np.ndarray:
+        """Chunk ``chunk``'s matrix of ``head`` in its batch's ``A``, trimmed to its own length."""
+        n = int(self.token_ids.lengths[chunk])
+        return A[chunk - start, head, :n, :n].copy()
+
+
 def run(context: StageContext) -> None:
     """Run every phase on the trained model, then on each revision of ``--revisions`` (skipping
     finished units; a revision that fails is recorded and the others go on) and write the
@@ -200,22 +264,23 @@ def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor | data.Chunks
     token_ids = data.as_chunks(token_ids)
     with executor(execution, run_dir.root) as pool, torch.inference_mode():
         probe = _probe_phase(run_dir, loaded, opts, pool, quiet, checkpoint)
-        chunks = _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, checkpoint)
+        batches = _Batches(loaded, token_ids, batch_size)
+        chunks = _heads_phase(run_dir, batches, opts, pool, quiet, checkpoint)
         heads = an.aggregate_heads(chunks).merge(probe, on=["layer", "head"], how="left")
         heads["role"] = assign_roles(heads["prev_token_score"], heads["induction_score"], heads["sink_mass"], opts.thresholds)
         heads["excess_sign"] = np.sign(heads["delta_TR1"]).map({1.0: "positive", -1.0: "negative", 0.0: "zero"})
-        certified = _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, quiet, checkpoint)
+        certified = _certify_phase(run_dir, batches, chunks, opts, pool, quiet, checkpoint)
         # a head's bracket is its certified chunk's (with --certify all, not a median over chunks)
         heads = heads.drop(columns=[c for c in certified.columns if c not in ("layer", "head") and c in heads])
         heads = heads.merge(certified, on=["layer", "head"], how="left")
         heads["kreiss_B_in_bracket"] = an.bracket_check(heads, chunks, opts.rtol)
         seqs = _induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint)
         heads = heads.merge(aggregate_induction(seqs), on=["layer", "head"], how="left")
-        depth = _depth_phase(run_dir, loaded, token_ids, an.chain_heads(heads), opts, pool, batch_size, quiet,
-                             checkpoint)
+        depth = _depth_phase(run_dir, batches, an.chain_heads(heads), opts, pool, quiet, checkpoint)
         if checkpoint == TRAINED:
-            _pseudospectra_phase(run_dir, loaded, token_ids, heads, chunks)
-            _explorer_phase(run_dir, loaded, token_ids, chunks, pool, batch_size, quiet)
+            _pseudospectra_phase(run_dir, batches, heads, chunks)
+            _explorer_phase(run_dir, batches, chunks, pool, quiet)
+        del batches  # the kept captures
     summary = an.summarise(heads, depth)
     summary["role_overlap"] = role_overlap(heads["role"].to_numpy(), heads["delta_TR1"].to_numpy()).to_dict()
     summary["numerical_health"] = an.numerical_health(heads)
@@ -258,19 +323,13 @@ def _probe_phase(run_dir, loaded, opts, pool, quiet, checkpoint) -> pd.DataFrame
     return run_dir.unit(an.STAGE, f"{unit_prefix(checkpoint)}probe", compute)["probe"]
 
 
-def _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, checkpoint) -> pd.DataFrame:
+def _heads_phase(run_dir, batches: _Batches, opts, pool, quiet, checkpoint) -> pd.DataFrame:
+    token_ids, batch_size = batches.token_ids, batches.batch_size
     starts = list(range(0, len(token_ids), batch_size))
     keys = [f"{unit_prefix(checkpoint)}heads{s // batch_size:05d}" for s in starts]
     todo = run_dir.pending(an.STAGE, zip(keys, starts))
     bar = _bar(len(keys), len(keys) - len(todo), _desc("heads", checkpoint), quiet)
     ragged = token_ids.ragged
-
-    def matrices(start: int) -> Iterator[tuple[int, np.ndarray]]:
-        """Every layer's matrices of one unit; the forward pass runs here, and each layer's
-        float64 matrices are formed when the iterator reaches it (one layer at a time)."""
-        layers = loaded.adapter.attention_probs(token_ids.take(slice(start, start + batch_size)).ids)
-        first = next(layers)  # the forward pass
-        return ((layer, p.cpu().numpy()) for layer, p in itertools.chain([first], layers))
 
     def task(A: np.ndarray, layer: int, b: int, h: int, start: int) -> tuple:
         """One matrix's task: with chunks of their own lengths, trimmed to its chunk's length and
@@ -286,9 +345,9 @@ def _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, chec
     # (torch releases the GIL; no other thread runs the model during this phase); a stop does
     # not wait for it
     with AheadExecutor() as ahead:
-        following = ahead.submit(matrices, todo[0][1]) if todo else None
+        following = ahead.submit(batches.matrices, todo[0][1]) if todo else None
         for i, (key, start) in enumerate(todo):
-            current, following = following, ahead.submit(matrices, todo[i + 1][1]) if i + 1 < len(todo) else None
+            current, following = following, ahead.submit(batches.matrices, todo[i + 1][1]) if i + 1 < len(todo) else None
             with run_dir.failures.unit(an.STAGE, key):
                 tasks = (task(A, layer, b, h, start)
                          for layer, A in current.result() for b in range(A.shape[0]) for h in range(A.shape[1]))
@@ -299,29 +358,20 @@ def _heads_phase(run_dir, loaded, token_ids, opts, pool, batch_size, quiet, chec
     return run_dir.read_units(an.STAGE, run_dir.finished(an.STAGE, keys, required=True), "rows")
 
 
-def _chunk_groups(targets: pd.DataFrame, batch_size: int) -> list[list[int]]:
-    """The chunks of ``targets`` (a ``chunk`` column), ascending, in groups of ``batch_size``:
-    one forward pass each."""
-    order = sorted(int(c) for c in targets["chunk"].unique())
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-def _median_matrices(loaded, token_ids: data.Chunks, targets: pd.DataFrame,
+def _median_matrices(batches: _Batches, targets: pd.DataFrame, start: int,
                      group: list[int]) -> Iterator[tuple[int, int, int, np.ndarray]]:
     """``(layer, head, chunk, A)`` for every row of ``targets`` (``layer``, ``head``, ``chunk``)
-    whose chunk is in ``group``: the head's float64 matrix on that chunk, trimmed to the chunk's
-    own length (a prompt's), from one forward pass over the group's chunks."""
+    whose chunk is in ``group`` (chunks of the batch at ``start``): the head's float64 matrix on
+    that chunk, trimmed to the chunk's own length (a prompt's), from its batch's captures."""
     wanted = targets[targets["chunk"].isin(group)]
-    for layer, probs in loaded.adapter.attention_probs(token_ids.take(group).ids, layers=sorted(wanted["layer"].unique())):
-        A = probs.cpu().numpy()
+    for layer, A in batches.matrices(start, sorted(int(x) for x in wanted["layer"].unique())):
         for head, chunk in wanted.loc[wanted["layer"] == layer, ["head", "chunk"]].itertuples(index=False):
-            n = int(token_ids.lengths[int(chunk)])
-            yield int(layer), int(head), int(chunk), A[group.index(int(chunk)), int(head), :n, :n].copy()
+            yield int(layer), int(head), int(chunk), batches.matrix(A, start, int(chunk), int(head))
 
 
-def _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, quiet, checkpoint) -> pd.DataFrame:
-    """Certified brackets of every head's median chunk. The target chunks are read in batches
-    of ``batch_size`` (one unit each); every bracket is submitted as soon as its matrix is
+def _certify_phase(run_dir, batches: _Batches, chunks, opts, pool, quiet, checkpoint) -> pd.DataFrame:
+    """Certified brackets of every head's median chunk. The target chunks are read by the batch
+    that holds them (one unit each); every bracket is submitted as soon as its matrix is
     read, so the workers stay busy across batches and slow brackets do not stall a batch."""
     cols = ["kreiss_B_lo", "kreiss_B_hi", "kreiss_B_certified"]
     if opts.certify == "none":
@@ -330,10 +380,10 @@ def _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, q
     if opts.certify == "all":
         merged = targets.merge(chunks[["layer", "head", "chunk", *cols]], on=["layer", "head", "chunk"])
         return merged.rename(columns={"chunk": "certified_chunk"})
-    groups = _chunk_groups(targets, batch_size)
+    groups = batches.groups(targets["chunk"])
     keys = [f"{unit_prefix(checkpoint)}certify{g:05d}" for g in range(len(groups))]
     todo = run_dir.pending(an.STAGE, zip(keys, groups))
-    bar = _bar(len(targets), len(targets) - sum(int(targets["chunk"].isin(g).sum()) for _, g in todo),
+    bar = _bar(len(targets), len(targets) - sum(int(targets["chunk"].isin(g).sum()) for _, (_, g) in todo),
                _desc("certify", checkpoint), quiet)
     pending: list[tuple[str, list]] = []
 
@@ -342,9 +392,9 @@ def _certify_phase(run_dir, loaded, token_ids, chunks, opts, pool, batch_size, q
             key, futures = pending.pop(0)
             run_dir.write_unit(an.STAGE, key, {"rows": pd.DataFrame([f.result() for f in futures])})
 
-    for key, group in todo:
+    for key, (start, group) in todo:
         futures = []
-        for layer, head, chunk, matrix in _median_matrices(loaded, token_ids, targets, group):
+        for layer, head, chunk, matrix in _median_matrices(batches, targets, start, group):
             future = pool.submit(an.certify_row, matrix, layer, head, chunk, opts)
             future.add_done_callback(lambda _: bar.update())  # as each bracket ends (inline: at once)
             futures.append(future)
@@ -389,7 +439,7 @@ def _induction_phase(run_dir, loaded, heads, opts, pool, quiet, checkpoint) -> p
     return run_dir.unit(an.STAGE, f"{unit_prefix(checkpoint)}induction", compute)["rows"]
 
 
-def _pseudospectra_phase(run_dir, loaded, token_ids, heads, chunks) -> None:
+def _pseudospectra_phase(run_dir, batches: _Batches, heads, chunks) -> None:
     """σ_min(zI − B), to ``PSEUDO_TOL`` relative, on a grid for the top routing head (largest
     previous-token or induction score) and the top sink head (largest sink mass), each on its
     median chunk, saved to ``arrays/pseudospectra.safetensors`` for the report's contours."""
@@ -403,8 +453,8 @@ def _pseudospectra_phase(run_dir, loaded, token_ids, heads, chunks) -> None:
     for role, row in picks.items():
         layer, head = int(row["layer"]), int(row["head"])
         chunk = int(medians.loc[(layer, head)])
-        probs = next(loaded.adapter.attention_probs(token_ids.take([chunk]).ids, layers=[layer]))[1]  # its own length
-        B = deflate(probs[0, head].cpu().numpy())
+        start = chunk - chunk % batches.batch_size
+        B = deflate(batches.matrix(next(batches.matrices(start, [layer]))[1], start, chunk, head))  # its own length
         grid = pseudospectrum(B, PSEUDO_GRID, PSEUDO_GRID, tol=PSEUDO_TOL)
         arrays.update({f"{role}.x": grid.x, f"{role}.y": grid.y, f"{role}.sigma": grid.sigma,
                        f"{role}.eig": np.diagonal(B).copy()})
@@ -412,14 +462,14 @@ def _pseudospectra_phase(run_dir, loaded, token_ids, heads, chunks) -> None:
     run_dir.write_arrays("pseudospectra", arrays, **meta)
 
 
-def _explorer_phase(run_dir, loaded, token_ids, chunks, pool, batch_size, quiet) -> None:
+def _explorer_phase(run_dir, batches: _Batches, chunks, pool, quiet) -> None:
     """The head explorer's data (:func:`~depthlens.attention.head_view.explorer_arrays`) of
     every head's median chunk, saved to ``arrays/head_spectra.safetensors``: ``sigma`` (L, H,
     g, g) = σ_min(zI − B) on the grid ``x``, ``y`` (every third point of the pseudospectra's),
     ``transient`` (L, H, K) = ``‖B^k‖`` at ``powers`` (K), ``eig`` (L, H, n) = the eigenvalues
     of B (NaN-padded past a shorter prompt), ``chunk`` (L, H); NaN (chunk −1) for a head
     without a value. One file, written at the end (an interrupted phase starts again). The
-    chunks are read in batches of ``batch_size``; every head's matrix goes to the workers as
+    chunks are read by the batch that holds them; every head's matrix goes to the workers as
     soon as it is read (about 0.13 CPU-seconds per head at n = 128: 34 s for SmolLM2-135M)."""
     path = run_dir.root / "arrays" / f"{hv.EXPLORER_ARRAYS}.safetensors"
     if path.is_file():
@@ -427,14 +477,14 @@ def _explorer_phase(run_dir, loaded, token_ids, chunks, pool, batch_size, quiet)
     targets = an.median_chunks(chunks)
     bar = tqdm(total=len(targets), desc=_desc("explorer", TRAINED), unit="head", disable=quiet)
     futures: dict[tuple[int, int], tuple[int, Any]] = {}
-    for group in _chunk_groups(targets, batch_size):
-        for layer, head, chunk, matrix in _median_matrices(loaded, token_ids, targets, group):
+    for start, group in batches.groups(targets["chunk"]):
+        for layer, head, chunk, matrix in _median_matrices(batches, targets, start, group):
             future = pool.submit(hv.explorer_arrays, matrix)
             future.add_done_callback(lambda _: bar.update())
             futures[(layer, head)] = (chunk, future)
     results = {key: (chunk, future.result()) for key, (chunk, future) in futures.items()}
     bar.close()
-    shape = (loaded.adapter.n_layers, loaded.adapter.n_heads)
+    shape = (batches.loaded.adapter.n_layers, batches.loaded.adapter.n_heads)
     g, k = hv.EXPLORER_GRID.size, hv.EXPLORER_POWERS.size
     n = max((r["eig"].size for _, r in results.values() if r is not None), default=0)
     arrays = {"x": hv.EXPLORER_GRID.copy(), "y": hv.EXPLORER_GRID.copy(), "powers": hv.EXPLORER_POWERS.copy(),
@@ -449,10 +499,11 @@ def _explorer_phase(run_dir, loaded, token_ids, chunks, pool, batch_size, quiet)
     run_dir.write_arrays(hv.EXPLORER_ARRAYS, arrays, sigma_tol=f"{hv.PSEUDO_TOL:g}", heads="median chunk (TR1)")
 
 
-def _depth_phase(run_dir, loaded, token_ids, chains, opts, pool, batch_size, quiet, checkpoint) -> pd.DataFrame:
+def _depth_phase(run_dir, batches: _Batches, chains, opts, pool, quiet, checkpoint) -> pd.DataFrame:
     """Depth products per chunk, computed by the workers from every layer's matrices of one
     batch (the one phase that holds all layers at once: the product runs over depth). The
-    next batch's forward pass runs while the workers compute the previous batch's products."""
+    next batch's matrices are formed while the workers compute the previous batch's products."""
+    token_ids = batches.token_ids
     keys = [f"{unit_prefix(checkpoint)}depth{c:05d}" for c in range(len(token_ids))]
     todo = [c for c, k in enumerate(keys) if not run_dir.has_unit(an.STAGE, k)]
     bar = _bar(len(keys), len(keys) - len(todo), _desc("depth", checkpoint), quiet)
@@ -464,12 +515,11 @@ def _depth_phase(run_dir, loaded, token_ids, chains, opts, pool, batch_size, qui
             bar.update()
 
     previous: tuple[list[int], list] | None = None
-    for start in range(0, len(todo), batch_size):
-        group = todo[start : start + batch_size]
-        probs = np.stack([p.cpu().numpy() for _, p in loaded.adapter.attention_probs(token_ids.take(group).ids)], axis=1)
+    for start, group in batches.groups(todo):
+        probs = np.stack([A for _, A in batches.matrices(start)], axis=1)  # (B, L, H, T, T)
         n = [int(token_ids.lengths[c]) for c in group]  # each chunk's products over its own length
-        futures = [pool.submit(an.depth_chunk_rows, np.ascontiguousarray(probs[i, ..., : n[i], : n[i]]), chains, c, opts,
-                               c < opts.null_chunks)
+        futures = [pool.submit(an.depth_chunk_rows, np.ascontiguousarray(probs[c - start, ..., : n[i], : n[i]]), chains,
+                               c, opts, c < opts.null_chunks)
                    for i, c in enumerate(group)]
         del probs
         if previous is not None:
