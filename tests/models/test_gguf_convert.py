@@ -155,14 +155,15 @@ def test_files_that_do_not_hold_the_model(tmp_path, fault, words):
     assert words in message and str(path) in message
 
 
-def _split_copy(source: Path, dest: Path, per_shard: int) -> Path:
-    """``source`` written again as shards of at most ``per_shard`` tensors (every metadata
-    field in the first, tensors byte for byte, as gguf-py splits a model); the first shard."""
+def _copy(source: Path, dest: Path, per_shard: int = 0, drop: tuple[str, ...] = ()) -> Path:
+    """``source`` written again (every metadata field but those named in ``drop``, tensors byte
+    for byte), with ``per_shard`` as shards of at most that many tensors (every metadata field
+    in the first, as gguf-py splits a model); the file, or the first shard."""
     reader = gguf.GGUFReader(str(source))
-    dest.parent.mkdir(parents=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(dest), reader.fields["general.architecture"].contents(), split_max_tensors=per_shard)
     for field in reader.fields.values():
-        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
+        if not field.name.startswith("GGUF.") and field.name not in ("general.architecture", *drop):
             array = field.types[0] == gguf.GGUFValueType.ARRAY
             writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=field.types[-1] if array else None)
     for tensor in reader.tensors:
@@ -171,7 +172,7 @@ def _split_copy(source: Path, dest: Path, per_shard: int) -> Path:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return dest.with_name(f"{dest.stem}-00001-of-{len(writer.tensors):05d}.gguf")
+    return dest.with_name(f"{dest.stem}-00001-of-{len(writer.tensors):05d}.gguf") if per_shard else dest
 
 
 @pytest.mark.real
@@ -200,7 +201,7 @@ def test_embedded_conversion_equals_transformers_gguf_load(tmp_path):
     assert torch.equal(streamed.adapter.logits(ids), converted.adapter.logits(ids))
     assert torch.equal(streamed.adapter.residual_states(ids), converted.adapter.residual_states(ids))
     assert sum(1 for layer in streamed.adapter.layers if any(not p.is_meta for p in layer.parameters())) == 1
-    first = _split_copy(source, tmp_path / "split" / "smollm2.gguf", per_shard=100)
+    first = _copy(source, tmp_path / "split" / "smollm2.gguf", per_shard=100)
     sharded = load_model(first, cache_dir=tmp_path, stream_layers=True)
     assert sharded.name == "smollm2" and len(sharded.provenance["files"]) == 3 and sharded.provenance["cached"] is False
     assert sharded.provenance["config_sha256"] == converted.provenance["config_sha256"]

@@ -16,6 +16,7 @@ import torch
 from depthlens.errors import ModelError
 from depthlens.models import build_random, load_model
 
+from .test_gguf_convert import _copy
 from .test_loading import _one_line
 
 gguf = pytest.importorskip("gguf")
@@ -178,20 +179,7 @@ def test_a_gemma4_file_without_a_required_key(tmp_path):
     """A key llama.cpp's converter always writes, missing: named in one line."""
     model = build_random("gemma4", seed=1)
     source = _write(model, tmp_path / "full.gguf")
-    reader = gguf.GGUFReader(str(source))
-    path = tmp_path / "nokey.gguf"
-    w = gguf.GGUFWriter(str(path), "gemma4")
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "gemma4.attention.key_length_swa"):
-            continue
-        array = field.types[0] == gguf.GGUFValueType.ARRAY
-        w.add_key_value(field.name, field.contents(), field.types[0], sub_type=field.types[-1] if array else None)
-    for tensor in reader.tensors:
-        w.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    path = _copy(source, tmp_path / "nokey.gguf", drop=("gemma4.attention.key_length_swa",))
     with pytest.raises(ModelError) as excinfo:
         load_model(path, cache_dir=tmp_path / "cache")
     assert "gemma4.attention.key_length_swa" in _one_line(excinfo)
