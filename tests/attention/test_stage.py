@@ -77,7 +77,8 @@ class PlantedAdapter:
         yield from self._planted(self._inner.probs_from_captures(captured, layers), captured.ids)
 
     @staticmethod
-    def _planted(found: Iterator[tuple[int, torch.Tensor]], input_ids: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+    def _planted(found: Iterator[tuple[int, torch.Tensor]],
+                 input_ids: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
         for layer, probs in found:
             probs = probs.clone()
             for (pl, head), kind in PLANTED.items():

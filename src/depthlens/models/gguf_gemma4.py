@@ -19,8 +19,8 @@ GGUF                                          ``Gemma4TextConfig``
 ``feed_forward_length``                       ``intermediate_size``; one entry a layer, doubled
                                               on the shared layers: ``use_double_wide_mlp``
 ``embedding_length_per_layer_input``          ``hidden_size_per_layer_input`` (0: none)
-``rope.freq_base`` / ``rope.freq_base_swa``   the full / sliding layers' ``rope_theta`` (no
-                                              ``_swa`` key: the full layers' value, as llama.cpp)
+``rope.freq_base`` / ``rope.freq_base_swa``   the full / sliding layers' ``rope_theta`` (the
+                                              ``_swa`` key is required where a layer slides)
 ``rope_freqs`` tensor                         the full layers' proportional rotary fraction:
                                               ``n`` factors of 1 then factors ≥ 1e29 (no
                                               rotation) give ``partial_rotary_factor``
@@ -161,6 +161,7 @@ def gemma4_config(reader: Any, path: Path) -> Any:
     if not double and len(set(widths)) > 1:
         raise _refuse(path, f"its MLP widths {sorted(set(widths))} vary other than doubling on the shared layers")
     theta = _decimal(arch("rope.freq_base"))
+    theta_swa = _decimal(arch("rope.freq_base_swa", _REQUIRED if any(sliding) else theta))
     partial = 1.0
     if full:
         if "rope_freqs.weight" in tensors:
@@ -189,7 +190,7 @@ def gemma4_config(reader: Any, path: Path) -> Any:
         "rms_norm_eps": _decimal(arch("attention.layer_norm_rms_epsilon")),
         "sliding_window": int(arch("attention.sliding_window")), "layer_types": layer_types,
         "rope_parameters": {
-            "sliding_attention": {"rope_type": "default", "rope_theta": _decimal(arch("rope.freq_base_swa", theta))},
+            "sliding_attention": {"rope_type": "default", "rope_theta": theta_swa},
             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": partial, "rope_theta": theta},
         },
         "final_logit_softcapping": None if softcap is None else _decimal(softcap),

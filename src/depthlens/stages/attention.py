@@ -347,7 +347,8 @@ def _heads_phase(run_dir, batches: _Batches, opts, pool, quiet, checkpoint) -> p
     with AheadExecutor() as ahead:
         following = ahead.submit(batches.matrices, todo[0][1]) if todo else None
         for i, (key, start) in enumerate(todo):
-            current, following = following, ahead.submit(batches.matrices, todo[i + 1][1]) if i + 1 < len(todo) else None
+            following, current = (ahead.submit(batches.matrices, todo[i + 1][1]) if i + 1 < len(todo) else None,
+                                  following)
             with run_dir.failures.unit(an.STAGE, key):
                 tasks = (task(A, layer, b, h, start)
                          for layer, A in current.result() for b in range(A.shape[0]) for h in range(A.shape[1]))
