@@ -106,7 +106,8 @@ def _write(model: torch.nn.Module, path: Path, fault: str | None = None) -> Path
     w.add_bos_token_id(2)
     w.add_eos_token_id(1)
     w.add_pad_token_id(0)
-    w.add_unk_token_id(3)
+    if fault != "no_unknown_token":
+        w.add_unk_token_id(3)
     w.add_add_bos_token(True)
     state = model.state_dict()
     if cfg.tie_word_embeddings:
@@ -166,6 +167,7 @@ def test_a_converted_gemma4_file_is_the_model_it_was_written_from(tmp_path, over
     ("experts", "enable_moe_block"),
     ("scaled_rope", "rope_freqs"),
     ("partial_sliding", "rope.dimension_count_swa"),
+    ("no_unknown_token", "tokenizer.ggml.unknown_token_id"),
 ])
 def test_gemma4_files_the_configuration_cannot_represent(tmp_path, fault, words):
     model = build_random("gemma4", seed=1)

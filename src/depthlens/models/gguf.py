@@ -53,6 +53,9 @@ _CACHE_FORMAT = 2
 #: GGUF architectures whose expert tensors transformers merges across several file tensors.
 _MERGED_ARCHITECTURES = frozenset({"qwen2moe", "qwen3moe", "gpt-oss", "gpt_oss", "minimax-m2"})
 _MARKER = "depthlens.json"
+#: Text a converted tokenizer must encode: letters, digits, punctuation and a character few
+#: vocabularies hold as a piece.
+_PROBE_TEXT = "The 3 quick brown foxes, 42 € and \u2603."
 #: A shard's file name: ``<stem>-<number>-of-<count>.gguf`` (gguf-py's ``SHARD_NAME_FORMAT``).
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -158,6 +161,8 @@ def _convert_gguf(shards: list[Path], target: Path, sha: str, trust_remote_code:
             _write_weights(shards, config, tmp / "model.safetensors", read)
         config.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
+        with quiet_transformers():
+            _check_saved_tokenizer(tmp, path)
         marker = {
             "format": _CACHE_FORMAT,
             "source": str(path),
@@ -184,7 +189,13 @@ def _gguf_tokenizer_and_config(path: Path, trust_remote_code: bool) -> tuple[Any
     transformers' GGUF reader; for Gemma 4, which that reader carries only in part, the
     configuration is depthlens's own (:func:`~depthlens.models.gguf_gemma4.gemma4_config`) and the
     tokenizer is built from the file as a Gemma tokenizer (transformers' tokenizer lookup would
-    read the partial configuration)."""
+    read the partial configuration).
+
+    Raises
+    ------
+    ModelError
+        A Gemma 4 file its configuration cannot be read from.
+    """
     import gguf
     from transformers import AutoConfig
     from transformers.modeling_gguf_pytorch_utils import read_field
@@ -195,10 +206,24 @@ def _gguf_tokenizer_and_config(path: Path, trust_remote_code: bool) -> tuple[Any
         from .gguf_gemma4 import gemma4_config
 
         config = gemma4_config(reader, path)
-        return tokenizer_from(folder, gguf_file=fname, local_files_only=True, tokenizer_type="gemma"), config
-    tokenizer = tokenizer_from(folder, gguf_file=fname, local_files_only=True)
-    return tokenizer, AutoConfig.from_pretrained(folder, gguf_file=fname, local_files_only=True,
-                                                 trust_remote_code=trust_remote_code)
+        tokenizer = tokenizer_from(folder, gguf_file=fname, local_files_only=True, tokenizer_type="gemma")
+    else:
+        tokenizer = tokenizer_from(folder, gguf_file=fname, local_files_only=True)
+        config = AutoConfig.from_pretrained(folder, gguf_file=fname, local_files_only=True,
+                                            trust_remote_code=trust_remote_code)
+    return tokenizer, config
+
+
+def _check_saved_tokenizer(folder: Path, path: Path) -> None:
+    """Refuse, in one line, a converted tokenizer that, saved to ``folder`` and read back as
+    every later load reads it, cannot encode text (``path``: the GGUF file, for the message): a
+    vocabulary whose file names no unknown token fails only when text meets a piece it lacks."""
+    try:
+        tokenizer_from(str(folder), local_files_only=True)(_PROBE_TEXT, add_special_tokens=False)
+    except Exception as exc:
+        raise ModelError(f"the tokenizer of {path} cannot encode text ({one_line(exc)}); its tokenizer metadata is "
+                         "incomplete (e.g. no tokenizer.ggml.unknown_token_id): convert the model again with a current "
+                         "llama.cpp.") from None
 
 
 @contextlib.contextmanager
