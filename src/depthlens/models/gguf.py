@@ -282,9 +282,10 @@ def _write_weights(shards: list[Path], config: Any, out: Path, read: Callable[[P
         names = get_gguf_hf_weights_map(model, processor)
     # llama.cpp's converter names a tensor without a suffix (Gemma 4's layer_scalar) NAME.weight
     names.update({f"{key}.weight": name for key, name in names.items() if not key.endswith((".weight", ".bias"))})
-    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}  # tied ones once
-    shapes.update({name: tuple(b.shape) for name, b in model.state_dict().items() if name not in tied})  # buffers
+    shapes.update({name: tuple(b.shape) for name, b in model.state_dict().items()  # and the persistent buffers
+                   if name not in parameters})
     layout = create_safetensors(out, shapes, np.float32, {"format": "pt"})
     written: set[str] = set()
     for shard in shards:
