@@ -521,6 +521,24 @@ def test_an_interrupted_stage_is_recorded_as_interrupted(text_file: Path, tmp_pa
     assert "continue with --resume" in capsys.readouterr().err
 
 
+def test_python_m_ends_an_interrupt_caught_from_string_code_with_130(tmp_path: Path) -> None:
+    """``python -m depthlens``: an interrupt that left string-compiled code (a dataclass's
+    methods are made so) still ends with 130 and the one line, where CPython alone would end
+    the process by SIGINT (-2) after catching it."""
+    (tmp_path / "interrupt_in_string_code.py").write_text(
+        "import runpy\n"
+        "from depthlens import cli\n"
+        "def stage(args):\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "cli._stage = stage\n"
+        "runpy.run_module('depthlens', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-m", "interrupt_in_string_code", "attention", "--out", str(tmp_path / "run")],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == ["depthlens: interrupted; continue with --resume"]
+
+
 def test_the_manifest_records_the_command_line_and_the_source(text_file: Path, tmp_path: Path) -> None:
     import json
 

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 # Multi-threaded OpenBLAS is several times slower than one thread on small dense problems
 # (n <= 1000) on 2-core machines, and fights torch's own thread pool; one BLAS thread is the
@@ -383,11 +383,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if abandoned_call_running():
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+        end_process(status)
     return status
+
+
+def end_process(status: int) -> NoReturn:
+    """End this process now with exit status ``status``, once the exit functions have run
+    (multiprocessing's and Ray's clean-up included) and the output is flushed; the
+    interpreter's finalisation is skipped."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _command(args: argparse.Namespace) -> int:
