@@ -6,17 +6,20 @@ random Llamas of ``--layers`` layers, streamed (``--stream-layers``), at each wi
 ``--widths`` (default 576, 1024, 2048, 4096; 64-wide heads, a third as many key-value heads
 or fewer, d_ff = 3.5 d), with the quick preset's sizes (``--chunks`` chunks of ``--seq-len``
 tokens). Chunks: the same command at the first width for each count of ``--chunk-counts``.
+A first, untimed run at the first width and chunk count takes the one-off costs (numba's kernel
+compilation into its cache, cold file caches), which made a fresh tree's first run 18 s slower
+than the same run later.
 Each run is a child process on ``--jobs`` workers, its folder deleted afterwards; each stage's
 wall time comes from the run's ``manifest.json``. The script prints every time, then per stage
 the least-squares slope of log(seconds) against log(width) and against log(chunks): a slope of
 3 is a stage whose cost is cubic in d (dense decompositions), 1 linear. The naive method is
 the same fit's assumption that every stage is linear in both (slope 1), printed beside.
 
-About 25 minutes on 2 cores at the default widths with 2 layers (the 4096-wide stages take most
-of it: the jacobian stage's decompositions of 4096 × 4096 operators); ``--widths 576,1024``
-is a 5-minute check.
+About 17 minutes on 2 cores at the default widths with 2 layers (the 4096-wide run takes 9.5 of
+them, half of it the jacobian stage's decompositions of 4096 × 4096 operators); ``--widths
+576,1024`` is a 3-minute check.
 
-``python benchmarks/bench_scaling.py [--widths 576,1024,2048,4096] [--chunk-counts 2,4,8]
+``python benchmarks/bench_scaling.py [--widths 576,1024,2048,4096] [--chunk-counts 2,8,32]
 [--layers 2] [--chunks 2] [--seq-len 32] [--jobs 2]``
 """
 
@@ -88,7 +91,7 @@ def sweep(label: str, values: list[int], run) -> dict[str, dict[int, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--widths", default="576,1024,2048,4096")
-    parser.add_argument("--chunk-counts", default="2,4,8")
+    parser.add_argument("--chunk-counts", default="2,8,32")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=32)
@@ -97,6 +100,9 @@ def main() -> None:
     widths = [int(w) for w in args.widths.split(",")]
     counts = [int(c) for c in args.chunk_counts.split(",")]
     print(f"layerwise random Llamas, {args.layers} layers, streamed, quick preset, {args.jobs} workers")
+    # a first run pays one-off costs (numba compiling its kernels into the source tree's cache, cold
+    # file caches) that would inflate the smallest size and flatten every slope: run once, untimed
+    stage_seconds(model_spec(widths[0], args.layers), counts[0], args.seq_len, args.jobs)
     by_width = sweep("d", widths, lambda w: stage_seconds(model_spec(w, args.layers), args.chunks, args.seq_len,
                                                            args.jobs))
     by_chunks = sweep("chunks", counts, lambda c: stage_seconds(model_spec(widths[0], args.layers), c, args.seq_len,
