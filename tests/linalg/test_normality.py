@@ -128,6 +128,18 @@ def test_numerical_radius_against_brute_force(kind: str, rng: np.random.Generato
     assert w >= np.linalg.norm(M, 2) / 2 - 1e-12
 
 
+def test_numerical_radius_of_a_signature_similar_matrix_is_attained_at_theta_zero(rng: np.random.Generator) -> None:
+    """A dense real M = DND (N > 0, D a signature with both signs): M has entries of both signs,
+    and its numerical radius is its numerical abscissa, as the brute-force maximum over θ says."""
+    n = 7
+    D = np.diag(np.where(np.arange(n) % 3 == 0, -1.0, 1.0))
+    M = D @ (rng.random((n, n)) + 0.1) @ D
+    assert (M < 0).any() and not np.allclose(M, M.T)
+    w, brute = float(numerical_radius(M)), _radius_brute(M)
+    assert w == float(numerical_abscissa(M))
+    assert brute <= w + 1e-12 and w - brute <= 1e-6 * np.linalg.norm(M, 2)
+
+
 def test_numerical_radius_batched(rng: np.random.Generator) -> None:
     stack = rng.standard_normal((2, 3, 4, 4))
     out = numerical_radius(stack)

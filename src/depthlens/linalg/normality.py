@@ -13,6 +13,7 @@ from numpy.typing import ArrayLike
 from ..errors import InputError
 from ._checks import as_square
 from . import guarded
+from .kreiss_search import signature_nonnegative
 
 __all__ = [
     "complex_fraction",
@@ -140,8 +141,9 @@ def numerical_abscissa(M: ArrayLike) -> np.ndarray:
 
 def _radius_one(M: np.ndarray, n_grid: int, xatol: float) -> float:
     herm = 0.5 * (M + M.conj().T)
-    if M.dtype.kind == "f" and np.all(M >= 0):
-        # |x*Mx| ≤ |x|ᵀ M |x| for M ≥ 0, so the maximum is attained at θ = 0.
+    if M.dtype.kind == "f" and (np.all(M >= 0) or signature_nonnegative(M)):
+        # N = DMD ≥ 0 for a signature D (D = I when M ≥ 0): |x*Nx| ≤ |x|ᵀ N |x|, so w(N) = λ_max(½(N + Nᵀ)),
+        # and w(M) = w(N) with ½(N + Nᵀ) = D herm D orthogonally similar to herm: θ = 0 attains the maximum.
         return float(guarded.eigvalsh(herm)[-1])
     skew = 0.5j * (M - M.conj().T)
 
@@ -187,7 +189,10 @@ def numerical_radius(M: ArrayLike, n_grid: int = 32, xatol: float = 1e-10) -> np
         maximiser lies in a refined cell and ``f`` is unimodal there (the generic case),
         ``|w − v|`` is at rounding level, about ``n ε ‖M‖``.
         Real non-negative matrices (e.g. attention A) are answered exactly by θ = 0:
-        ``|x*Mx| ≤ |x|ᵀ M |x|``, so ``w = λ_max(½(M + Mᵀ))``.
+        ``|x*Mx| ≤ |x|ᵀ M |x|``, so ``w = λ_max(½(M + Mᵀ))``; so are real matrices with a
+        signature ``D = diag(±1)`` making ``DMD`` non-negative (e.g. deflated attention
+        ``B = A − 1e₁ᵀ``, :func:`~depthlens.linalg.kreiss_search.signature_nonnegative`):
+        ``w`` is unitarily invariant and ``½(DMD + DMᵀD)`` has the eigenvalues of ``½(M + Mᵀ)``.
 
     Raises
     ------
@@ -197,7 +202,7 @@ def numerical_radius(M: ArrayLike, n_grid: int = 32, xatol: float = 1e-10) -> np
     Notes
     -----
     Cost: n_grid + (about 30 per refined cell) Hermitian eigendecompositions, O(n³) each,
-    per matrix; one for non-negative matrices.
+    per matrix; one for the two kinds answered by θ = 0 (plus an O(n²) signature check).
     """
     arr = as_square(M, "M", batched=True)
     if isinstance(n_grid, bool) or not isinstance(n_grid, (int, np.integer)) or n_grid < 2:
