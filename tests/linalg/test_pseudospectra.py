@@ -70,10 +70,28 @@ def test_radius_deflated_heads_against_bruteforce(eps: float, rng: np.random.Gen
     for B in _deflated_heads(12, rng):
         fast = pseudospectral_radius(B, eps)
         slow = pseudospectral_radius_bruteforce(B, eps, n_r=300, n_theta=40)  # radial step < ε
-        assert fast.method == "lines-march-pruned+brent+local-angle"
+        assert fast.method == "positive-real-axis-march+brent"  # DBD ≥ 0 with D = diag(−1, 1, …, 1)
         assert fast.value >= slow - 1e-9
         assert fast.value == pytest.approx(slow, rel=1e-3)
         assert abs(sigma_min_dense(B, fast.z) - eps) < 1e-9 * max(1.0, eps)
+
+
+def test_radius_on_the_axis_equals_the_search_over_every_line(rng: np.random.Generator) -> None:
+    """Where the positive real axis attains ρ_ε (a real M with DMD ≥ 0: deflated heads, and a
+    dense M = DND with entries of both signs), the one-line march gives the radius that the
+    search over every line gives with the axis path disabled (M⁺ = M with a zero-weight complex
+    part), to Brent's tolerance, in far fewer evaluations; a real M without such a D (the
+    Jordan-like J) keeps the lines."""
+    D = np.diag(np.where(np.arange(10) % 3 == 0, -1.0, 1.0))
+    dense = D @ (rng.random((10, 10)) * np.tri(10, k=2)) @ D
+    for M in (*_deflated_heads(24, rng), dense):
+        for eps in (1e-3, 1e-1):
+            axis, lines = pseudospectral_radius(M, eps), pseudospectral_radius(M.astype(np.complex128), eps)
+            assert axis.method == "positive-real-axis-march+brent" and lines.method != axis.method
+            assert axis.value == pytest.approx(lines.value, rel=1e-12, abs=1e-13)
+            assert axis.z.imag == 0.0 and axis.n_evals < lines.n_evals / 4
+    J = np.diag(np.full(5, 0.4)) + np.diag(np.ones(4), -1) - np.diag(np.ones(3), -2)
+    assert pseudospectral_radius(J, 0.1).method == "lines-march-pruned+brent+local-angle"
 
 
 def test_isolated_outer_eigenvalue_is_not_stepped_over(rng: np.random.Generator) -> None:
