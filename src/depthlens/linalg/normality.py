@@ -141,8 +141,8 @@ def numerical_abscissa(M: ArrayLike) -> np.ndarray:
 
 def _radius_one(M: np.ndarray, n_grid: int, xatol: float) -> float:
     herm = 0.5 * (M + M.conj().T)
-    if M.dtype.kind == "f" and (np.all(M >= 0) or signature_nonnegative(M)):
-        # N = DMD ≥ 0 for a signature D (D = I when M ≥ 0): |x*Nx| ≤ |x|ᵀ N |x|, so w(N) = λ_max(½(N + Nᵀ)),
+    if signature_nonnegative(M):  # real, with D = I when M ≥ 0
+        # N = DMD ≥ 0 for a signature D: |x*Nx| ≤ |x|ᵀ N |x|, so w(N) = λ_max(½(N + Nᵀ)),
         # and w(M) = w(N) with ½(N + Nᵀ) = D herm D orthogonally similar to herm: θ = 0 attains the maximum.
         return float(guarded.eigvalsh(herm)[-1])
     skew = 0.5j * (M - M.conj().T)
