@@ -120,3 +120,59 @@ def test_power_norms_at_equals_power_norms_at_the_sampled_powers(rng: np.random.
     for bad in ([2, 1], [1, 1], [-1, 2], [], [[1, 2]], [1.0, 2.0]):
         with pytest.raises(InputError, match="strictly increasing"):
             power_norms_at(B, bad)
+
+
+def _svd_norm(X: np.ndarray) -> float:
+    return float(np.linalg.svd(X, compute_uv=False)[0])
+
+
+def test_spectral_norm_certified_path_matches_the_dense_svd(rng: np.random.Generator) -> None:
+    """Deflated attention powers and other matrices with a dominant singular value take the
+    power iteration (its Kato–Temple certificate closes) and agree with LAPACK's SVD."""
+    from depthlens.linalg.causal import deflate
+    from depthlens.linalg.transients import _certified_top_eigenvalue, spectral_norm
+
+    cases = []
+    for sink in (0.0, 1.0, 3.0):
+        B = deflate(causal_softmax(64, rng, sink=sink))
+        X = B.copy()
+        for _ in range(8):
+            cases.append(X.copy())
+            X = B @ X
+    u, v = rng.standard_normal(30) + 1j * rng.standard_normal(30), rng.standard_normal(30)
+    cases.append(np.outer(u, v) + 0.05 * (rng.standard_normal((30, 30)) + 1j * rng.standard_normal((30, 30))))
+    cases.append(np.array([[-3.0]]))
+    for X in cases:
+        Y = X / np.max(np.abs(X))
+        if np.linalg.norm(Y, 2) ** 2 > 0.6 * np.linalg.norm(Y) ** 2:
+            assert _certified_top_eigenvalue(Y) is not None
+        ref = _svd_norm(X)
+        assert spectral_norm(X) == pytest.approx(ref, rel=4 * X.shape[0] * np.finfo(float).eps)
+
+
+def test_spectral_norm_falls_back_without_a_dominant_singular_value(rng: np.random.Generator) -> None:
+    """No dominant singular value (σ₁² ≤ ‖X‖_F²/2): no certificate, the eigensolve answers."""
+    from depthlens.linalg.transients import _certified_top_eigenvalue, spectral_norm
+
+    Q, _ = np.linalg.qr(rng.standard_normal((40, 40)))
+    for X in (Q, 3.0 * np.eye(7), rng.standard_normal((50, 50)), np.diag([2.0, 2.0, 1.0])):
+        assert _certified_top_eigenvalue(X / np.max(np.abs(X))) is None
+        assert spectral_norm(X) == pytest.approx(_svd_norm(X), rel=1e-14)
+    assert spectral_norm(np.zeros((4, 4))) == 0.0
+
+
+def test_spectral_norm_certificate_is_an_upper_bound_at_every_step(rng: np.random.Generator) -> None:
+    """The Kato–Temple end θ + ‖r‖²/(θ − α) bounds λ₁ from above at every iterate, not only
+    the last: checked on unit vectors near and far from the top singular vector."""
+    X = np.outer(rng.random(25), rng.random(25)) + 0.1 * rng.standard_normal((25, 25))
+    G = X.T @ X
+    lam = np.linalg.eigvalsh(G)[-1]
+    trace = np.trace(G)
+    top = np.linalg.svd(X)[2][0]
+    for t in np.linspace(0.0, 1.0, 11):
+        x = t * top + (1.0 - t) * rng.standard_normal(25)
+        x /= np.linalg.norm(x)
+        theta = x @ G @ x
+        r2 = np.sum((G @ x - theta * x) ** 2)
+        if 2 * theta > trace:
+            assert theta <= lam * (1 + 1e-14) and lam <= (theta + r2 / (2 * theta - trace)) * (1 + 1e-14)

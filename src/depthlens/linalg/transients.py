@@ -1,8 +1,10 @@
 """Power norms ``‖M^k‖₂``, the transient peak ``max_{k≥1} ‖M^k‖``, and the Kreiss–Spijker check.
 
 Every norm here is the largest singular value of an explicitly formed power, computed in
-float64 as ``√λ_max`` of the (rescaled) Gram matrix: exact up to rounding, about ``n·u``
-relative, and never a lower estimate from an iteration.
+float64 as ``√λ_max`` of the (rescaled) Gram matrix (:func:`spectral_norm`: a power iteration
+closed by a Kato–Temple certificate where one singular value dominates, else a partial
+eigensolve): exact up to rounding, about ``n·u`` relative, and never a lower estimate from an
+unfinished iteration.
 """
 
 from __future__ import annotations
@@ -24,22 +26,73 @@ __all__ = ["SpijkerCheck", "TransientResult", "peak_of_sequence", "peak_transien
 _EPS = np.finfo(np.float64).eps
 
 
-def spectral_norm(X: np.ndarray) -> float:
-    """``‖X‖₂`` as ``s·√λ_max((X/s)ᴴ(X/s))`` with ``s = max|X_ij|`` (no overflow, no underflow).
+#: Most power-iteration steps :func:`spectral_norm` takes before it falls back to the eigensolve.
+CERTIFIED_STEPS = 24
 
-    Relative accuracy about ``n·u`` (the largest singular value is well conditioned in the
-    Gram matrix); cost one product and one partial symmetric eigensolve, ``O(n³)``. A real
-    Gram matrix is formed by BLAS ``syrk`` (its lower triangle only, half the flops of a
-    general product; the same ``γ_n`` rounding bound).
+
+def spectral_norm(X: np.ndarray) -> float:
+    """``‖X‖₂`` as ``s·√λ₁`` with ``λ₁ = λ_max(G)``, ``G = YᴴY``, ``Y = X/s``, ``s = max|X_ij|``
+    (no overflow, no underflow).
+
+    First a certified power iteration on ``G`` (products with ``Y`` and ``Yᴴ``, ``O(n²)`` a
+    step, ``G`` never formed). With a unit iterate ``x``, ``θ = ‖Yx‖²`` and ``r = Gx − θx``:
+    ``θ ≤ λ₁`` (Rayleigh), and since ``G ⪰ 0`` has trace ``‖Y‖_F²``, ``λ₂ ≤ ‖Y‖_F² − λ₁ ≤
+    ‖Y‖_F² − θ =: α``; then every eigenvalue but ``λ₁`` lies at or below ``α``, so
+    ``(λ₁ − θ)(θ − α) ≤ ‖r‖²`` (Kato–Temple: ``xᴴ(G − α)(G − λ₁)x ≥ 0``), i.e.
+    ``λ₁ ≤ θ + ‖r‖²/(θ − α)`` whenever ``θ > α``. The iteration stops once that correction is
+    at most ``2u·θ`` and returns the upper end ``s·√(θ + ‖r‖²/(θ − α))``, within about ``u``
+    of ``s·√θ``. This needs a dominant singular value (``σ₁² > ‖X‖_F²/2``), which powers of
+    attention matrices have (every one of SmolLM2's, about 5 steps each). Otherwise, or after
+    :data:`CERTIFIED_STEPS` steps, the Gram matrix is formed by BLAS ``syrk`` (its lower
+    triangle, half the flops of a general product) and its largest eigenvalue computed by a
+    partial symmetric eigensolve, ``O(n³)``.
+
+    Either way the value is the largest singular value to about ``n·u`` relative (the rounding
+    of the products; the largest singular value is well conditioned in the Gram matrix) and
+    never a lower estimate from an unfinished iteration. The two paths agree within 1e-15
+    relative on SmolLM2's attention powers (``tests/linalg/test_transients.py``).
     """
-    s = float(np.max(np.abs(X)))
+    s = float(np.max(np.abs(X))) if X.size else 0.0
     if s == 0.0:
         return 0.0
     Y = X / s
+    lam = _certified_top_eigenvalue(Y)
+    if lam is None:
+        lam = _gram_top_eigenvalue(Y)
+    return s * math.sqrt(max(lam, 0.0))
+
+
+def _gram_top_eigenvalue(Y: np.ndarray) -> float:
+    """``λ_max(YᴴY)`` by the Gram matrix (``syrk`` for real ``Y``) and a partial eigensolve."""
     n = Y.shape[0]
     gram = _syrk(1.0, Y, trans=1, lower=1) if Y.dtype == np.float64 else Y.conj().T @ Y
-    lam = guarded.eigvalsh(gram, subset_by_index=(n - 1, n - 1))
-    return s * math.sqrt(max(float(lam[-1]), 0.0))
+    return float(guarded.eigvalsh(gram, subset_by_index=(n - 1, n - 1))[-1])
+
+
+def _certified_top_eigenvalue(Y: np.ndarray) -> float | None:
+    """``λ_max(YᴴY)`` from the power iteration of :func:`spectral_norm` (its upper end), or None
+    when the Kato–Temple certificate does not close within :data:`CERTIFIED_STEPS` steps."""
+    # the trace of G, rounded up: every term is non-negative, so the sum is within n²·u of it
+    trace = float(np.vdot(Y, Y).real) * (1.0 + 2.0 * Y.size * _EPS)
+    Yh = Y.conj().T
+    # a positive start (never orthogonal to the top right singular vector of a non-negative Y);
+    # the certificate holds whatever the start
+    x = np.abs(Y).sum(axis=0) + 1.0
+    x /= math.sqrt(float(np.vdot(x, x).real))
+    for _ in range(CERTIFIED_STEPS):
+        z = Y @ x
+        w = Yh @ z
+        theta = float(np.vdot(z, z).real)
+        gap = 2.0 * theta - trace  # θ − α
+        residual = w - theta * x
+        r2 = float(np.vdot(residual, residual).real)
+        if gap > 0.0 and r2 <= 2.0 * _EPS * theta * gap:
+            return theta + r2 / gap
+        norm = math.sqrt(float(np.vdot(w, w).real))
+        if norm == 0.0 or not math.isfinite(norm):
+            return None
+        x = w / norm
+    return None
 
 
 def _left_product(A: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
