@@ -75,16 +75,18 @@ class Factor:
         w = c if R is None else c / R.scale
         K = self.W.shape[1]
         dt = self.W.dtype
-        if self.alphas is not None:
+        if self.alphas is not None:  # in place: no (K, m) temporaries beyond S
             aw = torch.einsum("n,nik->ik", w, self.alphas)
-            S = sum(aw[i, :, None] * B for i, B in enumerate(self.Bs))
+            S = self.Bs[0] * aw[0, :, None]
+            for i in range(1, len(self.Bs)):
+                S.addcmul_(self.Bs[i], aw[i, :, None])
         elif self.A is not None:
             S = torch.einsum("n,nkm->km", w, self.A)
         else:
             S = torch.diag(w.sum().expand(K)).to(dt)
         if R is None:
             return S
-        S = S * R.gain
+        S.mul_(R.gain)
         gV = R.vecs * R.gain  # (N, c, m)
         if self.alphas is not None:  # A_n (g V_n)^T = sum_i alpha_in * (B_i (g V_n)^T)
             AV = sum(self.alphas[:, i, None, :] * (gV @ B.T) for i, B in enumerate(self.Bs))  # (N, c, K)
@@ -92,7 +94,9 @@ class Factor:
             AV = gV @ self.A.transpose(-1, -2)
         else:
             AV = gV
-        return S - torch.einsum("n,nck,ncm->km", w / R.m, AV, R.vecs)
+        # S -= sum_n (w_n / m) AV_n^T V_n, as one rank-(N c) update in place
+        left = (AV * (w / R.m)[:, None, None]).reshape(-1, AV.shape[-1])
+        return S.addmm_(left.T, R.vecs.reshape(-1, R.vecs.shape[-1]).to(S.dtype), alpha=-1.0)
 
     def _applied(self, c: Tensor) -> Tensor:
         """``W sum_n c_n A_n R_n`` (d, m): :meth:`_weighted` with ``W`` applied.
@@ -106,7 +110,9 @@ class Factor:
             return self.W @ self._weighted(c)
         w = c / R.scale
         WgV = (R.vecs * R.gain) @ self.W.T  # (N, c, d)
-        return self.W * (w.sum() * R.gain) - torch.einsum("n,ncd,ncm->dm", w / R.m, WgV, R.vecs)
+        left = (WgV * (w / R.m)[:, None, None]).reshape(-1, WgV.shape[-1])
+        out = self.W * (w.sum() * R.gain)
+        return out.addmm_(left.T, R.vecs.reshape(-1, R.vecs.shape[-1]).to(out.dtype), alpha=-1.0)
 
     def _rows(self, Z: Tensor) -> Tensor:
         """``Z_n A_n R_n`` for left vectors ``Z (N, c, K)``: (N, c, m)."""
