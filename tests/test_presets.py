@@ -22,10 +22,10 @@ TEXT = " ".join(f"Line {i} of a text about subject {i % 11}, with detail {i % 3}
 #: ``null_chunks``: 10 since the calibration harness showed A6 undecidable at 8 (A5 at 6), and
 #: ``ratio_seqs``: 16 (was 4) since A4's interval resamples the probe sequences; ``funnel_alphas``:
 #: {0, 0.5, 1} since the default computes what the claims and figures read (the METHODS grid is
-#: ``paper``'s).
+#: ``paper``'s), and for the same reason ``control_curves``: "first".
 HISTORICAL = {"chunks": 32, "seq_len": 128, "null_samples": 8, "null_chunks": 10, "extras_chunks": 1, "certify": "median",
               "probe_seqs": 128, "probe_len": 64, "ratio_seqs": 16, "jacobian_mode": "both", "funnel_rank": 512, "n_perm": 1000,
-              "funnel_alphas": (0.0, 0.5, 1.0), "funnel_curves": "read",
+              "funnel_alphas": (0.0, 0.5, 1.0), "funnel_curves": "read", "control_curves": "first", "control_seeds": 3,
               "topk": 20, "null": "init", "positions": "last", "null_mode": "spec"}
 
 
@@ -54,6 +54,7 @@ def test_paper_preset_is_the_methods_protocol() -> None:
     assert (paper.funnel_boot, paper.init_seeds) == (200, 3)  # B3 over three initialisations (METHODS B6)
     # B4: the five α of METHODS, and the Schur split of every checkpoint in every direction and truncation
     assert (paper.funnel_alphas, paper.funnel_curves) == ((0.0, 0.25, 0.5, 0.75, 1.0), "every")
+    assert paper.control_curves == "every"  # A7: every control seed at every clamp dose
 
 
 def test_explicit_values_override_the_preset(tmp_path: Path) -> None:

@@ -897,7 +897,8 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
     "massive": (("chunk", "layer", "boundary", "position", "dim"),
                 "One row per massive-activation entry (chunk, boundary, position, dimension) of the run's chunks."),
     "clamp": (("target", "seed", "arm", "alpha"),
-              "One row per clamp (target, control seed, arm, dose): cross-entropy and head averages under it."),
+              "One row per clamp (target, control seed, arm, dose): cross-entropy and head averages under it. "
+              "Control seeds after the first have the zero arm and α = 1 alone unless --control-curves every."),
     "clamp_heads": (("layer", "head", "target", "seed", "arm", "alpha"),
                     "One row per (head, clamp): sink mass and reserve of a head of a clamped layer under one clamp."),
     "clamp_dims": (("layer", "head", "target", "dim"),

@@ -278,6 +278,28 @@ def test_clamp_targets_pair_dims_and_name_the_missing_control() -> None:
     assert "ordinary" in cl.clamp_targets(plan, ordinary[:1], control_seeds=1, seed=0)[1]
 
 
+def test_control_curves_first_runs_the_later_seeds_zero_arm_alone() -> None:
+    """``--control-curves first`` (the default): the first control seed gets every dose and
+    the mean arm, the later seeds their zero arm (what the verdict reads) beside the shared
+    unclamped model; ``every`` gives each seed the first one's arms."""
+    plan = cl.ClampPlan(dims=(3, 8), emergence=(1, 2), from_layer=1, n_chunks=4)
+    targets, _ = cl.clamp_targets(plan, np.array([0, 1, 2, 4, 5, 6]), control_seeds=3, seed=0)
+
+    def runs(curves: str) -> dict[int, list[str]]:
+        units = clamp_stage._units(targets, (0.5,), curves)
+        return {s: [u.key for u in units if u.target.name == "control" and u.target.seed == s and u.source is None]
+                for s in range(3)}
+
+    every, first = runs("every"), runs("first")
+    assert every[0] == ["arm_control_0_dose_0", "arm_control_0_dose_0.5", "arm_control_0_mean_nan"]
+    assert first[0] == every[0] and every[1] == [k.replace("_0_", "_1_") for k in every[0]]
+    assert first[1] == ["arm_control_1_dose_0"] and first[2] == ["arm_control_2_dose_0"]
+    later = [u for u in clamp_stage._units(targets, (0.5,), "first") if u.target.name == "control" and u.target.seed]
+    assert [(u.arm, u.alpha, u.source) for u in later if u.target.seed == 1] == [
+        ("dose", 0.0, None), ("dose", 1.0, "arm_massive_-1_dose_1")]
+    assert ClampOptions().control_curves == "first" and RunConfig(preset="paper").control_curves == "every"
+
+
 def test_clamp_values_are_per_layer_clean_values() -> None:
     states = np.arange(5 * 2 * 3 * 4, dtype=np.float64).reshape(5, 2, 3, 4)  # L = 2
     first, sums, count = cl.layer_inputs_summary(states)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..errors import InputError
 from ..models.methods import ABLATION_METHODS, AblationMethod
@@ -63,6 +64,10 @@ class ClampOptions:
         each arm by exactly as much as the massive dimensions move, in a seeded random
         direction ± (the same Euclidean norm of the change at the first token, layer by layer);
         0 leaves the control out (the chain is then recorded as not tested)
+    control_curves : {"first", "every"}
+        which control seeds get every dose and the mean arm: first = the first seed (the
+        others get the zero arm alone, which the verdict's control test reads, beside the
+        unclamped model); every = each seed (--preset paper)
     clamp_null_samples : int
         matched spec-null samples per attention matrix for the excess reserve Δ_TR
     seed : int
@@ -72,6 +77,7 @@ class ClampOptions:
     clamp_alphas: tuple[float, ...] = CLAMP_ALPHAS
     clamp_chunks: int = field(default=6, metadata={"min": 1})
     control_seeds: int = field(default=3, metadata={"min": 0})
+    control_curves: Literal["first", "every"] = "first"
     clamp_null_samples: int = field(default=2, metadata={"min": 1})
     seed: int = field(default=0, metadata={"derived": "seed"})
 

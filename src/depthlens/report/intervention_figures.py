@@ -33,8 +33,9 @@ CAPTIONS: dict[str, str] = {
         "The clamp chain: head-mean sink mass (left) and excess reserve Δ_TR (right) over the heads of the "
         "clamped layers, against the dose α (the massive entries at the first token set to α·value; α = 0 "
         "is the zero arm, α = 1 the unclamped model), for the massive dimensions (solid) and the random "
-        "ordinary-dimension controls (grey, dashed); the mean arm is a diamond at the right. Look for sink "
-        "mass falling with α → 0 and Δ_TR rising for the massive clamp, and flat control curves."
+        "ordinary-dimension controls (grey, dashed: the first control seed at every dose, the others at the "
+        "zero arm and α = 1 unless --control-curves every); the mean arm is a diamond at the right. Look for "
+        "sink mass falling with α → 0 and Δ_TR rising for the massive clamp, and flat control curves."
     ),
     "contest": (
         "The feature-family contest: out-of-fold score (AUROC for routing identity, Spearman for the "

@@ -19,16 +19,19 @@ Phases, each in resumable units:
    one, those rows are copies of the massive zero arm and of the unclamped model). The control
    (``control_seeds`` seeds) moves as many random ordinary dims (never massive anywhere) by
    the massive dims' own changes (:func:`~.clamp.control_values`); its α = 1 rows are the
-   unclamped model's. Measures: cross-entropy with the clamp active, and per head of layers
+   unclamped model's. With ``control_curves`` ``first`` (the default) only the first seed gets
+   every dose and the mean arm, the others the zero arm alone (what the verdict reads). Measures: cross-entropy with the clamp active, and per head of layers
    ≥ ``from_layer`` the sink mass and, for the doses 0 and 1 and the mean arm, TR1 and Δ_TR
    against ``clamp_null_samples`` spec nulls (Kreiss searches in the worker pool; medians
    over the clamp chunks).
 4. The verdict (:func:`~depthlens.interventions.clamp_verdict.chain_verdict`) goes to ``interventions.json``.
 
-Cost: the chain runs ``A + 1`` arm units for the massive clamp and ``A`` per control seed
-(``A`` doses counting 0 and 1), ``3 + 2·seeds`` of them with reserves (the Kreiss searches,
-most of the time); the per-dimension tests add ``2·n`` units, all with reserves, for
-``n ≥ 2`` massive dims (none for one).
+Cost: the chain runs ``A + 1`` arm units for the massive clamp (``A`` doses counting 0 and 1,
+and the mean arm) and ``A`` per control seed (its α = 1 is the unclamped model's, not run
+again), ``3 + 2·seeds`` of them with reserves (the Kreiss searches, most of the time); with
+``control_curves`` ``first`` each seed after the first runs its zero arm alone (one unit, with
+reserves). The per-dimension tests add ``2·n`` units, all with reserves, for ``n ≥ 2`` massive
+dims (none for one).
 
 Memory: one batch's residual states (``(2L+1)·B·T·d`` float64) in phase 1; in phase 3 the
 attention matrices of at most :data:`MAX_PENDING` + 1 arms wait for the workers.
@@ -117,7 +120,7 @@ def run(context: StageContext) -> None:
         ids = context.chunks.take(slice(0, opts.clamp_chunks))
         targets, control_reason = cl.clamp_targets(plan, cl.ordinary_dims(massive, adapter.d_model),
                                                    opts.control_seeds, opts.seed)
-        units = _units(targets, opts.clamp_alphas)
+        units = _units(targets, opts.clamp_alphas, opts.control_curves)
         with executor(context.execution, context.run_dir.root) as pool:
             done = _arm_phase(context, pool, ids, plan, [u for u in units if u.source is None], batch_size, quiet)
     if not done:
@@ -226,18 +229,24 @@ class _Unit:
         return {"target": t.name, "seed": t.seed, "dim": t.dim, "arm": self.arm, "alpha": self.alpha}
 
 
-def _units(targets: list[cl.Target], alphas: tuple[float, ...]) -> list[_Unit]:
+def _units(targets: list[cl.Target], alphas: tuple[float, ...], control_curves: str = "every") -> list[_Unit]:
     """One unit per (target, arm, dose): every dose and the mean arm for ``massive`` and
-    ``control``, the zero arm for ``alone`` and ``left_out``. A unit that repeats another
-    clamp exactly gets it as ``source``: α = 1 and clamping no dim are the unclamped model
-    (the massive α = 1 unit), and a dim alone when it is the only massive dim is the massive
+    ``control`` (with ``control_curves`` ``first``, the control seeds after the first get the
+    zero arm and α = 1 only: the verdict reads their zero arms, the figure the first seed's
+    curve), the zero arm for ``alone`` and ``left_out``. A unit that repeats another clamp
+    exactly gets it as ``source``: α = 1 and clamping no dim are the unclamped model (the
+    massive α = 1 unit), and a dim alone when it is the only massive dim is the massive
     clamp."""
     massive = targets[0]
     reference = _Unit(massive, "dose", 1.0).key
     out = []
     for target in targets:
-        arms = ([("dose", 0.0)] if target.name in ("alone", "left_out")
-                else [*(("dose", a) for a in cl.arm_alphas(alphas)), ("mean", math.nan)])
+        if target.name in ("alone", "left_out"):
+            arms = [("dose", 0.0)]
+        elif target.name == "control" and target.seed > 0 and control_curves == "first":
+            arms = [("dose", 0.0), ("dose", 1.0)]
+        else:
+            arms = [*(("dose", a) for a in cl.arm_alphas(alphas)), ("mean", math.nan)]
         for arm, alpha in arms:
             unit = _Unit(target, arm, alpha)
             if target.name != "massive" and (unit.reference or not target.dims):
