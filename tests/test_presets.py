@@ -25,7 +25,8 @@ TEXT = " ".join(f"Line {i} of a text about subject {i % 11}, with detail {i % 3}
 #: ``paper``'s), and for the same reason ``control_curves``: "first".
 HISTORICAL = {"chunks": 32, "seq_len": 128, "null_samples": 8, "null_chunks": 10, "extras_chunks": 1, "certify": "median",
               "probe_seqs": 128, "probe_len": 64, "ratio_seqs": 16, "jacobian_mode": "both", "funnel_rank": 512, "n_perm": 1000,
-              "funnel_alphas": (0.0, 0.5, 1.0), "funnel_curves": "read", "control_curves": "first", "control_seeds": 3,
+              "funnel_alphas": (0.0, 0.5, 1.0), "funnel_curves": "read", "control_curves": "first",
+              "control_seeds": 3,
               "topk": 20, "null": "init", "positions": "last", "null_mode": "spec"}
 
 

@@ -20,8 +20,9 @@ Phases, each in resumable units:
    (``control_seeds`` seeds) moves as many random ordinary dims (never massive anywhere) by
    the massive dims' own changes (:func:`~.clamp.control_values`); its α = 1 rows are the
    unclamped model's. With ``control_curves`` ``first`` (the default) only the first seed gets
-   every dose and the mean arm, the others the zero arm alone (what the verdict reads). Measures: cross-entropy with the clamp active, and per head of layers
-   ≥ ``from_layer`` the sink mass and, for the doses 0 and 1 and the mean arm, TR1 and Δ_TR
+   every dose and the mean arm, the others the zero arm alone (what the verdict reads).
+   Measures: cross-entropy with the clamp active, and per head of layers ≥ ``from_layer`` the
+   sink mass and, for the doses 0 and 1 and the mean arm, TR1 and Δ_TR
    against ``clamp_null_samples`` spec nulls (Kreiss searches in the worker pool; medians
    over the clamp chunks).
 4. The verdict (:func:`~depthlens.interventions.clamp_verdict.chain_verdict`) goes to ``interventions.json``.
@@ -229,7 +230,7 @@ class _Unit:
         return {"target": t.name, "seed": t.seed, "dim": t.dim, "arm": self.arm, "alpha": self.alpha}
 
 
-def _units(targets: list[cl.Target], alphas: tuple[float, ...], control_curves: str = "every") -> list[_Unit]:
+def _units(targets: list[cl.Target], alphas: tuple[float, ...], control_curves: str) -> list[_Unit]:
     """One unit per (target, arm, dose): every dose and the mean arm for ``massive`` and
     ``control`` (with ``control_curves`` ``first``, the control seeds after the first get the
     zero arm and α = 1 only: the verdict reads their zero arms, the figure the first seed's
