@@ -226,6 +226,7 @@ def census(
     text: str = "python-docs",
     revisions: Sequence[str] = (),
     compare: Sequence[str] = (),
+    replicates: Sequence[str] = (),
     stages: Sequence[str] = ("attention", "jacobian", "topology"),
     out: str | Path | None = None,
     if_exists: str = "resume",
@@ -250,6 +251,9 @@ def census(
         them; a folder takes them to pick some of its checkpoints).
     compare : sequence of str
         Further series censused beside ``model`` (e.g. a LayerNorm family against an RMSNorm one).
+    replicates : sequence of str
+        Series of ``model``'s configuration trained with other seeds, pooled with it by the
+        census claims (C1's layers, C3's boundaries).
     stages, out, if_exists, preset, claims, jobs, executor, slurm_params, quiet, **options
         As for :func:`analyse`; each checkpoint's run is ``OUT/checkpoints/SERIES/CHECKPOINT``.
     delete_cache : bool
@@ -264,7 +268,8 @@ def census(
     from .census.runner import run_census
 
     config = RunConfig(preset=preset, model=str(model), text=str(text), revisions=tuple(revisions), **options)
-    census_options = CensusOptions(census_stages=tuple(stages), compare=tuple(map(str, compare)))
+    census_options = CensusOptions(census_stages=tuple(stages), compare=tuple(map(str, compare)),
+                                   replicates=tuple(map(str, replicates)))
     with _target(out, "depthlens-census-", if_exists, quiet, jobs, executor, slurm_params) as (root, mode, execution):
         path = run_census(config, census_options, root, run_mode=mode, execution=execution, delete_cache=delete_cache,
                           claims=claims)

@@ -768,8 +768,11 @@ _OPTIONAL: dict[str, dict[str, str]] = {
 
 
 _SERIES = {
-    "series": Column("The checkpoint series (`--model` of the census, or one of `--compare`; a run's own model "
-                     "for a run with `--revisions`).", "text"),
+    "series": Column("The checkpoint series (`--model` of the census, or one of `--replicates` or `--compare`; a "
+                     "run's own model for a run with `--revisions`).", "text"),
+    "replicate": Column("0 for `--model` (a run's own model), k for the k-th series of `--replicates` (the same "
+                        "configuration, another seed: the census claims pool it with `--model`), -1 for a "
+                        "`--compare` series.", "integer"),
     "checkpoint": Column("The checkpoint: its revision or `step-N` folder name (in a run with `--revisions`: "
                          "`init`, a revision, or `trained`).", "text"),
     "step": Column("Training step the checkpoint's name carries (`step-N`, `stepN`, `stage1-stepN-…`); NaN when it "

@@ -251,3 +251,22 @@ def test_delete_cache_removes_only_that_revision(tmp_path: Path) -> None:
     assert delete_cached_revision("org/tiny", "step1", tmp_path / "hub") == 0
     assert delete_cached_revision("org/other", "step2", tmp_path / "hub") == 0
     shutil.rmtree(tmp_path / "hub")
+
+
+def test_replicates_share_the_steps_and_are_marked_for_pooling(tmp_path: Path, text_file: Path) -> None:
+    first, second = _series(tmp_path / "first", steps=(0, 10)), _series(tmp_path / "second", steps=(0, 10))
+    other = _series(tmp_path / "other", steps=(0, 5))
+    target = tmp_path / "never"
+    assert main(["census", "--model", str(first), "--replicates", str(other), "--census-stages", "attention",
+                 "--text", str(text_file), "--out", str(target), "--quiet"]) == 2  # steps 0, 5 against 0, 10
+    assert not target.exists()
+    with pytest.raises(InputError, match="both in --compare and in --replicates"):
+        CensusOptions(replicates=(str(second),), compare=(str(second),))
+    out = run_census(_config(first, text_file),
+                     CensusOptions(census_stages=("attention",), replicates=(str(second),), compare=(str(other),)),
+                     tmp_path / "census", execution=QUIET)
+    expected = {str(first): 0, str(second): 1, str(other): -1}
+    for name in ("census", "census_heads"):
+        table = pd.read_parquet(out / "tables" / f"{name}.parquet")
+        assert table.groupby("series")["replicate"].unique().map(list).to_dict() == {
+            k: [v] for k, v in expected.items()}

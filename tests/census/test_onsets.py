@@ -138,3 +138,68 @@ def test_no_lag_is_inconclusive(tmp_path: Path) -> None:
     balanced = _run_with(tmp_path / "balanced", _series(formation, mixed))
     p, _ = compute_statistic("census_onset_lag_p", balanced)
     assert 0.05 < p < 0.95 and _verdict(balanced) == "inconclusive"
+
+
+def _replicated(n: int, formation: list[int], lag: int) -> pd.DataFrame:
+    """``n`` replicate series of :func:`_series` (other noise seeds), ``replicate`` 0 … n − 1."""
+    return pd.concat([_series(formation, [f + lag for f in formation], seed=r).assign(series=f"s{r}", replicate=r)
+                      for r in range(n)], ignore_index=True)
+
+
+def test_replicates_are_further_layers_and_keep_the_first_series_draws() -> None:
+    formation = [1, 2, 3, 2]  # two layers of two heads
+    pooled = head_onsets(_replicated(3, formation, 2))
+    assert pooled.groupby("replicate").size().tolist() == [4, 4, 4]
+    alone = head_onsets(_series(formation, [f + 2 for f in formation]))  # no replicate column: replicate 0
+    first = pooled[pooled["replicate"] == 0].reset_index(drop=True)
+    for a, b in zip(alone["null_lags"], first["null_lags"]):
+        np.testing.assert_array_equal(a, b)  # a single series draws as before replicates existed
+    other = pooled[pooled["replicate"] == 1].reset_index(drop=True)
+    assert not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(first["null_lags"], other["null_lags"]))
+    n, _, p = layer_lag_test(pooled)
+    per_unit = []  # the reference: the t-test over the (replicate, layer) means of u − ½
+    for (r, layer), g in pooled.groupby(["replicate", "layer"]):
+        u = []
+        for row in g.itertuples(index=False):
+            null = row.null_lags[np.isfinite(row.null_lags)]
+            entropy = [layer, row.head, *([r] if r else []), 1]
+            v = np.random.default_rng(np.random.SeedSequence(entropy)).random()
+            u.append(np.mean(null < row.lag - 1e-9) + v * np.mean(np.abs(null - row.lag) <= 1e-9) - 0.5)
+        per_unit.append(np.mean(u))
+    m = np.array(per_unit)
+    assert n == 6 == m.size and math.isclose(p, st.t.sf(m.mean() / (m.std(ddof=1) / np.sqrt(6)), 5))
+
+
+def test_the_census_claim_pools_replicates_and_not_compared_series(tmp_path: Path) -> None:
+    formation = [1, 2, 3, 2]  # two layers a series: below C1's minimum of 5 alone
+    one = _run_with(tmp_path / "one", _replicated(1, formation, 2))
+    assert _verdict(one) == "inconclusive"
+    three = _replicated(3, formation, 2)
+    pooled = _run_with(tmp_path / "three", three)
+    p, _ = compute_statistic("census_onset_lag_p", pooled)
+    assert p < 1e-3 and _verdict(pooled) == "supported"
+    compared = three.assign(replicate=three["replicate"].where(three["replicate"] == 0, -1))
+    assert _verdict(_run_with(tmp_path / "compared", compared)) == "inconclusive"  # --compare series: not pooled
+
+
+def test_coupling_counts_are_summed_over_replicates(tmp_path: Path) -> None:
+    from depthlens.report.statistics import STATISTICS
+    from depthlens.stats import trend_interval
+
+    rng = np.random.default_rng(5)
+    significant = rng.integers(0, 5, size=(3, 6)).astype(float)  # replicate × checkpoint
+    rows = [{"series": f"s{r}", "replicate": r, "order": k, "status": "done", "funnel_step0_over": np.nan,
+             "erank_full_depth": np.nan, "coupling_significant": significant[r, k], "coupling_tested": 8.0}
+            for r in range(3) for k in range(6)]
+    rows[3]["status"] = "failed"  # replicate 0's fourth checkpoint: that checkpoint leaves the trend
+    rows += [{**row, "series": "other", "replicate": -1, "coupling_significant": 8.0 - row["coupling_significant"]}
+             for row in rows[:6]]  # a --compare series: not pooled
+    (tmp_path / "tables").mkdir()
+    pd.DataFrame(rows).assign(model="m", revision="", text="t").to_parquet(tmp_path / "tables" / "census.parquet")
+    tables = RunTables(tmp_path)
+    keep = [0, 1, 2, 4, 5]
+    rho, lo, hi = trend_interval(significant.sum(axis=0)[keep], np.full(5, 24))
+    stat = STATISTICS["census_coupling_trend"]
+    estimate = stat.func(tables)
+    assert (estimate.value, estimate.lo, estimate.hi) == (rho, lo, hi)
+    assert stat.samples["boundaries"](tables) == 24 and stat.samples["checkpoints"](tables) == 5

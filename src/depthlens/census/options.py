@@ -26,10 +26,16 @@ class CensusOptions:
         depthlens train, or hub ids, which take the same --revisions); the report compares
         where their routing and sink heads and their reserve sit, e.g. a LayerNorm family
         against an RMSNorm one trained on the same data and seed
+    replicates : tuple of str
+        comma-separated further series of --model's configuration trained with other seeds
+        (folders written by depthlens train --seed S, with --model's checkpoint steps); the
+        census claims pool them with --model as independent units: C1 tests the layers of
+        every replicate, C3 sums each checkpoint's coupling counts over them
     """
 
     census_stages: tuple[str, ...] = CENSUS_STAGES
     compare: tuple[str, ...] = ()
+    replicates: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         from ..stages import STAGES
@@ -37,6 +43,11 @@ class CensusOptions:
         check_fields(self)
         object.__setattr__(self, "census_stages", tuple(self.census_stages))
         object.__setattr__(self, "compare", tuple(self.compare))
+        object.__setattr__(self, "replicates", tuple(self.replicates))
+        both = sorted(set(self.compare) & set(self.replicates))
+        if both:
+            raise InputError(f"{both[0]} is both in --compare and in --replicates; a series is compared (another "
+                             "configuration) or pooled (the same configuration, another seed), not both.")
         unknown = [s for s in self.census_stages if s not in STAGES]
         if unknown or not self.census_stages:
             raise InputError(f"--census-stages {','.join(self.census_stages) or '(none)'} is invalid; pass stages of "

@@ -33,7 +33,7 @@ from ..collection import Member, close_collection, open_collection, visit
 from ..config import RunConfig
 from ..executors import Execution
 from ..data import Chunks, as_chunks
-from ..errors import DepthlensError
+from ..errors import DepthlensError, InputError
 from ..models import LoadedModel, load_model
 from ..models.finite import check_finite_weights
 from ..models.local import declared_context
@@ -103,14 +103,35 @@ def census_hash(config: RunConfig, options: CensusOptions) -> str:
 
 
 def _series(config: RunConfig, options: CensusOptions) -> dict[str, list[Checkpoint]]:
-    """Every series of the census (``--model``, then ``--compare``), resolved."""
+    """Every series of the census (``--model``, ``--replicates``, then ``--compare``), resolved.
+
+    Raises
+    ------
+    InputError
+        A replicate whose checkpoint steps differ from ``--model``'s (the claims pool
+        replicates checkpoint by checkpoint).
+    """
     out: dict[str, list[Checkpoint]] = {}
-    for spec in (config.model, *options.compare):
+    for spec in (config.model, *options.replicates, *options.compare):
         if spec in out:
             continue
         local = Path(spec).expanduser().is_dir()
-        out[spec] = resolve_series(spec, () if local and spec != config.model else config.revisions)
+        own = local and spec != config.model and spec not in options.replicates
+        out[spec] = resolve_series(spec, () if own else config.revisions)
+    steps = [c.step for c in out[config.model]]
+    for spec in options.replicates:
+        if [c.step for c in out[spec]] != steps:
+            raise InputError(f"--replicates {spec} has checkpoints at steps {[c.step for c in out[spec]]}, --model "
+                             f"{config.model} at {steps}; pass series trained with the same options and another "
+                             "--seed.")
     return out
+
+
+def _replicate(spec: str, config: RunConfig, options: CensusOptions) -> int:
+    """0 for ``--model``, k for the k-th of ``--replicates``, −1 for a ``--compare`` series."""
+    if spec == config.model:
+        return 0
+    return options.replicates.index(spec) + 1 if spec in options.replicates else -1
 
 
 def _folders(series: dict[str, list[Checkpoint]]) -> dict[str, str]:
@@ -160,7 +181,8 @@ def _check_local_series(series: dict[str, list[Checkpoint]], configs: dict[tuple
 def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_mode: RunMode = RunMode.NEW,
                execution: Execution = Execution(), delete_cache: bool = False,
                claims: str | Path | None = None) -> Path:
-    """Run the census of ``config.model`` (and ``options.compare``) into ``out``; return its path.
+    """Run the census of ``config.model`` (with ``options.replicates`` and ``options.compare``)
+    into ``out``; return its path.
 
     Every input is checked before anything is written: the series resolve, every stage's
     sizes pass (:func:`depthlens.workflow.check_plan` on the first checkpoint's
@@ -211,8 +233,9 @@ def run_census(config: RunConfig, options: CensusOptions, out: str | Path, run_m
     for spec, ckpts in series.items():
         for ckpt in ckpts:
             execution.say(f"census: {folders[spec]} {ckpt.label} ({len(points) + 1}/{total})")
-            points.append(_visit(run_dir, spec, folders[spec], ckpt, configs[(spec, ckpt.label)], plan, execution,
-                                 delete_cache))
+            point = _visit(run_dir, spec, folders[spec], ckpt, configs[(spec, ckpt.label)], plan, execution,
+                           delete_cache)
+            points.append(dataclasses.replace(point, replicate=_replicate(spec, config, options)))
     not_done = {p.checkpoint: p.error for p in points if p.status != "done"}
     return close_collection(run_dir, STAGE, census_tables(points, config.text), not_done,
                             lambda: render_report(run_dir.root, claims_path=claims))

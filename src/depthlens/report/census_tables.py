@@ -61,6 +61,9 @@ class Point:
     family, norm : str
         Its architecture family and normalisation kind (``RMSNorm``, ``LayerNorm``; "" when
         not loaded).
+    replicate : int
+        0 for the census's ``--model`` (and a run's own model), k for the k-th series of
+        ``--replicates`` (pooled with it by the census claims), −1 for a ``--compare`` series.
     """
 
     series: str
@@ -75,6 +78,7 @@ class Point:
     source: str = "trained"
     family: str = ""
     norm: str = ""
+    replicate: int = 0
 
 
 def _rows(tables: RunTables | None, name: str, checkpoint: str) -> pd.DataFrame | None:
@@ -162,7 +166,7 @@ def census_tables(points: list[Point], text: str) -> dict[str, pd.DataFrame]:
         reference, replicates, source = _step0(members)
         for order, p in enumerate(members):
             ident = {"model": p.model, "revision": p.revision, "text": text, "series": series,
-                     "checkpoint": p.checkpoint, "step": p.step, "order": order}
+                     "replicate": p.replicate, "checkpoint": p.checkpoint, "step": p.step, "order": order}
             summary = _summary(p) if p.status != "failed" else {}
             last = summary.get("erank_full_depth", math.nan)
             lo, hi = _step0_interval(replicates, p, source) if p.status != "failed" else (-math.inf, math.inf)
@@ -178,7 +182,8 @@ def census_tables(points: list[Point], text: str) -> dict[str, pd.DataFrame]:
                 head_parts.append(part)
     census = pd.DataFrame(rows)
     heads = pd.concat(head_parts, ignore_index=True) if head_parts else pd.DataFrame(
-        columns=["model", "revision", "text", "series", "checkpoint", "step", "order", "layer", "head", *HEAD_COLUMNS])
+        columns=["model", "revision", "text", "series", "replicate", "checkpoint", "step", "order", "layer", "head",
+                 *HEAD_COLUMNS])
     heads["significant"] = heads["null_q"].astype(float) <= Q_LEVEL
     return {"census_heads": heads.reset_index(drop=True), "census": census}
 

@@ -342,24 +342,24 @@ def _census_summary(tables: RunTables) -> str:
     head group, and where heads sit in each series when there are several."""
     from .onsets import head_onsets
     from .census_figures import norm_placement
+    from .statistics.census import pooled
 
     census = tables.table("census")
     if census is None:
         return f'<p class="unavailable">Census not available ({esc(tables.why_missing("census"))}).</p>'
-    cols = [c for c in ("series", "checkpoint", "step", "status", "loss", "erank_full_depth", "funnel_step0_over",
+    cols = [c for c in ("series", "replicate", "checkpoint", "step", "status", "loss", "erank_full_depth", "funnel_step0_over",
                         "coupling_significant", "n_routing", "n_sink", "max_prev_token_score", "max_induction_score",
                         "error") if c in census.columns]
     out = ["<h3>Checkpoints</h3>" + _df_table(census[cols])]
     heads = tables.table("census_heads")
     if heads is not None and len(heads):
-        first = heads[heads["series"] == heads["series"].iloc[0]]
-        onsets = head_onsets(first)
+        onsets = head_onsets(pooled(tables, "census_heads"))
         if len(onsets):
             summary = onsets.groupby("group").agg(
                 heads=("head", "size"), formed=("formation_step", "count"),
                 median_formation_step=("formation_step", "median"), consolidated=("consolidation_step", "count"),
                 median_consolidation_step=("consolidation_step", "median"), median_lag=("lag", "median")).reset_index()
-            out.append("<h3>Onsets per head group (primary series)</h3>" + _df_table(summary))
+            out.append("<h3>Onsets per head group (primary series and its replicates)</h3>" + _df_table(summary))
         if heads["series"].nunique() > 1:
             out.append("<h3>Where heads and reserve sit, per series (last checkpoint)</h3>"
                        + _df_table(norm_placement(heads, census)))

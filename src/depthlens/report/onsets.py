@@ -122,17 +122,25 @@ def _group(final: Mapping[str, float], routing: float, sink: float) -> str | Non
     return None
 
 
+def _entropy(replicate: int, layer: int, head: int, *rest: int) -> list[int]:
+    """Seed entropy of a head's Monte Carlo draws: its layer and index, and its replicate
+    beyond the first series (so a single series draws as it did before replicates)."""
+    return [int(layer), int(head), *([int(replicate)] if replicate else []), *rest]
+
+
 def head_onsets(heads: pd.DataFrame, *, routing: float = 0.3, sink: float = 0.5) -> pd.DataFrame:
-    """Onsets of every grouped head of one series (:func:`step_onset` of its role score and of
-    its signed excess reserve) and the lag the rule gives under a common onset
-    (:func:`null_lags`, seeded per head by its layer and index, so deterministic).
+    """Onsets of every grouped head of one series, or of replicate series of one configuration
+    (:func:`step_onset` of its role score and of its signed excess reserve) and the lag the
+    rule gives under a common onset (:func:`null_lags`, seeded per head by its replicate, layer
+    and index, so deterministic).
 
     Parameters
     ----------
     heads : DataFrame
         One row per (checkpoint, layer, head) with ``order`` (the checkpoint's index in
         training order), ``step``, ``prev_token_score``, ``induction_score``, ``sink_mass`` and
-        ``delta_TR1``.
+        ``delta_TR1``; with replicates, also ``replicate`` (their series share the orders and
+        steps; without the column every row is replicate 0).
     routing, sink : float
         Role thresholds (the attention stage's defaults), which set the groups at the last
         checkpoint only.
@@ -140,21 +148,24 @@ def head_onsets(heads: pd.DataFrame, *, routing: float = 0.3, sink: float = 0.5)
     Returns
     -------
     DataFrame
-        One row per head in a group at the last checkpoint: ``layer``, ``head``, ``group``,
+        One row per head in a group at the last checkpoint: ``replicate``, ``layer``, ``head``, ``group``,
         ``formation_order``/``formation_step`` and ``consolidation_order``/
         ``consolidation_step`` (NaN when the series has no rising step), ``lag`` (in
         checkpoints; NaN unless both onsets exist), ``null_lags`` (the rule's lags under a true
         lag of 0, :func:`null_lags`; None with a NaN ``lag``) and ``expected_lag`` (their mean).
     """
-    cols = ["layer", "head", "group", "formation_order", "formation_step", "consolidation_order",
+    cols = ["replicate", "layer", "head", "group", "formation_order", "formation_step", "consolidation_order",
             "consolidation_step", "lag", "expected_lag", "null_lags"]
     if heads.empty:
         return pd.DataFrame(columns=cols)
+    if "replicate" not in heads.columns:
+        heads = heads.assign(replicate=0)
+    ids = ["replicate", "layer", "head"]
     orders = np.sort(heads["order"].unique())
     steps = heads.drop_duplicates("order").set_index("order")["step"].reindex(orders).to_numpy(dtype=float)
-    keys = heads[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"]).reset_index(drop=True)
+    keys = heads[ids].drop_duplicates().sort_values(ids).reset_index(drop=True)
     row = pd.Series(np.arange(len(keys)), index=pd.MultiIndex.from_frame(keys)).reindex(
-        pd.MultiIndex.from_frame(heads[["layer", "head"]])).to_numpy()
+        pd.MultiIndex.from_frame(heads[ids])).to_numpy()
     col = np.searchsorted(orders, heads["order"].to_numpy())
     wide = {}
     for name in ("prev_token_score", "induction_score", "sink_mass", "delta_TR1"):
@@ -162,7 +173,7 @@ def head_onsets(heads: pd.DataFrame, *, routing: float = 0.3, sink: float = 0.5)
         grid[row, col] = pd.to_numeric(heads[name], errors="coerce").to_numpy(dtype=float)
         wide[name] = grid
     rows = []
-    for i, (layer, head) in enumerate(keys.itertuples(index=False)):
+    for i, (replicate, layer, head) in enumerate(keys.itertuples(index=False)):
         series = {name: grid[i] for name, grid in wide.items()}
         final = {col: v[-1] for col, v in series.items()}
         if np.isnan(final["sink_mass"]):
@@ -175,8 +186,8 @@ def head_onsets(heads: pd.DataFrame, *, routing: float = 0.3, sink: float = 0.5)
         x, r = series[score][at], sign * series["delta_TR1"][at]
         f, c = step_onset(x), step_onset(r)
         null = None if f is None or c is None else null_lags(
-            x, r, f, np.random.default_rng(np.random.SeedSequence([int(layer), int(head)])))
-        rows.append({"layer": int(layer), "head": int(head), "group": group,
+            x, r, f, np.random.default_rng(np.random.SeedSequence(_entropy(replicate, layer, head))))
+        rows.append({"replicate": int(replicate), "layer": int(layer), "head": int(head), "group": group,
                      "formation_order": np.nan if f is None else float(orders[at[f]]),
                      "formation_step": np.nan if f is None else float(steps[at[f]]),
                      "consolidation_order": np.nan if c is None else float(orders[at[c]]),
@@ -188,7 +199,8 @@ def head_onsets(heads: pd.DataFrame, *, routing: float = 0.3, sink: float = 0.5)
 
 
 def layer_lag_test(onsets: pd.DataFrame) -> tuple[int, float, float]:
-    """``(n, median, p)`` of the calibrated lag over layers.
+    """``(n, median, p)`` of the calibrated lag over layers (of every replicate: a layer of
+    another seed's series is another independent unit).
 
     Each head's lag is placed in its own null distribution (its :func:`null_lags` draws, a
     true lag of 0 under the same rule) by the randomised probability integral transform
@@ -210,15 +222,17 @@ def layer_lag_test(onsets: pd.DataFrame) -> tuple[int, float, float]:
     (3, 1.0, 0.333)
     """
     paired = onsets[np.isfinite(pd.to_numeric(onsets["lag"], errors="coerce").to_numpy(dtype=float))]
+    if "replicate" not in paired.columns:
+        paired = paired.assign(replicate=0)
     means, excess = [], []
-    for layer, group in paired.groupby("layer", sort=True):
+    for (replicate, layer), group in paired.groupby(["replicate", "layer"], sort=True):
         shifts = []
         for row in group.itertuples(index=False):
             null = np.asarray(row.null_lags, dtype=float)
             null = null[np.isfinite(null)]
             if null.size == 0:
                 continue
-            v = np.random.default_rng(np.random.SeedSequence([int(layer), int(row.head), 1])).random()
+            v = np.random.default_rng(np.random.SeedSequence(_entropy(replicate, layer, row.head, 1))).random()
             shifts.append(float(np.mean(null < row.lag - 1e-9) + v * np.mean(np.abs(null - row.lag) <= 1e-9)) - 0.5)
         if shifts:
             means.append(float(np.mean(shifts)))

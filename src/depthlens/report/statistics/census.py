@@ -1,8 +1,11 @@
 """Statistics of a checkpoint census (the census claims C1–C3), read from the ``census`` and
 ``census_heads`` tables (:mod:`depthlens.report.census_tables`).
 
-They test the primary series: the first series of the census (a census with ``--compare``
-holds more, which the report compares but the claims do not pool).
+They test the primary series (the census's ``--model``; in a census without a ``replicate``
+column, its first series) pooled with its ``--replicates`` (the same configuration trained with
+other seeds: C1 takes their layers as further units, C3 sums each checkpoint's coupling
+counts over them; C2 reads the primary's last checkpoint). A ``--compare`` series is another
+configuration, which the report compares but the claims do not pool.
 """
 
 from __future__ import annotations
@@ -21,17 +24,26 @@ STATISTICS: dict[str, Statistic] = {}
 register = registrar(STATISTICS)
 
 
-def _primary(t: RunTables, name: str) -> pd.DataFrame:
-    """Rows of census table ``name`` of the primary series, in training order."""
+def pooled(t: RunTables, name: str) -> pd.DataFrame:
+    """Rows of census table ``name`` of the primary series and its replicates (``replicate``
+    ≥ 0; without that column, the first series), in training order within each."""
     df = t.table(name)
     require_columns(df, f"{name}.parquet", "series", "order")
+    if "replicate" in df.columns:
+        return df[numeric(df["replicate"]) >= 0].sort_values(["replicate", "order"], kind="stable")
     census = t.table("census")
     first = census["series"].iloc[0] if census is not None and len(census) else df["series"].iloc[0]
-    return df[df["series"] == first].sort_values("order")
+    return df[df["series"] == first].sort_values("order").assign(replicate=0)
+
+
+def _primary(t: RunTables, name: str) -> pd.DataFrame:
+    """Rows of census table ``name`` of the primary series alone, in training order."""
+    df = pooled(t, name)
+    return df[numeric(df["replicate"]) == 0]
 
 
 def _onsets(t: RunTables) -> pd.DataFrame:
-    heads = _primary(t, "census_heads")
+    heads = pooled(t, "census_heads")
     require_columns(heads, "census_heads.parquet", "prev_token_score", "induction_score", "sink_mass", "delta_TR1")
     return t.derived("census_onsets", lambda: head_onsets(heads))
 
@@ -43,7 +55,7 @@ def _lag_test(t: RunTables) -> tuple[int, float, float]:
 
 
 def _paired(t: RunTables) -> int | None:
-    """Layers with heads that have both onsets (the units of the C1 test)."""
+    """Layers (of every replicate) with heads that have both onsets (the units of the C1 test)."""
     if t.table("census_heads") is None:
         return None
     return _lag_test(t)[0]
@@ -56,12 +68,27 @@ def _checkpoints(t: RunTables) -> int | None:
     return int((_primary(t, "census")["status"] != "failed").sum())
 
 
+def _coupling(t: RunTables) -> tuple[np.ndarray, np.ndarray]:
+    """``(significant, tested)`` coupling boundaries per checkpoint in training order, summed
+    over the primary series and its replicates (NaN where a checkpoint of any of them failed
+    or has no coupling)."""
+    census = pooled(t, "census")
+    require_columns(census, "census.parquet", "status", "coupling_significant", "coupling_tested")
+    sums = []
+    for column in ("coupling_significant", "coupling_tested"):
+        value = np.where(census["status"] != "failed", numeric(census[column]), np.nan)
+        grid = pd.DataFrame({"order": census["order"].to_numpy(), "replicate": census["replicate"].to_numpy(),
+                             "value": value}).pivot(index="order", columns="replicate", values="value")
+        sums.append(grid.sum(axis=1, min_count=grid.shape[1]).to_numpy(dtype=float))
+    return sums[0], sums[1]
+
+
 def _boundaries(t: RunTables) -> int | None:
-    """The fewest coupling boundaries any checkpoint of the primary series tested."""
+    """The fewest coupling boundaries any checkpoint tested (summed over replicates)."""
     census = t.table("census")
     if census is None or "coupling_tested" not in census.columns:
         return None
-    tested = numeric(_primary(t, "census")["coupling_tested"])
+    tested = _coupling(t)[1]
     tested = tested[np.isfinite(tested)]
     return int(tested.min()) if tested.size else None
 
@@ -137,13 +164,12 @@ register("census_funnel_trend", ["census"],
     _trend("erank_full_depth", "a funnel (run the jacobian stage)"))
 @register("census_coupling_trend", ["census"],
           "B5 as a trend: Spearman rank correlation between training order and the number of FDR-significant "
-          "coupling boundaries per checkpoint (0 when the count never changes), with its resampling spread "
+          "coupling boundaries per checkpoint (summed over --replicates; 0 when the count never changes), with its "
+          "resampling spread "
           "(parametric bootstrap of each count among the checkpoint's tested boundaries, 95% interval).",
           samples={"checkpoints": _checkpoints, "boundaries": _boundaries})
 def _coupling_trend(t: RunTables) -> Estimate:
-    done = _done(t)
-    require_columns(done, "census.parquet", "coupling_tested")
-    counts, tested = numeric(done["coupling_significant"]), numeric(done["coupling_tested"])
+    counts, tested = _coupling(t)
     ok = np.isfinite(counts) & np.isfinite(tested)
     if ok.sum() < 3:
         raise TooLittleData(f"{int(ok.sum())} checkpoint(s) with coupling counts (run the topology stage); a trend "
