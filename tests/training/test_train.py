@@ -67,16 +67,20 @@ def test_log_spaced_checkpoints_and_schedule() -> None:
     assert resolve("induction", steps=7).steps == 7 and resolve(None).repeat_fraction == 0.0
 
 
-def test_the_census_preset_reaches_the_census_claims_minimums() -> None:
-    """The census preset's series can answer C1-C3: 2 boundaries a layer for C3's topology,
-    a layer for each of C1's paired layers, enough checkpoints for C2 and C3, and a context
-    that holds the default preset's chunks and probe (what it reaches is measured, not here)."""
+@pytest.mark.parametrize("preset", ["census", "replicates"])
+def test_the_census_presets_reach_the_census_claims_minimums(preset: str) -> None:
+    """The census preset's series, and the replicates preset's seeds pooled by ``census
+    --replicates``, can answer C1-C3: 2 boundaries a layer for C3's topology, a layer for each
+    of C1's paired layers, enough checkpoints for C2 and C3, and a context that holds the
+    default preset's chunks and probe (what they reach is measured, not here)."""
     from depthlens.attention.options import AttentionOptions
     from depthlens.report.claims import load_claims
+    from depthlens.training.presets import PRESET_SEEDS
 
     need = {c.id[:2]: dict(c.min_sample) for c in load_claims() if c.id[:2] in ("C1", "C2", "C3")}
-    options = resolve("census")
-    assert 2 * options.n_layers >= need["C3"]["boundaries"] and options.n_layers >= need["C1"]["paired_layers"]
+    options, seeds = resolve(preset), PRESET_SEEDS.get(preset, 1)
+    layers = seeds * options.n_layers
+    assert 2 * layers >= need["C3"]["boundaries"] and layers >= need["C1"]["paired_layers"]
     assert len(checkpoint_steps(options.steps, options.checkpoints)) >= max(need["C2"]["checkpoints"],
                                                                             need["C3"]["checkpoints"])
     assert max(RunConfig().seq_len, 1 + 2 * AttentionOptions().probe_len) <= options.seq_len

@@ -7,7 +7,7 @@ from typing import Any
 from ..errors import InputError
 from .options import TrainOptions
 
-__all__ = ["TRAINING_PRESETS", "resolve"]
+__all__ = ["PRESET_SEEDS", "TRAINING_PRESETS", "resolve"]
 
 #: Preset name -> the option values it sets (the others keep their defaults).
 #:
@@ -45,11 +45,19 @@ __all__ = ["TRAINING_PRESETS", "resolve"]
 #: left the training loss at 4.43 with no induction drop; and seed replicates, whose layers C1
 #: could pool, need the induction head to form in each, which none of seeds 0 and 1 did by 2000
 #: steps at lr 3e-3 (two series in parallel on one thread each: 6.9 min, 1.28 times the steps
-#: per second of one series on two threads). C1 is reached instead by seed replicates of the
-#: ``induction`` preset (``depthlens census --replicates``, whose layers C1 pools): seeds 0, 1
-#: and 2 each form a previous-token layer and an induction layer by step 1002, 6 paired layers
-#: in 19.8 min of training on 2 cores (6 min 36 s a series on a slow host), and C1 is decided
-#: (inconclusive, p = 0.76: the induction heads' reserve steps up before their score).
+#: per second of one series on two threads).
+#:
+#: ``replicates``: the census claims' minimums from seed replicates, which ``depthlens census
+#: --replicates`` pools (C1 takes their layers as independent units, C3 sums their coupling
+#: counts): the ``induction`` preset at half its batch, trained with :data:`PRESET_SEEDS` seeds
+#: (0 … 4), gives 10 layers (C1 needs 5 paired) and 20 boundaries a checkpoint (C3 needs 20).
+#: Measured on a slow 2-core host (where one ``induction`` series takes 6 min 36 s): seeds 0
+#: and 1 in parallel, one thread each, 5 min 38 s; seeds 2 and 3 likewise 5 min 25 s; seed 4 on
+#: two threads 3 min 22 s: 14.4 min in all. Every seed ends with a previous-token layer (0.34 to
+#: 0.45) and an induction layer (0.68 to 0.76); the census (13.7 min) pairs all 10 layers and
+#: decides C1 (inconclusive, p = 0.89), C2 (falsified, 1.12 [1.08, 1.22]) and C3 (falsified,
+#: ρ = −0.24 [−0.52, 0.31] over 20 boundaries). At the full batch three seeds took 19.8 min
+#: and pair 6 layers; at 1200 steps (seed 2, batch 32) no induction head formed.
 TRAINING_PRESETS: dict[str, dict[str, Any]] = {
     "induction": {"family": "llama", "n_layers": 2, "d_model": 128, "n_heads": 4, "d_ff": 512, "seq_len": 160,
                   "batch_size": 32, "steps": 2000, "lr": 1e-3, "warmup": 100, "checkpoints": 12,
@@ -58,6 +66,9 @@ TRAINING_PRESETS: dict[str, dict[str, Any]] = {
                "batch_size": 16, "steps": 1500, "lr": 2e-3, "warmup": 100, "checkpoints": 10,
                "text": "python-docs", "repeat_fraction": 0.75, "repeat_min": 8, "repeat_max": 64},
 }
+TRAINING_PRESETS["replicates"] = {**TRAINING_PRESETS["induction"], "batch_size": 16}
+#: Seeds a preset is meant to be trained with (0 … n − 1), as replicates of one census.
+PRESET_SEEDS: dict[str, int] = {"replicates": 5}
 
 
 def resolve(preset: str | None, **explicit: Any) -> TrainOptions:
