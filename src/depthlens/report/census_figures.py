@@ -35,7 +35,8 @@ CAPTIONS: dict[str, str] = {
         "the last checkpoint: previous-token or induction score ≥ 0.3, else sink mass ≥ 0.5). Solid: the group's "
         "mean role score (formation); dashed: the fraction of the group whose excess reserve Δ_TR is significant "
         "(BH q ≤ 0.05) with the role's sign (consolidation). Vertical lines: median sustained onsets of each. "
-        "Look for consolidation lines to the right of formation lines (claim C1)."
+        "Look for consolidation lines to the right of formation lines (claim C1). It draws the census's --model "
+        "series; C1 also pools the layers of its --replicates."
     ),
     "census_funnel": (
         "The funnel over training: full-depth effective rank of the cumulative Jacobian (backward, rank-"
