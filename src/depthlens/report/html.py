@@ -347,9 +347,9 @@ def _census_summary(tables: RunTables) -> str:
     census = tables.table("census")
     if census is None:
         return f'<p class="unavailable">Census not available ({esc(tables.why_missing("census"))}).</p>'
-    cols = [c for c in ("series", "replicate", "checkpoint", "step", "status", "loss", "erank_full_depth", "funnel_step0_over",
-                        "coupling_significant", "n_routing", "n_sink", "max_prev_token_score", "max_induction_score",
-                        "error") if c in census.columns]
+    cols = [c for c in ("series", "replicate", "checkpoint", "step", "status", "loss", "erank_full_depth",
+                        "funnel_step0_over", "coupling_significant", "n_routing", "n_sink", "max_prev_token_score",
+                        "max_induction_score", "error") if c in census.columns]
     out = ["<h3>Checkpoints</h3>" + _df_table(census[cols])]
     heads = tables.table("census_heads")
     if heads is not None and len(heads):

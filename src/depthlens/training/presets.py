@@ -59,15 +59,17 @@ __all__ = ["PRESET_SEEDS", "TRAINING_PRESETS", "resolve"]
 #: ρ = −0.24 [−0.52, 0.31] over 20 boundaries). At the full batch three seeds took 19.8 min
 #: and pair 6 layers; at 1200 steps (seed 2, batch 32) no induction head reached 0.3 (0.22 at
 #: the last step).
+_INDUCTION: dict[str, Any] = {"family": "llama", "n_layers": 2, "d_model": 128, "n_heads": 4, "d_ff": 512,
+                              "seq_len": 160, "batch_size": 32, "steps": 2000, "lr": 1e-3, "warmup": 100,
+                              "checkpoints": 12, "text": "python-docs", "repeat_fraction": 0.75, "repeat_min": 8,
+                              "repeat_max": 64}
 TRAINING_PRESETS: dict[str, dict[str, Any]] = {
-    "induction": {"family": "llama", "n_layers": 2, "d_model": 128, "n_heads": 4, "d_ff": 512, "seq_len": 160,
-                  "batch_size": 32, "steps": 2000, "lr": 1e-3, "warmup": 100, "checkpoints": 12,
-                  "text": "python-docs", "repeat_fraction": 0.75, "repeat_min": 8, "repeat_max": 64},
+    "induction": _INDUCTION,
     "census": {"family": "llama", "n_layers": 10, "d_model": 64, "n_heads": 4, "d_ff": 256, "seq_len": 160,
                "batch_size": 16, "steps": 1500, "lr": 2e-3, "warmup": 100, "checkpoints": 10,
                "text": "python-docs", "repeat_fraction": 0.75, "repeat_min": 8, "repeat_max": 64},
+    "replicates": {**_INDUCTION, "batch_size": 16},
 }
-TRAINING_PRESETS["replicates"] = {**TRAINING_PRESETS["induction"], "batch_size": 16}
 #: Seeds a preset is meant to be trained with (0 … n − 1), as replicates of one census.
 PRESET_SEEDS: dict[str, int] = {"replicates": 5}
 
