@@ -170,7 +170,9 @@ _MATRIX = {
                        "exact to 1e-10 relative"),
     "kreiss_B_upper": Column("Rigorous upper bound on K(B) from the power norms ‖B^k‖ (Neumann series of the "
                              "resolvent with a geometric tail); +inf when the powers do not fall below 1 "
-                             "within 20n + 100 steps.", "dimensionless; an upper bound with rounding allowances "
+                             "within 20n + 100 steps. Computed on the first `extras_chunks` chunks only (on every "
+                             "chunk with `certify` all; NaN elsewhere).",
+                             "dimensionless; an upper bound with rounding allowances "
                              "from |B|^k (forward-error bound of the computed powers; see linalg.kreiss_bound)"),
     "TR1": Column("Transient reserve TR1 = log K(B) (natural log of `kreiss_B`), the default reserve.",
                   "nats; as `kreiss_B`"),

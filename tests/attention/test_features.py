@@ -29,7 +29,9 @@ def test_matrix_features_certify_shares_the_search() -> None:
     A = random_causal_attention(14, np.random.default_rng(3), sink=1.0, prev=2.0)
     plain = matrix_features(A, extras=False)
     row = matrix_features(A, extras=False, certify=(1e-3, 10_000))
-    assert {k: row[k] for k in plain} == plain  # same search, same power bound
+    shared = [k for k in plain if k != "kreiss_B_upper"]  # the bound is computed with certify or extras only
+    assert {k: row[k] for k in shared} == {k: plain[k] for k in shared}  # same search
+    assert row["kreiss_B_upper"] == matrix_features(A, extras=True)["kreiss_B_upper"]  # same power bound
     bracket = certified_reserve(A, 1e-3, 10_000)
     assert {k: row[k] for k in bracket} == bracket
     assert row["kreiss_B_certified"] == 1.0 and row["kreiss_B_hi"] <= row["kreiss_B_upper"]
@@ -59,3 +61,32 @@ def test_certified_reserve_brackets_bruteforce_on_self_and_uniform_heads() -> No
         assert row["kreiss_B_certified"] == 1.0
         assert row["kreiss_B_lo"] <= ref * (1 + 1e-9) and ref <= row["kreiss_B_hi"]
         assert row["kreiss_B_hi"] <= row["kreiss_B_lo"] * (1 + 1e-3) * (1 + 1e-12)
+
+
+def test_matrix_features_bound_only_with_extras_and_the_peak_without_it() -> None:
+    """Without ``extras`` the power-norm bound is not computed (``kreiss_B_upper`` NaN), and
+    every other value is bit for bit the one with it: the transient peak then scans its own
+    powers instead of the bound's. The peak matches the largest dense 2-norm of the powers,
+    also for a head whose ρ(B) is within 1e-6 of 1 (no certificate within the scan)."""
+    from depthlens.attention.features import EPSILONS, matrix_features
+    from depthlens.linalg.causal import deflate
+
+    rng = np.random.default_rng(11)
+    slow = np.tril(np.full((24, 24), 1e-6 / 23)) + np.eye(24) * (1 - 1e-6)
+    slow[np.arange(1, 24), 0] += 1e-6 / 23
+    slow[0, 0] = 1.0
+    slow /= slow.sum(1, keepdims=True)
+    mats = [random_causal_attention(n, rng, sink=s, prev=p) for n, s, p in
+            ((12, 1.0, 2.0), (40, 3.0, 0.5), (64, 0.2, 4.0))] + [slow]
+    extra_only = {f"psr_B@{e:g}" for e in EPSILONS} | {f"TR4@{e:g}" for e in EPSILONS} | {
+        "num_abscissa_B", "num_radius_B", "kreiss_B_upper"}
+    for A in mats:
+        plain, full = matrix_features(A, extras=False), matrix_features(A, extras=True)
+        assert np.isnan(plain["kreiss_B_upper"]) and full["kreiss_B_upper"] >= full["kreiss_B"]
+        assert {k: v for k, v in plain.items() if k not in extra_only} == {
+            k: v for k, v in full.items() if k not in extra_only}
+        B = deflate(A)
+        k = int(plain["peak_k"])
+        dense = [np.linalg.norm(np.linalg.matrix_power(B, j), 2) for j in range(1, k + 200)]
+        assert abs(plain["peak_B"] - max(dense)) <= 1e-12 * max(dense)
+        assert abs(dense[k - 1] - plain["peak_B"]) <= 1e-12 * plain["peak_B"]

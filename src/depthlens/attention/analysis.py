@@ -5,7 +5,7 @@ rows and tables out. :mod:`depthlens.stages.attention` runs them over a model in
    per head.
 2. ``heads``: natural-text chunks in batches; for every matrix all A3 features, on the first
    ``null_chunks`` chunks ``null_samples`` matched nulls, on the first ``extras_chunks``
-   chunks the ε-pseudospectral radii and numerical range.
+   chunks the ε-pseudospectral radii, numerical range and power-norm upper bound on ``K(B)``.
 3. ``certify``: the certified ``K(B)`` bracket of each head's median chunk (or of every
    matrix with ``certify="all"``).
 4. ``induction``: for routing heads, the excess reserve of the probe with induction engaged,

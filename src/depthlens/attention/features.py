@@ -81,10 +81,14 @@ def matrix_features(
     A : ndarray, shape (n, n)
         Causal row-stochastic attention matrix (float64).
     extras : bool
-        Also compute the costlier ε-pseudospectral radii and numerical range of ``B``.
+        Also compute the costlier ε-pseudospectral radii, numerical range of ``B`` and
+        power-norm upper bound ``kreiss_B_upper`` (about half the matrix's time without it:
+        its scan runs until the Neumann series' tail is negligible, the transient peak's only
+        until a power contracts).
     certify : (rtol, max_evals), optional
         Also certify ``K(B)`` (the columns of :func:`certified_reserve`), from the same search
-        that gives ``kreiss_B`` and the same power bound that gives ``kreiss_B_upper``.
+        that gives ``kreiss_B`` and the same power bound that gives ``kreiss_B_upper`` (then
+        computed whatever ``extras``).
     rows : ndarray of bool, shape (n,), optional
         The analysed rows (query positions) of a prompt: ``sink_mass``, ``prev_weight`` and
         ``row_entropy`` average over them only (NaN when none qualifies); the operator
@@ -97,15 +101,17 @@ def matrix_features(
         henrici_B, henrici_B_rel, kreiss_A, kreiss_A_ok, perron_simple, kreiss_B,
         kreiss_B_upper, TR1, peak_B, peak_k, peak_certified, TR2``, and with ``extras``: ``psr_B@ε`` and
         ``TR4@ε`` for each ε, ``num_abscissa_B``, ``num_radius_B`` (NaN columns otherwise,
-        marked as not computed by the caller's ``extras`` flag); with ``certify`` also
-        ``kreiss_B_lo``, ``kreiss_B_hi``, ``kreiss_B_certified``.
+        marked as not computed by the caller's ``extras`` flag, and so is ``kreiss_B_upper``
+        without ``extras`` or ``certify``); with ``certify`` also ``kreiss_B_lo``,
+        ``kreiss_B_hi``, ``kreiss_B_certified``.
 
     Notes
     -----
     ``kreiss_B`` is the value of a global search (a lower bound, typically exact to 1e-10);
     ``kreiss_B_upper`` the rigorous power-norm upper bound (``inf`` when the powers do not
     fall below 1 within ``20n + 100``). ``peak_certified`` is 1 when ``peak_B`` is the
-    supremum over all powers (see :func:`transient_peak`). ``henrici`` uses the triangular
+    supremum over all powers (see :func:`transient_peak`); ``peak_B``, ``peak_k`` and
+    ``peak_certified`` are the same numbers whether or not the bound's scan is reused. ``henrici`` uses the triangular
     closed form (exact). ``norm_B`` is a dense SVD (exact to rounding).
     """
     A = check_causal_stochastic(A)
@@ -127,9 +133,9 @@ def matrix_features(
     out["perron_simple"] = float(simple)
     out["kreiss_A"] = k_a
     out["kreiss_A_ok"] = float(simple and k_a >= math.sqrt(n) * (1.0 - KREISS_A_RTOL))
-    kb = kreiss_b(B) if certify is None else _certified_kreiss_b(B, *certify)
+    kb = kreiss_b(B, upper=extras) if certify is None else _certified_kreiss_b(B, *certify)
     out["kreiss_B"] = kb.value
-    out["kreiss_B_upper"] = kb.upper
+    out["kreiss_B_upper"] = kb.upper if extras or certify is not None else math.nan
     out["TR1"] = math.log(kb.value)
     peak, k_peak, certified = transient_peak(B, kb)
     out["peak_B"] = peak

@@ -31,7 +31,8 @@ class AttentionOptions:
     null_chunks : int
         chunks (the first ones) that get nulls and null depth products
     extras_chunks : int
-        chunks (the first ones) that get pseudospectral radii and the numerical range
+        chunks (the first ones) that get pseudospectral radii, the numerical range and the
+        power-norm upper bound on K(B)
     certify : {"median", "all", "none"}
         which matrices get a certified Kreiss bracket: each head's median chunk, all, or none
     rtol : float
