@@ -253,7 +253,8 @@ def test_delete_cache_removes_only_that_revision(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path / "hub")
 
 
-def test_replicates_share_the_steps_and_are_marked_for_pooling(tmp_path: Path, text_file: Path) -> None:
+def test_replicates_share_the_steps_and_are_marked_for_pooling(tmp_path: Path, text_file: Path,
+                                                               capsys: pytest.CaptureFixture) -> None:
     first, second = _series(tmp_path / "first", steps=(0, 10)), _series(tmp_path / "second", steps=(0, 10))
     other = _series(tmp_path / "other", steps=(0, 5))
     target = tmp_path / "never"
@@ -262,6 +263,12 @@ def test_replicates_share_the_steps_and_are_marked_for_pooling(tmp_path: Path, t
     assert not target.exists()
     with pytest.raises(InputError, match="both in --compare and in --replicates"):
         CensusOptions(replicates=(str(second),), compare=(str(second),))
+    for flag in ("--replicates", "--compare"):  # a series named twice, or --model itself, is refused, not dropped
+        with pytest.raises(InputError, match=f"{flag} lists .* twice"):
+            CensusOptions(**{flag[2:]: (str(second), str(other), str(second))})
+        assert main(["census", "--model", str(first), flag, f"{second},{first}", "--census-stages", "attention",
+                     "--text", str(text_file), "--out", str(target), "--quiet"]) == 2
+        assert f"{flag} lists --model {first} itself" in capsys.readouterr().err and not target.exists()
     out = run_census(_config(first, text_file),
                      CensusOptions(census_stages=("attention",), replicates=(str(second),), compare=(str(other),)),
                      tmp_path / "census", execution=QUIET)

@@ -44,6 +44,10 @@ class CensusOptions:
         object.__setattr__(self, "census_stages", tuple(self.census_stages))
         object.__setattr__(self, "compare", tuple(self.compare))
         object.__setattr__(self, "replicates", tuple(self.replicates))
+        for flag, specs in (("--compare", self.compare), ("--replicates", self.replicates)):
+            twice = next((s for i, s in enumerate(specs) if s in specs[:i]), None)
+            if twice is not None:
+                raise InputError(f"{flag} lists {twice} twice; pass each series once.")
         both = sorted(set(self.compare) & set(self.replicates))
         if both:
             raise InputError(f"{both[0]} is both in --compare and in --replicates; a series is compared (another "

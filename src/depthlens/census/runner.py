@@ -108,13 +108,16 @@ def _series(config: RunConfig, options: CensusOptions) -> dict[str, list[Checkpo
     Raises
     ------
     InputError
-        A replicate whose checkpoint steps differ from ``--model``'s (the claims pool
-        replicates checkpoint by checkpoint).
+        ``--model`` itself in ``--replicates`` or ``--compare``, or a replicate whose
+        checkpoint steps differ from ``--model``'s (the claims pool replicates checkpoint by
+        checkpoint).
     """
+    for flag, specs in (("--replicates", options.replicates), ("--compare", options.compare)):
+        if config.model in specs:
+            raise InputError(f"{flag} lists --model {config.model} itself; the census always analyses --model (it is "
+                             f"replicate 0), so pass only the other series to {flag}.")
     out: dict[str, list[Checkpoint]] = {}
     for spec in (config.model, *options.replicates, *options.compare):
-        if spec in out:
-            continue
         local = Path(spec).expanduser().is_dir()
         own = local and spec != config.model and spec not in options.replicates
         out[spec] = resolve_series(spec, () if own else config.revisions)
