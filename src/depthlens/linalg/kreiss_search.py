@@ -19,8 +19,7 @@ certified branch and bound.
   one-dimensional and the branch and bound covers segments of ``(1, R)`` only (about 20×
   fewer cells and Cholesky certificates on attention matrices, n = 128).
 
-The spectrum classification and the deflated matrix come from
-:mod:`depthlens.linalg.kreiss_bound`.
+The spectrum classification and the deflated matrix come from :mod:`depthlens.linalg.kreiss_bound`.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ import scipy.optimize
 from scipy.linalg.lapack import dpotrf as _dpotrf, zpotrf as _zpotrf
 
 from . import guarded
+from ._brent import MAXFUN, XATOL, refine
 from ._kernels import signature_proposal
 from .kreiss_bound import UnitCircle
 from .sigma import TriangularForm
@@ -71,10 +71,13 @@ class Objective:
         return f
 
     def refine_axis(self, lo: float, hi: float) -> None:
-        """Bounded Brent (SciPy's, stopping at ``|Δt| ≈ 1.5·10⁻⁸·|t| + 10⁻¹⁰``) for the largest
-        ``f(1 + e^t)``, ``t ∈ [lo, hi]``, each point started from the previous one's right
-        singular vector: the points close in on one maximiser, and a cold start costs tens of
-        steps where ``σ_min ≈ σ₂`` (large ``r``)."""
+        """Bounded Brent (SciPy's, to ``|Δt| ≈ 1.5·10⁻⁸·|t| + 10⁻¹⁰``; compiled with the numba
+        engine, :func:`~._brent.refine`, SciPy's where a point needs the dense fallback) for the
+        largest ``f(1 + e^t)``, ``t ∈ [lo, hi]``, each point started from the previous one's right
+        singular vector (a cold start costs tens of steps where ``σ_min ≈ σ₂``)."""
+        found = refine(self.tf, lo, hi) if self.engine == "numba" else None
+        if found is not None:
+            return self.record(*found)
         start = None
 
         def neg(t: float) -> float:
@@ -87,7 +90,8 @@ class Objective:
             self.record(z, f)
             return -float(f[0])
 
-        scipy.optimize.minimize_scalar(neg, bounds=(lo, hi), method="bounded", options={"xatol": 1e-10})
+        scipy.optimize.minimize_scalar(neg, bounds=(lo, hi), method="bounded",
+                                       options={"xatol": XATOL, "maxiter": MAXFUN})
 
     def neg_log(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         """``−log f`` and its gradient in ``(t, θ)`` (``dσ = Re(c·dz)``, ``c = uᴴv``)."""
@@ -114,10 +118,8 @@ def _ratio(num: np.ndarray, sig: np.ndarray) -> np.ndarray:
 def _local_maxima(F: np.ndarray, k: int) -> list[tuple[int, int]]:
     """Indices of up to ``k`` largest grid values that are maxima of their 3×3 neighbourhood."""
     P = np.pad(F, 1, mode="constant", constant_values=-np.inf)
-    nb = np.max(
-        np.stack([P[1 + di : P.shape[0] - 1 + di, 1 + dj : P.shape[1] - 1 + dj] for di in (-1, 0, 1) for dj in (-1, 0, 1)]),
-        axis=0,
-    )
+    shifts = [P[1 + di : P.shape[0] - 1 + di, 1 + dj : P.shape[1] - 1 + dj] for di in (-1, 0, 1) for dj in (-1, 0, 1)]
+    nb = np.max(np.stack(shifts), axis=0)
     idx = np.argwhere(F >= nb)
     order = np.argsort(-F[idx[:, 0], idx[:, 1]])
     picks = [tuple(int(v) for v in idx[j]) for j in order[:k]]
@@ -132,10 +134,8 @@ def radial_points(circle: UnitCircle | None) -> np.ndarray:
     return (circle.lam[:, None] * (1.0 + np.array([1e-6, 1e-9]))[None]).ravel()
 
 
-def search(
-    tf: TriangularForm, engine: str, grid: tuple[int, int], starts: int, circle: UnitCircle | None,
-    axis: bool = False,
-) -> Objective:
+def search(tf: TriangularForm, engine: str, grid: tuple[int, int], starts: int, circle: UnitCircle | None,
+           axis: bool = False) -> Objective:
     """Coarse grid in ``t = log(|z|−1)`` over ``[log 10⁻³, log(2‖M‖+1)]`` (``grid[0]`` values)
     and ``arg z`` (``grid[1]`` angles over ``[0, π]`` for real ``M``, twice as many over the
     circle otherwise), then L-BFGS-B in ``(t, θ)`` from the ``starts`` best local maxima; plus

@@ -85,7 +85,9 @@ class TriangularForm:
         """Matrix size."""
         return int(self.L.shape[0])
 
-    def _split(self) -> tuple[np.ndarray, np.ndarray]:
+    def parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """``L``'s real part and its imaginary part (a ``(0, 0)`` array for a real ``L``), as
+        the kernels of :mod:`._kernels` take them."""
         if np.iscomplexobj(self.L):
             return np.ascontiguousarray(self.L.real), np.ascontiguousarray(self.L.imag)
         return self.L, np.empty((0, 0))
@@ -113,16 +115,15 @@ class TriangularForm:
 
         ``start``, a unit right singular vector of a nearby point (triangular basis), replaces
         the fixed start vector: mixed with it as warm starts within a batch are
-        (``start + 10⁻²·v0``, normalised), it starts the first point and is the admixture for
-        the others. Only the number of steps depends on it, not the stopping rule.
+        (``start + 10⁻²·v0``, normalised by the kernel), it starts the first point and is the
+        admixture for the others. Only the number of steps depends on it, not the stopping rule.
         """
         zs = np.ascontiguousarray(z, dtype=np.complex128).reshape(-1)
-        Lr, Li = self._split()
+        Lr, Li = self.parts()
         real = Li.size == 0 and not np.any(zs.imag) and (start is None or not np.any(start.imag))
         v0 = _start_vector(self.n, real=real)
         if start is not None:
             v0 = start + _WARM_MIX * v0
-            v0 = v0 / np.linalg.norm(v0)
         run = sigma_min_batch if engine == "numba" else sigma_min_batch_numpy
         sig, UL, VL, iters, r1, r2, conv = run(
             Lr, Li, zs, v0, float(tol), int(maxiter), bool(warm), bool(vectors), bool(residuals)
