@@ -111,8 +111,9 @@ def matrix_features(
     ``kreiss_B_upper`` the rigorous power-norm upper bound (``inf`` when the powers do not
     fall below 1 within ``20n + 100``). ``peak_certified`` is 1 when ``peak_B`` is the
     supremum over all powers (see :func:`transient_peak`); ``peak_B``, ``peak_k`` and
-    ``peak_certified`` are the same numbers whether or not the bound's scan is reused. ``henrici`` uses the triangular
-    closed form (exact). ``norm_B`` is a dense SVD (exact to rounding).
+    ``peak_certified`` are the same numbers whether or not the bound's scan is reused.
+    ``henrici`` uses the triangular closed form (exact). ``norm_B`` is a dense SVD (exact to
+    rounding).
     """
     A = check_causal_stochastic(A)
     B = deflate(A)

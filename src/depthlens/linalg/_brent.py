@@ -46,15 +46,11 @@ def _ratio_at(Lr, Li, t, start, v0, tol, maxiter, out_v):  # pragma: no cover - 
     r = 1.0 + math.exp(t)
     zs = np.empty(1, dtype=np.complex128)
     zs[0] = complex(r, 0.0)
-    w = np.empty(v0.shape[0], dtype=np.complex128)
-    for i in range(v0.shape[0]):  # numpy's start + _WARM_MIX * v0 (a complex product with 0j)
-        a = v0[i]
-        w[i] = start[i] + complex(_WARM_MIX * a.real - 0.0 * a.imag, _WARM_MIX * a.imag + 0.0 * a.real) \
-            if start.shape[0] else a
+    w = start + _WARM_MIX * v0 if start.shape[0] else v0
     sig, _, V, _, _, _, conv = sigma_min_batch(Lr, Li, zs, w, tol, maxiter, True, True, False)
     out_v[:] = V[0]
     s = sig[0]
-    f = (abs(r) - 1.0) / s if s > 0.0 else np.inf
+    f = (r - 1.0) / s if s > 0.0 else np.inf
     return r, f, conv[0]
 
 
