@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from depthlens.errors import InputError
-from depthlens.jacobian import bootstrap
+from depthlens.jacobian import bootstrap, cumulative
 from depthlens.jacobian.bootstrap import bootstrap_weights, funnel_bootstrap, mean_of_chunks, resampled_means
 from depthlens.jacobian.cumulative import cumulative_ends, cumulative_ranks
 from depthlens.jacobian.engines import chunk_operator_sums, input_state, mean_operators, sublayer_jacobian_sum
@@ -105,6 +105,48 @@ def test_ends_of_huge_products_keep_their_ranks(rng: np.random.Generator) -> Non
     ops = [1e8 * (np.eye(6) + rng.standard_normal((6, 6)) / 3) for _ in range(60)]
     ends, _ = cumulative_ends(([J] for J in reversed(ops)), 60, "backward", 3)
     np.testing.assert_allclose(ends[0], _ends(ops, "backward", 3), rtol=1e-10)
+
+
+def test_ends_run_blas_one_thread_a_call_and_catch_non_finite_products(rng: np.random.Generator,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the products advance, NumPy's BLAS runs one thread per call (so the bits depend on
+    no thread count); ``checked`` skips the per-operator check, and a non-finite product still
+    raises, real or complex."""
+    from threadpoolctl import threadpool_info
+
+    seen: list[int] = []
+    push = cumulative._Accumulator.push
+
+    def spy(self, J, measure=True):
+        seen.extend(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+        return push(self, J, measure)
+
+    monkeypatch.setattr(cumulative._Accumulator, "push", spy)
+    ops = [np.eye(4) + rng.standard_normal((4, 4)) / 3 for _ in range(3)]
+    ends, _ = cumulative_ends(([J] for J in ops), 3, threads=2)
+    assert seen and set(seen) == {1}
+    checked, _ = cumulative_ends(([J] for J in ops), 3, checked=True)
+    assert np.array_equal(checked, ends)
+    bad = [ops[0], np.full((4, 4), np.nan), ops[2]]
+    with pytest.raises(InputError, match=r"steps\[1\]\[0\] has a non-finite entry"):
+        cumulative_ends(([J] for J in bad), 3)
+    for dtype in (np.float64, np.complex128):
+        with pytest.raises(InputError, match="overflowed"):
+            cumulative_ends(([J.astype(dtype)] for J in bad), 3, checked=True)
+    for x in (rng.standard_normal((5, 3)), rng.standard_normal((5, 3)) + 1j * rng.standard_normal((5, 3))):
+        assert cumulative._peak(x) == np.abs(x).max()
+        for value in (np.nan, np.inf, -np.inf):
+            y = x.copy()
+            y[2, 1] = value
+            assert not np.isfinite(cumulative._peak(y))
+
+
+def test_bootstrap_names_a_sub_layer_with_a_non_finite_chunk_sum(rng: np.random.Generator) -> None:
+    sums = [rng.standard_normal((3, 4, 4)) for _ in range(2)]
+    sums[1][2, 0, 3] = np.inf
+    with pytest.raises(InputError, match=r"chunk sums of \(0, 'attn'\) has a non-finite entry"):
+        funnel_bootstrap((((1 - b, kind), S, np.ones(3)) for b, (kind, S) in enumerate(zip(("mlp", "attn"), sums))),
+                         bootstrap_weights(3, 4, seed=0), 2)
 
 
 def test_ends_refuse_bad_steps(rng: np.random.Generator) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InputError
+from ..linalg._checks import as_square
 from .cumulative import cumulative_ends
 
 __all__ = ["BOOT_TAG", "bootstrap_weights", "funnel_bootstrap", "mean_of_chunks", "means_buffer", "resampled_means"]
@@ -195,13 +196,14 @@ def funnel_bootstrap(sums: Iterable[tuple[Any, np.ndarray, np.ndarray]], weights
     def steps() -> Iterator[Iterator[np.ndarray]]:
         buffer = None  # one block array for every sub-layer: each step is used up before the next
         for key, S, counts in sums:
-            point = mean_of_chunks(S, counts)
+            # a non-finite chunk sum makes the point mean non-finite: one check covers every replicate
+            point = as_square(mean_of_chunks(S, counts), f"the mean of the chunk sums of {key!r}")
             if out is not None:
                 out[key][...] = point
             if buffer is None:
                 buffer = np.empty(means_buffer(len(w), point.shape[0]), dtype=np.float64)
             yield itertools.chain((point,), resampled_means(S, counts, w, buffer))
 
-    ends, failures = cumulative_ends(steps(), n_operators, direction, rank, device, threads)
+    ends, failures = cumulative_ends(steps(), n_operators, direction, rank, device, threads, checked=True)
     return pd.DataFrame({"replicate": np.arange(len(ends)), "erank_one_step": ends[:, 0],
                          "erank_full_depth": ends[:, 1], "failure": pd.Series(failures, dtype=object)})

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
+from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from ..errors import DecompositionError, InputError
@@ -57,6 +58,7 @@ DIRECTIONS: tuple[str, ...] = ("forward", "backward")
 _RANKS = ("erank", "erank_sigma", "participation_ratio")
 _COLUMNS = ("depth", "steps", *_RANKS, "log_norm")
 _OVERFLOW = "a cumulative product step overflowed; divide the operators by a common scale first."
+_ZERO = "a cumulative product is exactly zero, so no effective rank is defined; check the operators."
 
 
 class _Accumulator:
@@ -87,33 +89,45 @@ class _Accumulator:
             J = torch.tensor(np.asarray(J), device=self.device)
         with np.errstate(over="ignore", invalid="ignore"):
             prod = J if self.factor is None else J @ self.factor
-        if not _all_finite(prod):
+        owned = prod is not J  # a new array, divided in place below
+        peak = _peak(prod)
+        if not math.isfinite(peak):
             raise InputError(_OVERFLOW)
         if prod.shape[1] > self.rank:
             left, sv, _ = _thin_svd(prod)
-            prod = left[:, : self.rank] * sv[: self.rank]
+            prod, owned = left[:, : self.rank] * sv[: self.rank], True
             sv = sv[: self.rank]
         elif measure:
             sv = _svdvals(prod)
         else:
-            scale = float(abs(prod).max())
-            if scale == 0:
-                raise InputError("a cumulative product is exactly zero, so no effective rank is defined; check the operators.")
-            self.factor = prod / scale
-            self.log_norm += float(np.log(scale))
+            if peak == 0:
+                raise InputError(_ZERO)
+            self.factor = _divided(prod, peak, owned)
+            self.log_norm += float(np.log(peak))
             return None
         sv = np.asarray(sv.cpu() if self.device is not None else sv, dtype=np.float64)
         if not np.isfinite(sv[0]):
             raise InputError(_OVERFLOW)
         if sv[0] == 0:
-            raise InputError("a cumulative product is exactly zero, so no effective rank is defined; check the operators.")
-        self.factor = prod / float(sv[0])
+            raise InputError(_ZERO)
+        self.factor = _divided(prod, float(sv[0]), owned)
         self.log_norm += float(np.log(sv[0]))
         return float(erank(sv)), float(erank_sigma(sv)), float(participation_ratio(sv)), self.log_norm
 
 
-def _all_finite(x: Any) -> bool:
-    return bool(np.all(np.isfinite(x))) if isinstance(x, np.ndarray) else bool(x.isfinite().all())
+def _peak(x: Any) -> float:
+    """``max |x|``, NaN or infinite where an entry is not finite. A real NumPy array takes two
+    reductions and no temporary (a NaN makes both NaN; ``max |x| = max(max x, −min x)`` exactly)."""
+    if isinstance(x, np.ndarray) and x.dtype.kind != "c":
+        return max(float(x.max()), -float(x.min()))
+    return float(abs(x).max())
+
+
+def _divided(x: Any, scale: float, owned: bool) -> Any:
+    """``x / scale``, in place where ``x`` is the accumulator's own (the same bits either way)."""
+    if not owned:
+        return x / scale
+    return np.divide(x, scale, out=x) if isinstance(x, np.ndarray) else x.div_(scale)
 
 
 def _thin_svd(x: Any) -> Any:
@@ -216,8 +230,8 @@ def cumulative_ranks(operators: Sequence[ArrayLike], direction: str = "forward",
 
 
 def cumulative_ends(steps: Iterable[Iterable[ArrayLike]], n_steps: int, direction: str = "forward",
-                    rank: int | None = None, device: str | None = None, threads: int = 1
-                    ) -> tuple[np.ndarray, list[str | None]]:
+                    rank: int | None = None, device: str | None = None, threads: int = 1, *,
+                    checked: bool = False) -> tuple[np.ndarray, list[str | None]]:
     """Effective ranks after one step and at full depth of several cumulative products at once,
     their operators fed step by step (e.g. one product per bootstrap replicate).
 
@@ -245,8 +259,16 @@ def cumulative_ends(steps: Iterable[Iterable[ArrayLike]], n_steps: int, directio
         NumPy and LAPACK.
     threads : int
         Products advanced side by side in threads of this process (NumPy and LAPACK release the
-        GIL; each call keeps its own BLAS threads), ``threads`` operators of a step at a time.
-        The numbers do not depend on it: every product is computed as with one thread.
+        GIL), ``threads`` operators of a step at a time. NumPy's BLAS runs one thread per call
+        meanwhile (threadpoolctl; the parallelism is the products', and two threads each calling
+        a two-thread BLAS on two cores spend a fifth of the CPU waiting). The numbers depend on
+        neither ``threads`` nor the machine's BLAS thread count: every product is computed as
+        with one thread and one BLAS thread.
+    checked : bool
+        The operators are finite float64 arrays already (e.g. means of checked sums,
+        :func:`~depthlens.jacobian.bootstrap.funnel_bootstrap`): skip each one's finiteness
+        check, a pass over d² entries per operator. A product that turns non-finite still
+        raises.
 
     Returns
     -------
@@ -300,14 +322,14 @@ def cumulative_ends(steps: Iterable[Iterable[ArrayLike]], n_steps: int, directio
             ends[i][1] = got[0]  # type: ignore[index]
 
     taken = 0
-    with ThreadPoolExecutor(max_workers=int(threads)) as workers:
+    with ThreadPoolExecutor(max_workers=int(threads)) as workers, threadpool_limits(1, user_api="blas"):
         for step, operators in enumerate(steps):
             if step >= n_steps:
                 raise InputError(f"steps holds more than n_steps = {n_steps} steps; pass one iterable per depth.")
             last, count, group = step == n_steps - 1, 0, []
             for i, J in enumerate(itertools.chain(operators, [None])):
                 if J is not None:
-                    J = as_square(J, f"steps[{step}][{i}]")
+                    J = J if checked else as_square(J, f"steps[{step}][{i}]")
                     if step == 0:
                         if i == 0:
                             shape = J.shape
