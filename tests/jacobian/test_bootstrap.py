@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from depthlens.errors import InputError
-from depthlens.jacobian import bootstrap, cumulative
+from depthlens.jacobian import bootstrap, cumulative, engines, sublayer
 from depthlens.jacobian.bootstrap import bootstrap_weights, funnel_bootstrap, mean_of_chunks, resampled_means
 from depthlens.jacobian.cumulative import cumulative_ends, cumulative_ranks
 from depthlens.jacobian.engines import chunk_operator_sums, input_state, mean_operators, sublayer_jacobian_sum
@@ -212,6 +212,32 @@ def test_chunk_sums_are_the_engine_on_each_chunk_alone(llama, mode: str, positio
             assert np.array_equal(sums[c], total.numpy()) and counts[c] == count
         np.testing.assert_allclose(mean_of_chunks(sums, counts), means[(layer, kind)], rtol=0,
                                    atol=1e-13 * np.abs(means[(layer, kind)]).max())
+
+
+def test_modes_inside_shared_states_share_their_forward_passes(llama, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The isolated chunk sums then the in-context means inside one block: the second mode runs
+    no forward pass and every number is bit for bit the unshared one; a budget too small keeps
+    nothing; blocks do not nest."""
+    ad, ids = llama
+    keys = sublayer_keys_backward(ad.n_layers)
+    alone = ([S for _, S, _ in chunk_operator_sums(ad, ids, keys, "isolated", "last", batch_size=2)],
+             mean_operators(ad, ids, jacobian_mode="in_context", positions="all", batch_size=2))
+    passes: list[int] = []
+    forward = type(ad).residual_states
+    monkeypatch.setattr(type(ad), "residual_states", lambda self, x: passes.append(len(x)) or forward(self, x))
+    for budget, want in ((sublayer.SHARED_BYTES, [2, 2, 1]), (0, [2, 2, 1] * 2)):
+        passes.clear()
+        with engines.shared_states(budget):
+            sums = [S for _, S, _ in chunk_operator_sums(ad, ids, keys, "isolated", "last", batch_size=2)]
+            means = mean_operators(ad, ids, jacobian_mode="in_context", positions="all", batch_size=2)
+            with pytest.raises(RuntimeError, match="do not nest"), engines.shared_states():
+                pass
+        assert passes == want
+        assert all(np.array_equal(a, b) for a, b in zip(sums, alone[0], strict=True))
+        assert all(np.array_equal(means[k], alone[1][k]) for k in alone[1])
+    passes.clear()
+    mean_operators(ad, ids, jacobian_mode="in_context", positions="all", batch_size=2)
+    assert passes == [2, 2, 1]  # the block's states went with it
 
 
 def test_chunk_sums_refuse_bad_input(llama) -> None:

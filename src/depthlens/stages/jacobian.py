@@ -20,6 +20,10 @@ down, and every replicate's backward product runs as they pass (table ``boot`` o
 ``boot_init_<k>`` units do the same for the extra step-0 nulls of ``--init-seeds`` (run seed
 + k), without any other analysis. The ``funnel_boot`` table gathers them.
 
+The operator units of one checkpoint share its forward passes
+(:func:`engines.shared_states`): the second Jacobian mode reads the residual states the first
+computed, the same tensors, while they fit the states budget.
+
 Prompts (a prompts file, each prompt a chunk of its own length): ``--positions last`` takes each
 prompt's last analysed position, ``all`` every analysed position of it; the mean operators
 average over those tokens (a prompt is read up to its last one, so padding never enters), and
@@ -144,28 +148,30 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
     for name, get in store.checkpoints(loaded, opts, load_revision):
         model = None
         ops_by_mode = {}
-        for mode in opts.modes:
-            def operators_unit() -> dict[str, pd.DataFrame]:
-                nonlocal model
-                model = model or get()
-                ops, boot = store.compute(run_dir, name, mode, model.adapter, token_ids, opts, batch_size=batch_size,
-                                          quiet=quiet, weights=weights, device=funnel_device, threads=threads)
-                op_table, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool,
-                                                               label=f"{store.label(name)} ({mode})")
-                ops_by_mode[mode] = ops if mode == funnel_mode else None  # only the funnel reads them again
-                return {"metrics": op_table, "eigen": eigen_rows, **({"boot": boot} if boot is not None else {})}
+        with engines.shared_states():  # the modes of this checkpoint share its forward passes
+            for mode in opts.modes:
+                def operators_unit() -> dict[str, pd.DataFrame]:
+                    nonlocal model
+                    model = model or get()
+                    ops, boot = store.compute(run_dir, name, mode, model.adapter, token_ids, opts,
+                                              batch_size=batch_size, quiet=quiet, weights=weights,
+                                              device=funnel_device, threads=threads)
+                    op_table, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool,
+                                                                   label=f"{store.label(name)} ({mode})")
+                    ops_by_mode[mode] = ops if mode == funnel_mode else None  # only the funnel reads them again
+                    return {"metrics": op_table, "eigen": eigen_rows, **({"boot": boot} if boot is not None else {})}
 
-            done = run_dir.unit(STAGE, f"ops_{name}_{mode}", operators_unit, isolated=True)
-            if done is None:
-                continue
-            ops_by_mode.setdefault(mode, None)  # finished; its operators are fetched only if the funnel needs them
-            for table, sink in (("metrics", metrics), ("eigen", eigen)):
-                t = done[table]
-                t.insert(0, "checkpoint", name)
-                t.insert(1, "jacobian_mode", mode)
-                sink.append(t)
-            if store.bootstrapped(opts, mode):
-                boots.append(_boot_rows(done["boot"], name, mode, opts.seed if name == "init" else None))
+                done = run_dir.unit(STAGE, f"ops_{name}_{mode}", operators_unit, isolated=True)
+                if done is None:
+                    continue
+                ops_by_mode.setdefault(mode, None)  # finished; its operators are fetched only if the funnel needs them
+                for table, sink in (("metrics", metrics), ("eigen", eigen)):
+                    t = done[table]
+                    t.insert(0, "checkpoint", name)
+                    t.insert(1, "jacobian_mode", mode)
+                    sink.append(t)
+                if store.bootstrapped(opts, mode):
+                    boots.append(_boot_rows(done["boot"], name, mode, opts.seed if name == "init" else None))
         for mode in [funnel_mode, *(m for m in opts.modes if m != funnel_mode)]:
             if mode not in ops_by_mode:
                 continue  # its operators failed (recorded above); the funnel needs them
