@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from depthlens.errors import InputError
-from depthlens.jacobian import bootstrap, cumulative, engines, sublayer
+from depthlens.jacobian import bootstrap, cumulative, engines
 from depthlens.jacobian.bootstrap import bootstrap_weights, funnel_bootstrap, mean_of_chunks, resampled_means
 from depthlens.jacobian.cumulative import cumulative_ends, cumulative_ranks
 from depthlens.jacobian.engines import chunk_operator_sums, input_state, mean_operators, sublayer_jacobian_sum
@@ -225,7 +225,7 @@ def test_modes_inside_shared_states_share_their_forward_passes(llama, monkeypatc
     passes: list[int] = []
     forward = type(ad).residual_states
     monkeypatch.setattr(type(ad), "residual_states", lambda self, x: passes.append(len(x)) or forward(self, x))
-    for budget, want in ((sublayer.SHARED_BYTES, [2, 2, 1]), (0, [2, 2, 1] * 2)):
+    for budget, want in ((engines.SHARED_BYTES, [2, 2, 1]), (0, [2, 2, 1] * 2)):
         passes.clear()
         with engines.shared_states(budget):
             sums = [S for _, S, _ in chunk_operator_sums(ad, ids, keys, "isolated", "last", batch_size=2)]

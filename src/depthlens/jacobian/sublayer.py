@@ -134,7 +134,8 @@ def shared_states(budget: int = SHARED_BYTES) -> Iterator[None]:
     """Within the block, :func:`engine_states` keeps each batch it computes (while ``budget``
     bytes allow) and hands it out again for the same adapter and ids, so that the Jacobian
     modes of one checkpoint share their forward passes (the same numbers: the same tensors).
-    Everything kept is dropped on exit; blocks do not nest.
+    Everything kept is dropped on exit; blocks do not nest. The key is the adapter and the ids
+    alone: open no block around passes under different clamps or ablations.
 
     Raises
     ------

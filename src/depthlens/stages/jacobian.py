@@ -22,7 +22,7 @@ down, and every replicate's backward product runs as they pass (table ``boot`` o
 
 The operator units of one checkpoint share its forward passes
 (:func:`engines.shared_states`): the second Jacobian mode reads the residual states the first
-computed, the same tensors, while they fit the states budget.
+computed, the same tensors, while they fit the states budget (with one mode nothing is kept).
 
 Prompts (a prompts file, each prompt a chunk of its own length): ``--positions last`` takes each
 prompt's last analysed position, ``all`` every analysed position of it; the mean operators
@@ -148,7 +148,8 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
     for name, get in store.checkpoints(loaded, opts, load_revision):
         model = None
         ops_by_mode = {}
-        with engines.shared_states():  # the modes of this checkpoint share its forward passes
+        # the modes of this checkpoint share its forward passes (nothing is kept for a single mode)
+        with engines.shared_states(engines.SHARED_BYTES if len(opts.modes) > 1 else 0):
             for mode in opts.modes:
                 def operators_unit() -> dict[str, pd.DataFrame]:
                     nonlocal model
