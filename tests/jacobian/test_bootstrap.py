@@ -112,7 +112,7 @@ def test_ends_run_blas_one_thread_a_call_and_catch_non_finite_products(rng: np.r
     """While the products advance, NumPy's BLAS runs one thread per call (so the bits depend on
     no thread count); ``checked`` skips the per-operator check, and a non-finite product still
     raises, real or complex."""
-    from threadpoolctl import threadpool_info
+    from threadpoolctl import threadpool_info, threadpool_limits
 
     seen: list[int] = []
     push = cumulative._Accumulator.push
@@ -123,8 +123,10 @@ def test_ends_run_blas_one_thread_a_call_and_catch_non_finite_products(rng: np.r
 
     monkeypatch.setattr(cumulative._Accumulator, "push", spy)
     ops = [np.eye(4) + rng.standard_normal((4, 4)) / 3 for _ in range(3)]
-    ends, _ = cumulative_ends(([J] for J in ops), 3, threads=2)
-    assert seen and set(seen) == {1}
+    with threadpool_limits(2, user_api="blas"):  # two BLAS threads outside, whatever the machine's setting
+        ends, _ = cumulative_ends(([J] for J in ops), 3, threads=2)
+        outside = {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+    assert seen and set(seen) == {1} and outside == {2}
     checked, _ = cumulative_ends(([J] for J in ops), 3, checked=True)
     assert np.array_equal(checked, ends)
     bad = [ops[0], np.full((4, 4), np.nan), ops[2]]

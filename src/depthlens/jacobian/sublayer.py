@@ -98,14 +98,15 @@ def engine_states(adapter: Adapter, input_ids: Tensor) -> Sequence[Tensor]:
     :meth:`Adapter.residual_states`, then (where the family has them) each layer's per-layer
     inputs ``(B, T, dp)``. Inside :func:`shared_states` a batch computed before is returned
     from memory (the same tensors: callers only read them)."""
-    key = None if _SHARED is None else (id(adapter), tuple(input_ids.shape), input_ids.cpu().numpy().tobytes())
-    if _SHARED is not None and key in _SHARED.kept:
-        return _SHARED.kept[key][1]
+    shared = _SHARED
+    key = None if shared is None else (id(adapter), tuple(input_ids.shape), input_ids.cpu().numpy().tobytes())
+    if shared is not None and key in shared.kept:
+        return shared.kept[key][1]
     states = adapter.residual_states(input_ids)
     per_layer = adapter.per_layer_inputs(input_ids)
     out = states if per_layer is None else [*states, *per_layer.unbind(2)]
-    if _SHARED is not None:
-        _SHARED.keep(key, adapter, out)
+    if shared is not None:
+        shared.keep(key, adapter, out)
     return out
 
 
