@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from depthlens.errors import InputError
-from depthlens.jacobian import bootstrap, cumulative, engines
+from depthlens.jacobian import bootstrap, cumulative
 from depthlens.jacobian.bootstrap import bootstrap_weights, funnel_bootstrap, mean_of_chunks, resampled_means
 from depthlens.jacobian.cumulative import cumulative_ends, cumulative_ranks
 from depthlens.jacobian.engines import chunk_operator_sums, input_state, mean_operators, sublayer_jacobian_sum
 from depthlens.jacobian.options import JacobianOptions, init_seed_of
 from depthlens.jacobian.store import sublayer_keys_backward
 from depthlens.models import init_like, load_model
+from depthlens.models.hooks import SHARED_BYTES
 
 
 def _ends(ops: list[np.ndarray], direction: str, rank: int | None) -> np.ndarray:
@@ -216,24 +217,22 @@ def test_chunk_sums_are_the_engine_on_each_chunk_alone(llama, mode: str, positio
                                    atol=1e-13 * np.abs(means[(layer, kind)]).max())
 
 
-def test_modes_inside_shared_states_share_their_forward_passes(llama, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_modes_inside_shared_passes_share_their_forward_passes(llama, monkeypatch: pytest.MonkeyPatch) -> None:
     """The isolated chunk sums then the in-context means inside one block: the second mode runs
     no forward pass and every number is bit for bit the unshared one; a budget too small keeps
-    nothing; blocks do not nest."""
+    nothing; nothing outlives the block."""
     ad, ids = llama
     keys = sublayer_keys_backward(ad.n_layers)
     alone = ([S for _, S, _ in chunk_operator_sums(ad, ids, keys, "isolated", "last", batch_size=2)],
              mean_operators(ad, ids, jacobian_mode="in_context", positions="all", batch_size=2))
     passes: list[int] = []
-    forward = type(ad).residual_states
-    monkeypatch.setattr(type(ad), "residual_states", lambda self, x: passes.append(len(x)) or forward(self, x))
-    for budget, want in ((engines.SHARED_BYTES, [2, 2, 1]), (0, [2, 2, 1] * 2)):
+    forward = type(ad)._residual_states
+    monkeypatch.setattr(type(ad), "_residual_states", lambda self, x: passes.append(len(x)) or forward(self, x))
+    for budget, want in ((SHARED_BYTES, [2, 2, 1]), (0, [2, 2, 1] * 2)):
         passes.clear()
-        with engines.shared_states(budget):
+        with ad.shared_passes(budget):
             sums = [S for _, S, _ in chunk_operator_sums(ad, ids, keys, "isolated", "last", batch_size=2)]
             means = mean_operators(ad, ids, jacobian_mode="in_context", positions="all", batch_size=2)
-            with pytest.raises(RuntimeError, match="do not nest"), engines.shared_states():
-                pass
         assert passes == want
         assert all(np.array_equal(a, b) for a, b in zip(sums, alone[0], strict=True))
         assert all(np.array_equal(means[k], alone[1][k]) for k in alone[1])

@@ -107,13 +107,12 @@ from __future__ import annotations
 
 from ._layers import clear_cache
 from .mean import MeanAccumulator, chunk_operator_sums, mean_operators
-from .sublayer import (KINDS, POSITIONS, SHARED_BYTES, engine_states, input_state, kv_state, read_states,
-                       shared_states, state_reads, sublayer_jacobian_sum, sublayer_jacobians)
+from .sublayer import (KINDS, POSITIONS, engine_states, input_state, kv_state, read_states, state_reads,
+                       sublayer_jacobian_sum, sublayer_jacobians)
 
 __all__ = [
     "KINDS",
     "POSITIONS",
-    "SHARED_BYTES",
     "MeanAccumulator",
     "chunk_operator_sums",
     "clear_cache",
@@ -122,7 +121,6 @@ __all__ = [
     "kv_state",
     "mean_operators",
     "read_states",
-    "shared_states",
     "state_reads",
     "sublayer_jacobian_sum",
     "sublayer_jacobians",

@@ -9,7 +9,6 @@ on the layer's cached weights (:func:`~depthlens.jacobian._layers.layer_ops`). T
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -33,7 +32,6 @@ __all__ = [
     "kv_state",
     "read_states",
     "select_positions",
-    "shared_states",
     "state_reads",
     "sublayer_jacobian_sum",
     "sublayer_jacobians",
@@ -96,61 +94,11 @@ def state_reads(adapter: Adapter, layer: int, kind: Sublayer,
 def engine_states(adapter: Adapter, input_ids: Tensor) -> Sequence[Tensor]:
     """Everything the engines read of a batch of chunks, indexed as :func:`state_reads` says:
     :meth:`Adapter.residual_states`, then (where the family has them) each layer's per-layer
-    inputs ``(B, T, dp)``. Inside :func:`shared_states` a batch computed before is returned
-    from memory (the same tensors: callers only read them)."""
-    shared = _SHARED
-    key = None if shared is None else (id(adapter), tuple(input_ids.shape), input_ids.cpu().numpy().tobytes())
-    if shared is not None and key in shared.kept:
-        return shared.kept[key][1]
+    inputs ``(B, T, dp)``. Inside :meth:`Adapter.shared_passes` the residual states of a batch
+    computed before are not computed again (e.g. the Jacobian modes of one checkpoint)."""
     states = adapter.residual_states(input_ids)
     per_layer = adapter.per_layer_inputs(input_ids)
-    out = states if per_layer is None else [*states, *per_layer.unbind(2)]
-    if shared is not None:
-        shared.keep(key, adapter, out)
-    return out
-
-
-class _Shared:
-    """The batches :func:`engine_states` computed inside :func:`shared_states`, up to a byte budget."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.kept: dict[tuple, tuple[Adapter, Sequence[Tensor]]] = {}  # the adapter kept alive: its id stays its own
-
-    def keep(self, key: tuple, adapter: Adapter, states: Sequence[Tensor]) -> None:
-        size = sum(t.numel() * t.element_size() for t in states)
-        if size <= self.budget:
-            self.kept[key] = (adapter, states)
-            self.budget -= size
-
-
-_SHARED: _Shared | None = None
-#: Bytes of forward-pass states :func:`shared_states` keeps at most (575 MB for SmolLM2's 32
-#: chunks of 128 tokens); batches beyond it are computed again when asked for again.
-SHARED_BYTES = 1 << 30
-
-
-@contextlib.contextmanager
-def shared_states(budget: int = SHARED_BYTES) -> Iterator[None]:
-    """Within the block, :func:`engine_states` keeps each batch it computes (while ``budget``
-    bytes allow) and hands it out again for the same adapter and ids, so that the Jacobian
-    modes of one checkpoint share their forward passes (the same numbers: the same tensors).
-    Everything kept is dropped on exit; blocks do not nest. The key is the adapter and the ids
-    alone: open no block around passes under different clamps or ablations.
-
-    Raises
-    ------
-    RuntimeError
-        If a block is already open.
-    """
-    global _SHARED
-    if _SHARED is not None:
-        raise RuntimeError("shared_states blocks do not nest; open one per checkpoint.")
-    _SHARED = _Shared(int(budget))
-    try:
-        yield
-    finally:
-        _SHARED = None
+    return states if per_layer is None else [*states, *per_layer.unbind(2)]
 
 
 def read_states(states: Sequence[Tensor] | Mapping[int, Tensor],

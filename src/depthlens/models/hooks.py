@@ -23,11 +23,54 @@ from torch import Tensor, nn
 
 from ..errors import InputError, ModelError
 
-__all__ = ["Captures"]
+__all__ = ["SHARED_BYTES", "Captures"]
+
+#: Bytes of forward-pass results a :meth:`Captures.shared_passes` block keeps by default (the
+#: residual states of SmolLM2's 32 chunks of 128 tokens take 575 MB, their queries and keys 47 MB).
+SHARED_BYTES = 1 << 30
 
 
 class _Stop(Exception):
     """Raised inside a hook to end a forward pass early once everything needed is captured."""
+
+
+def _copied(value: Any) -> Any:
+    """A copy of every tensor of ``value`` (a tensor, or dicts and tuples of tensors and None)."""
+    if isinstance(value, Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_copied(v) for v in value)
+    return value
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, tuple):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+class _Passes:
+    """The forward-pass results an open :meth:`Captures.shared_passes` block keeps."""
+
+    def __init__(self, budget: int, rows: Tensor | None) -> None:
+        self.budget = int(budget)
+        self.rows = None if rows is None else {r.tobytes() for r in rows.cpu().numpy()}
+        self.kept: dict[tuple, Any] = {}
+
+    def keep(self, key: tuple, ids: Tensor, value: Any) -> None:
+        """Keep a copy of ``value`` if its ``ids`` are rows of the block's ``rows`` and it fits the budget."""
+        if self.rows is not None and not all(r.tobytes() in self.rows for r in ids.cpu().numpy()):
+            return
+        size = _nbytes(value)
+        if size <= self.budget:
+            self.kept[key] = _copied(value)
+            self.budget -= size
 
 
 def first_arg(args: tuple, kwargs: dict, name: str = "hidden_states") -> Tensor:
@@ -61,6 +104,52 @@ class Captures:
     (``layers``, ``_attns``, ``_oprojs``, ``_final_norm_module``) and the module its family
     names with ``_pre_mlp_module``.
     """
+
+    #: The open :meth:`shared_passes` block's results (None: no block).
+    _passes: _Passes | None = None
+
+    @contextlib.contextmanager
+    def shared_passes(self, budget: int = SHARED_BYTES, rows: Tensor | None = None) -> Iterator[None]:
+        """Within the block, :meth:`residual_states` and the query/key captures
+        (:meth:`qk_captures`, :meth:`attention_probs`) keep what each forward pass gives while
+        ``budget`` bytes allow, and answer a later request for the same ids (and layers) with a
+        copy of it, bit for bit what that request would compute, without a forward pass.
+
+        For work that reads the same chunks several times, e.g. the stages of one run
+        (:func:`depthlens.workflow.run`). Blocks nest: one opened inside another on the same
+        adapter is the outer one (its budget, what it kept). Everything kept is dropped on exit.
+        Passes under an ablation or clamp of this adapter (:mod:`~depthlens.models.interventions`)
+        are neither kept nor answered; hooks of your own are not seen, so open no block around
+        passes under them.
+
+        Parameters
+        ----------
+        budget : int
+            Bytes kept at most (each result is kept whole or not at all; 0 keeps nothing).
+        rows : Tensor (N, T), optional
+            Keep only passes whose every sequence is a row of ``rows`` (e.g. a run's chunks,
+            not probe sequences). Default: any.
+        """
+        if self._passes is not None:
+            yield
+            return
+        self._passes = _Passes(budget, rows)
+        try:
+            yield
+        finally:
+            self._passes = None
+
+    def _shared(self, kind: tuple, ids: Tensor, compute: Callable[[], Any]) -> Any:
+        """``compute()``, or a copy of what it gave for the same ``kind`` and ids inside the open block."""
+        passes = self._passes
+        if passes is None or getattr(self, "_active", 0):
+            return compute()
+        key = (*kind, str(ids.dtype), tuple(ids.shape), ids.cpu().numpy().tobytes())
+        if key in passes.kept:
+            return _copied(passes.kept[key])
+        value = compute()
+        passes.keep(key, ids, value)
+        return value
 
     @contextlib.contextmanager
     def _hooked(self, ids: Tensor, grad: bool = False, output: dict | None = None) -> Iterator[list]:
@@ -168,7 +257,10 @@ class Captures:
             q, k, _ = self.qkv(layer, x)
             return (q if layer in wanted else None), (k if layer in sources else None)
 
-        return self._attention_captures(ids, set(wanted) | sources, keep, output)
+        if output is not None:  # a whole pass for its logits: not shared
+            return self._attention_captures(ids, set(wanted) | sources, keep, output)
+        return self._shared(("qk", tuple(sorted(set(wanted)))), ids,
+                            lambda: self._attention_captures(ids, set(wanted) | sources, keep))
 
     def _probs(self, captured: dict[int, Any], wanted: list[int]) -> Iterator[tuple[int, Tensor]]:
         for layer in wanted:
@@ -214,9 +306,12 @@ class Captures:
         Index ``S·l`` is the input of layer ``l``, ``S·l + 1`` its pre-MLP residual (for
         parallel residual models ``h + Attn(ln_1(h))``), ``S·l + k`` its further boundaries,
         ``S·L`` the last layer's output before the final norm. Active clamps and ablations are
-        reflected.
+        reflected. Inside :meth:`shared_passes`, a batch computed before is a copy of it.
         """
         ids = self._ids(input_ids)
+        return self._shared(("residual_states",), ids, lambda: self._residual_states(ids))
+
+    def _residual_states(self, ids: Tensor) -> Tensor:
         L, S = self.n_layers, len(self.boundaries)
         states: list[Tensor | None] = [None] * (S * L + 1)
 

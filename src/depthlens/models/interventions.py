@@ -31,6 +31,22 @@ class Interventions:
     final norm (``_final_norm_module``).
     """
 
+    #: How many interventions are active on this adapter: forward passes under one are not
+    #: shared (:meth:`~depthlens.models.hooks.Captures.shared_passes`).
+    _active: int = 0
+
+    @contextlib.contextmanager
+    def _acting(self, handles: list) -> Iterator[None]:
+        """Count an intervention as active for the block, then remove its hook ``handles``
+        (those registered so far, also after an exception)."""
+        self._active += 1
+        try:
+            yield
+        finally:
+            self._active -= 1
+            for handle in handles:
+                handle.remove()
+
     @contextlib.contextmanager
     def ablate_head(
         self,
@@ -107,11 +123,8 @@ class Interventions:
                 y[:, :, idx, :] = v.expand(B, T, n, hd)
             return (y.reshape(x.shape), *args[1:])
 
-        handle = self._oprojs[layer].register_forward_pre_hook(hook)
-        try:
+        with self._acting([self._oprojs[layer].register_forward_pre_hook(hook)]):
             yield
-        finally:
-            handle.remove()
 
     @contextlib.contextmanager
     def ablate_each(
@@ -172,11 +185,8 @@ class Interventions:
                 n, y.shape[1], y.shape[2], hd)
             return (y.reshape(x.shape), *args[1:])
 
-        handle = self._oprojs[layer].register_forward_pre_hook(hook)
-        try:
+        with self._acting([self._oprojs[layer].register_forward_pre_hook(hook)]):
             yield
-        finally:
-            handle.remove()
 
     @contextlib.contextmanager
     def clamp(
@@ -253,12 +263,9 @@ class Interventions:
 
             return hook
 
-        handles = []
-        try:
+        handles: list = []
+        with self._acting(handles):
             for i in range(from_layer, L):
                 handles.append(self.layers[i].register_forward_pre_hook(make(i), with_kwargs=True))
             handles.append(self._final_norm_module.register_forward_pre_hook(make(L), with_kwargs=True))
             yield
-        finally:
-            for h in handles:
-                h.remove()

@@ -20,9 +20,11 @@ down, and every replicate's backward product runs as they pass (table ``boot`` o
 ``boot_init_<k>`` units do the same for the extra step-0 nulls of ``--init-seeds`` (run seed
 + k), without any other analysis. The ``funnel_boot`` table gathers them.
 
-The operator units of one checkpoint share its forward passes
-(:func:`engines.shared_states`): the second Jacobian mode reads the residual states the first
-computed, the same tensors, while they fit the states budget (with one mode nothing is kept).
+The operator units of one checkpoint share its forward passes (``Adapter.shared_passes``,
+opened on the checkpoint's model once loaded): the second Jacobian mode reads a copy of the
+residual states the first computed while they fit the budget (with one mode nothing is kept).
+Inside a run the trained model's block is the run's (:func:`depthlens.workflow.run`), so the
+stages before this one have already computed its states.
 
 Prompts (a prompts file, each prompt a chunk of its own length): ``--positions last`` takes each
 prompt's last analysed position, ``all`` every analysed position of it; the mean operators
@@ -32,6 +34,7 @@ the bootstrap resamples prompts with their own numbers of tokens.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +50,7 @@ from ..jacobian.cumulative import DIRECTIONS, schur_funnel
 from ..jacobian.metrics import metrics_and_eigenvalues
 from ..jacobian.options import JacobianOptions, init_seed_of
 from ..jacobian.store import STAGE
+from ..models.hooks import SHARED_BYTES
 from ..runs import RunDirectory
 from ..schema import TRAINED
 from .context import StageContext
@@ -149,11 +153,13 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
         model = None
         ops_by_mode = {}
         # the modes of this checkpoint share its forward passes (nothing is kept for a single mode)
-        with engines.shared_states(engines.SHARED_BYTES if len(opts.modes) > 1 else 0):
+        with contextlib.ExitStack() as shared:
             for mode in opts.modes:
                 def operators_unit() -> dict[str, pd.DataFrame]:
                     nonlocal model
-                    model = model or get()
+                    if model is None:
+                        model = get()
+                        shared.enter_context(model.adapter.shared_passes(SHARED_BYTES if len(opts.modes) > 1 else 0))
                     ops, boot = store.compute(run_dir, name, mode, model.adapter, token_ids, opts,
                                               batch_size=batch_size, quiet=quiet, weights=weights,
                                               device=funnel_device, threads=threads)
