@@ -33,6 +33,7 @@ from .models import LoadedModel, load_model
 from .models.loading import check_spec, series_checkpoints
 from .models.random_models import random_spec
 from .models.finite import check_finite_weights
+from .models.hooks import SHARED_BYTES
 from .executors.local import kept_workers
 from .report import default_claims_path, load_claims, render_report
 from .report.claims import CLAIMS_COPY
@@ -230,8 +231,11 @@ def run(
     register_claims(run_dir, claims_bytes)
     # the run's registered claims copy unless another file was passed (then flagged if it differs)
     render = functools.partial(render_report, run_dir.root, claims_path=claims) if report else None
+    # the stages share one pool of worker processes, and the forward passes over the run's chunks
+    # (none kept for a layer-streamed model: its point is to hold little in memory)
+    shared = prepared.loaded.adapter.shared_passes(0 if config.stream_layers else SHARED_BYTES, prepared.token_ids)
     try:
-        with kept_workers():  # the stages share one pool of worker processes
+        with kept_workers(), shared:
             for stage in plan:
                 _run_stage(run_dir, stage, prepared, execution)
     except StorageError:
