@@ -126,28 +126,36 @@ def test_in_memory_model_equals_the_same_model_from_its_spec(tmp_path: Path, tex
 
 
 def test_stages_share_the_runs_forward_passes(tmp_path: Path, text_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stages of a run read the trained model's residual states and attention captures of a
-    batch once (capture computes them; clamp, jacobian and topology read them again), and every
-    table is the one of a run that shares nothing."""
+    """The stages of a run compute the trained model's residual states and attention captures
+    of a batch once (capture, in one pass; attention, clamp, jacobian and topology read them
+    again), and every table is the one of a run that shares nothing."""
     from depthlens import workflow
     from depthlens.models.adapter import Adapter
 
     runs: list[str] = []
     states, captures = Adapter._residual_states, Adapter._attention_captures
-    monkeypatch.setattr(Adapter, "_residual_states", lambda self, x: runs.append("states") or states(self, x))
+    monkeypatch.setattr(Adapter, "_residual_states", lambda self, *a: runs.append("states") or states(self, *a))
     monkeypatch.setattr(Adapter, "_attention_captures", lambda self, *a: runs.append("qk") or captures(self, *a))
-    stages = ["capture", "clamp", "jacobian", "topology"]
+    stages = ["capture", "attention", "clamp", "jacobian", "topology"]
     options = {**SMALL, "chunks": 4, "batch_size": 2, "preset": "quick", "jobs": 1}
     shared = depthlens.analyse("random:llama", text=str(text_file), stages=stages, out=tmp_path / "shared", **options)
     counts = {kind: runs.count(kind) for kind in ("states", "qk")}
     runs.clear()
     monkeypatch.setattr(workflow, "SHARED_BYTES", 0)
     alone = depthlens.analyse("random:llama", text=str(text_file), stages=stages, out=tmp_path / "alone", **options)
-    assert counts == {"states": 2, "qk": 2}  # two batches, each pass once
-    assert runs.count("states") > counts["states"] and runs.count("qk") == counts["qk"]
+    # two batches: capture's two passes serve every stage; alone, attention runs two more and
+    # clamp's detection (no massive dimension here, so no arms), jacobian and topology six more
+    assert counts["states"] == 2 and runs.count("states") == 2 + 6
+    assert runs.count("qk") == counts["qk"] + 2
     assert shared.tables == alone.tables and len(shared.tables) > 5
     for name in shared.tables:
         pd.testing.assert_frame_equal(shared.table(name), alone.table(name))
+    runs.clear()
+    monkeypatch.setattr(workflow, "SHARED_BYTES", 1 << 30)
+    depthlens.analyse("random:llama:init=layerwise", text=str(text_file), stages=["capture", "clamp"],
+                      out=tmp_path / "streamed",
+                      stream_layers=True, **options)
+    assert runs.count("states") == 2 + 2  # a layer-streamed run keeps nothing: capture's passes, clamp's detection
 
 
 def test_readme_python_example_runs(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ run before the run directory is created, so a refused run leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -232,8 +233,10 @@ def run(
     # the run's registered claims copy unless another file was passed (then flagged if it differs)
     render = functools.partial(render_report, run_dir.root, claims_path=claims) if report else None
     # the stages share one pool of worker processes, and the forward passes over the run's chunks
-    # (none kept for a layer-streamed model: its point is to hold little in memory)
-    shared = prepared.loaded.adapter.shared_passes(0 if config.stream_layers else SHARED_BYTES, prepared.token_ids)
+    # (not a layer-streamed model's: its point is to hold little; its jacobian stage still shares
+    # a checkpoint's passes between Jacobian modes)
+    shared = (contextlib.nullcontext() if config.stream_layers
+              else prepared.loaded.adapter.shared_passes(SHARED_BYTES, prepared.token_ids))
     try:
         with kept_workers(), shared:
             for stage in plan:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from depthlens.models import adapter_for, build_random
+from depthlens.models import FAMILIES, adapter_for, build_random
 from depthlens.models.hooks import SHARED_BYTES
 
 B, T = 2, 12
@@ -120,3 +120,40 @@ def test_an_intervention_ending_in_an_error_leaves_nothing_active(ad) -> None:
         ad.residual_states(_ids(5))
     assert ad._active == 0
     assert all(not layer._forward_pre_hooks for layer in ad.layers)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_pass_gives_the_states_and_captures_of_their_own_passes(family: str) -> None:
+    """Every family (Gemma 4's layers that read another layer's keys included): the states and
+    every layer's captures of one pass are bit for bit those of the two passes; inside a block
+    each is kept as if asked for alone, whichever comes first."""
+    ad = adapter_for(build_random(family, seed=2))
+    ids = _ids(6)
+    states, captured = ad.states_and_captures(ids)
+    assert torch.equal(states, ad.residual_states(ids)) and _qk_equal(captured, ad.qk_captures(ids))
+    assert any(q is not None for q, _ in captured.values())
+    for first in ("one", "two"):
+        with ad.shared_passes():
+            if first == "one":
+                ad.states_and_captures(ids)
+                with _no_pass(ad):
+                    got = ad.residual_states(ids), ad.qk_captures(ids)
+            else:
+                ad.residual_states(ids)
+                ad.qk_captures(ids)
+                with _no_pass(ad):
+                    got = ad.states_and_captures(ids)
+        assert torch.equal(got[0], states) and _qk_equal(got[1], captured)
+
+
+class _no_pass:
+    """Fails the test if the adapter runs a forward pass inside the block."""
+
+    def __init__(self, ad) -> None:
+        self.ad = ad
+
+    def __enter__(self) -> None:
+        self.handle = self.ad.model.register_forward_pre_hook(lambda *a: pytest.fail("a forward pass ran"))
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()

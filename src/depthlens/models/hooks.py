@@ -141,15 +141,29 @@ class Captures:
 
     def _shared(self, kind: tuple, ids: Tensor, compute: Callable[[], Any]) -> Any:
         """``compute()``, or a copy of what it gave for the same ``kind`` and ids inside the open block."""
-        passes = self._passes
-        if passes is None or getattr(self, "_active", 0):
-            return compute()
-        key = (*kind, str(ids.dtype), tuple(ids.shape), ids.cpu().numpy().tobytes())
-        if key in passes.kept:
-            return _copied(passes.kept[key])
+        found = self._kept(kind, ids)
+        if found is not None:
+            return found
         value = compute()
-        passes.keep(key, ids, value)
+        self._keep(kind, ids, value)
         return value
+
+    def _key(self, kind: tuple, ids: Tensor) -> tuple | None:
+        """The key of a pass inside the open block, None without one or under an intervention."""
+        if self._passes is None or getattr(self, "_active", 0):
+            return None
+        return (*kind, str(ids.dtype), tuple(ids.shape), ids.cpu().numpy().tobytes())
+
+    def _kept(self, kind: tuple, ids: Tensor) -> Any:
+        """A copy of what the open block kept for ``kind`` and ``ids``, or None."""
+        key = self._key(kind, ids)
+        kept = None if key is None else self._passes.kept.get(key)  # type: ignore[union-attr]
+        return None if kept is None else _copied(kept)
+
+    def _keep(self, kind: tuple, ids: Tensor, value: Any) -> None:
+        key = self._key(kind, ids)
+        if key is not None:
+            self._passes.keep(key, ids, value)  # type: ignore[union-attr]
 
     @contextlib.contextmanager
     def _hooked(self, ids: Tensor, grad: bool = False, output: dict | None = None) -> Iterator[list]:
@@ -251,16 +265,44 @@ class Captures:
         formed during one forward pass while each layer's weights are in memory (a streamed
         model holds one layer at a time); the pass stops after the last of them unless its
         ``output`` is wanted."""
-        sources = {self.kv_source(layer) for layer in wanted}  # whose keys the wanted layers read
+        hooked, keep = self._qk_keeper(wanted)
+        if output is not None:  # a whole pass for its logits: not shared
+            return self._attention_captures(ids, hooked, keep, output)
+        return self._shared(("qk", tuple(sorted(set(wanted)))), ids, lambda: self._attention_captures(ids, hooked, keep))
+
+    def _qk_keeper(self, wanted: Iterable[int]) -> tuple[set[int], Callable[[int, Tensor], tuple]]:
+        """The layers whose attention inputs the captures of ``wanted`` read (``wanted`` and the
+        layers whose keys they read, :meth:`kv_source`) and what is kept of each input ``x``:
+        ``(q, k)``, q only for ``wanted``, k only for the key sources."""
+        wanted = set(wanted)
+        sources = {self.kv_source(layer) for layer in wanted}
 
         def keep(layer: int, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
             q, k, _ = self.qkv(layer, x)
             return (q if layer in wanted else None), (k if layer in sources else None)
 
-        if output is not None:  # a whole pass for its logits: not shared
-            return self._attention_captures(ids, set(wanted) | sources, keep, output)
-        return self._shared(("qk", tuple(sorted(set(wanted)))), ids,
-                            lambda: self._attention_captures(ids, set(wanted) | sources, keep))
+        return wanted | sources, keep
+
+    def states_and_captures(self, input_ids: Tensor) -> tuple[Tensor, dict[int, Any]]:
+        """:meth:`residual_states` and :meth:`qk_captures` of every layer from one forward pass,
+        each bit for bit what its own pass gives (inside :meth:`shared_passes` each is kept and
+        answered as if asked for alone).
+
+        Raises
+        ------
+        InputError
+            For bad ids.
+        """
+        ids = self._ids(input_ids)
+        kinds = (("residual_states",), ("qk", tuple(range(self.n_layers))))
+        found = [self._kept(kind, ids) for kind in kinds]
+        if found[0] is not None and found[1] is not None:
+            return found[0], found[1]
+        captured: dict[int, Any] = {}
+        states = self._residual_states(ids, captured)
+        for kind, value in zip(kinds, (states, captured)):
+            self._keep(kind, ids, value)
+        return states, captured
 
     def _probs(self, captured: dict[int, Any], wanted: list[int]) -> Iterator[tuple[int, Tensor]]:
         for layer in wanted:
@@ -282,9 +324,15 @@ class Captures:
         output in ``output["output"]``, when ``output`` is given)."""
         if not wanted and output is None:
             return {}
-        last = max(wanted) if output is None and wanted else -1
         captured: dict[int, Any] = {}
+        with self._hooked(ids, output=output) as handles:
+            self._register_captures(handles, wanted, keep, captured, max(wanted) if output is None and wanted else -1)
+        return captured
 
+    def _register_captures(self, handles: list, wanted: Iterable[int], keep: Callable[[int, Tensor], Any],
+                           captured: dict[int, Any], last: int = -1) -> None:
+        """Pre-hooks (appended to ``handles``) that put ``keep(layer, x)`` of the attention input
+        ``x`` of each ``wanted`` layer in ``captured``; the one of layer ``last`` ends the pass."""
         def make(i: int) -> Callable:
             def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
                 captured[i] = keep(i, first_arg(args, kwargs).detach())
@@ -293,10 +341,8 @@ class Captures:
 
             return hook
 
-        with self._hooked(ids, output=output) as handles:
-            for i in wanted:
-                handles.append(self._attns[i].register_forward_pre_hook(make(i), with_kwargs=True))
-        return captured
+        for i in wanted:
+            handles.append(self._attns[i].register_forward_pre_hook(make(i), with_kwargs=True))
 
     def residual_states(self, input_ids: Tensor) -> Tensor:
         """The residual stream ``(S·L + 1, B, T, d)`` in the model dtype (``S`` boundaries a
@@ -311,7 +357,9 @@ class Captures:
         ids = self._ids(input_ids)
         return self._shared(("residual_states",), ids, lambda: self._residual_states(ids))
 
-    def _residual_states(self, ids: Tensor) -> Tensor:
+    def _residual_states(self, ids: Tensor, captured: dict[int, Any] | None = None) -> Tensor:
+        """The residual states of one pass; with ``captured``, the queries and keys of every layer
+        go there too (:meth:`states_and_captures`)."""
         L, S = self.n_layers, len(self.boundaries)
         states: list[Tensor | None] = [None] * (S * L + 1)
 
@@ -344,6 +392,8 @@ class Captures:
                     module = self._extra_boundary_module(i, boundary)
                     handles.append(module.register_forward_pre_hook(pre(S * i + k), with_kwargs=True))
             handles.append(self._final_norm_module.register_forward_pre_hook(final, with_kwargs=True))
+            if captured is not None:
+                self._register_captures(handles, *self._qk_keeper(range(L)), captured)
         missing = [i for i, s in enumerate(states) if s is None]
         if missing:
             raise ModelError(f"residual states {missing} were not seen in the forward pass; the layout is unexpected.")

@@ -93,8 +93,9 @@ def capture_batch(adapter, input_ids: torch.Tensor | Chunks, first_chunk: int) -
         return _capture_ragged(adapter, batch, first_chunk)
     input_ids = batch.ids
     chunk_ids = np.arange(first_chunk, first_chunk + input_ids.shape[0])
+    states, captured = _one_pass(adapter, input_ids)
     pattern_tables = []
-    for layer, probs in adapter.attention_probs(input_ids):
+    for layer, probs in adapter.probs_from_captures(captured):
         A = probs.detach().cpu().numpy()  # (B, H, T, T) float64
         n_heads = A.shape[1]
         table = pd.DataFrame(
@@ -107,7 +108,6 @@ def capture_batch(adapter, input_ids: torch.Tensor | Chunks, first_chunk: int) -
         for name, feature in PATTERN_FEATURES.items():
             table[name] = feature(A).reshape(-1)
         pattern_tables.append(table)
-    states = adapter.residual_states(input_ids).detach().to(torch.float64).cpu().numpy()
     residual_tables = []
     for i, chunk in enumerate(chunk_ids):
         table = summarise_boundaries(states[:, i], boundaries=adapter.boundaries)
@@ -124,8 +124,9 @@ def _capture_ragged(adapter, batch: Chunks, first_chunk: int) -> dict[str, pd.Da
     its length and the pattern features over its analysed rows; the residual summary over its
     analysed positions."""
     lengths = [int(n) for n in batch.lengths]
+    states, captured = _one_pass(adapter, batch.ids)
     pattern_tables = []
-    for layer, probs in adapter.attention_probs(batch.ids):
+    for layer, probs in adapter.probs_from_captures(captured):
         A = probs.detach().cpu().numpy()  # (B, H, T, T) float64
         n_heads = A.shape[1]
         for i, n in enumerate(lengths):
@@ -134,7 +135,6 @@ def _capture_ragged(adapter, batch: Chunks, first_chunk: int) -> dict[str, pd.Da
             for name, feature in PATTERN_FEATURES.items():
                 table[name] = feature(A[i, :, :n, :n], rows)
             pattern_tables.append(table)
-    states = adapter.residual_states(batch.ids).detach().to(torch.float64).cpu().numpy()
     residual_tables = []
     for i in range(len(lengths)):
         positions = batch.positions(i)
@@ -145,6 +145,12 @@ def _capture_ragged(adapter, batch: Chunks, first_chunk: int) -> dict[str, pd.Da
         "attention_patterns": pd.concat(pattern_tables, ignore_index=True),
         "residual_summary": pd.concat(residual_tables, ignore_index=True),
     }
+
+
+def _one_pass(adapter, ids: torch.Tensor) -> tuple[np.ndarray, dict]:
+    """The batch's float64 residual states and every layer's query/key captures, from one forward pass."""
+    states, captured = adapter.states_and_captures(ids)
+    return states.detach().to(torch.float64).cpu().numpy(), captured
 
 
 def summarise_heads(patterns: pd.DataFrame) -> pd.DataFrame:
