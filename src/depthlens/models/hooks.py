@@ -141,11 +141,12 @@ class Captures:
 
     def _shared(self, kind: tuple, ids: Tensor, compute: Callable[[], Any]) -> Any:
         """``compute()``, or a copy of what it gave for the same ``kind`` and ids inside the open block."""
-        found = self._kept(kind, ids)
+        key = self._key(kind, ids)
+        found = self._kept(key)
         if found is not None:
             return found
         value = compute()
-        self._keep(kind, ids, value)
+        self._keep(key, ids, value)
         return value
 
     def _key(self, kind: tuple, ids: Tensor) -> tuple | None:
@@ -154,14 +155,12 @@ class Captures:
             return None
         return (*kind, str(ids.dtype), tuple(ids.shape), ids.cpu().numpy().tobytes())
 
-    def _kept(self, kind: tuple, ids: Tensor) -> Any:
-        """A copy of what the open block kept for ``kind`` and ``ids``, or None."""
-        key = self._key(kind, ids)
+    def _kept(self, key: tuple | None) -> Any:
+        """A copy of what the open block kept under ``key`` (:meth:`_key`), or None."""
         kept = None if key is None else self._passes.kept.get(key)  # type: ignore[union-attr]
         return None if kept is None else _copied(kept)
 
-    def _keep(self, kind: tuple, ids: Tensor, value: Any) -> None:
-        key = self._key(kind, ids)
+    def _keep(self, key: tuple | None, ids: Tensor, value: Any) -> None:
         if key is not None:
             self._passes.keep(key, ids, value)  # type: ignore[union-attr]
 
@@ -294,14 +293,14 @@ class Captures:
             For bad ids.
         """
         ids = self._ids(input_ids)
-        kinds = (("residual_states",), ("qk", tuple(range(self.n_layers))))
-        found = [self._kept(kind, ids) for kind in kinds]
+        keys = [self._key(kind, ids) for kind in (("residual_states",), ("qk", tuple(range(self.n_layers))))]
+        found = [self._kept(key) for key in keys]
         if found[0] is not None and found[1] is not None:
             return found[0], found[1]
         captured: dict[int, Any] = {}
         states = self._residual_states(ids, captured)
-        for kind, value in zip(kinds, (states, captured)):
-            self._keep(kind, ids, value)
+        for key, value in zip(keys, (states, captured)):
+            self._keep(key, ids, value)
         return states, captured
 
     def _probs(self, captured: dict[int, Any], wanted: list[int]) -> Iterator[tuple[int, Tensor]]:
