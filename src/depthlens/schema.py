@@ -923,7 +923,10 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
                     "One row per eigenvalue of each mean Jacobian (checkpoint, Jacobian mode, layer, sub-layer)."),
     "cumulative": (("checkpoint", "jacobian_mode", "schur_order", "schur_alpha", "direction", "truncation", "depth"),
                    "One row per (checkpoint, Schur order, alpha, direction, truncation, depth): ranks of the "
-                   "cumulative Jacobian product."),
+                   "cumulative Jacobian product. With --funnel-curves read (the default) only the curves a figure "
+                   "draws have every depth (the forward curves of the least truncation, the trained backward α = 1 "
+                   "curve of the least truncation); the others, whose ends the claims read, have the two depths of "
+                   "one step and of full depth (the same values as the whole curve's there)."),
     "funnel_boot": (("checkpoint", "jacobian_mode", "init_seed", "replicate"),
                     "One row per (checkpoint, step-0 seed, bootstrap replicate) with `--funnel-boot` above 0: the "
                     "claims' funnel ends (METHODS B3 under the B2 protocol) from mean operators of chunks drawn with "

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from depthlens.errors import InputError
-from depthlens.jacobian import bootstrap, cumulative
+from depthlens.jacobian import bootstrap, product
 from depthlens.jacobian.bootstrap import bootstrap_weights, funnel_bootstrap, mean_of_chunks, resampled_means
 from depthlens.jacobian.cumulative import cumulative_ends, cumulative_ranks
 from depthlens.jacobian.engines import chunk_operator_sums, input_state, mean_operators, sublayer_jacobian_sum
@@ -93,6 +93,8 @@ def test_ends_of_many_products_equal_their_curves(rng: np.random.Generator, dire
     assert ends.shape == (R, 2) and failures == [None] * R
     for i in range(R):
         np.testing.assert_allclose(ends[i], _ends(products[i], direction, rank), rtol=1e-11)
+        if device is None:  # the same accumulator and scaling as the curve: its ends bit for bit
+            assert np.array_equal(ends[i], _ends(products[i], direction, rank))
     threaded, _ = cumulative_ends(([products[i][b] for i in range(R)] for b in order), L, direction, rank, device,
                                   threads=2)
     assert np.array_equal(threaded, ends)  # each product computed as alone, whichever thread runs it
@@ -116,13 +118,13 @@ def test_ends_run_blas_one_thread_a_call_and_catch_non_finite_products(rng: np.r
     from threadpoolctl import threadpool_info, threadpool_limits
 
     seen: list[int] = []
-    push = cumulative._Accumulator.push
+    push = product.RunningProduct.push
 
     def spy(self, J, measure=True):
         seen.extend(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
         return push(self, J, measure)
 
-    monkeypatch.setattr(cumulative._Accumulator, "push", spy)
+    monkeypatch.setattr(product.RunningProduct, "push", spy)
     ops = [np.eye(4) + rng.standard_normal((4, 4)) / 3 for _ in range(3)]
     with threadpool_limits(2, user_api="blas"):  # two BLAS threads outside, whatever the machine's setting
         ends, _ = cumulative_ends(([J] for J in ops), 3, threads=2)
@@ -137,11 +139,11 @@ def test_ends_run_blas_one_thread_a_call_and_catch_non_finite_products(rng: np.r
         with pytest.raises(InputError, match="overflowed"):
             cumulative_ends(([J.astype(dtype)] for J in bad), 3, checked=True)
     for x in (rng.standard_normal((5, 3)), rng.standard_normal((5, 3)) + 1j * rng.standard_normal((5, 3))):
-        assert cumulative._peak(x) == np.abs(x).max()
+        assert product._peak(x) == np.abs(x).max()
         for value in (np.nan, np.inf, -np.inf):
             y = x.copy()
             y[2, 1] = value
-            assert not np.isfinite(cumulative._peak(y))
+            assert not np.isfinite(product._peak(y))
 
 
 def test_bootstrap_names_a_sub_layer_with_a_non_finite_chunk_sum(rng: np.random.Generator) -> None:

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import scipy.linalg
 
-from depthlens.errors import InputError
+from depthlens.errors import DecompositionError, InputError
 from depthlens.jacobian.cumulative import cumulative_ranks, schur_funnel
 from depthlens.linalg.ranks import erank, erank_sigma, participation_ratio
 from depthlens.linalg.schur import SCHUR_ORDERS, schur_form, schur_forms, schur_split
@@ -142,7 +142,7 @@ def test_stacked_array_input(rng: np.random.Generator) -> None:
         ({"operators": [np.eye(2)], "rank": 0}, "rank"),
         ({"operators": [np.eye(2)], "rank": 2.5}, "rank"),
         ({"operators": [np.eye(2), np.zeros((2, 2))]}, "zero"),
-        ({"operators": [np.eye(2), np.full((2, 2), 1.5e308)]}, "overflow"),
+        ({"operators": [np.ones((2, 2)), np.full((2, 2), 1.5e308)]}, "overflow"),  # its norm is 3e308
         ({"operators": [np.full((2, 2), 1e308), np.full((2, 2), 1e308)]}, "overflow"),
     ],
 )
@@ -447,6 +447,55 @@ def test_split_and_further_orders_on_the_curves_asked_for(rng: np.random.Generat
             schur_funnel(ops, **{name: []}, **kwargs)
         with pytest.raises(InputError, match="direction"):
             schur_funnel(ops, **{name: [("sideways", 3)]}, **kwargs)
+
+
+def test_curves_outside_full_curves_are_measured_at_their_ends(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """A curve outside ``full_curves`` has two rows, one step and full depth, bit for bit the
+    rows of the curve measured at every depth (the running product is scaled by powers of two,
+    so skipping a step's singular values leaves its bits alone), equal to the explicit products
+    to 1e-8, and costs two SVDs instead of one per depth; a failed one is NaN at its two depths."""
+    from depthlens.jacobian import product
+
+    ops, L = nonnormal_ops(rng, 7, 6), 7
+    kwargs = {"alphas": (0.0, 1.0), "ranks": (None, 3), "schur_orders": ("lapack", "canonical")}
+    every = schur_funnel(ops, **kwargs)
+    full_curves = [(1.0, "forward", None), (0.0, "backward", 3)]
+    calls = []
+    real = product._svdvals
+    monkeypatch.setattr(product, "_svdvals", lambda x: calls.append(x.shape) or real(x))
+    part = schur_funnel(ops, full_curves=full_curves, **kwargs)
+    keys = ["schur_order", "schur_alpha", "direction", "truncation"]
+    assert part.groupby(keys, sort=False).ngroups == every.groupby(keys, sort=False).ngroups
+    for (order, a, direction, cap), got in part.groupby(keys, sort=False):
+        whole = every[(every["schur_order"] == order) & (every["schur_alpha"] == a) & (every["direction"] == direction)
+                      & (every["truncation"] == cap)]
+        if (a, direction, None if cap == 6 else cap) in full_curves:
+            assert len(got) == L
+        else:
+            assert sorted(got["depth"]) == [0, L - 1] and sorted(got["steps"]) == [1, L]
+        merged = got.merge(whole, on=[*keys, "depth"], suffixes=("", "_every"))
+        assert len(merged) == len(got)
+        for col in ("steps", "erank", "erank_sigma", "participation_ratio", "log_norm"):
+            np.testing.assert_array_equal(merged[col], merged[f"{col}_every"], err_msg=col)
+        split = [J if a == 1.0 else independent_normal_part(J, order) for J in ops]
+        want = reference(split, direction, rank=None if cap == 6 else cap)
+        assert_curve(got.reset_index(drop=True), want[want["depth"].isin(got["depth"])].reset_index(drop=True), rel=1e-8)
+    sizes = part.groupby(keys).size()
+    truncating = int((sizes.index.get_level_values("truncation") == 3).sum())  # their first SVD truncates: _thin_svd
+    assert int((sizes == L).sum()) == 3  # (0, backward, 3) in both orders
+    assert len(calls) == 2 * len(sizes) - truncating + (L - 2) * 3
+
+    def failing(*args, **kw):
+        raise DecompositionError("no driver converged")
+
+    monkeypatch.setattr(product, "_svdvals", failing)
+    monkeypatch.setattr(product, "_thin_svd", failing)
+    failed = schur_funnel(ops, alphas=(1.0,), full_curves=[], directions=("backward",))
+    assert failed["depth"].tolist() == [0, L - 1] and failed["erank"].isna().all()
+    assert (failed["failure"] == "no driver converged").all()
+    with pytest.raises(InputError, match="direction"):
+        schur_funnel(ops, full_curves=[(1.0, "sideways", None)], **kwargs)
 
 
 def upper_triangular_ops(rng: np.random.Generator, n: int, d: int) -> tuple[list[np.ndarray], np.ndarray]:

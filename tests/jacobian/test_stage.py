@@ -103,12 +103,15 @@ def test_funnel_plan_keeps_the_split_for_the_trained_model() -> None:
     trained = funnel_plan(read, "trained", "isolated", 576)
     assert trained == {"alphas": (0.0, 0.5, 1.0), "directions": ("forward", "backward"), "ranks": (None, 512),
                        "schur_orders": ("lapack", "canonical", "outside_first", "inside_first"),
-                       "split": [("backward", 512), ("forward", None)], "further": [("backward", 512)]}
+                       "split": [("backward", 512), ("forward", None)], "further": [("backward", 512)],
+                       "full_curves": [(0.0, "forward", None), (0.5, "forward", None), (1.0, "forward", None),
+                                       (1.0, "backward", None)]}
     for checkpoint in ("init", "step-1000"):  # the step-0 null and a --revisions checkpoint: α = 1 alone
         assert funnel_plan(read, checkpoint, "isolated", 576)["alphas"] == (1.0,)
+        assert funnel_plan(read, checkpoint, "isolated", 576)["full_curves"] == [(1.0, "forward", None)]
         assert funnel_plan(read, checkpoint, "in_context", 576) == {
             "alphas": (1.0,), "schur_orders": ("lapack",), "split": None, "further": None, "directions": ("backward",),
-            "ranks": (512,)}
+            "ranks": (512,), "full_curves": []}
     assert funnel_plan(read, "trained", "in_context", 576)["alphas"] == (0.0, 1.0)
     assert funnel_plan(read, "trained", "isolated", 400)["ranks"] == (None,)  # rank 512 is the exact product
     assert funnel_plan(RunConfig(funnel_alphas=(0.5,)).options("jacobian"), "init", "isolated", 576) is None
@@ -116,7 +119,8 @@ def test_funnel_plan_keeps_the_split_for_the_trained_model() -> None:
     for checkpoint in ("trained", "init"):
         assert funnel_plan(every, checkpoint, "isolated", 576) == {
             "alphas": (0.0, 0.25, 0.5, 0.75, 1.0), "directions": ("forward", "backward"), "ranks": (None, 512),
-            "schur_orders": ("lapack", "canonical", "outside_first", "inside_first"), "split": None, "further": None}
+            "schur_orders": ("lapack", "canonical", "outside_first", "inside_first"), "split": None, "further": None,
+            "full_curves": None}
         assert funnel_plan(every, checkpoint, "in_context", 576)["alphas"] == (0.0, 1.0)
 
 

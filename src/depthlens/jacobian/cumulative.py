@@ -8,8 +8,10 @@ For operators ``J_0, …, J_{L−1}`` in depth order:
   (``C ← C J_b``).
 
 The effective ranks are scale-invariant, but 60 factors of norm 1e8 would overflow a plain
-product, so the running product is divided by its spectral norm after every step and the
-scale is kept separately as ``log_norm = ln ‖C_b‖₂`` (natural logarithm, exact to rounding).
+product, so the running product is scaled by a power of two after every step (its largest
+entry into [1/2, 1): exact, and the same whether or not that step's singular values are
+computed), the exponents are summed as integers, and ``log_norm = ln ‖C_b‖₂`` (natural
+logarithm, exact to rounding) is that sum times ln 2 plus the log of the largest singular value.
 
 Truncation (``rank=r``, r = 512 in the source protocol) replaces the running product by its
 best rank-r approximation (thin SVD) after every step. A product of rank ≤ r times any
@@ -33,7 +35,6 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -42,12 +43,11 @@ from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from ..errors import DecompositionError, InputError
-from ..linalg import guarded
 from ..linalg._checks import as_square
-from ..linalg.ranks import erank, erank_sigma, participation_ratio
 from ..linalg.schur import SCHUR_ORDERS, SchurForm, SchurOrder, check_schur_order, iter_schur_forms
 from ..executors.local import InlineExecutor
 from .options import ALPHAS
+from .product import RunningProduct
 
 __all__ = ["ALPHAS", "DIRECTIONS", "cumulative_ends", "cumulative_ranks", "schur_funnel"]
 
@@ -57,85 +57,6 @@ DIRECTIONS: tuple[str, ...] = ("forward", "backward")
 
 _RANKS = ("erank", "erank_sigma", "participation_ratio")
 _COLUMNS = ("depth", "steps", *_RANKS, "log_norm")
-_OVERFLOW = "a cumulative product step overflowed; divide the operators by a common scale first."
-_ZERO = "a cumulative product is exactly zero, so no effective rank is defined; check the operators."
-
-
-class _Accumulator:
-    """Running product as a normalised factor F (d × k, k ≤ r) with ``C = e^{log_norm} F W``, W orthonormal rows.
-
-    ``device`` None keeps F in NumPy and decomposes with LAPACK (:mod:`depthlens.linalg.guarded`);
-    a torch device keeps it there (products and SVDs in torch, :func:`~depthlens.linalg.guarded.
-    svd_torch`), the same arithmetic to rounding.
-    """
-
-    def __init__(self, rank: int, device: str | None = None) -> None:
-        self.rank = rank
-        self.device = device
-        self.factor: Any = None
-        self.log_norm = 0.0
-
-    def push(self, J: np.ndarray, measure: bool = True) -> tuple[float, float, float, float] | None:
-        """Multiply J in on the left; return erank, erank_sigma, participation_ratio and ln‖C‖₂.
-
-        ``measure`` False skips the singular values where no truncation needs them and returns
-        None: the product is then divided by its largest entry instead of its spectral norm (a
-        scale, which every rank ignores; ``log_norm`` keeps it, so the next measured step again
-        reports ln‖C‖₂ to rounding).
-        """
-        if self.device is not None:
-            import torch
-
-            J = torch.tensor(np.asarray(J), device=self.device)
-        with np.errstate(over="ignore", invalid="ignore"):
-            prod = J if self.factor is None else J @ self.factor
-        owned = prod is not J  # a new array, divided in place below
-        peak = _peak(prod)
-        if not math.isfinite(peak):
-            raise InputError(_OVERFLOW)
-        if prod.shape[1] > self.rank:
-            left, sv, _ = _thin_svd(prod)
-            prod, owned = left[:, : self.rank] * sv[: self.rank], True
-            sv = sv[: self.rank]
-        elif measure:
-            sv = _svdvals(prod)
-        else:
-            if peak == 0:
-                raise InputError(_ZERO)
-            self.factor = _divided(prod, peak, owned)
-            self.log_norm += float(np.log(peak))
-            return None
-        sv = np.asarray(sv.cpu() if self.device is not None else sv, dtype=np.float64)
-        if not np.isfinite(sv[0]):
-            raise InputError(_OVERFLOW)
-        if sv[0] == 0:
-            raise InputError(_ZERO)
-        self.factor = _divided(prod, float(sv[0]), owned)
-        self.log_norm += float(np.log(sv[0]))
-        return float(erank(sv)), float(erank_sigma(sv)), float(participation_ratio(sv)), self.log_norm
-
-
-def _peak(x: Any) -> float:
-    """``max |x|``, NaN or infinite where an entry is not finite. A real NumPy array takes two
-    reductions and no temporary (a NaN makes both NaN; ``max |x| = max(max x, −min x)`` exactly)."""
-    if isinstance(x, np.ndarray) and x.dtype.kind != "c":
-        return max(float(x.max()), -float(x.min()))
-    return float(abs(x).max())
-
-
-def _divided(x: Any, scale: float, owned: bool) -> Any:
-    """``x / scale``, in place where ``x`` is the accumulator's own (the same bits either way)."""
-    if not owned:
-        return x / scale
-    return np.divide(x, scale, out=x) if isinstance(x, np.ndarray) else x.div_(scale)
-
-
-def _thin_svd(x: Any) -> Any:
-    return guarded.svd(x, full_matrices=False) if isinstance(x, np.ndarray) else guarded.svd_torch(x)
-
-
-def _svdvals(x: Any) -> Any:
-    return guarded.svdvals(x) if isinstance(x, np.ndarray) else guarded.svd_torch(x, compute_uv=False)
 
 
 def _cap(rank: int | None, d: int) -> int:
@@ -168,10 +89,17 @@ def _order(n: int, direction: str) -> range:
     return range(n) if direction == "forward" else range(n - 1, -1, -1)
 
 
-def _curve(steps: Iterator[np.ndarray], order: range, rank: int, device: str | None = None) -> pd.DataFrame:
-    """Feed the accumulator (left multiplication) and tabulate one row per depth."""
-    acc = _Accumulator(rank, device)
-    rows = [(b, i + 1, *acc.push(J)) for i, (b, J) in enumerate(zip(order, steps, strict=True))]
+def _curve(steps: Iterator[np.ndarray], order: range, rank: int, device: str | None = None,
+           ends: bool = False) -> pd.DataFrame:
+    """Feed the accumulator (left multiplication) and tabulate one row per depth; with ``ends``
+    only the first and the last step are measured (their rows bit for bit those of the whole curve)."""
+    acc = RunningProduct(rank, device)
+    last = len(order) - 1
+    rows = []
+    for i, (b, J) in enumerate(zip(order, steps, strict=True)):
+        got = acc.push(J, measure=not ends or i in (0, last))
+        if got is not None:
+            rows.append((b, i + 1, *got))
     return pd.DataFrame(rows, columns=list(_COLUMNS)).sort_values("depth", ignore_index=True)
 
 
@@ -236,9 +164,9 @@ def cumulative_ends(steps: Iterable[Iterable[ArrayLike]], n_steps: int, directio
     their operators fed step by step (e.g. one product per bootstrap replicate).
 
     Product i is the one :func:`cumulative_ranks` forms from the i-th operator of every step;
-    its two values are that function's ``erank`` at ``steps`` 1 and ``n_steps``, to rounding
-    (the same accumulator; the singular values of the steps in between are not computed, as no
-    rank is wanted there: those steps only rescale the running product).
+    its two values are that function's ``erank`` at ``steps`` 1 and ``n_steps``, bit for bit
+    on the same operators (the same accumulator and scaling; the singular values of the steps
+    in between are not computed, as no rank is wanted there).
 
     Parameters
     ----------
@@ -302,7 +230,7 @@ def cumulative_ends(steps: Iterable[Iterable[ArrayLike]], n_steps: int, directio
     for name, value in (("n_steps", n_steps), ("threads", threads)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise InputError(f"{name} is {value!r}; pass a positive integer.")
-    accs: list[_Accumulator] = []
+    accs: list[RunningProduct] = []
     ends: list[list[float]] = []
     failures: list[str | None] = []
     shape: tuple[int, ...] = ()
@@ -333,7 +261,7 @@ def cumulative_ends(steps: Iterable[Iterable[ArrayLike]], n_steps: int, directio
                     if step == 0:
                         if i == 0:
                             shape = J.shape
-                        accs.append(_Accumulator(_cap(rank, shape[0]), device))
+                        accs.append(RunningProduct(_cap(rank, shape[0]), device))
                         ends.append([math.nan, math.nan])
                         failures.append(None)
                     elif i >= len(accs):
@@ -365,6 +293,7 @@ def schur_funnel(
     schur_orders: Sequence[SchurOrder] = SCHUR_ORDERS[:1],
     split: Sequence[tuple[str, int | None]] | None = None,
     further: Sequence[tuple[str, int | None]] | None = None,
+    full_curves: Sequence[tuple[float, str, int | None]] | None = None,
     progress: bool = False,
     pool: Executor | None = None,
     label: str = "",
@@ -404,6 +333,12 @@ def schur_funnel(
         The curves of the further orders' α = 0, as ``split``; default: every direction with
         every rank. A run that reads those orders on one curve only (the claims' protocol)
         computes just that one.
+    full_curves : sequence of (alpha, direction, rank), optional
+        The curves measured at every depth; every other curve (any Schur order) is measured at
+        its two ends only: the rows of one step and of full depth, bit for bit those of the
+        whole curve (the steps between are products without singular values). Default None:
+        every curve at every depth. A run whose figures draw a few curves and whose claims read
+        the others' ends only saves the singular values of most depths.
     progress : bool
         Show progress bars (tqdm); ``label`` (e.g. ``step-0 null``) follows their names.
     pool : Executor, optional
@@ -426,8 +361,8 @@ def schur_funnel(
         Columns ``schur_order``, ``schur_alpha``, ``direction``, ``truncation`` (the rank cap used:
         min(r, d), and d for exact), ``exact`` (the cap is d: the exact products), then the
         columns of :func:`cumulative_ranks` and ``failure``; one row per (schur_order,
-        schur_alpha, direction, truncation, depth) computed, the first order's rows first, by α
-        in the order given. ``failure`` is None, or the
+        schur_alpha, direction, truncation, depth) computed (two depths, one step and full depth,
+        for a curve outside ``full_curves``), the first order's rows first, by α in the order given. ``failure`` is None, or the
         reason why no SVD driver of :mod:`depthlens.linalg.guarded` converged on that curve,
         whose values are then NaN. Where a normal part is complex (always for the orders other
         than ``canonical``, and for ``canonical`` when J has complex eigenvalues), ``J(α)``
@@ -465,6 +400,8 @@ def schur_funnel(
                              "or None for all.")
         for direction, _ in pairs or ():
             _check_direction(direction)
+    for _, direction, _ in full_curves or ():
+        _check_direction(direction)
     items = list(operators)
     forms = [J if isinstance(J, SchurForm) else None for J in items]
     ops = _operators([form.matrix if form is not None else J for form, J in zip(forms, items, strict=True)])
@@ -473,6 +410,12 @@ def schur_funnel(
     every = [(direction, _cap(r, d)) for direction in directions for r in ranks]
     split_curves, further_curves = (every if pairs is None else list(dict.fromkeys((di, _cap(r, d)) for di, r in pairs))
                                     for pairs in (split, further))
+    full = None if full_curves is None else {(float(a), di, _cap(r, d)) for a, di, r in full_curves}
+
+    def ends(a: float, direction: str, cap: int) -> bool:
+        """Whether the curve is measured at its two ends only."""
+        return full is not None and (a, direction, cap) not in full
+
     # (order, α) in row order: every α for the first order (α = 1 unsplit), α = 0 for the others
     plan = [(orders[0], float(a)) for a in alpha_values] + [(o, 0.0) for o in orders[1:] if np.any(alpha_values == 0)]
     split_orders = list(dict.fromkeys(o for o, a in plan if a != 1.0))  # the orders whose normal parts are needed
@@ -484,13 +427,14 @@ def schur_funnel(
         folder = Path(tmp)
         ops_ref: Sequence[object] = _share(ops, folder / "ops") if local else ops
         if (orders[0], 1.0) in plan:  # needs no Schur form, so it starts while they are computed
-            curves[(orders[0], 1.0)] = [on.submit(_split_curve, ops_ref, None, 1.0, direction, cap, orders[0], device)
-                                        for direction, cap in every]
+            curves[(orders[0], 1.0)] = [on.submit(_split_curve, ops_ref, None, 1.0, direction, cap, orders[0], device,
+                                                  ends(1.0, direction, cap)) for direction, cap in every]
         normal = _normal_parts(pool, forms, ops, split_orders, folder, progress=progress, label=label)
         for order, a in plan:
             if a != 1.0:
                 refs = normal[order] if local else _load(normal[order])
-                curves[(order, a)] = [on.submit(_split_curve, ops_ref, refs, a, direction, cap, order, device)
+                curves[(order, a)] = [on.submit(_split_curve, ops_ref, refs, a, direction, cap, order, device,
+                                                ends(a, direction, cap))
                                       for direction, cap in (split_curves if order == orders[0] else further_curves)]
         futures = [f for key in plan for f in curves[key]]
         tables = [f.result() for f in tqdm(futures, desc=f"schur funnel {label}".strip(), unit="curve", disable=not progress)]
@@ -562,13 +506,14 @@ def _load(ref: Sequence[object]) -> list[np.ndarray]:
 
 def _split_curve(
     ops_ref: Sequence[object], normal_ref: Sequence[object] | None, alpha: float, direction: str, cap: int,
-    order: str, device: str | None = None,
+    order: str, device: str | None = None, ends: bool = False,
 ) -> pd.DataFrame:
     """One curve of the funnel: the cumulative ranks of ``J_b(α) = (1 − α) M₀_b + α J_b``.
 
     ``ops_ref`` and ``normal_ref`` (the normal parts in Schur order ``order``; None for α = 1,
     which needs none) hold the arrays, or paths of ``.npy`` files to memory-map; ``device``
-    is the torch device of the products and SVDs (None: NumPy and LAPACK).
+    is the torch device of the products and SVDs (None: NumPy and LAPACK); ``ends`` measures
+    the first and the last step only (the rows of depths 0 and L − 1).
     """
     ops = _load(ops_ref)
     normal = _load(normal_ref) if normal_ref is not None else None
@@ -576,9 +521,10 @@ def _split_curve(
     # J(1) = J bit-exactly; taking it as is keeps real operators in real arithmetic.
     split = (np.asarray(ops[b]) if normal is None else (1.0 - alpha) * normal[b] + alpha * ops[b] for b in order_b)
     try:
-        curve = _curve((_oriented(J, direction) for J in split), order_b, cap, device).assign(failure=None)
+        curve = _curve((_oriented(J, direction) for J in split), order_b, cap, device, ends).assign(failure=None)
     except DecompositionError as exc:  # every SVD driver failed: this curve is NaN, with the reason
-        curve = pd.DataFrame({"depth": np.arange(len(ops)), "steps": np.nan, **{c: np.nan for c in (*_RANKS, "log_norm")},
+        depths = np.unique([0, len(ops) - 1]) if ends else np.arange(len(ops))
+        curve = pd.DataFrame({"depth": depths, "steps": np.nan, **{c: np.nan for c in (*_RANKS, "log_norm")},
                               "failure": str(exc)})
     return curve.assign(schur_order=order, schur_alpha=alpha, direction=direction, truncation=cap,
                         exact=cap >= len(ops[0]))

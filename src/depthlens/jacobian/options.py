@@ -59,9 +59,10 @@ class JacobianOptions:
         which funnel curves are computed: read = those the claims, their variants and the
         figures read (the Schur split on the trained model only, on the claims' backward curve
         and the forward curve of the least truncation, the further Schur orders on the claims'
-        backward curve only, the other Jacobian mode on that curve only); every =
-        the Schur split of every checkpoint, every order in both directions and at every
-        truncation (--preset paper)
+        backward curve only, the other Jacobian mode on that curve only), each at every depth
+        only where a figure draws it, else at its two ends (one step and full depth, the
+        values the claims read); every = the Schur split of every checkpoint, every order in
+        both directions and at every truncation, every curve at every depth (--preset paper)
     funnel_boot : int
         bootstrap replicates over chunks of the claims' funnel (backward, rank --funnel-rank, α = 1,
         the funnel's mode): per replicate the run's chunks are drawn again with replacement (from

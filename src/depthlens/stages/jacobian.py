@@ -118,6 +118,11 @@ def funnel_plan(opts: JacobianOptions, checkpoint: str, mode: str, d: int) -> di
       every other checkpoint (the step-0 null, ``--revisions``) α = 1 alone, both directions,
       every truncation (B3, C2 and their variants); the other modes the protocol curve alone,
       at α = 0 and 1 for ``trained`` (B2's and B4's in-context variants) and α = 1 otherwise.
+      Of these only the curves a figure draws are measured at every depth (``full_curves``):
+      the funnel mode's forward curves of the least truncation (the cumulative-erank and the
+      checkpoint-comparison figures) and the trained backward α = 1 curve of the least
+      truncation (the transport figure); the claims read the others' two ends, which are
+      measured alone (bit for bit the same values).
     """
     if opts.funnel_rank == 0 or opts.funnel_rank >= d:
         ranks: tuple[int | None, ...] = (None,)
@@ -136,6 +141,11 @@ def funnel_plan(opts: JacobianOptions, checkpoint: str, mode: str, d: int) -> di
         kept = (0.0, 1.0) if trained else (1.0,)
         plan = {"alphas": tuple(a for a in opts.funnel_alphas if a in kept), "schur_orders": opts.schur_orders[:1],
                 "split": None, "further": None, **({"directions": DIRECTIONS, "ranks": ranks} if main else protocol)}
+    if opts.funnel_curves == "read":
+        drawn = [(a, "forward", ranks[0]) for a in plan["alphas"]] if main else []
+        plan["full_curves"] = drawn + ([(1.0, "backward", ranks[0])] if main and trained else [])
+    else:
+        plan["full_curves"] = None
     return plan if plan["alphas"] else None
 
 
