@@ -596,3 +596,17 @@ def test_a_resume_with_other_options_names_them(text_file: Path, tmp_path: Path,
     assert capsys.readouterr().err.strip() == (
         f"depthlens: error: cannot resume {out}: it was started with --chunks 6, --seed 0, not --chunks 4, --seed 2; "
         "rerun with the options it was started with, or pass --overwrite to replace it.")
+
+
+@pytest.mark.parametrize("given", [None, "ACTIVE"])
+def test_command_line_threads_default_to_one_blas_thread_and_passive_openmp_waiting(given: str | None) -> None:
+    """The command line starts OpenBLAS on one thread and torch's OpenMP threads waiting
+    passively (they spin otherwise, beside the worker processes on the same cores), by setting
+    both before numpy and torch load; a value in the environment wins."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS")}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    code = ("import sys, os, depthlens.cli; "
+            "print('torch' in sys.modules, os.environ['OMP_WAIT_POLICY'], os.environ['OPENBLAS_NUM_THREADS'])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", given or "PASSIVE", "1"]  # torch (and its OpenMP runtime) not yet loaded

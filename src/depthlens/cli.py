@@ -27,6 +27,11 @@ from typing import TYPE_CHECKING, NoReturn
 # (n <= 1000) on 2-core machines, and fights torch's own thread pool; one BLAS thread is the
 # default unless the user chose otherwise. Must run before numpy is imported.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# torch's OpenMP threads spin between parallel regions unless told to sleep, and a run overlaps
+# them with worker processes on the same cores: the attention stage on 2 cores took 8 to 18 %
+# less CPU time and 5 to 15 % less wall time with passive waiting (benchmarks/bench_wait_policy.py).
+# Read when torch loads its OpenMP runtime; a value the user set wins. Changes no number.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from collections.abc import Sequence
 
 from .config import (  # noqa: E402
