@@ -1,10 +1,10 @@
-"""OpenMP waiting: the attention stage on the embedded model with torch's OpenMP threads waiting
+"""OpenMP waiting: the clamp stage on the embedded model with torch's OpenMP threads waiting
 passively (the command line's default) against OpenMP's own default (they spin between parallel
 regions), which a process gets when torch is loaded before the command line sets its default.
 
-The stage overlaps torch in the main process (forward passes, two threads) with worker
-processes (the per-matrix numerics) on the same cores, where spinning threads take CPU time the
-workers need. The runs alternate, two of each, and each prints its wall and CPU time (user +
+The stage overlaps torch in the main process (the clamped forward passes, two threads) with
+worker processes (the heads' Kreiss searches) on the same cores, where spinning threads take
+CPU time the workers need (about a fifth of it on 2 cores). The runs alternate, two of each, and each prints its wall and CPU time (user +
 system, every process of the run); the ratios compare the sums. The tables are the same either
 way (waiting changes no arithmetic): the last run of each is compared, bit for bit.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-#: The stage's command line: the default options at 16 chunks (about a minute a run on 2 cores).
-ARGS = ["attention", "--chunks", "16", "--quiet", "--overwrite"]
+#: The stage's command line: the default options (about a minute and a half a run on 2 cores).
+ARGS = ["clamp", "--quiet", "--overwrite"]
 #: How each variant starts the command line: passive (the default) and spinning (torch first).
 STARTS = {"passive": "from depthlens.cli import main",
           "spinning": "import torch; from depthlens.cli import main"}
@@ -54,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
                 totals[variant][0] += wall
                 totals[variant][1] += cpu
                 print(f"round {k + 1} {variant:9s} {wall:7.1f} s wall {cpu:7.1f} CPU-s", flush=True)
-        tables = [pd.read_parquet(folder / variant / "tables" / "head_chunks.parquet") for variant in STARTS]
+        tables = [pd.read_parquet(folder / variant / "tables" / "clamp_heads.parquet") for variant in STARTS]
         pd.testing.assert_frame_equal(*tables, check_exact=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     (pw, pc), (sw, sc) = totals["passive"], totals["spinning"]
     print(f"passive / spinning: wall {pw:.1f} / {sw:.1f} s = {pw / sw:.2f}, CPU {pc:.1f} / {sc:.1f} s = {pc / sc:.2f}; "
-          "head_chunks tables identical")
+          "clamp_heads tables identical")
     return 0
 
 

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, NoReturn
 # default unless the user chose otherwise. Must run before numpy is imported.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # torch's OpenMP threads spin between parallel regions unless told to sleep, and a run overlaps
-# them with worker processes on the same cores: the attention stage on 2 cores took 8 to 18 %
-# less CPU time and 5 to 15 % less wall time with passive waiting (benchmarks/bench_wait_policy.py).
+# them with worker processes on the same cores: with passive waiting the clamp stage on 2 cores
+# takes about a fifth less CPU and wall time (benchmarks/bench_wait_policy.py), the demo 12 % less CPU.
 # Read when torch loads its OpenMP runtime; a value the user set wins. Changes no number.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from collections.abc import Sequence
