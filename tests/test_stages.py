@@ -62,10 +62,11 @@ def test_cumulative_alpha_one_is_the_plain_product(run_root: Path) -> None:
                                             if mode == "isolated" else {"lapack"})
         assert set(rows["direction"]) == ({"forward", "backward"} if mode == "isolated" else {"backward"})
         for direction in sorted(set(rows["direction"])):
-            got = rows[(rows["schur_alpha"] == 1.0) & (rows["direction"] == direction)]
-            expect = cumulative_ranks(operator_list(_ops(run_root, "trained", mode)), direction)
-            np.testing.assert_allclose(got.sort_values("depth")["erank"].to_numpy(), expect["erank"].to_numpy(),
-                                       rtol=1e-12)
+            got = rows[(rows["schur_alpha"] == 1.0) & (rows["direction"] == direction)].sort_values("depth")
+            expect = cumulative_ranks(operator_list(_ops(run_root, "trained", mode)), direction).set_index("depth")
+            # the figures draw the funnel mode's curves at every depth; the claims read the others' two ends
+            assert len(got) == (len(expect) if mode == "isolated" else 2)
+            np.testing.assert_allclose(got["erank"].to_numpy(), expect.loc[got["depth"], "erank"].to_numpy(), rtol=1e-12)
 
 
 def test_funnel_bootstrap_of_every_checkpoint_and_step0_seed(run_root: Path) -> None:
