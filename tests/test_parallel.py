@@ -245,6 +245,38 @@ def test_ahead_executor_runs_calls_one_at_a_time_in_order() -> None:
         failing.result()
 
 
+def test_read_ahead_yields_every_item_in_order_computing_the_next_in_another_thread() -> None:
+    """Nothing runs before the first item is asked for; every item is computed in one other
+    thread, the next one while the caller holds the current one; a producer's exception is
+    raised in its item's place."""
+    import threading
+
+    from depthlens.executors.local import read_ahead
+
+    made: list[tuple[int, int]] = []
+    started = {i: threading.Event() for i in range(5)}
+
+    def produce():
+        for i in range(4):
+            started[i].set()
+            made.append((i, threading.get_ident()))
+            yield i * 10
+        started[4].set()
+        raise ValueError("the producer failed")
+
+    items = read_ahead(produce())
+    time.sleep(0.05)
+    assert made == []  # lazy
+    got = []
+    with pytest.raises(ValueError, match="the producer failed"):
+        for item in items:
+            assert started[len(got) + 1].wait(10), "the next item was not computed while the caller held this one"
+            got.append(item)
+    assert got == [0, 10, 20, 30] and [i for i, _ in made] == [0, 1, 2, 3]
+    assert len({t for _, t in made}) == 1 and made[0][1] != threading.get_ident()
+    assert list(read_ahead(iter(()))) == [] and list(read_ahead([1, 2])) == [1, 2]
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigterm_does_not_wait_for_the_call_ahead(tmp_path: Path) -> None:
     """A stop while a call runs ahead (a 300 s one here) exits at once: the running call is

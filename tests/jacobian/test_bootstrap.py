@@ -191,6 +191,40 @@ def test_bootstrap_replicates_are_the_funnels_of_the_resampled_means(rng: np.ran
         np.testing.assert_allclose(got[k], _ends(means, "backward", rank), rtol=1e-11)
 
 
+def test_boot_table_reads_the_next_sums_ahead_with_the_same_bits(rng: np.random.Generator, monkeypatch) -> None:
+    """Under the read-ahead budget the next sub-layer's sums are produced in another thread
+    while the replicates use the current one; over it, in the caller's thread; the table is
+    bit for bit the same, and :func:`funnel_bootstrap`'s on the same sums."""
+    import threading
+
+    from depthlens.jacobian import store
+
+    d, L, C = 7, 6, 5
+    sums = [rng.standard_normal((C, d, d)) / 3 + np.eye(d) for _ in range(L)]
+    weights = bootstrap_weights(C, 8, seed=4)
+    opts = JacobianOptions(funnel_rank=4)
+    threads: list[int] = []
+
+    def produced():
+        for b in reversed(range(L)):
+            threads.append(threading.get_ident())
+            yield b, sums[b], np.ones(C)
+
+    tables = {}
+    for budget in (C * d * d * 8, C * d * d * 8 - 1):
+        monkeypatch.setattr(store, "READ_AHEAD_BYTES", budget)
+        threads.clear()
+        tables[budget] = store.boot_table(produced(), weights, L, d, opts, None, 2)
+        ahead = budget == C * d * d * 8
+        assert len(set(threads)) == 1 and (threads[0] != threading.get_ident()) == ahead
+    first, second = tables.values()
+    direct = funnel_bootstrap(((b, sums[b], np.ones(C)) for b in reversed(range(L))), weights, L, 4)
+    for column in ("erank_one_step", "erank_full_depth"):
+        assert np.array_equal(first[column].to_numpy(), second[column].to_numpy())
+        assert np.array_equal(first[column].to_numpy(), direct[column].to_numpy())
+    assert (first["truncation"] == 4).all() and first["failure"].isna().all()
+
+
 @pytest.fixture(scope="module")
 def llama():
     ad = load_model("random:llama").adapter

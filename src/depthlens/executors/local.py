@@ -261,6 +261,24 @@ class AheadExecutor(Executor):
         self.shutdown(wait=exc_type is None, cancel_futures=exc_type is not None)
 
 
+def read_ahead(items: Iterable[T]) -> Iterator[T]:
+    """The items of ``items`` in order, each next one computed in an :class:`AheadExecutor`'s
+    thread while the caller uses the current one (one item ahead: memory for two at once).
+
+    For a producer that leaves the interpreter (torch, BLAS) feeding a consumer that does too:
+    the two overlap on separate cores. Nothing runs until the first item is asked for, so the
+    producer starts under whatever the caller set up by then (e.g. a BLAS thread limit, which
+    is process-wide); an exception of the producer is raised where its item would have been.
+    """
+    it = iter(items)
+    end = object()
+    with AheadExecutor() as ahead:
+        pending = ahead.submit(next, it, end)
+        while (item := pending.result()) is not end:
+            pending = ahead.submit(next, it, end)
+            yield item
+
+
 @dataclass(frozen=True)
 class Task:
     """One call ``fn(*args, **kwargs)`` as it travels to a worker: ``fn`` is pickled by
