@@ -4,8 +4,9 @@ regions), which a process gets when torch is loaded before the command line sets
 
 The stage overlaps torch in the main process (the clamped forward passes, two threads) with
 worker processes (the heads' Kreiss searches) on the same cores, where spinning threads take
-CPU time the workers need (about a fifth of it on 2 cores). The runs alternate, two of each, and each prints its wall and CPU time (user +
-system, every process of the run); the ratios compare the sums. The tables are the same either
+CPU time the workers need (about a fifth of it on 2 cores). The runs alternate, ``--rounds`` of
+each, and each prints its wall and CPU time (user + system, every process of the run); the
+ratios compare the sums. The tables are the same either
 way (waiting changes no arithmetic): the last run of each is compared, bit for bit.
 """
 

@@ -9,11 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from depthlens.linalg.causal import check_causal_stochastic
-from depthlens.precompile import synthetic_attention
-
 #: Run in a fresh process on the cache: the per-matrix analysis of another matrix, every
 #: option on, then every compiled kernel's cache hits and misses.
 PROBE = """
@@ -22,8 +17,9 @@ from numba.core.registry import CPUDispatcher
 from depthlens.attention.analysis import head_chunk_row
 from depthlens.attention.options import AttentionOptions
 from depthlens.linalg import _brent, _kernels
-from depthlens.precompile import synthetic_attention
-head_chunk_row(synthetic_attention(23, seed=5), 2, 1, 3, AttentionOptions(), nulls=True, extras=True, certify=True)
+import numpy as np
+from depthlens.linalg.causal import random_causal_attention
+head_chunk_row(random_causal_attention(23, np.random.default_rng(5)), 2, 1, 3, AttentionOptions(), nulls=True, extras=True, certify=True)
 stats = {f"{m.__name__}.{k}": [sum(v.stats.cache_hits.values()), sum(v.stats.cache_misses.values())]
          for m in (_kernels, _brent) for k, v in vars(m).items() if isinstance(v, CPUDispatcher)}
 print(json.dumps(stats))
@@ -34,13 +30,6 @@ def _python(code: list[str], cache: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
     env.pop("NUMBA_DISABLE_JIT", None)
     return subprocess.run([sys.executable, *code], env=env, capture_output=True, text=True, timeout=600, check=False)
-
-
-def test_synthetic_attention_is_causal_row_stochastic() -> None:
-    A = synthetic_attention(9, seed=2)
-    check_causal_stochastic(A)
-    assert np.allclose(A.sum(axis=1), 1.0, rtol=0, atol=1e-15) and np.all(np.diag(A) > 0)
-    assert not np.array_equal(A, synthetic_attention(9, seed=3))
 
 
 def test_precompiled_cache_serves_every_kernel_signature_the_analysis_calls(tmp_path: Path) -> None:

@@ -6,9 +6,10 @@ The kernels of :mod:`depthlens.linalg._kernels` and :mod:`depthlens.linalg._bren
 code beside the sources (or under ``NUMBA_CACHE_DIR``), keyed by the source file and the CPU.
 Without a cache, the first run compiles them in every worker process at once (about 12 s of
 each worker on two cores). :func:`precompile` makes every call the stages make on a small
-synthetic attention matrix (the per-matrix features with their extras, the matched-null
-reserves and the certified Kreiss bracket: :func:`~depthlens.attention.analysis.head_chunk_row`),
-so each signature the stages use is compiled once, here. Nothing it computes is kept.
+synthetic attention matrix (:func:`~depthlens.linalg.causal.random_causal_attention`): the
+per-matrix features with their extras, the matched-null reserves and the certified Kreiss
+bracket (:func:`~depthlens.attention.analysis.head_chunk_row`), so each signature the stages
+use is compiled once, here. Nothing it computes is kept.
 """
 
 from __future__ import annotations
@@ -18,20 +19,13 @@ import time
 
 import numpy as np
 
-__all__ = ["precompile", "synthetic_attention"]
+from .linalg.causal import random_causal_attention
 
-
-def synthetic_attention(n: int, seed: int = 0) -> np.ndarray:
-    """A causal row-stochastic ``n × n`` matrix (row-wise softmax of Gaussian scores under the
-    causal mask), float64."""
-    scores = np.random.default_rng(seed).standard_normal((n, n))
-    scores[np.triu_indices(n, 1)] = -np.inf
-    weights = np.exp(scores - scores.max(axis=1, keepdims=True))
-    return weights / weights.sum(axis=1, keepdims=True)
+__all__ = ["precompile"]
 
 
 def precompile(n: int = 12) -> float:
-    """Run the attention analysis of one synthetic ``n × n`` matrix with every option the
+    """Run the attention analysis of one random causal ``n × n`` matrix with every option the
     stages use (so numba compiles, or loads from its cache, every kernel signature they call)
     and return the seconds it took."""
     from .attention.analysis import head_chunk_row
@@ -39,7 +33,8 @@ def precompile(n: int = 12) -> float:
 
     start = time.perf_counter()
     opts = AttentionOptions()
-    head_chunk_row(synthetic_attention(n), 0, 0, 0, opts, nulls=True, extras=True, certify=True)
+    A = random_causal_attention(n, np.random.default_rng(0))
+    head_chunk_row(A, 0, 0, 0, opts, nulls=True, extras=True, certify=True)
     return time.perf_counter() - start
 
 
