@@ -7,7 +7,8 @@ and the ``canonical`` sort (the ``trexc`` selection sort against
 :func:`~depthlens.linalg.reorder.sort_diagonal`). Prints each time, the ratio, and the
 agreement of the normal parts ``Q Λ Q*``. One BLAS thread, as the jacobian stage's workers run.
 
-Run ``python benchmarks/bench_reorder.py [n ...]`` (default 1024 and 2048; the 8B shape is
+Run ``python benchmarks/bench_reorder.py [n ...]`` (default 256, 576, 1024 and 2048: the threshold
+:data:`~depthlens.linalg.schur.BLOCKED_FROM`, SmolLM2's width and beyond; the 8B shape is
 4096, where the unblocked moves take minutes).
 """
 
@@ -71,4 +72,4 @@ def main(sizes: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]] or [1024, 2048])
+    main([int(a) for a in sys.argv[1:]] or [256, 576, 1024, 2048])

@@ -32,12 +32,13 @@ Orders
     groups and change ``Q`` and ``J(0)`` by O(1).
 
 Reordering
-    Below :data:`BLOCKED_FROM` (1024; every model of d = 576 such as SmolLM2 included) the
-    orders other than ``lapack`` are reached with LAPACK's unblocked ``trsen`` and ``trexc``,
-    bit for bit as SciPy would. From it on they are reached with the blocked moves of
-    :mod:`depthlens.linalg.reorder` (3–5× faster at n = 1024–2048, the same diagonal, normal
-    parts within about 1e-14 of the unblocked ones where eigenvalues are distinct;
-    ``benchmarks/bench_reorder.py``).
+    Below :data:`BLOCKED_FROM` (256) the orders other than ``lapack`` are reached with
+    LAPACK's unblocked ``trsen`` and ``trexc``, bit for bit as SciPy would. From it on (every
+    model of d = 576 such as SmolLM2 included) they are reached with the blocked moves of
+    :mod:`depthlens.linalg.reorder`: the same diagonal, normal parts within about 1e-14 of the
+    unblocked ones where eigenvalues are distinct, 1.1–1.2× faster at n = 256, 1.5× (the
+    ``outside_first`` selection) and 1.9× (the ``canonical`` sort) at n = 576, 3–5× at
+    n = 1024–2048 (``benchmarks/bench_reorder.py``, one BLAS thread).
 
 Real input
     ``canonical``: if every eigenvalue of a real ``M`` is real, its real Schur form is
@@ -69,10 +70,10 @@ __all__ = ["BLOCKED_FROM", "SCHUR_ORDERS", "STRUCTURAL_TOL", "SchurForm", "Schur
 
 #: Order from which reorderings are blocked (:mod:`depthlens.linalg.reorder`: eigenvalues move
 #: in windows and the rest of the form is updated by matrix products) instead of LAPACK's
-#: unblocked ``trsen`` / ``trexc``. Below it every form is bit for bit what LAPACK's routines
-#: give (SmolLM2's d = 576 included); at n = 2048 the blocked moves are about 4× faster
-#: (``benchmarks/bench_reorder.py``).
-BLOCKED_FROM = 1024
+#: unblocked ``trsen`` / ``trexc``: where the blocked moves stop being slower
+#: (``benchmarks/bench_reorder.py``: 1.1× faster at n = 256, 1.5–1.9× at 576, about 4× at 2048).
+#: Below it every form is bit for bit what LAPACK's routines give.
+BLOCKED_FROM = 256
 
 STRUCTURAL_TOL = 1e-8
 """Relative distance, in units of ``max(1, max|λ|)``, within which a computed eigenvalue of a
