@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..models.weights import LayerWeights, NormJacobian
+from ..models.weights import LayerWeights, Norm, NormJacobian
 
 __all__ = ["Factor", "mlp_factor", "mlp_update", "ple_factor", "ple_update"]
 
@@ -32,7 +32,10 @@ class Factor:
     either dense (``A`` (N, K, m)) or a sum of row-scaled constant matrices
     ``A_n = sum_i diag(alphas[n, i]) Bs[i]`` (the MLP: ``Bs = (Wg, Wu)``), or the identity.
     ``R`` is the pre-norm Jacobian (size m), ``P`` the post-norm Jacobian (size d), both
-    structured (:class:`NormJacobian`).
+    structured (:class:`NormJacobian`). ``normed`` optionally holds, per ``Bs[i]``, the
+    products ``(g * V_n) @ Bs[i]^T`` (N, c, K) of ``R``'s gain-scaled vectors, where the caller
+    has them already (:func:`mlp_factor`: the MLP's own pre-activations); :meth:`total` forms
+    them otherwise.
     """
 
     W: Tensor
@@ -43,6 +46,7 @@ class Factor:
     R: NormJacobian | None = None
     P: NormJacobian | None = None
     scale: float = 1.0
+    normed: tuple[Tensor, ...] | None = None
 
     def _A_dense(self) -> Tensor | None:
         if self.alphas is None:
@@ -89,7 +93,8 @@ class Factor:
         S.mul_(R.gain)
         gV = R.vecs * R.gain  # (N, c, m)
         if self.alphas is not None:  # A_n (g V_n)^T = sum_i alpha_in * (B_i (g V_n)^T)
-            AV = sum(self.alphas[:, i, None, :] * (gV @ B.T) for i, B in enumerate(self.Bs))  # (N, c, K)
+            normed = self.normed if self.normed is not None else tuple(gV @ B.T for B in self.Bs)
+            AV = sum(self.alphas[:, i, None, :] * product for i, product in enumerate(normed))  # (N, c, K)
         elif self.A is not None:
             AV = gV @ self.A.transpose(-1, -2)
         else:
@@ -146,29 +151,42 @@ def _act_and_slope(act: Callable[[Tensor], Tensor], u: Tensor) -> tuple[Tensor, 
     return torch.func.jvp(act, (u,), (torch.ones_like(u),))
 
 
-def _mlp_forward(ops: LayerWeights, x: Tensor, output: bool = True) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """The MLP at residuals ``x (N, d)``: ``(act'(u), act(u), w or None, out)`` with ``u`` the
-    gate's and ``w`` the up projection's pre-activations, ``out`` the output before any post-norm
-    (None unless ``output``)."""
+def _mlp_forward(ops: LayerWeights, x: Tensor, output: bool = True
+                 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, tuple[Tensor, ...]]:
+    """The MLP at residuals ``x (N, d)``: ``(act'(u), act(u), w or None, out, products)`` with
+    ``u`` the gate's and ``w`` the up projection's pre-activations, ``out`` the output before
+    any post-norm (None unless ``output``) and ``products`` the normed residual ``n`` times
+    ``Wg^T`` (and ``Wu^T``), before the biases."""
     n = ops.mlp_in(x) if ops.mlp_in is not None else x
-    u = n @ ops.Wg.T
-    if ops.bg is not None:
-        u = u + ops.bg
+    products = tuple(n @ B.T for B in (ops.Wg, ops.Wu) if B is not None)
+    u = products[0] if ops.bg is None else products[0] + ops.bg
     f, df = _act_and_slope(ops.act, u)
     w = None
     if ops.Wu is not None:
-        w = n @ ops.Wu.T
-        if ops.bu is not None:
-            w = w + ops.bu
+        w = products[1] if ops.bu is None else products[1] + ops.bu
     if not output:
-        return df, f, w, None
+        return df, f, w, None, products
     out = (f if w is None else f * w) @ ops.Wd.T
-    return df, f, w, out if ops.bd is None else out + ops.bd
+    return df, f, w, out if ops.bd is None else out + ops.bd, products
+
+
+def _normed_products(norm: Norm | None, products: tuple[Tensor, ...], Bs: tuple[Tensor, ...]
+                     ) -> tuple[Tensor, ...] | None:
+    """``(g * V_n) @ B^T`` (N, c, K) for every ``B`` of ``Bs``, the vectors ``V_n`` of the
+    pre-norm's Jacobian (:meth:`Norm.jacobian`), from ``products`` ``n @ B^T`` (N, K) that the
+    forward pass formed: without a norm bias ``g * xhat`` is the normed residual ``n`` itself,
+    and LayerNorm's constant vector gives ``g @ B^T``. None for a norm with a bias (the
+    factor then forms them from the vectors)."""
+    if norm is None or norm.bias is not None:
+        return None
+    if norm.kind == "rms":
+        return tuple(p[:, None, :] for p in products)
+    return tuple(torch.stack([(norm.gain @ B.T).expand_as(p), p], dim=1) for p, B in zip(products, Bs, strict=True))
 
 
 def mlp_update(ops: LayerWeights, x: Tensor) -> Tensor:
     """What the MLP sub-layer adds to residuals ``x (N, d)``: ``mlp_post(Wd z + bd)``."""
-    out = _mlp_forward(ops, x)[-1]
+    out = _mlp_forward(ops, x)[3]
     assert out is not None
     return ops.mlp_post(out) if ops.mlp_post is not None else out
 
@@ -176,13 +194,14 @@ def mlp_update(ops: LayerWeights, x: Tensor) -> Tensor:
 def mlp_factor(ops: LayerWeights, x: Tensor, scale: float = 1.0) -> Factor:
     """The MLP sub-layer at residuals ``x (N, d)``: ``A_n = diag(act'(u) * w) Wg + diag(act(u)) Wu`` as row scalings."""
     R = ops.mlp_in.jacobian(x) if ops.mlp_in is not None else None
-    df, f, w, out = _mlp_forward(ops, x, output=ops.mlp_post is not None)
+    df, f, w, out, products = _mlp_forward(ops, x, output=ops.mlp_post is not None)
     if w is not None:
         alphas, Bs = torch.stack([df * w, f], dim=1), (ops.Wg, ops.Wu)
     else:
         alphas, Bs = df[:, None, :], (ops.Wg,)
     P = ops.mlp_post.jacobian(out) if ops.mlp_post is not None and out is not None else None
-    return Factor(ops.Wd, x.shape[0], alphas=alphas, Bs=Bs, R=R, P=P, scale=scale)
+    return Factor(ops.Wd, x.shape[0], alphas=alphas, Bs=Bs, R=R, P=P, scale=scale,
+                  normed=_normed_products(ops.mlp_in, products, Bs))
 
 
 def _ple_forward(ops: LayerWeights, r: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:
