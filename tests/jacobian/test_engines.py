@@ -401,7 +401,6 @@ def test_smollm2_matches_jacrev_and_finite_differences(smollm2_case, layer, kind
 def test_mlp_factor_takes_the_norm_vector_products_from_the_pre_activations(kind):
     """``(g * V_n) @ B^T`` from the forward pass's ``n @ B^T`` equals the product formed from
     the norm Jacobian's vectors; a norm with a bias leaves them to the factor."""
-    from depthlens.jacobian.factor import _normed_products
     from depthlens.models.weights import Norm
 
     gen = torch.Generator().manual_seed(0)
@@ -411,7 +410,7 @@ def test_mlp_factor_takes_the_norm_vector_products_from_the_pre_activations(kind
     x = torch.randn(N, m, generator=gen, dtype=torch.float64)
     Bs = tuple(torch.randn(K, m, generator=gen, dtype=torch.float64) for _ in range(2))
     n = norm(x)
-    got = _normed_products(norm, tuple(n @ B.T for B in Bs), Bs)
+    got = norm.jacobian_products(tuple(n @ B.T for B in Bs), Bs)
     R = norm.jacobian(x)
     assert got is not None and len(got) == 2
     for product, B in zip(got, Bs):
@@ -419,4 +418,4 @@ def test_mlp_factor_takes_the_norm_vector_products_from_the_pre_activations(kind
         assert product.shape == expected.shape == (N, 1 if kind == "rms" else 2, K)
         torch.testing.assert_close(product, expected, rtol=1e-13, atol=1e-13)
     biased = Norm(kind, gain, torch.randn(m, generator=gen, dtype=torch.float64), 1e-6)
-    assert _normed_products(biased, tuple(biased(x) @ B.T for B in Bs), Bs) is None
+    assert biased.jacobian_products(tuple(biased(x) @ B.T for B in Bs), Bs) is None

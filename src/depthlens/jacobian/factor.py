@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..models.weights import LayerWeights, Norm, NormJacobian
+from ..models.weights import LayerWeights, NormJacobian
 
 __all__ = ["Factor", "mlp_factor", "mlp_update", "ple_factor", "ple_update"]
 
@@ -34,7 +34,8 @@ class Factor:
     ``R`` is the pre-norm Jacobian (size m), ``P`` the post-norm Jacobian (size d), both
     structured (:class:`NormJacobian`). ``normed`` optionally holds, per ``Bs[i]``, the
     products ``(g * V_n) @ Bs[i]^T`` (N, c, K) of ``R``'s gain-scaled vectors, where the caller
-    has them already (:func:`mlp_factor`: the MLP's own pre-activations); :meth:`total` forms
+    has them already (:func:`mlp_factor`: the MLP's own pre-activations,
+    :meth:`~depthlens.models.weights.Norm.jacobian_products`); :meth:`total` forms
     them otherwise.
     """
 
@@ -170,20 +171,6 @@ def _mlp_forward(ops: LayerWeights, x: Tensor, output: bool = True
     return df, f, w, out if ops.bd is None else out + ops.bd, products
 
 
-def _normed_products(norm: Norm | None, products: tuple[Tensor, ...], Bs: tuple[Tensor, ...]
-                     ) -> tuple[Tensor, ...] | None:
-    """``(g * V_n) @ B^T`` (N, c, K) for every ``B`` of ``Bs``, the vectors ``V_n`` of the
-    pre-norm's Jacobian (:meth:`Norm.jacobian`), from ``products`` ``n @ B^T`` (N, K) that the
-    forward pass formed: without a norm bias ``g * xhat`` is the normed residual ``n`` itself,
-    and LayerNorm's constant vector gives ``g @ B^T``. None for a norm with a bias (the
-    factor then forms them from the vectors)."""
-    if norm is None or norm.bias is not None:
-        return None
-    if norm.kind == "rms":
-        return tuple(p[:, None, :] for p in products)
-    return tuple(torch.stack([(norm.gain @ B.T).expand_as(p), p], dim=1) for p, B in zip(products, Bs, strict=True))
-
-
 def mlp_update(ops: LayerWeights, x: Tensor) -> Tensor:
     """What the MLP sub-layer adds to residuals ``x (N, d)``: ``mlp_post(Wd z + bd)``."""
     out = _mlp_forward(ops, x)[3]
@@ -201,7 +188,7 @@ def mlp_factor(ops: LayerWeights, x: Tensor, scale: float = 1.0) -> Factor:
         alphas, Bs = df[:, None, :], (ops.Wg,)
     P = ops.mlp_post.jacobian(out) if ops.mlp_post is not None and out is not None else None
     return Factor(ops.Wd, x.shape[0], alphas=alphas, Bs=Bs, R=R, P=P, scale=scale,
-                  normed=_normed_products(ops.mlp_in, products, Bs))
+                  normed=None if ops.mlp_in is None else ops.mlp_in.jacobian_products(products, Bs))
 
 
 def _ple_forward(ops: LayerWeights, r: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:

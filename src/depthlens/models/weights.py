@@ -65,6 +65,17 @@ class Norm:
             vecs = torch.stack([ones, xhat], dim=-2)
         return NormJacobian(self.gain, scale, vecs)
 
+    def jacobian_products(self, products: tuple[Tensor, ...], mats: tuple[Tensor, ...]) -> tuple[Tensor, ...] | None:
+        """``(g * V_n) @ M^T`` (N, c, K) for every ``M`` of ``mats``, ``V_n`` the vectors of
+        :meth:`jacobian` in its order, from ``products`` ``n @ M^T`` (N, K) of the normed
+        residuals ``n`` (what a forward pass forms): without a bias ``g * xhat`` is ``n``
+        itself, and LayerNorm's constant vector gives ``g @ M^T``. None for a norm with a bias."""
+        if self.bias is not None:
+            return None
+        if self.kind == "rms":
+            return tuple(p[:, None, :] for p in products)
+        return tuple(torch.stack([(self.gain @ M.T).expand_as(p), p], dim=1) for p, M in zip(products, mats, strict=True))
+
 
 @dataclasses.dataclass
 class NormJacobian:
