@@ -610,3 +610,27 @@ def test_command_line_threads_default_to_one_blas_thread_and_passive_openmp_wait
             "print('torch' in sys.modules, os.environ['OMP_WAIT_POLICY'], os.environ['OPENBLAS_NUM_THREADS'])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", given or "PASSIVE", "1"]  # torch (and its OpenMP runtime) not yet loaded
+
+
+def _tensor_page_faults(env: dict[str, str]) -> int:
+    """Minor page faults of five fresh 64 MiB torch tensors in a process that loads depthlens's
+    command line first, then torch."""
+    code = ("import resource, depthlens.cli, torch\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            "for _ in range(5):\n    x = torch.ones(2**24); del x\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)")
+    return int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              check=True).stdout)
+
+
+def test_command_line_asks_torch_for_huge_pages_unless_told_otherwise() -> None:
+    """The command line sets THP_MEM_ALLOC_ENABLE=1 before torch loads, so a fresh 64 MiB tensor
+    takes one page fault per 2 MiB instead of per 4 KiB (measured against the same process with
+    the user's THP_MEM_ALLOC_ENABLE=0, which wins)."""
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.is_file() or "[never]" in thp.read_text():
+        pytest.skip("this kernel serves no transparent huge pages")
+    base = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    huge, small = _tensor_page_faults(base), _tensor_page_faults({**base, "THP_MEM_ALLOC_ENABLE": "0"})
+    assert small > 5 * 2**24 * 4 // 4096 // 2  # 4 KiB pages: about one fault per page
+    assert huge * 8 < small

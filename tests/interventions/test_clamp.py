@@ -350,7 +350,7 @@ def test_the_control_moves_the_first_token_as_far_as_the_massive_clamp() -> None
     plan = cl.ClampPlan(dims=(5, 9), emergence=(1, 2), from_layer=1, n_chunks=2)
     targets, _ = cl.clamp_targets(plan, np.array([0, 1, 2, 3, 4, 6, 7, 8]), control_seeds=1, seed=0)
     with torch.inference_mode():
-        clean = clamp_stage._clean_inputs(adapter, ids, 2)
+        clean = clamp_stage._clean_inputs(adapter, ids, 2, plan.from_layer)
         states = {"clean": adapter.residual_states(ids).double().numpy()}
         for target in (targets[0], targets[-1]):
             with clamp_stage._clamped(adapter, clamp_stage._Unit(target, "dose", 0.0), clean, slice(0, 2)):
@@ -362,6 +362,46 @@ def test_the_control_moves_the_first_token_as_far_as_the_massive_clamp() -> None
                                 - states["clean"][2 * layer, :, 0][:, [t.dims[i] for i in active]], axis=1)
                  for t in (targets[0], control)]
         assert np.all(norms[0] > 1e3) and np.allclose(norms[1], norms[0], rtol=1e-6, atol=0)
+
+
+class _RecordingPool:
+    """A pool that keeps what the stage submits (the attention matrices) and runs nothing."""
+
+    def __init__(self) -> None:
+        self.matrices: list[np.ndarray] = []
+
+    def submit(self, fn, matrix: np.ndarray, *args):
+        self.matrices.append(matrix)
+        return SimpleNamespace(done=lambda: True)
+
+
+def test_arms_start_at_the_first_clamped_layer_bit_for_bit() -> None:
+    """Each arm's passes begin at the first clamped layer with its clean input and give what
+    the whole forward pass gives, bit for bit: sink masses, cross-entropy and every attention
+    matrix the heads' reserves get, on the forced model under every kind of arm."""
+    model = _dim_free_model()
+    handles = _force(model, PLANTED)
+    adapter = wrap_model(model, name="planted").adapter
+    ids = torch.randint(0, 256, (3, 12), generator=torch.Generator().manual_seed(0))
+    plan = cl.ClampPlan(dims=(5, 9), emergence=(1, 2), from_layer=1, n_chunks=3)
+    targets, _ = cl.clamp_targets(plan, np.array([0, 1, 2, 3, 4, 6, 7, 8]), control_seeds=1, seed=0)
+    opts = ClampOptions(clamp_null_samples=1)
+    try:
+        with torch.inference_mode():
+            clean = clamp_stage._clean_inputs(adapter, ids, 2, plan.from_layer)
+            whole = clamp_stage._Clean(clean.first, clean.means, clean.from_layer, None)
+            for unit in clamp_stage._units(targets, (0.0, 0.5, 1.0), "every"):
+                pools = (_RecordingPool(), _RecordingPool())
+                got = [clamp_stage._measure(adapter, pool, unit, c, ids, plan.from_layer, 2, opts)
+                       for pool, c in zip(pools, (clean, whole))]
+                pd.testing.assert_frame_equal(got[0].sinks, got[1].sinks, check_exact=True)
+                assert got[0].ce_sum == got[1].ce_sum and got[0].n_tokens == got[1].n_tokens
+                assert len(pools[0].matrices) == len(pools[1].matrices) == (3 * (N_LAYERS - 1) * adapter.n_heads if unit.reserve else 0)
+                assert all(np.array_equal(a, b) for a, b in zip(*(pool.matrices for pool in pools)))
+        assert len(clean.starts) == 2 and clean.starts[0].dtype == torch.float32
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _synthetic(n_heads: int = 24, control_seeds: int = 2, *, bend: bool = False, shuffle_rise: bool = False,

@@ -472,6 +472,59 @@ def test_clamp_changes_logits_from_its_position_on(case: Case) -> None:
     assert not (R[0][:, p, :2] == 50.0).any()
 
 
+def _pass(ad: Adapter, ids: torch.Tensor, layers: range) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    with torch.no_grad():
+        logits, probs = ad.logits_and_attention_probs(ids, layers)
+        return logits, dict(probs)
+
+
+def test_a_pass_started_at_a_layer_is_the_whole_pass(case: Case) -> None:
+    """start_at with a layer's input from an earlier pass gives the whole pass's logits and
+    attention probabilities bit for bit, with and without a clamp acting from that layer, and
+    does not run the layers below it."""
+    ad, L = case.ad, case.ad.n_layers
+    start, layers = L - 1, range(L - 1, L)
+    h = ad.layer_output(case.ids, start - 1)
+    assert torch.equal(h, ad.residual_states(case.ids)[len(ad.boundaries) * start])
+    ran: list[int] = []
+    handles = [ad.attn_module(i).register_forward_pre_hook(lambda m, a, i=i: ran.append(i)) for i in range(L)]
+    try:
+        for clamp in (lambda: ad.clamp([0, 1], 50.0, [5], from_layer=start), lambda: ad.clamp(2, 0.0, 0, from_layer=L)):
+            with clamp():
+                whole = _pass(ad, case.ids, layers)
+                ran.clear()
+                with ad.start_at(start, h):
+                    started = _pass(ad, case.ids, layers)
+            assert ran == list(range(start, L))
+            assert torch.equal(started[0], whole[0])
+            assert all(torch.equal(started[1][layer], whole[1][layer]) for layer in layers)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert not any("forward" in vars(layer) for layer in ad.layers)  # the layers' own forward is back
+    assert torch.equal(_pass(ad, case.ids, layers)[0], case.out.logits)
+
+
+def test_start_at_refuses_what_it_cannot_start() -> None:
+    ad = _case("llama").ad
+    h = ad.layer_output(_case("llama").ids, 0)
+    with pytest.raises(InputError, match="layer"):
+        with ad.start_at(7, h):
+            pass
+    # a hook that replaces a skipped layer's output: the started layer is not given h
+    handle = ad.layers[0].register_forward_hook(lambda m, a, out: out.clone())
+    try:
+        with pytest.raises(ModelError, match="not given the residual"):
+            with ad.start_at(1, h):
+                _pass(ad, _case("llama").ids, range(1, 2))
+    finally:
+        handle.remove()
+    gemma4 = adapter_for(build_random("gemma4", seed=0))
+    with pytest.raises(ModelError, match="cannot start at layer 1"):
+        with gemma4.start_at(1, h):
+            pass
+
+
 def test_clamp_argument_errors() -> None:
     ad = _case("llama").ad
     with pytest.raises(InputError, match="miss layers"):

@@ -5,7 +5,8 @@
 attention output projection), :meth:`~Interventions.ablate_each` (a head per block of rows) and :meth:`~Interventions.clamp` (overwrite residual entries at
 the input of decoder layers ``>= from_layer`` and of the final norm). Both act on every
 forward pass of the model while active, and their hooks are removed on exit, also after an
-exception.
+exception. :meth:`~Interventions.start_at` lets a forward pass take a known input of a layer
+instead of computing the layers below it (for many passes that differ only from that layer on).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError
+from ..errors import InputError, ModelError
 from .methods import ABLATION_METHODS, AblationMethod
-from .hooks import first_arg, replace_first_arg
+from .hooks import _Stop, first_arg, replace_first_arg
 
 __all__ = ["ABLATION_METHODS", "AblationMethod", "Interventions"]
 
@@ -28,7 +29,8 @@ class Interventions:
     """Head ablation and residual clamps of an :class:`~depthlens.models.adapter.Adapter` (a mixin of it).
 
     Hooks the adapter's output projections (``_oprojs``), decoder layers (``layers``) and
-    final norm (``_final_norm_module``).
+    final norm (``_final_norm_module``); :meth:`start_at` replaces the ``forward`` of decoder
+    layers for its block.
     """
 
     #: How many interventions are active on this adapter: forward passes under one are not
@@ -269,3 +271,77 @@ class Interventions:
                 handles.append(self.layers[i].register_forward_pre_hook(make(i), with_kwargs=True))
             handles.append(self._final_norm_module.register_forward_pre_hook(make(L), with_kwargs=True))
             yield
+
+    def layer_output(self, input_ids: Tensor, layer: int) -> Tensor:
+        """What decoder layer ``layer`` passes on to the next (its output after its hooks,
+        those of active interventions included), from one forward pass that stops there: the
+        ``h`` of :meth:`start_at` for layer ``layer + 1``.
+
+        Raises
+        ------
+        InputError
+            For bad ids or a layer out of range.
+        ModelError
+            For a family whose layers return more than the residual.
+        """
+        ids = self._ids(input_ids)
+        self.check_layer(layer)
+        out: list = []
+
+        def keep(module: nn.Module, args: tuple, output: object) -> None:
+            out.append(output)
+            raise _Stop
+
+        with self._hooked(ids) as handles:
+            handles.append(self.layers[layer].register_forward_hook(keep))
+        if not isinstance(out[0], Tensor):
+            raise ModelError(f"{self.family} layers return {type(out[0]).__name__}, not the residual alone; "
+                             "passes cannot start after one of them.")
+        return out[0]
+
+    @contextlib.contextmanager
+    def start_at(self, layer: int, h: Tensor) -> Iterator[None]:
+        """Within the block, a forward pass takes ``h`` as what layer ``layer − 1`` passes on
+        instead of computing layers ``0 … layer − 1`` (they return ``h`` unevaluated).
+
+        ``h`` must be :meth:`layer_output` of ``layer − 1`` on the ids the passes are given (from
+        an earlier pass on the same batch, with the same hooks on the layers below ``layer``).
+        The passes are then the whole forward pass bit for bit (layer ``layer`` and its hooks,
+        interventions acting from there on, the later layers and the logits see the same values)
+        in about ``(L − layer)/L`` of its time: for many passes that differ only from ``layer``
+        on, as the arms of a clamp from its first clamped layer. Interventions below ``layer`` do
+        not act. A pass inside the block is not shared (:meth:`shared_passes`).
+
+        Raises
+        ------
+        InputError
+            For a layer out of range.
+        ModelError
+            For a family whose layers are not maps of the residual alone (:attr:`block_maps`
+            False), or, after the block, when layer ``layer`` was given something else than
+            ``h`` (a family whose layers return more than the residual, or a hook that replaces
+            the output of a layer below ``layer``).
+        """
+        self.check_layer(layer)
+        if not self.block_maps:
+            raise ModelError(f"{self.family} layers read more than the residual; a pass cannot start at layer {layer}.")
+        given: list[bool] = []
+
+        def check(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            given.append(first_arg(args, kwargs) is h)
+
+        def skipped(*args: object, **kwargs: object) -> Tensor:
+            return h
+
+        handles = [self.layers[layer].register_forward_pre_hook(check, with_kwargs=True, prepend=True)]
+        with self._acting(handles):
+            for i in range(layer):
+                self.layers[i].forward = skipped
+            try:
+                yield
+            finally:
+                for i in range(layer):
+                    del self.layers[i].forward
+        if not all(given):
+            raise ModelError(f"{self.family} layer {layer} was not given the residual its earlier layers returned; "
+                             "start passes at layer 0 for this family.")

@@ -261,23 +261,30 @@ def _units(targets: list[cl.Target], alphas: tuple[float, ...], control_curves: 
 @dataclass
 class _Clean:
     """Clean layer inputs of the clamp chunks: ``first`` (L+1, chunks, d) the position-0
-    values, ``means`` (L+1, d) the means over ordinary positions of all clamp chunks."""
+    values, ``means`` (L+1, d) the means over ordinary positions of all clamp chunks, and
+    ``starts`` what layer ``from_layer − 1`` passes on to the first clamped layer, per batch
+    (:meth:`~depthlens.models.interventions.Interventions.layer_output`; None where passes
+    cannot start there: from layer 0, or a family whose layers are not maps of the residual)."""
 
     first: np.ndarray
     means: np.ndarray
+    from_layer: int
+    starts: list[torch.Tensor] | None
 
 
-def _clean_inputs(adapter, ids: torch.Tensor | Chunks, batch_size: int) -> _Clean:
+def _clean_inputs(adapter, ids: torch.Tensor | Chunks, batch_size: int, from_layer: int) -> _Clean:
     ids = as_chunks(ids)
-    firsts, total, count = [], 0.0, 0
+    firsts, total, count, starts = [], 0.0, 0, []
     for start in range(0, len(ids), batch_size):
         batch = ids.take(slice(start, start + batch_size))
-        states = adapter.residual_states(batch.ids).to(torch.float64).cpu().numpy()
-        first, sums, n = cl.layer_inputs_summary(states, batch.lengths if batch.ragged else None,
-                                                 len(adapter.boundaries))
+        states = adapter.residual_states(batch.ids)
+        if adapter.block_maps and from_layer > 0:
+            starts.append(adapter.layer_output(batch.ids, from_layer - 1))
+        first, sums, n = cl.layer_inputs_summary(states.to(torch.float64).cpu().numpy(),
+                                                 batch.lengths if batch.ragged else None, len(adapter.boundaries))
         firsts.append(first)
         total, count = total + sums, count + n
-    return _Clean(np.concatenate(firsts, axis=1), total / count)
+    return _Clean(np.concatenate(firsts, axis=1), total / count, from_layer, starts or None)
 
 
 @contextlib.contextmanager
@@ -300,6 +307,17 @@ def _clamped(adapter, unit: _Unit, clean: _Clean, chunks: slice) -> Iterator[Non
                 values = cl.control_values(first, values, source, dim, t.signs[i])
             stack.enter_context(adapter.clamp(dim, values, 0, from_layer=layer))
         yield
+
+
+def _started(adapter, unit: _Unit, clean: _Clean, start: int, batch_size: int) -> contextlib.AbstractContextManager:
+    """Passes of the batch at ``start`` that begin at the first clamped layer with its clean
+    input (:meth:`~depthlens.models.interventions.Interventions.start_at`): the layers below
+    it are the same in every arm, so each arm's pass is the whole pass bit for bit in
+    ``(L − from_layer)/L`` of its time. The whole pass where no clean input was kept or the
+    unit clamps a dim from a lower layer."""
+    if clean.starts is None or min(unit.target.emergence, default=clean.from_layer) < clean.from_layer:
+        return contextlib.nullcontext()
+    return adapter.start_at(clean.from_layer, clean.starts[start // batch_size])
 
 
 def _next_token_nll(logits: torch.Tensor, ids: torch.Tensor, counted: np.ndarray | None = None) -> tuple[float, int]:
@@ -341,7 +359,8 @@ def _measure(adapter, pool, unit: _Unit, clean: _Clean, ids: torch.Tensor | Chun
         chunks = ids.take(slice(start, start + batch_size))
         batch, ragged = chunks.ids, chunks.ragged
         n = [int(length) for length in chunks.lengths]
-        with _clamped(adapter, unit, clean, slice(start, start + batch.shape[0])):
+        with _clamped(adapter, unit, clean, slice(start, start + batch.shape[0])), _started(adapter, unit, clean, start,
+                                                                                        batch_size):
             logits, probs_of = adapter.logits_and_attention_probs(batch, layers)
             nll, count = _next_token_nll(logits, batch, chunks.predicted() if ragged else None)
             ce_sum, n_tokens = ce_sum + nll, n_tokens + count
@@ -380,7 +399,7 @@ def _arm_phase(context: StageContext, pool, ids: Chunks, plan: cl.ClampPlan, uni
     run_dir, adapter, opts = context.run_dir, context.loaded.adapter, context.options
     todo = [u for u in units if not run_dir.has_unit(STAGE, u.key)]
     bar = tqdm(total=len(units), initial=len(units) - len(todo), desc=f"{STAGE} arms", unit="arm", disable=quiet)
-    clean = _clean_inputs(adapter, ids, batch_size) if todo else None
+    clean = _clean_inputs(adapter, ids, batch_size, plan.from_layer) if todo else None
     pending: list[_Pending] = []
 
     def flush(keep: int) -> None:
