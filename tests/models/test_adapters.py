@@ -519,6 +519,15 @@ def test_start_at_refuses_what_it_cannot_start() -> None:
                 _pass(ad, _case("llama").ids, range(1, 2))
     finally:
         handle.remove()
+    # a forward of the layer's own (as accelerate's hooks set) is put back after the block
+    own = ad.layers[0].forward
+    ad.layers[0].forward = own
+    try:
+        with ad.start_at(1, h):
+            assert vars(ad.layers[0])["forward"] is not own
+        assert vars(ad.layers[0])["forward"] is own
+    finally:
+        del ad.layers[0].forward
     gemma4 = adapter_for(build_random("gemma4", seed=0))
     with pytest.raises(ModelError, match="cannot start at layer 1"):
         with gemma4.start_at(1, h):

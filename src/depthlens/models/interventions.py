@@ -334,14 +334,18 @@ class Interventions:
             return h
 
         handles = [self.layers[layer].register_forward_pre_hook(check, with_kwargs=True, prepend=True)]
+        own = [vars(self.layers[i]).get("forward") for i in range(layer)]  # e.g. a wrapper set by accelerate
         with self._acting(handles):
             for i in range(layer):
                 self.layers[i].forward = skipped
             try:
                 yield
             finally:
-                for i in range(layer):
-                    del self.layers[i].forward
+                for i, forward in enumerate(own):
+                    if forward is None:
+                        del self.layers[i].forward
+                    else:
+                        self.layers[i].forward = forward
         if not all(given):
             raise ModelError(f"{self.family} layer {layer} was not given the residual its earlier layers returned; "
                              "start passes at layer 0 for this family.")
