@@ -309,15 +309,15 @@ def _clamped(adapter, unit: _Unit, clean: _Clean, chunks: slice) -> Iterator[Non
         yield
 
 
-def _started(adapter, unit: _Unit, clean: _Clean, start: int, batch_size: int) -> contextlib.AbstractContextManager:
-    """Passes of the batch at ``start`` that begin at the first clamped layer with its clean
+def _started(adapter, unit: _Unit, clean: _Clean, batch: int) -> contextlib.AbstractContextManager:
+    """Passes of batch number ``batch`` that begin at the first clamped layer with its clean
     input (:meth:`~depthlens.models.interventions.Interventions.start_at`): the layers below
     it are the same in every arm, so each arm's pass is the whole pass bit for bit in
     ``(L − from_layer)/L`` of its time. The whole pass where no clean input was kept or the
     unit clamps a dim from a lower layer."""
     if clean.starts is None or min(unit.target.emergence, default=clean.from_layer) < clean.from_layer:
         return contextlib.nullcontext()
-    return adapter.start_at(clean.from_layer, clean.starts[start // batch_size])
+    return adapter.start_at(clean.from_layer, clean.starts[batch])
 
 
 def _next_token_nll(logits: torch.Tensor, ids: torch.Tensor, counted: np.ndarray | None = None) -> tuple[float, int]:
@@ -359,8 +359,8 @@ def _measure(adapter, pool, unit: _Unit, clean: _Clean, ids: torch.Tensor | Chun
         chunks = ids.take(slice(start, start + batch_size))
         batch, ragged = chunks.ids, chunks.ragged
         n = [int(length) for length in chunks.lengths]
-        with _clamped(adapter, unit, clean, slice(start, start + batch.shape[0])), _started(adapter, unit, clean, start,
-                                                                                        batch_size):
+        span = slice(start, start + batch.shape[0])
+        with _clamped(adapter, unit, clean, span), _started(adapter, unit, clean, start // batch_size):
             logits, probs_of = adapter.logits_and_attention_probs(batch, layers)
             nll, count = _next_token_nll(logits, batch, chunks.predicted() if ragged else None)
             ce_sum, n_tokens = ce_sum + nll, n_tokens + count
