@@ -22,10 +22,11 @@ TEXT = " ".join(f"Line {i} of a text about subject {i % 11}, with detail {i % 3}
 #: ``null_chunks``: 10 since the calibration harness showed A6 undecidable at 8 (A5 at 6), and
 #: ``ratio_seqs``: 16 (was 4) since A4's interval resamples the probe sequences; ``funnel_alphas``:
 #: {0, 0.5, 1} since the default computes what the claims and figures read (the METHODS grid is
-#: ``paper``'s), and for the same reason ``control_curves``: "first".
+#: ``paper``'s), and for the same reason ``control_curves``: "first" and ``operator_metrics``: "read".
 HISTORICAL = {"chunks": 32, "seq_len": 128, "null_samples": 8, "null_chunks": 10, "extras_chunks": 1, "certify": "median",
               "probe_seqs": 128, "probe_len": 64, "ratio_seqs": 16, "jacobian_mode": "both", "funnel_rank": 512, "n_perm": 1000,
               "funnel_alphas": (0.0, 0.5, 1.0), "funnel_curves": "read", "control_curves": "first",
+              "operator_metrics": "read",
               "control_seeds": 3,
               "topk": 20, "null": "init", "positions": "last", "null_mode": "spec"}
 
@@ -56,6 +57,7 @@ def test_paper_preset_is_the_methods_protocol() -> None:
     # B4: the five α of METHODS, and the Schur split of every checkpoint in every direction and truncation
     assert (paper.funnel_alphas, paper.funnel_curves) == ((0.0, 0.25, 0.5, 0.75, 1.0), "every")
     assert paper.control_curves == "every"  # A7: every control seed at every clamp dose
+    assert paper.operator_metrics == "every"  # B2: the self-alignment of every operator
 
 
 def test_explicit_values_override_the_preset(tmp_path: Path) -> None:

@@ -50,7 +50,8 @@ PRESETS = ("quick", "default", "paper")
 #: wins. ``"all"`` stands for the run's chunk count. ``quick`` is a smoke run of 1 to 2.5 minutes
 #: on SmolLM2 (2 cores), without the step-0 null; ``paper`` the protocol of METHODS.md (A3: every chunk's pseudospectral
 #: radii; A4: S = 16 nulls per observed matrix, on every chunk; B4: the five α of the Schur split, on every
-#: checkpoint, every Schur order in both directions; A7: every control seed at every clamp dose).
+#: checkpoint, every Schur order in both directions; A7: every control seed at every clamp dose; B2: the
+#: self-alignment of every operator).
 PRESET_VALUES: dict[str, dict[str, Any]] = {
     "default": {},
     "quick": {"chunks": 4, "seq_len": 32, "null_samples": 2, "null_chunks": 1, "extras_chunks": 1,
@@ -60,7 +61,8 @@ PRESET_VALUES: dict[str, dict[str, Any]] = {
               "clamp_chunks": 2, "control_seeds": 1, "clamp_null_samples": 1, "contest_chunks": 2, "contest_boot": 200,
               "contest_perm": 200, "funnel_boot": 0, "init_seeds": 1, "null": "none"},
     "paper": {"null_samples": 16, "null_chunks": "all", "extras_chunks": "all", "funnel_boot": 200,
-              "funnel_alphas": JACOBIAN_ALPHAS, "funnel_curves": "every", "control_curves": "every"},
+              "funnel_alphas": JACOBIAN_ALPHAS, "funnel_curves": "every", "control_curves": "every",
+              "operator_metrics": "every"},
 }
 
 

@@ -564,7 +564,9 @@ _JACOBIAN = {
     "operators": {
         **_keys("checkpoint", "jacobian_mode", "layer", "sublayer"),
         **{k: Column(f"Of the mean sub-layer Jacobian J̄ = I + U, or of the layer operator (sublayer `layer`) "
-                     f"(METHODS B2): {c.definition}", c.unit)
+                     f"(METHODS B2): {c.definition}"
+                     + (" NaN unless --operator-metrics every (--preset paper): nothing the claims, figures or "
+                        "report read needs the singular vectors." if k.startswith("self_align_") else ""), c.unit)
            for k, c in _OPERATOR.items()},
         "failure": _FAILURE,
     },

@@ -101,6 +101,14 @@ def test_against_direct_computations(rng: np.random.Generator) -> None:
         assert m[f"self_align_{k}"] == pytest.approx(float(self_alignment(J, k)), rel=1e-9)
     for fn in (erank, erank_sigma, participation_ratio, stable_rank):
         assert m[fn.__name__] == pytest.approx(float(fn(J)), rel=1e-12)
+    # without the singular vectors: the self-alignment is NaN, every other metric the same to rounding
+    values_only = operator_metrics(J, self_alignment=False)
+    assert values_only.keys() == m.keys()
+    for name, value in values_only.items():
+        if name.startswith("self_align_"):
+            assert np.isnan(value), name
+        else:
+            assert value == pytest.approx(m[name], rel=1e-12, abs=1e-15), name
     # Henrici by the (cancelling) eigenvalue formula agrees to its own accuracy.
     direct = np.sqrt(np.linalg.norm(J) ** 2 - np.sum(np.abs(lam) ** 2)) / np.linalg.norm(J)
     assert m["henrici_rel"] == pytest.approx(direct, rel=1e-6)
@@ -197,6 +205,11 @@ def test_metrics_table(rng: np.random.Generator) -> None:
     row = table.iloc[3]
     assert row[list(METRICS)].to_dict() == operator_metrics(ops[(1, "mlp")])
     assert isinstance(table, pd.DataFrame)
+    values_only = metrics_table(ops, self_alignment=False)  # the jacobian stage's default
+    aligned = [name for name in METRICS if name.startswith("self_align_")]
+    assert aligned and values_only[aligned].isna().all().all() and table[aligned].notna().all().all()
+    others = [name for name in METRICS if name not in aligned]
+    np.testing.assert_allclose(values_only[others].to_numpy(), table[others].to_numpy(), rtol=1e-12, atol=1e-15)
 
 
 def test_eigenvalues_come_with_the_metrics(rng: np.random.Generator) -> None:

@@ -63,6 +63,11 @@ class JacobianOptions:
         only where a figure draws it, else at its two ends (one step and full depth, the
         values the claims read); every = the Schur split of every checkpoint, every order in
         both directions and at every truncation, every curve at every depth (--preset paper)
+    operator_metrics : {"read", "every"}
+        which metrics of the operators are computed: read = every one the claims, the figures
+        and the report read (the SVD's singular values suffice; the self_align_k columns are
+        NaN); every = also the self-alignment of the top singular vectors (self_align_k), which
+        needs the SVD's vectors (--preset paper)
     funnel_boot : int
         bootstrap replicates over chunks of the claims' funnel (backward, rank --funnel-rank, α = 1,
         the funnel's mode): per replicate the run's chunks are drawn again with replacement (from
@@ -92,6 +97,7 @@ class JacobianOptions:
     funnel_alphas: tuple[float, ...] = DEFAULT_ALPHAS
     schur_orders: tuple[SchurOrder, ...] = SCHUR_ORDERS
     funnel_curves: Literal["read", "every"] = "read"
+    operator_metrics: Literal["read", "every"] = "read"
     funnel_boot: int = field(default=50, metadata={"min": 0})
     init_seeds: int = field(default=3, metadata={"min": 1})
     null: Literal["init", "none"] = "init"

@@ -174,7 +174,8 @@ def _run(run_dir, loaded, token_ids, opts, batch_size, quiet, load_revision, poo
                                               batch_size=batch_size, quiet=quiet, weights=weights,
                                               device=funnel_device, threads=threads)
                     op_table, eigen_rows = metrics_and_eigenvalues(ops, progress=not quiet, pool=pool,
-                                                                   label=f"{store.label(name)} ({mode})")
+                                                                   label=f"{store.label(name)} ({mode})",
+                                                                   self_alignment=opts.operator_metrics == "every")
                     ops_by_mode[mode] = ops if mode == funnel_mode else None  # only the funnel reads them again
                     return {"metrics": op_table, "eigen": eigen_rows, **({"boot": boot} if boot is not None else {})}
 
