@@ -171,3 +171,29 @@ def test_boundary_moments_in_a_memory_mapped_file_are_the_same(tmp_path):
         assert np.array_equal(a.correlation(), b.correlation())
     with pytest.raises(InputError, match="Fortran-ordered"):
         RunningMoments(4, out=np.zeros((4, 4)))
+
+
+def test_boundary_moments_on_threads_are_the_correlations_of_the_states():
+    """Batches read ahead and boundaries updated on two threads: the same moments bit for bit
+    as on one thread, and the Pearson correlations (numpy's) and massive dimensions of the
+    residual states of all chunks at once, at every boundary."""
+    import torch
+
+    from depthlens.models import load_model
+    from depthlens.residual import massive_mask
+    from depthlens.stages.topology import boundary_moments
+    from depthlens.topology.options import TopologyOptions
+
+    adapter = load_model("random:llama").adapter
+    ids = torch.randint(0, 256, (5, 12), generator=torch.Generator().manual_seed(3))
+    opts = TopologyOptions(skip_positions=2)
+    one, massive = boundary_moments(adapter, ids, opts, batch_size=2, quiet=True)
+    two, massive2 = boundary_moments(adapter, ids, opts, batch_size=2, quiet=True, threads=2)
+    assert np.array_equal(massive, massive2)
+    states = adapter.residual_states(ids).to(torch.float64).numpy()
+    assert len(one) == states.shape[0] - 1
+    for b, (a, c) in enumerate(zip(one, two, strict=True)):
+        assert np.array_equal(a.correlation(), c.correlation())
+        X = states[b, :, opts.skip_positions :].reshape(-1, adapter.d_model)
+        np.testing.assert_allclose(c.correlation(), np.corrcoef(X.T), rtol=0, atol=1e-9)
+        assert np.array_equal(massive[b], np.any([massive_mask(h).any(axis=0) for h in states[b]], axis=0))

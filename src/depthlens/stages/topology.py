@@ -20,9 +20,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,7 +34,7 @@ from tqdm.auto import tqdm
 
 from ..data import Chunks, as_chunks
 from ..errors import InputError, RunError
-from ..executors.local import InlineExecutor, executor, submitted
+from ..executors.local import InlineExecutor, executor, read_ahead, submitted
 from ..models.adapter import SUBLAYERS
 from ..residual import massive_mask
 from ..runs import RunDirectory
@@ -57,6 +58,9 @@ if TYPE_CHECKING:
 STAGE = "topology"
 #: Boundaries handed to the workers ahead of the one being written (bounds the arrays in flight).
 PENDING = 8
+#: Largest batch of residual states (float64 bytes) whose successor's forward pass runs while it
+#: is read into the moments: two batches are in memory then.
+READ_AHEAD_BYTES = 2**29
 
 
 #: Fewest observations (token positions over all chunks, after ``skip_positions``) the
@@ -108,56 +112,49 @@ def check_chunks(config: RunConfig, chunks: Chunks) -> None:
 
 
 def boundary_moments(adapter, token_ids: torch.Tensor | Chunks, opts: TopologyOptions, batch_size: int,
-                     quiet: bool, label: str = "", scratch: Path | None = None) -> tuple[list[RunningMoments], np.ndarray]:
+                     quiet: bool, label: str = "", scratch: Path | None = None, threads: int = 1
+                     ) -> tuple[list[RunningMoments], np.ndarray]:
     """Streaming correlations of residual coordinates at every operator input boundary, and
     a (boundaries, d) mask of dimensions holding a massive activation in some chunk.
     ``label`` names the model in the progress bar (e.g. ``step-0 null``). With ``scratch`` (a
     new ``.npy`` path) the co-moments live in that memory-mapped file, not in memory (64
-    boundaries of d = 4096 hold 8.6 GB); the numbers are the same bit for bit."""
+    boundaries of d = 4096 hold 8.6 GB); the numbers are the same bit for bit.
+
+    Observations: each chunk's analysed positions at or after ``skip_positions`` (every
+    position of a text chunk); massive dimensions: those massive at some real position of some
+    chunk. The boundaries of a batch are updated on ``threads`` threads (each boundary's
+    moments see the batches in order, so the numbers do not depend on it), and where a batch's
+    states take at most :data:`READ_AHEAD_BYTES` the next batch's forward pass runs meanwhile
+    (:func:`~depthlens.executors.local.read_ahead`).
+    """
     n_bound, d = len(adapter.sublayers) * adapter.n_layers, adapter.d_model
+    chunks = as_chunks(token_ids)
+    if not chunks.ragged and chunks.ids.shape[1] <= opts.skip_positions:
+        raise InputError(f"--seq-len {chunks.ids.shape[1]} leaves no positions after skipping the first "
+                         f"{opts.skip_positions}; pass --seq-len {opts.skip_positions + 1} or more.")
     backing = None if scratch is None else np.lib.format.open_memmap(scratch, mode="w+", dtype=np.float64,
                                                                      shape=(n_bound, d, d))
     moments = [RunningMoments(d, out=None if backing is None else backing[b].T) for b in range(n_bound)]
-    massive = np.zeros((n_bound, adapter.d_model), dtype=bool)
-    chunks = as_chunks(token_ids)
-    if chunks.ragged:
-        _ragged_moments(adapter, chunks, opts, batch_size, quiet, label, moments, massive)
-        return moments, massive
-    token_ids = chunks.ids
-    if token_ids.shape[1] <= opts.skip_positions:
-        raise InputError(f"--seq-len {token_ids.shape[1]} leaves no positions after skipping the first {opts.skip_positions}; "
-                         f"pass --seq-len {opts.skip_positions + 1} or more.")
-    bar = tqdm(total=token_ids.shape[0], desc=f"topology correlations {label}".strip(), unit="chunk", disable=quiet)
-    for start in range(0, token_ids.shape[0], batch_size):
-        states = adapter.residual_states(token_ids[start : start + batch_size]).to(torch.float64).cpu().numpy()
-        for b in range(n_bound):
-            h = states[b, :, opts.skip_positions :, :]
-            moments[b].update(h.reshape(-1, h.shape[-1]))
-            for chunk in states[b]:
-                massive[b] |= massive_mask(chunk).any(axis=0)
-        bar.update(states.shape[1])
+    massive = np.zeros((n_bound, d), dtype=bool)
+    batches = [chunks.take(slice(start, start + batch_size)) for start in range(0, len(chunks), batch_size)]
+    states = (adapter.residual_states(batch.ids).to(torch.float64).cpu().numpy() for batch in batches)
+    if (n_bound + 1) * min(batch_size, len(chunks)) * chunks.ids.shape[1] * d * 8 <= READ_AHEAD_BYTES:
+        states = read_ahead(states)
+    bar = tqdm(total=len(chunks), desc=f"topology correlations {label}".strip(), unit="chunk", disable=quiet)
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        for batch, h in zip(batches, states):
+            observed = [p[p >= opts.skip_positions] for p in (batch.positions(i) for i in range(len(batch)))]
+
+            def update(b: int, h: np.ndarray = h, batch: Chunks = batch, observed: list = observed) -> None:
+                moments[b].update(np.concatenate([h[b, i, pos] for i, pos in enumerate(observed)]))
+                for i, n in enumerate(batch.lengths):
+                    massive[b] |= massive_mask(h[b, i, : int(n)]).any(axis=0)
+
+            for _ in pool.map(update, range(n_bound)):
+                pass
+            bar.update(len(batch))
     bar.close()
     return moments, massive
-
-
-def _ragged_moments(adapter, chunks: Chunks, opts: TopologyOptions, batch_size: int, quiet: bool, label: str,
-                    moments: list[RunningMoments], massive: np.ndarray) -> None:
-    """:func:`boundary_moments` of chunks of their own lengths: per chunk its analysed positions
-    from ``skip_positions`` on are observations, and its real positions are searched for
-    massive activations."""
-    bar = tqdm(total=len(chunks), desc=f"topology correlations {label}".strip(), unit="chunk", disable=quiet)
-    for start in range(0, len(chunks), batch_size):
-        batch = chunks.take(slice(start, start + batch_size))
-        states = adapter.residual_states(batch.ids).to(torch.float64).cpu().numpy()
-        observed = [p[p >= opts.skip_positions] for p in (batch.positions(i) for i in range(len(batch)))]
-        for b in range(len(moments)):
-            h = np.concatenate([states[b, i, pos] for i, pos in enumerate(observed)])
-            if h.shape[0]:
-                moments[b].update(h)
-            for i, n in enumerate(batch.lengths):
-                massive[b] |= massive_mask(states[b, i, : int(n)]).any(axis=0)
-        bar.update(len(batch))
-    bar.close()
 
 
 def boundary_rows(R: np.ndarray, J: np.ndarray, keep: np.ndarray, gamma: float, opts: TopologyOptions,
@@ -207,7 +204,8 @@ def run(context: StageContext) -> None:
     ckpts = jacobian_store.checkpoints(context.loaded, jopts, context.load_revision)
     with executor(context.execution, context.run_dir.root) as pool:
         tables = analyse_checkpoints(context.run_dir, ckpts, context.chunks, opts, batch_size=batch_size, quiet=quiet,
-                                     operators=operators, pool=pool)
+                                     operators=operators, pool=pool,
+                                     threads=max(1, min(context.execution.jobs, os.cpu_count() or 1)))
     for name, table in tables.items():
         table.insert(0, "revision", context.revision_column(table["checkpoint"]))
         context.write_table(name, table)
@@ -219,15 +217,16 @@ def run(context: StageContext) -> None:
 
 def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Callable]], token_ids: torch.Tensor | Chunks,
                         opts: TopologyOptions, *, batch_size: int, quiet: bool,
-                        operators: Callable[[str, Callable], dict] | None = None, pool: Executor | None = None
-                        ) -> dict[str, pd.DataFrame]:
+                        operators: Callable[[str, Callable], dict] | None = None, pool: Executor | None = None,
+                        threads: int = 1) -> dict[str, pd.DataFrame]:
     """Run the stage for each ``(checkpoint, loader)`` and return the ``communities``,
     ``nodes``, ``coupling`` and ``topology_profile`` tables. Needs the jacobian stage's mean operators:
     ``operators(name, loader)`` gives them as ``{(layer, sublayer): J}`` in float64
     (:func:`depthlens.jacobian.store.operators`; default: read the saved arrays), and is
     called only when a boundary unit of that checkpoint is still to do. The boundaries' Leiden
     runs go to ``pool`` (:func:`depthlens.executors.local.executor`; default inline); the results do
-    not depend on it. Each checkpoint is one isolated unit of failure (``checkpoint_<name>`` in
+    not depend on it, nor on ``threads``, those of the correlations (:func:`boundary_moments`).
+    Each checkpoint is one isolated unit of failure (``checkpoint_<name>`` in
     ``run_dir.failures``); the tables hold the checkpoints that finished."""
     from ..jacobian.store import label
 
@@ -251,7 +250,7 @@ def analyse_checkpoints(run_dir: RunDirectory, checkpoints: list[tuple[str, Call
                 loaded = get()
                 scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="depthlens-moments-"))
                 moments, massive = boundary_moments(loaded.adapter, token_ids, opts, batch_size, quiet, label(name),
-                                                    Path(scratch) / "moments.npy")
+                                                    Path(scratch) / "moments.npy", threads=threads)
                 keep_all = ~massive if opts.exclude_massive else np.ones_like(massive)
                 ref = len(moments) // 2
 
