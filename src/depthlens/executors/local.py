@@ -261,6 +261,13 @@ class AheadExecutor(Executor):
         self.shutdown(wait=exc_type is None, cancel_futures=exc_type is not None)
 
 
+#: Largest item (bytes) callers let :func:`read_ahead` compute while they use the one before:
+#: two items are in memory then. 512 MiB: the funnel bootstrap's per-chunk sums of one
+#: sub-layer up to d ≈ 1400 at 32 chunks (the 8B shape's single chunk: 134 MB), a topology
+#: batch of SmolLM2's residual states (145 MB).
+READ_AHEAD_BYTES = 2**29
+
+
 def read_ahead(items: Iterable[T]) -> Iterator[T]:
     """The items of ``items`` in order, each next one computed in an :class:`AheadExecutor`'s
     thread while the caller uses the current one (one item ahead: memory for two at once).

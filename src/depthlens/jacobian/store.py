@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from ..data import Chunks, as_chunks
-from ..executors.local import read_ahead
+from ..executors.local import READ_AHEAD_BYTES, read_ahead
 from ..models.adapter import SUBLAYERS
 from ..runs import RunDirectory, atomic
 from . import engines
@@ -33,10 +33,6 @@ LAYER = "layer"
 #: ops_<checkpoint>_<mode>.operators.safetensors``), kept while the run needs them when
 #: ``save_arrays`` is not float64, and deleted at the end of a run without failures.
 PRIVATE = ".operators.safetensors"
-#: Largest per-chunk sums of one sub-layer (bytes) for which the funnel bootstrap computes the
-#: next sub-layer's while the replicates use the current one (:func:`boot_table`): 512 MiB,
-#: 32 chunks up to d ≈ 1400, and the 8B shape's single chunk (134 MB).
-READ_AHEAD_BYTES = 2**29
 
 def chunk_positions(chunks: torch.Tensor | Chunks, positions: str) -> list[list[int]] | None:
     """Each chunk's positions for the engines: None for chunks of equal length with every
@@ -131,7 +127,7 @@ def boot_table(sums, weights: np.ndarray, n_steps: int, d: int, opts: JacobianOp
     order, with the truncation used.
 
     Where one sub-layer's sums (``C × d²`` float64, C chunks) take at most
-    :data:`READ_AHEAD_BYTES`, the next sub-layer's are computed (:func:`~depthlens.executors.local.read_ahead`)
+    :data:`~depthlens.executors.local.READ_AHEAD_BYTES`, the next sub-layer's are computed (:func:`~depthlens.executors.local.read_ahead`)
     while the replicates multiply the current one in: the same numbers, bit for bit, since
     the sums are computed under the same process-wide BLAS thread limit either way.
     """

@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 import torch
+from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from ..data import Chunks, as_chunks
 from ..errors import InputError, RunError
-from ..executors.local import InlineExecutor, executor, read_ahead, submitted
+from ..executors.local import READ_AHEAD_BYTES, InlineExecutor, executor, read_ahead, submitted
 from ..models.adapter import SUBLAYERS
 from ..residual import massive_mask
 from ..runs import RunDirectory
@@ -58,9 +59,6 @@ if TYPE_CHECKING:
 STAGE = "topology"
 #: Boundaries handed to the workers ahead of the one being written (bounds the arrays in flight).
 PENDING = 8
-#: Largest batch of residual states (float64 bytes) whose successor's forward pass runs while it
-#: is read into the moments: two batches are in memory then.
-READ_AHEAD_BYTES = 2**29
 
 
 #: Fewest observations (token positions over all chunks, after ``skip_positions``) the
@@ -122,10 +120,11 @@ def boundary_moments(adapter, token_ids: torch.Tensor | Chunks, opts: TopologyOp
 
     Observations: each chunk's analysed positions at or after ``skip_positions`` (every
     position of a text chunk); massive dimensions: those massive at some real position of some
-    chunk. The boundaries of a batch are updated on ``threads`` threads (each boundary's
-    moments see the batches in order, so the numbers do not depend on it), and where a batch's
-    states take at most :data:`READ_AHEAD_BYTES` the next batch's forward pass runs meanwhile
-    (:func:`~depthlens.executors.local.read_ahead`).
+    chunk. The boundaries of a batch are updated on ``threads`` threads, each calling a
+    one-thread BLAS (each boundary's moments see the batches in order, so the numbers depend on
+    neither), and where a batch's states take at most
+    :data:`~depthlens.executors.local.READ_AHEAD_BYTES` the next batch's forward pass runs
+    meanwhile (:func:`~depthlens.executors.local.read_ahead`).
     """
     n_bound, d = len(adapter.sublayers) * adapter.n_layers, adapter.d_model
     chunks = as_chunks(token_ids)
@@ -141,20 +140,24 @@ def boundary_moments(adapter, token_ids: torch.Tensor | Chunks, opts: TopologyOp
     if (n_bound + 1) * min(batch_size, len(chunks)) * chunks.ids.shape[1] * d * 8 <= READ_AHEAD_BYTES:
         states = read_ahead(states)
     bar = tqdm(total=len(chunks), desc=f"topology correlations {label}".strip(), unit="chunk", disable=quiet)
-    with ThreadPoolExecutor(max(1, threads)) as pool:
+    with ThreadPoolExecutor(max(1, threads)) as pool, threadpool_limits(1, user_api="blas"):
         for batch, h in zip(batches, states):
             observed = [p[p >= opts.skip_positions] for p in (batch.positions(i) for i in range(len(batch)))]
-
-            def update(b: int, h: np.ndarray = h, batch: Chunks = batch, observed: list = observed) -> None:
-                moments[b].update(np.concatenate([h[b, i, pos] for i, pos in enumerate(observed)]))
-                for i, n in enumerate(batch.lengths):
-                    massive[b] |= massive_mask(h[b, i, : int(n)]).any(axis=0)
-
-            for _ in pool.map(update, range(n_bound)):
-                pass
+            lengths = [int(n) for n in batch.lengths]
+            list(pool.map(functools.partial(_add_boundary, moments, massive, h, observed, lengths), range(n_bound)))
             bar.update(len(batch))
     bar.close()
     return moments, massive
+
+
+def _add_boundary(moments: list[RunningMoments], massive: np.ndarray, h: np.ndarray, observed: list[np.ndarray],
+                  lengths: list[int], b: int) -> None:
+    """Add boundary ``b`` of a batch's states ``h`` (states, chunks, positions, d): its chunks'
+    ``observed`` positions to ``moments[b]``, their massive dimensions (over each chunk's
+    ``lengths`` real positions) to ``massive[b]``."""
+    moments[b].update(np.concatenate([h[b, i, pos] for i, pos in enumerate(observed)]))
+    for i, n in enumerate(lengths):
+        massive[b] |= massive_mask(h[b, i, :n]).any(axis=0)
 
 
 def boundary_rows(R: np.ndarray, J: np.ndarray, keep: np.ndarray, gamma: float, opts: TopologyOptions,
