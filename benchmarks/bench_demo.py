@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(folder, ignore_errors=True)
     staged = sum(r.get("seconds") or 0.0 for r in stages.values())
     print(f"stages {staged:.1f} s; loading, claims and report {total - staged:.1f} s")
-    print(f"{preset} run{' with ' + ' '.join(options) if options else ''} end to end: {total:.1f} s = {total / 60:.1f} min (exit {done.returncode}, load average "
+    named = f"{preset} run" + (f" with {' '.join(options)}" if options else "")
+    print(f"{named} end to end: {total:.1f} s = {total / 60:.1f} min (exit {done.returncode}, load average "
           f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())}); {total / target:.2f}x the {target / 60:.0f}-minute target")
     user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
     cpu = user + system

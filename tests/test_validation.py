@@ -394,3 +394,15 @@ def test_jobs_beyond_the_cores_are_refused_naming_the_bound(monkeypatch: pytest.
     monkeypatch.setattr(executors, "usable_cores", lambda: 1)
     executors.check_execution(Execution(jobs=2))  # the default always passes
 
+
+
+def test_threads_beside_the_executor_are_the_jobs_capped_at_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The funnel bootstrap's and the topology correlations' threads: --jobs, but never more
+    than the cores this process may run on (the default --jobs 2 on one core runs one)."""
+    from depthlens.executors import spec as executors
+    from depthlens.executors import Execution
+
+    monkeypatch.setattr(executors, "usable_cores", lambda: 4)
+    assert [Execution(jobs=j).threads for j in (1, 2, 4, 8)] == [1, 2, 4, 4]
+    monkeypatch.setattr(executors, "usable_cores", lambda: 1)
+    assert Execution(jobs=2).threads == 1

@@ -53,6 +53,12 @@ class Execution:
     slurm_params: str = ""
     command: tuple[str, ...] = ()
 
+    @property
+    def threads(self) -> int:
+        """Threads of this process for work that runs beside the executor (the funnel bootstrap's
+        replicates, the topology correlations): :attr:`jobs`, at most the usable cores."""
+        return max(1, min(self.jobs, usable_cores()))
+
     def say(self, line: str) -> None:
         """Print ``line`` to stderr unless :attr:`quiet` (a census's or sweep's progress)."""
         if not self.quiet:

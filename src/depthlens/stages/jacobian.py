@@ -35,7 +35,6 @@ the bootstrap resamples prompts with their own numbers of tokens.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -91,7 +90,7 @@ def run(context: StageContext) -> None:
     with executor(context.execution, context.run_dir.root) as pool:
         tables = _run(context.run_dir, context.loaded, context.chunks, context.options, context.config.batch_size,
                       context.execution.quiet, context.load_revision, pool,
-                      threads=max(1, min(context.execution.jobs, os.cpu_count() or 1)))
+                      threads=context.execution.threads)
     for name, table in tables.items():
         table.insert(0, "revision", context.revision_column(table["checkpoint"]))
         context.write_table(name, table)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -208,7 +207,7 @@ def run(context: StageContext) -> None:
     with executor(context.execution, context.run_dir.root) as pool:
         tables = analyse_checkpoints(context.run_dir, ckpts, context.chunks, opts, batch_size=batch_size, quiet=quiet,
                                      operators=operators, pool=pool,
-                                     threads=max(1, min(context.execution.jobs, os.cpu_count() or 1)))
+                                     threads=context.execution.threads)
     for name, table in tables.items():
         table.insert(0, "revision", context.revision_column(table["checkpoint"]))
         context.write_table(name, table)
