@@ -129,7 +129,8 @@ def check_context(config: RunConfig, plan: Sequence[str], context: int | None, n
 def prepare(config: RunConfig, loaded: LoadedModel | None = None, plan: Sequence[str] = ()) -> Prepared:
     """Load the model (unless ``loaded`` is given: an in-memory model, see
     :func:`depthlens.models.wrap_model`) and the text chunks of ``config``, checking each on
-    the way (the stages of ``plan`` against the model's context: :func:`check_context`).
+    the way (the stages of ``plan`` against the model's context, :func:`check_context`, and
+    against the model, their module's optional ``check_model(config, adapter)``).
 
     Raises
     ------
@@ -143,6 +144,10 @@ def prepare(config: RunConfig, loaded: LoadedModel | None = None, plan: Sequence
                             stream_layers=config.stream_layers)
     check_finite_weights(loaded.model, loaded.name)
     check_context(config, plan, loaded.adapter.max_seq_len, loaded.name)
+    for stage in plan:
+        check = getattr(stages_registry.get(stage).load(), "check_model", None)
+        if check is not None:
+            check(config, loaded.adapter)
     if config.prompts:
         prompts = data.load_prompts(config.text)
         chunks = data.prompt_chunks(prompts, loaded.tokenizer, config.chunks)
@@ -284,7 +289,7 @@ def analyse_transport_file(path: str | Path, out: str | Path, run_mode: RunMode 
         run_dir.mark_stage("lens", "running")
         start = time.perf_counter()
         metrics, _ = transport_table(lens, progress=not execution.quiet)
-        ident = {"model": str(lens.metadata.get("model") or source["file"]),
+        ident = {"model": str(lens.metadata.get("model_name") or lens.metadata.get("model") or source["file"]),
                  "revision": str(lens.metadata.get("revision") or ""), "text": str(lens.metadata.get("text") or "")}
         run_dir.write_table("transport", conform_table("transport", with_identity(metrics.assign(n_prompts=lens.n_prompts),
                                                                                   ident)))

@@ -10,9 +10,11 @@ of its names."""
 from ..lazy import lazy_exports
 
 _EXPORTS = {
-    **dict.fromkeys(["Transport", "read_transport", "write_transport"], ".artifact"),
+    **dict.fromkeys(["PROVENANCE_KEYS", "Transport", "fit_metadata", "read_transport", "write_transport"],
+                    ".artifact"),
     **dict.fromkeys(["TRANSPORT_COLUMNS", "transport_table"], ".analysis"),
-    **dict.fromkeys(["SKIP_FIRST", "SKIP_LAST", "TransportSums", "prompt_transport", "valid_positions"], ".fit"),
+    **dict.fromkeys(["SKIP_FIRST", "SKIP_LAST", "TransportSums", "prompt_transport", "source_layers",
+                    "valid_positions"], ".fit"),
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

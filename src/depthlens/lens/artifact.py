@@ -4,7 +4,10 @@ Keys of the reference format:
 
 - ``J``: source layer (int) → ``(d, d)`` tensor (float16 in the published lenses);
 - ``n_prompts`` (int), ``source_layers`` (list of int, the keys of ``J`` in order),
-  ``d_model`` (int), and optionally ``metadata`` (a dict of plain values).
+  ``d_model`` (int), and optionally ``metadata`` (a dict of plain values). A fit's metadata
+  holds TransformerLens's provenance keys (:data:`PROVENANCE_KEYS`, :func:`fit_metadata`):
+  its ``JacobianLens.validate_model`` compares ``model_name`` and ``model_revision`` with the
+  model it reads with, and refuses source layers outside ``0 .. L − 2``.
 
 A fit checkpoint holds ``jacobian_sum`` (layer → the sum over prompts) and ``n_done`` (the
 prompts summed) instead of ``J``; its transport is ``jacobian_sum / n_done``.
@@ -29,7 +32,64 @@ import torch
 from ..errors import InputError
 from ..runs.atomic import atomic_path
 
-__all__ = ["Transport", "read_transport", "write_transport"]
+__all__ = ["PROVENANCE_KEYS", "Transport", "fit_metadata", "read_transport", "write_transport"]
+
+#: The provenance keys of a fitted lens's ``metadata``, as TransformerLens's
+#: ``JacobianLens.fit`` writes them.
+PROVENANCE_KEYS: tuple[str, ...] = (
+    "model_name", "model_revision", "transformer_lens_version", "model_system", "estimator", "processing",
+    "hook_convention", "corpus", "n_prompts", "fit_dtype", "target_layer", "dim_batch", "max_seq_len",
+    "skip_first_positions", "transformer_lens_fit")
+
+
+def fit_metadata(*, model_name: str, model_revision: str | None, corpus: str, n_prompts: int, n_layers: int,
+                 max_seq_len: int, skip_first: int, skip_last: int, version: str) -> dict[str, Any]:
+    """The ``metadata`` of a lens that depthlens fitted: every key of :data:`PROVENANCE_KEYS`
+    with what holds for a depthlens fit, then depthlens's own keys.
+
+    ``model_name`` is the model as loaded (a hub id, a path or a ``random:`` spec): the name a
+    TransformerLens bridge must be booted with for its check to pass. ``model_revision`` is the
+    hub commit the weights came from, or None (no check). The fit is TransformerLens's estimator
+    (``estimator="jacobian_lens"``, block outputs ``blocks.{layer}.hook_out``, raw Hugging Face
+    weights, the final block as target) computed in float64 (``fit_dtype``);
+    ``transformer_lens_fit`` is False and ``transformer_lens_version`` None, so that
+    TransformerLens's ``merge`` never mixes it with a lens it fitted itself. ``dim_batch`` is
+    None: the directions per backward pass follow a memory budget and change no number.
+
+    Examples
+    --------
+    >>> meta = fit_metadata(model_name="org/m", model_revision=None, corpus="wikitext-2", n_prompts=4,
+    ...                     n_layers=30, max_seq_len=128, skip_first=16, skip_last=1, version="1.0")
+    >>> [k for k in PROVENANCE_KEYS if k not in meta], meta["target_layer"]
+    ([], 29)
+    """
+    return {
+        "model_name": model_name, "model_revision": model_revision, "transformer_lens_version": None,
+        "model_system": "transformers", "estimator": "jacobian_lens",
+        "processing": {"compatibility_mode": False, "weight_basis": "raw_huggingface"},
+        "hook_convention": "blocks.{layer}.hook_out", "corpus": corpus, "n_prompts": int(n_prompts),
+        "fit_dtype": "float64", "target_layer": int(n_layers) - 1, "dim_batch": None, "max_seq_len": int(max_seq_len),
+        "skip_first_positions": int(skip_first), "transformer_lens_fit": False,
+        "skip_last_positions": int(skip_last), "fitted_by": f"depthlens {version}",
+    }
+
+
+def _check_plain(value: Any, where: str) -> None:
+    """Refuse a metadata value that ``torch.load(weights_only=True)`` could not read back."""
+    if value is None or type(value) in (bool, int, float, str):
+        return
+    if type(value) in (list, tuple):
+        for i, item in enumerate(value):
+            _check_plain(item, f"{where}[{i}]")
+        return
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise InputError(f"{where} has the key {key!r}; metadata keys must be strings.")
+            _check_plain(item, f"{where}.{key}")
+        return
+    raise InputError(f"{where} is a {type(value).__name__}; metadata holds None, bool, int, float, str, lists and "
+                     "dicts of them.")
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,10 +229,12 @@ def write_transport(path: str | Path, matrices: Mapping[int, np.ndarray | torch.
     ------
     InputError
         No matrices, a matrix that is not square, finite and of the common width, a negative
-        ``n_prompts``, or a value of ``float16``'s range exceeded (it would be stored as inf).
+        ``n_prompts``, a value of ``float16``'s range exceeded (it would be stored as inf), or
+        metadata that is not plain values.
     """
     if not matrices:
         raise InputError("write_transport needs at least one layer's matrix.")
+    _check_plain(dict(metadata or {}), "metadata")
     if n_prompts < 0:
         raise InputError(f"n_prompts is {n_prompts}; pass the number of prompts averaged over (>= 0).")
     out: dict[int, torch.Tensor] = {}
@@ -189,6 +251,7 @@ def write_transport(path: str | Path, matrices: Mapping[int, np.ndarray | torch.
         if not torch.isfinite(stored).all():
             raise InputError(f"the matrix of layer {layer} exceeds the range of {dtype}; pass dtype=torch.float32.")
         out[int(layer)] = stored.contiguous()
+    out = dict(sorted(out.items()))
     payload = {"J": out, "n_prompts": int(n_prompts), "source_layers": list(out), "d_model": int(d),
                "metadata": dict(metadata or {})}
     path = Path(path)

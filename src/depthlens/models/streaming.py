@@ -370,6 +370,8 @@ class Streamer:
     ----------
     resident : int or None
         The layer whose weights are in memory now.
+    resident_dtype : torch.dtype
+        The dtype it was filled in.
     loads : int
         How many times a layer was filled (a cost counter for benchmarks and tests).
     """
@@ -379,10 +381,11 @@ class Streamer:
         self.model, self.layers, self.source = model, list(layers), source
         self.dtype, self.device, self.name = dtype, device, name
         self.resident: int | None = None
+        self.resident_dtype = dtype
         self.loads = 0
         self._names = _qualified(model)
         source.load_buffers(model)
-        self._fill(model, None)
+        self._fill(model, None, dtype)
         self._handles = [m.register_forward_pre_hook(self._hook(i)) for i, lay in enumerate(self.layers)
                          for m in lay.modules()]
 
@@ -392,27 +395,31 @@ class Streamer:
 
         return hook
 
-    def _fill(self, part: nn.Module, layer: int | None) -> None:
+    def _fill(self, part: nn.Module, layer: int | None, dtype: torch.dtype) -> None:
         self.source.fill(self.model, part, layer, self._names)
         left = _meta_params(part, self.layers if layer is None else ())
         if left:
             first = _name(self._names, next(iter(left.values()))[1])
             raise ModelError(f"{self.source.describe(layer)} left {first} unset; the source does not cover the model.")
         for value, slots in _slots(part).values():
-            if not value.is_meta and (value.dtype != self.dtype or value.device != self.device):
-                _replace(slots, nn.Parameter(value.detach().to(device=self.device, dtype=self.dtype),
-                                             requires_grad=False))
+            if not value.is_meta and (value.dtype != dtype or value.device != self.device):
+                _replace(slots, nn.Parameter(value.detach().to(device=self.device, dtype=dtype), requires_grad=False))
         check_finite_weights(part, self.name if layer is None else f"{self.name} (layer {layer})")
 
-    def ensure(self, layer: int) -> None:
-        """Make ``layer`` resident (releasing the one that was)."""
-        if self.resident == layer:
+    def ensure(self, layer: int, dtype: torch.dtype | None = None) -> None:
+        """Make ``layer`` resident (releasing the one that was).
+
+        ``dtype`` (default :attr:`dtype`) is what its parameters are cast to; ``None`` keeps a
+        resident layer in whatever dtype it was filled in (what a forward pass through it asks).
+        A float64 layer (a lens fit's) is filled from the source, never from a rounded copy.
+        """
+        if self.resident == layer and dtype in (None, self.resident_dtype):
             return
         if self.resident is not None:
             self.release()
-        self.resident = layer
+        self.resident, self.resident_dtype = layer, dtype or self.dtype
         try:
-            self._fill(self.layers[layer], layer)
+            self._fill(self.layers[layer], layer, self.resident_dtype)
         except BaseException:
             self.release()  # a failed fill leaves nothing of the layer behind
             raise
@@ -423,9 +430,9 @@ class Streamer:
         if self.resident is None:
             return
         for param, slots in _slots(self.layers[self.resident]).values():
-            _replace(slots, nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device="meta"),
+            _replace(slots, nn.Parameter(torch.empty(param.shape, dtype=self.dtype, device="meta"),
                                          requires_grad=False))
-        self.resident = None
+        self.resident, self.resident_dtype = None, self.dtype
 
 
 def materialize_all(model: nn.Module, source: LayerSource) -> nn.Module:

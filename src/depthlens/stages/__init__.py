@@ -6,6 +6,8 @@ A stage is a module with
   model loads (one-line :class:`~depthlens.errors.InputError` naming the flag);
 - ``run(context: StageContext) -> None``: do the stage's work in resumable units and write its
   outputs through the context (:class:`depthlens.stages.context.StageContext`);
+- optionally ``check_model(config: RunConfig, adapter: Adapter) -> None``: refuse what the
+  loaded model cannot do (e.g. a layer it does not have), before anything is written;
 - optionally ``finish(run_dir: RunDirectory) -> None``: called once the whole run ended
   without a failure (the jacobian stage deletes its unit-private operator copies there).
 

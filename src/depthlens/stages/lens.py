@@ -1,13 +1,15 @@
 """The lens stage: Jacobian-lens transport matrices of the model, fitted natively in float64.
 
-For each of the first ``--lens-chunks`` chunks (one resumable unit each), every layer's
-transport ``(1/|V|) Σ_{t∈V} Σ_{t′≥t} ∂h_final,t′/∂h_ℓ,t`` (:mod:`depthlens.lens.fit`) is added
+For each of the first ``--lens-chunks`` chunks (one resumable unit each), the transport
+``(1/|V|) Σ_{t∈V} Σ_{t′∈V, t′≥t} ∂h_final,t′/∂h_ℓ,t`` of every source layer of
+``--lens-layers`` (:mod:`depthlens.lens.fit`; a layer-streamed model block by block) is added
 to running float64 sums, kept in ``arrays/lens_fit.pt`` in the reference fit-checkpoint form
 (``jacobian_sum``, ``n_done``, and ``chunks``, those summed): a resumed stage goes on from it
 and ends with the same sums, added in the same order. At the end:
 
-- ``arrays/lens.pt``: the mean, in the reference artifact format
-  (:func:`depthlens.lens.write_transport`, ``--lens-dtype``), which TransformerLens loads;
+- ``arrays/lens.pt``: the mean, in the reference artifact format with TransformerLens's
+  provenance keys (:func:`depthlens.lens.write_transport`, ``--lens-dtype``), which
+  TransformerLens's ``JacobianLens.load`` reads and its readout accepts;
 - ``transport``: one row per source layer, the operator metrics of the float64 mean
   (:func:`depthlens.lens.transport_table`).
 
@@ -29,13 +31,14 @@ from ..data import Chunks
 from ..errors import InputError
 from ..executors.local import executor
 from ..lens.analysis import transport_table
-from ..lens.artifact import write_transport
-from ..lens.fit import TransportSums, valid_positions
+from ..lens.artifact import fit_metadata, write_transport
+from ..lens.fit import TransportSums, source_layers, valid_positions
 from ..runs.atomic import atomic_path
 from .context import StageContext
 
 if TYPE_CHECKING:
     from ..config import RunConfig
+    from ..models.adapter import Adapter
 
 STAGE = "lens"
 #: The exported artifact and the fit checkpoint, in ``arrays/``.
@@ -53,21 +56,26 @@ def _shortest(config: RunConfig) -> int:
 
 
 def check(config: RunConfig) -> None:
-    """Refuse chunks with no source position left, and a layer-streamed model.
+    """Refuse chunks with no source position left.
 
     Raises
     ------
     InputError
-        One line naming ``--seq-len`` and the skip flags, or ``--stream-layers``.
+        One line naming ``--seq-len`` and the skip flags.
     """
-    if config.stream_layers:
-        raise InputError("--stream-layers: the lens stage runs a float64 copy of the whole model; drop "
-                         "--stream-layers for it.")
     if not config.prompts and config.seq_len < _shortest(config):
         opts = config.options(STAGE)
         raise InputError(f"--seq-len {config.seq_len} leaves the lens stage no source position once "
                          f"--lens-skip-first {opts.lens_skip_first} and --lens-skip-last {opts.lens_skip_last} are "
                          f"skipped; pass --seq-len {_shortest(config)} or more, or skip fewer.")
+
+
+def check_model(config: RunConfig, adapter: Adapter) -> None:
+    """Refuse ``--lens-layers`` outside the model's source layers, and a streamed model whose
+    blocks read more than the residual stream (one line each)."""
+    source_layers(adapter.n_layers, config.options(STAGE).lens_layers or None)
+    if adapter.streamer is not None:
+        TransportSums.for_adapter(adapter)
 
 
 def check_chunks(config: RunConfig, chunks: Chunks) -> None:
@@ -89,9 +97,23 @@ def _read_fit(path: Path) -> tuple[dict[int, torch.Tensor], int, list[int]]:
 
 def _write_fit(path: Path, sums: TransportSums, done: list[int]) -> None:
     payload = {"jacobian_sum": {k: torch.from_numpy(v) for k, v in sums.sums.items()}, "n_done": sums.n_done,
-               "chunks": list(done), "skip_first": sums.skip_first, "skip_last": sums.skip_last}
+               "chunks": list(done), "source_layers": list(sums.layers), "target_layer": sums.adapter.n_layers - 1,
+               "skip_first": sums.skip_first, "skip_last": sums.skip_last}
     with atomic_path(path) as tmp:
         torch.save(payload, tmp)
+
+
+def _metadata(context: StageContext, count: int) -> dict:
+    """The artifact's provenance (:func:`depthlens.lens.fit_metadata`) of this run's fit."""
+    from .. import __version__
+
+    opts, chunks = context.options, context.chunks
+    provenance = context.loaded.provenance
+    return {**fit_metadata(model_name=context.loaded.name, model_revision=provenance.get("commit"),
+                           corpus=context.config.text, n_prompts=count, n_layers=context.loaded.adapter.n_layers,
+                           max_seq_len=int(chunks.lengths.max()), skip_first=opts.lens_skip_first,
+                           skip_last=opts.lens_skip_last, version=__version__),
+            "revision": context.ident()["revision"], "text": context.config.text, "seed": context.config.seed}
 
 
 def run(context: StageContext) -> None:
@@ -107,8 +129,8 @@ def run(context: StageContext) -> None:
         key = unit_key(c)
         if c not in done:
             if sums is None:  # the float64 copy of the model, made once there is work
-                sums = TransportSums.for_model(context.loaded.model, skip_first=opts.lens_skip_first,
-                                               skip_last=opts.lens_skip_last)
+                sums = TransportSums.for_adapter(context.loaded.adapter, opts.lens_layers or None,
+                                                 skip_first=opts.lens_skip_first, skip_last=opts.lens_skip_last)
                 sums.sums, sums.n_done = totals, count
             sums.add(chunks.ids[c, : int(chunks.lengths[c])])
             totals, count = sums.sums, sums.n_done
@@ -121,14 +143,12 @@ def run(context: StageContext) -> None:
     bar.close()
     run_dir.finished(STAGE, [unit_key(c) for c in range(n)], required=True)
     mean = {layer: totals[layer] / count for layer in sorted(totals)}
-    ident = context.ident()
     write_transport(run_dir.root / "arrays" / ARTIFACT, mean, n_prompts=count, dtype=getattr(torch, opts.lens_dtype),
-                    metadata={**ident, "skip_first": opts.lens_skip_first, "skip_last": opts.lens_skip_last,
-                              "fitted_by": "depthlens (float64)"})
+                    metadata=_metadata(context, count))
     with executor(context.execution, run_dir.root) as pool:
         metrics, _ = transport_table(mean, pool=pool, progress=not context.execution.quiet)
     metrics.insert(1, "n_prompts", count)
     context.write_table("transport", metrics)
 
 
-__all__ = ["ARTIFACT", "FIT", "STAGE", "check", "check_chunks", "run", "unit_key"]
+__all__ = ["ARTIFACT", "FIT", "STAGE", "check", "check_chunks", "check_model", "run", "unit_key"]
