@@ -52,7 +52,7 @@ from .config import (  # noqa: E402
 )
 from . import __version__  # noqa: E402
 from .allocator import keep_freed_memory  # noqa: E402
-from .errors import DepthlensError, RunIncomplete, one_line  # noqa: E402
+from .errors import DepthlensError, InputError, RunIncomplete, one_line  # noqa: E402
 from .options import Spelling, add_flags, flag_values, flags_restated  # noqa: E402
 from .stages import STAGES, run_stages, with_requirements  # noqa: E402
 
@@ -126,6 +126,11 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> argparse.Argume
         p.add_argument("--from", dest="lens_from", metavar="FILE",
                        help="analyse this Jacobian-lens artifact (.pt) alone, with no model: the transport table of "
                             "its matrices (the run's other options are not used)")
+        p.add_argument("--readout", metavar="PROMPT",
+                       help="read PROMPT through the lens at every layer, beside the logit lens (with --from: "
+                            "through --model); the readout table and figure of the report")
+        p.add_argument("--readout-top-k", type=int, default=5, metavar="K", help="predictions kept per layer and "
+                       "position (default 5)")
     _add_directory_flags(p, "run", "runs/default")
     return p
 
@@ -238,13 +243,13 @@ def _run_mode(args: argparse.Namespace) -> RunMode:
     return RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.NEW
 
 
-def _print_end(root: Path, *, report: bool, timings: bool) -> None:
-    """What a command prints when its run ends: with ``report`` the verdicts, with ``timings``
-    each stage's status and wall time (from the manifest), with ``report`` where the report
-    is, and last the disk use."""
+def _print_end(root: Path, *, report: bool, timings: bool, verdicts: bool = True) -> None:
+    """What a command prints when its run ends: with ``report`` (and ``verdicts``) the
+    verdicts, with ``timings`` each stage's status and wall time (from the manifest), with
+    ``report`` where the report is, and last the disk use."""
     from .runs.directory import disk_line, read_manifest, timing_lines
 
-    if report:
+    if report and verdicts:
         _print_verdicts(root)
     if timings:
         for line in timing_lines(read_manifest(root), order=tuple(STAGES)):
@@ -290,21 +295,71 @@ def _stage(args: argparse.Namespace) -> None:
     if args.quiet:
         _silence_libraries()
 
+    readout = getattr(args, "readout", None)
+    if readout is not None and (args.readout_top_k < 1 or not readout.strip()):
+        raise InputError("--readout needs a prompt of some text" if not readout.strip() else
+                         f"--readout-top-k {args.readout_top_k} is invalid; pass 1 or more.")
     if getattr(args, "lens_from", None):  # a lens artifact alone: no model, no chunks
         from .workflow import analyse_transport_file
 
         root = analyse_transport_file(args.lens_from, args.out, _run_mode(args), execution_from_args(args))
+        if readout is not None:
+            _readout(root, readout, args.readout_top_k, _config(args)[0].model)
+        _print_transport(root)
         print(f"run directory: {root}")
-        _print_end(root, report=False, timings=True)
+        _print_end(root, report=readout is not None, timings=True, verdicts=False)
         return
     config, spelling = _config(args)
     run_mode = _run_mode(args)
     stages = run_stages() if args.command == "run" else (args.command,)
     with flags_restated(spelling, OPTION_CHOICES):
         root = run(config, args.out, run_mode=run_mode, stages=stages, execution=execution_from_args(args),
-                   claims=args.claims, report=args.command == "run")
+                   claims=args.claims, report=args.command in ("run", "lens"))
+        if readout is not None:
+            _readout(root, readout, args.readout_top_k, None)
+    if args.command == "lens":
+        _print_transport(root)
     print(f"run directory: {root}")
-    _print_end(root, report=args.command == "run", timings=True)
+    _print_end(root, report=args.command in ("run", "lens"), timings=True, verdicts=args.command != "lens")
+
+
+def _print_transport(root: Path) -> None:
+    """The transport funnel of a lens run: erank of each source layer's transport, and the
+    erank of the product of mean Jacobians over the same layers where the run has one."""
+    from .report.statistics import NotTested, TooLittleData
+    from .report.statistics.residual import transport_against_product
+    from .runs.tables import RunTables
+
+    tables = RunTables(root)
+    transport = tables.table("transport")
+    if transport is None:
+        return
+    try:
+        product = transport_against_product(tables).set_index("layer")["erank_product"]
+    except (NotTested, TooLittleData):
+        product = None
+    print("transport erank by source layer" + (" (product of mean Jacobians beside it):" if product is not None
+                                                else ":"))
+    for layer, erank in zip(transport["layer"], transport["erank"]):
+        beside = f"   product {product[layer]:8.2f}" if product is not None and layer in product.index else ""
+        print(f"  layer {int(layer):>3}: {erank:8.2f}{beside}")
+
+
+def _readout(root: Path, prompt: str, top_k: int, model: str | None) -> None:
+    """Write the readout of ``prompt`` into the lens run ``root``, print its last position's
+    top prediction per layer, and render the report again."""
+    import pandas as pd
+
+    from .report import render_report
+    from .workflow import record_readout
+
+    table = pd.read_parquet(record_readout(root, prompt, top_k=top_k, model=model))
+    last = table[(table["position"] == table["position"].max()) & (table["rank"] == 0)]
+    print(f"readout of the last position ({last['input_token'].iloc[0]!r}), top prediction by layer:")
+    wide = last.pivot(index="layer", columns="lens", values="prediction")
+    for layer, row in wide.iterrows():
+        print(f"  layer {layer:>3}: lens {row['jacobian']!r:<16} logit lens {row['logit']!r}")
+    render_report(root)
 
 
 def _census(args: argparse.Namespace) -> None:

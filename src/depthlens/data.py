@@ -32,7 +32,8 @@ import torch
 from .errors import DataError, InputError, one_line
 
 __all__ = ["DEFAULT_SOURCE", "PROMPT_KEYS", "SOURCES", "Chunks", "Prompt", "PromptsSource", "TextSource", "as_chunks",
-           "chunks", "control_random_tokens", "load_prompts", "load_text", "prompt_chunks", "repeated_random_tokens"]
+           "chunks", "control_random_tokens", "load_prompts", "load_text", "prompt_chunks", "prompt_ids",
+           "repeated_random_tokens"]
 
 DEFAULT_SOURCE = "python-docs"
 SOURCES = ("python-docs", "wikitext-2")
@@ -163,6 +164,23 @@ def _token_ids(text: str, tokenizer: Any) -> np.ndarray:
     # silences the "longer than model_max_length" warning, which does not apply here.
     ids = tokenizer(text, add_special_tokens=False, verbose=False, return_attention_mask=False)["input_ids"]
     return np.asarray(ids, dtype=np.int64)
+
+
+def prompt_ids(text: str, tokenizer: Any) -> np.ndarray:
+    """The token ids of one prompt as a run feeds it to a model: ``text`` tokenized alone,
+    without special tokens, with BOS prepended when the tokenizer has one.
+
+    Raises
+    ------
+    DataError
+        When the prompt gives fewer than 2 tokens (BOS included).
+    """
+    ids = _token_ids(text, tokenizer)
+    if tokenizer.bos_token_id is not None:
+        ids = np.concatenate([np.array([tokenizer.bos_token_id], dtype=np.int64), ids])
+    if ids.size < 2:
+        raise DataError(f"the prompt {text!r} gives {ids.size} token(s); a prompt needs 2 tokens or more: lengthen it.")
+    return ids
 
 
 def chunks(

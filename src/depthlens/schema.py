@@ -865,15 +865,31 @@ _SWEEP = {
 # ----------------------------------------------------------------------------- lens
 _LENS = {
     "transport": {
-        "layer": Column("Source layer ℓ: the transport J_ℓ = (1/|V|) Σ_{t∈V} Σ_{t′≥t} ∂h_final,t′/∂h_ℓ,t runs "
-                        "from the output of block ℓ to the last block's output before the final norm, averaged "
-                        "over the chunks (prompts) and over the source positions V (all but the first "
-                        "--lens-skip-first and the last --lens-skip-last of each).", "integer, 0-based"),
+        "layer": Column("Source layer ℓ (0 .. L−2): the transport J_ℓ = (1/|V|) Σ_{t∈V} Σ_{t′∈V, t′≥t} "
+                        "∂h_final,t′/∂h_ℓ,t runs from the output of block ℓ to the last block's output before the "
+                        "final norm, averaged over the chunks (prompts) and over the source positions; sources and "
+                        "targets range over the valid positions V (all but the first --lens-skip-first and the last "
+                        "--lens-skip-last of each).", "integer, 0-based"),
         "n_prompts": Column("Chunks (prompts) the transport is averaged over.", "count"),
         **{k: Column(f"Of the transport J_ℓ (its update U = J_ℓ − I where named; float64 fit, not the exported "
                      f"artifact's rounding): {c.definition}", c.unit)
            for k, c in _OPERATOR.items()},
         "failure": _FAILURE,
+    },
+    "readout": {
+        "prompt": Column("The prompt read (`depthlens lens --readout`), as given.", "text"),
+        "layer": Column("Layer ℓ whose block output h_ℓ is read; the last layer's reading is the model's output.",
+                        "integer, 0-based"),
+        "position": Column("Token position in the prompt (0 is BOS where the tokenizer has one).", "integer, 0-based"),
+        "input_token": Column("The prompt's token at that position, decoded.", "text"),
+        "lens": Column("`jacobian`: the final norm and unembedding of J_ℓ h_ℓ (the lens); `logit`: of h_ℓ itself "
+                       "(the logit lens).", "text"),
+        "rank": Column("Rank of the prediction at that layer, position and lens, 0 the most likely.", "integer"),
+        "token_id": Column("Predicted next token's id.", "integer"),
+        "prediction": Column("Predicted next token, decoded.", "text"),
+        "logit": Column("Its logit, in the model's dtype.", "logit units"),
+        "prob": Column("Its softmax probability over the vocabulary (float64 from the logits).",
+                       "fraction in [0, 1]"),
     },
 }
 _STAGE_TABLES = {"capture": _CAPTURE, "attention": _ATTENTION, "ablate": _ABLATE, "clamp": _CLAMP, "contest": _CONTEST,
@@ -943,6 +959,9 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
                  "One row per (checkpoint, boundary): topology–dynamics coupling (METHODS B5)."),
     "transport": (("layer",), "One row per source layer of the Jacobian lens: the spectral geometry of its "
                   "transport matrix to the last block's output."),
+    "readout": (("layer", "position", "lens", "rank"),
+                "One row per (layer, position, lens, rank) of one prompt: its top next-token predictions through the "
+                "Jacobian lens and through the logit lens."),
     "census_heads": (("series", "checkpoint", "layer", "head"),
                      "One row per (series, checkpoint, head): the head's role, scores and reserve at that checkpoint."),
     "census": (("series", "checkpoint"),

@@ -38,7 +38,7 @@ from .models.hooks import SHARED_BYTES
 from .executors.local import kept_workers
 from .report import default_claims_path, load_claims, render_report
 from .report.claims import CLAIMS_COPY
-from .runs import RunDirectory, RunMode, atomic, check_target
+from .runs import RunDirectory, RunMode, atomic, check_target, read_manifest
 from .runs.failures import fatal
 
 PACKAGES = ("depthlens", "numpy", "scipy", "torch", "transformers", "pandas", "pyarrow", "numba")
@@ -258,6 +258,28 @@ def run(
         if finish is not None:
             finish(run_dir)
     return run_dir.root
+
+
+def record_readout(root: str | Path, prompt: str, *, top_k: int = 5, model: str | None = None) -> Path:
+    """``depthlens lens --readout PROMPT``: the readout of ``prompt`` through the Jacobian lens of
+    the run in ``root`` (:meth:`depthlens.api.Run.readout`), written as its ``readout`` table
+    (replacing an earlier prompt's) with the run's identity columns. Returns the table's path.
+
+    Raises
+    ------
+    RunError
+        ``root`` has no lens, or was made from a lens file and ``model`` is not given.
+    InputError
+        As :meth:`depthlens.api.Run.readout`.
+    """
+    from .api import open_run
+    from .schema import conform_table
+
+    run = open_run(root)
+    table = run.readout(prompt, top_k=top_k, model=model)
+    ident = run.table("transport")[["model", "revision", "text"]].iloc[0].to_dict()
+    run_dir = RunDirectory(Path(root), read_manifest(root))
+    return run_dir.write_table("readout", conform_table("readout", with_identity(table, ident)))
 
 
 def analyse_transport_file(path: str | Path, out: str | Path, run_mode: RunMode = RunMode.NEW,

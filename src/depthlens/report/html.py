@@ -236,6 +236,7 @@ def _part_section(key: str, title: str, stages: tuple[str, ...], blurb: str, tab
         out.append(_interventions_summary(tables))
     elif key == "B":
         out.append(_residual_summary(tables))
+        out.append(_readout_summary(tables))
     else:
         out.append(_census_summary(tables))
     for spec in (s for s in FIGURES if s.part == key):
@@ -246,6 +247,28 @@ def _part_section(key: str, title: str, stages: tuple[str, ...], blurb: str, tab
     out.append(_tables_html(stages, tables))
     out.append("</section>")
     return "\n".join(out)
+
+
+def _readout_summary(tables: RunTables) -> str:
+    """The lens readout of the run's prompt at its last position: per layer, the top prediction
+    through the Jacobian lens and through the logit lens, with their probabilities (nothing
+    when the run has no readout)."""
+    df = tables.table("readout")
+    if df is None or df.empty:
+        return ""
+    last = df[(df["rank"] == 0) & (df["position"] == df["position"].max())]
+    wide = {kind: last[last["lens"] == kind].set_index("layer") for kind in ("jacobian", "logit")}
+    rows = "".join(
+        f"<tr><td class=\"num\">{int(layer)}</td>"
+        + "".join(f"<td><code>{esc(repr(wide[k].at[layer, 'prediction']))}</code></td>"
+                  f"<td class=\"num\">{wide[k].at[layer, 'prob']:.3f}</td>" for k in ("jacobian", "logit"))
+        + "</tr>" for layer in sorted(wide["jacobian"].index))
+    prompt, token = str(df["prompt"].iloc[0]), str(last["input_token"].iloc[0])
+    return (f'<h3 id="readout">Lens readout</h3><p>The prompt <code>{esc(repr(prompt))}</code> read at its last '
+            f"position (<code>{esc(repr(token))}</code>): the most likely next token at each layer through the "
+            "Jacobian lens and through the logit lens (the whole table: <code>tables/readout.parquet</code>).</p>"
+            "<table><thead><tr><th>layer</th><th>Jacobian lens</th><th>p</th><th>logit lens</th><th>p</th></tr>"
+            f"</thead><tbody>{rows}</tbody></table>")
 
 
 def _attention_summary(tables: RunTables) -> str:

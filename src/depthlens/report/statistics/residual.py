@@ -555,6 +555,9 @@ def transport_against_product(t: RunTables) -> pd.DataFrame:
         raise NotTested("needs the lens stage's transport table: run depthlens lens into this run directory "
                         "with --resume")
     require_columns(transport, "transport.parquet", "layer", "erank")
+    if t.table("cumulative") is None or t.table("operators") is None:
+        raise NotTested("needs the jacobian stage's cumulative and operators tables: run depthlens jacobian into "
+                        "this run directory with --resume")
     try:
         curve, truncated = _funnel_curve(t, "trained", 1.0, "backward", False), False
     except NotTested:
