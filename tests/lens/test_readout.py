@@ -118,6 +118,20 @@ def test_the_command_line_reads_a_prompt_into_the_run(tmp_path: Path, capsys: py
     assert len(err) == 1 and "--readout-top-k 0 is invalid" in err[0] and not (tmp_path / "bad").exists()
 
 
+def test_a_streamed_model_fits_and_reads_from_the_command_line(tmp_path: Path) -> None:
+    """``depthlens lens --stream-layers --readout``: the same tables as the in-memory run."""
+    outs = []
+    for flags in ([], ["--stream-layers"]):
+        out = tmp_path / f"run{len(flags)}"
+        assert main(["lens", "--model", SPEC, "--chunks", "1", "--seq-len", "12", "--lens-chunks", "1",
+                     "--lens-skip-first", "2", "--out", str(out), "--quiet", "--readout", "a b c", *flags]) == 0
+        outs.append(out)
+    for name in ("transport", "readout"):
+        pd.testing.assert_frame_equal(pd.read_parquet(outs[1] / "tables" / f"{name}.parquet"),
+                                      pd.read_parquet(outs[0] / "tables" / f"{name}.parquet"), check_exact=False,
+                                      rtol=1e-6, atol=1e-9)
+
+
 @pytest.mark.real
 def test_smollm2_reads_out_through_its_own_lens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """On SmolLM2, a lens of its top two source layers fitted on one chunk reads a prompt; at
