@@ -359,6 +359,12 @@ def _lens(root: Path, ident: dict[str, str]) -> None:
     rows = [{"layer": layer, "n_prompts": 4, **dict.fromkeys(METRICS, 0.5), "erank": 20.0 + 6.0 * layer,
              "failure": None} for layer in range(18)]
     write_table(root, "transport", pd.DataFrame(rows), ident)
+    words = [" the", " <b>$x$</b>", " Paris", "\n"]
+    readout = [{"prompt": "The capital of France is", "layer": layer, "position": pos, "input_token": words[pos],
+                "lens": lens, "rank": rank, "token_id": 7 * layer + rank, "prediction": words[(layer + rank) % 4],
+                "logit": 10.0 - rank, "prob": 0.8 / (1 + rank) if lens == "jacobian" else 0.4 / (1 + rank)}
+               for layer in range(19) for pos in range(4) for lens in ("jacobian", "logit") for rank in range(2)]
+    write_table(root, "readout", pd.DataFrame(readout), ident)
 
 
 def _topology(root: Path, boundaries: int, ident: dict[str, str]) -> None:

@@ -18,8 +18,11 @@ from depthlens.report.claims import (
     claims_hash,
     default_claims_path,
     evaluate,
+    marginal,
+    verdict_label,
     load_claims,
     verdict,
+    verdict_lines,
     write_claims_json,
 )
 from depthlens.runs.tables import RunTables
@@ -199,13 +202,15 @@ def test_inconclusive(run):
     coupling = read_table(run, "coupling")
     write_table(run, "coupling", coupling[coupling["checkpoint"] != "step1000"])  # only step 0 and trained
     results = {r["id"]: r for r in evaluate(load_claims(), run, calibrate=False)}
-    for cid in ("A2-eig-gap-contrast", "A4-induction-doubling", "A5-routing-positive", "B1-complex-early",
-                "B5-coupling-rise"):
+    for cid in ("A2-eig-gap-contrast", "A4-induction-doubling", "A5-routing-positive", "B1-complex-early"):
         assert results[cid]["verdict"] == "inconclusive", cid
     assert "too little data" in results["A4-induction-doubling"]["reason"]
     assert "band" in results["A2-eig-gap-contrast"]["reason"]
     assert results["A4-induction-doubling"]["value"] is None
-    assert "only 2 checkpoint(s) (init, trained); a monotone rise needs at least 3" in results["B5-coupling-rise"]["reason"]
+    b5 = results["B5-coupling-rise"]  # two checkpoints cannot show a monotone rise: a run without revisions
+    assert (b5["verdict"], b5["needs"], verdict_label(b5)) == ("not tested", "--revisions",
+                                                              "not tested (needs --revisions)")
+    assert "only 2 checkpoint(s) (init, trained); a monotone rise needs at least 3" in b5["reason"]
     assert results["B5-coupling-rise"]["descriptive"]["coupling_significant_rise"] == 20
 
 
@@ -241,11 +246,14 @@ def test_not_tested_failed_stage_and_missing_rows_or_columns(run):
     results = {r["id"]: r for r in evaluate(load_claims(), run, calibrate=False)}
     assert results["B1-complex-early"]["verdict"] == "not tested"
     assert "failed" in results["B1-complex-early"]["reason"]
-    assert results["B5-coupling-rise"]["verdict"] == "inconclusive"
+    assert results["B5-coupling-rise"]["verdict"] == "not tested"
     assert "only 1 checkpoint(s) (trained)" in results["B5-coupling-rise"]["reason"]
     assert results["B6-coupling-init"]["verdict"] == "not tested"
     assert results["A4-induction-doubling"]["verdict"] == "not tested"
     assert results["A2-eig-gap-contrast"]["verdict"] == "not tested"  # no null samples to contrast with
+    assert results["A2-eig-gap-contrast"]["needs"] == "--null-chunks 1 or more"
+    assert results["B1-complex-early"]["needs"] == "the jacobian stage"  # its tables are gone with the stage
+    assert all(r["needs"] is None for r in results.values() if r["verdict"] != "not tested")
     assert results["A2-eig-gap-contrast"]["descriptive"]["eig_gap_e1_model_final"] > 7
 
 
@@ -376,3 +384,24 @@ def test_good_minimal_file_loads(tmp_path):
     (c,) = load_claims(path)
     assert c.test in TESTS and c.threshold == (1.5, 3.0) and c.inconclusive_band == ((1.2, 1.5), (3.0, 4.0))
     assert c.criterion() == "in [1.5, 3]"
+
+
+def test_a_decisive_verdict_whose_interval_reaches_the_band_is_marginal(run, monkeypatch):
+    """A2 (≥ 5, band [3, 5]): 5.54 [4.39, 6.14] is supported but marginal, in judge's reason, the
+    claims.json field and the terminal line; an interval clear of the band is not, nor is a
+    range over protocol choices or an inconclusive verdict."""
+    from depthlens.report import claims as claims_module
+    from depthlens.report.statistics import Estimate
+
+    a2 = next(c for c in load_claims() if c.id == "A2-eig-gap-contrast")
+    assert marginal(a2, "supported", Estimate(5.54, 4.39, 6.14)) and marginal(a2, "falsified", Estimate(2, 1, 3.5))
+    assert not marginal(a2, "supported", Estimate(5.54, 5.1, 6.14))
+    assert not marginal(a2, "supported", Estimate(5.54, 4.39, 6.14, "range"))
+    assert not marginal(a2, "inconclusive", Estimate(4.0, 3.5, 4.5))
+    monkeypatch.setattr(claims_module, "compute_estimate", lambda name, tables: (Estimate(5.54, 4.39, 6.14), ""))
+    judged = claims_module.judge(a2, RunTables(run))
+    assert judged.verdict == "supported" and judged.marginal and "(marginal)" in judged.reason
+    result = next(r for r in evaluate([a2], run, calibrate=False))
+    assert result["marginal"] and verdict_label(result) == "supported (marginal)"
+    write_claims_json(run, [result])
+    assert "supported (marginal)" in verdict_lines(run)[0]

@@ -118,8 +118,8 @@ def test_stage_not_run_and_failed(tmp_path):
     assert "Topology–dynamics coupling: not available — stage topology not run" in part_b
     part_a = text[text.index('id="part-a"'): text.index('id="part-b"')]
     assert "arrays/pseudospectra.safetensors is absent" in part_a
-    # transient reserve, depth products, criticality, clamp dose, contest, and the census's four
-    assert len(IMG.findall(text)) == 9
+    # transient reserve, depth products, criticality, clamp dose, contest, the lens readout and the census's four
+    assert len(IMG.findall(text)) == 10
     assert "stage jacobian failed: tables/operators.parquet is absent" in part_b
     claims = {r["id"]: r["verdict"] for r in json.loads((run / "claims.json").read_text())["results"]}
     assert claims["B5-coupling-rise"] == claims["B6-coupling-init"] == "not tested"
@@ -128,7 +128,8 @@ def test_stage_not_run_and_failed(tmp_path):
 def test_bare_directory_renders(tmp_path):
     text = render_report(tmp_path).read_text()
     assert "manifest.json is absent" in text
-    assert text.count(">not tested</span>") == 2 * len(load_claims())  # at a glance and in the full table
+    # at a glance and in the full table, each saying what would test it
+    assert len(re.findall(r">not tested \(needs [^<]+\)</span>", text)) == 2 * len(load_claims())
     assert "<img" not in text
 
 

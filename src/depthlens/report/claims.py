@@ -66,7 +66,8 @@ from typing import Any
 
 from ..errors import InputError
 from ..runs.atomic import write_json
-from .statistics import SAMPLE_UNITS, STATISTICS, Estimate, compute_estimate, compute_statistic
+from .statistics import (SAMPLE_UNITS, STATISTICS, Estimate, compute_estimate, compute_statistic, needs_of,
+                         note_of)
 from ..runs.tables import RunTables
 
 #: The verdicts, in the order the report explains them.
@@ -362,16 +363,54 @@ def estimate_verdict(claim: Claim, estimate: Estimate | None, *, intervals: bool
     return verdict(claim, estimate.value, (estimate.lo, estimate.hi) if use else None, estimate.kind)
 
 
+def marginal(claim: Claim, verdict_: str, estimate: Estimate | None) -> bool:
+    """Whether a decisive verdict is marginal: ``supported`` or ``falsified`` with a 95 %
+    interval that reaches the claim's inconclusive band (its value is decided, but a sample
+    whose value fell elsewhere in the interval would read ``inconclusive``).
+
+    Examples
+    --------
+    >>> a2 = next(c for c in load_claims() if c.id == "A2-eig-gap-contrast")
+    >>> marginal(a2, "supported", Estimate(5.54, 4.39, 6.14)), marginal(a2, "supported", Estimate(7.0, 6.0, 8.0))
+    (True, False)
+    """
+    if verdict_ not in ("supported", "falsified") or estimate is None or estimate.kind != "confidence":
+        return False
+    return bool(claim.inconclusive_band) and "band" in _regions_met(claim, estimate.lo, estimate.hi)
+
+
+def verdict_label(result: Mapping[str, Any]) -> str:
+    """A claim result's verdict as it is shown: ``supported (marginal)`` for a marginal verdict,
+    ``not tested (needs --null init)`` where the result says what would test it, else the
+    verdict alone.
+
+    Examples
+    --------
+    >>> verdict_label({"verdict": "supported", "marginal": True})
+    'supported (marginal)'
+    >>> verdict_label({"verdict": "not tested", "needs": "--null init"})
+    'not tested (needs --null init)'
+    """
+    name = str(result.get("verdict", ""))
+    if result.get("marginal"):
+        return f"{name} (marginal)"
+    if name == "not tested" and result.get("needs"):
+        return f"{name} (needs {result['needs']})"
+    return name
+
+
 @dataclass(frozen=True)
 class Judgement:
     """One claim judged on one run: its verdict, the reason, the statistic's estimate (None when
-    not tested), the run's sample counts and whether they fall below a declared minimum."""
+    not tested), the run's sample counts, whether they fall below a declared minimum, and
+    whether a decisive verdict is :func:`marginal`."""
 
     verdict: str
     reason: str
     estimate: Estimate | None
     sample: dict[str, int | None]
     underpowered: bool
+    marginal: bool = False
 
 
 def judge(claim: Claim, tables: RunTables, *, intervals: bool = True) -> Judgement:
@@ -391,7 +430,10 @@ def judge(claim: Claim, tables: RunTables, *, intervals: bool = True) -> Judgeme
     short = underpowered(claim, sizes)
     if short:
         result, reason = "inconclusive", (f"{short}; {reason}" if value is not None and math.isnan(value) else short)
-    return Judgement(result, reason, estimate, sizes, bool(short))
+    edge = marginal(claim, result, estimate if intervals else None)
+    if edge:
+        reason += ", which reaches the inconclusive band (marginal)"
+    return Judgement(result, reason, estimate, sizes, bool(short), edge)
 
 
 def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables, *, calibrate: bool = True
@@ -404,8 +446,11 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables, *, calibr
     ends as ``value``; None when the statistic gives none), ``interval_kind``
     (``confidence``, ``range`` or ``none``), ``test``, ``threshold``, ``criterion``,
     ``inconclusive_band``, ``verdict``, ``reason``, ``falsifier``, ``source``, ``min_sample``
-    (unit → minimum), ``sample`` (unit → the run's count, None when not tested or not
-    recorded), ``underpowered`` (True when a count is below its minimum, or when the
+    (unit → minimum), ``marginal`` (:func:`marginal`), ``needs`` (for a claim not tested: the
+    command or flag that would test it, :func:`needs_of`; else None), ``sample`` (unit → the
+    run's count, None when not tested or not recorded), ``note`` (what the value rests on where
+    that matters for reading it, :attr:`~depthlens.report.statistics.Statistic.note`; else None),
+    ``underpowered`` (True when a count is below its minimum, or when the
     calibration at the run's sample size fails its acceptance: the verdict is then
     ``inconclusive`` whatever the value), ``calibration`` (with ``calibrate``: the claim's
     error rates under planted nulls and effects at this run's sample size,
@@ -425,7 +470,9 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables, *, calibr
         estimate = judged.estimate
         value = None if estimate is None else estimate.value
         calibration = calibration_at(claim, tables) if calibrate and estimate is not None else None
+        edge = judged.marginal
         if calibration is not None and not calibration["accepted"] and result in ("supported", "falsified"):
+            edge = False
             result, reason, short = "inconclusive", (
                 f"underpowered (calibration at this sample: P(supported | null) = "
                 f"{calibration['p_supported_null']:.2f}, P(falsified | effect) = "
@@ -453,7 +500,10 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables, *, calibr
             "criterion": claim.criterion(),
             "inconclusive_band": [list(b) for b in claim.inconclusive_band],
             "verdict": result,
+            "marginal": edge,
+            "needs": needs_of(claim.statistic, tables) if result == "not tested" else None,
             "reason": reason,
+            "note": note_of(claim.statistic, tables) if estimate is not None else None,
             "falsifier": claim.falsifier,
             "source": claim.source,
             "min_sample": dict(claim.min_sample),
@@ -524,9 +574,10 @@ def write_claims_json(run_dir: str | Path, results: list[dict[str, Any]], *,
 
 def verdict_lines(run_dir: str | Path) -> list[str]:
     """The verdicts at a glance, one line per claim of ``RUN/claims.json`` (none when it is
-    absent or unreadable): id, verdict, value with its interval (``[lo, hi]``, a range over
-    protocol choices as ``range lo..hi``), the test, and ``(underpowered)`` or ``(fragile)``
-    where that holds. What the terminal prints at the end of a run and the report's first
+    absent or unreadable): id, verdict (:func:`verdict_label`), value with its interval
+    (``[lo, hi]``, a range over protocol choices as ``range lo..hi``), the test, and
+    ``(underpowered)`` or ``(fragile)`` where that holds; a claim with a ``note`` gets it on
+    a second line. What the terminal prints at the end of a run and the report's first
     screen shows.
 
     Examples
@@ -542,12 +593,17 @@ def verdict_lines(run_dir: str | Path) -> list[str]:
     for r in results:
         value = (r.get("value_text") or "—") + interval_inline(r)
         notes = [n for n in ("underpowered", "fragile") if r.get(n)]
-        rows.append((str(r.get("id", "")), str(r.get("verdict", "")), value, str(r.get("criterion", "")),
+        rows.append((str(r.get("id", "")), verdict_label(r), value, str(r.get("criterion", "")),
                      f" ({', '.join(notes)})" if notes else ""))
     if not rows:
         return []
     widths = [max(len(row[k]) for row in rows) for k in range(3)]
-    return [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}{e}".rstrip() for a, b, c, d, e in rows]
+    lines = []
+    for (a, b, c, d, e), r in zip(rows, results):
+        lines.append(f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}{e}".rstrip())
+        if r.get("note"):
+            lines.append(f"{'':<{widths[0]}}  note: {r['note']}")
+    return lines
 
 
 def _json_value(value: float | None) -> float | str | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runs.tables import STATUS_TEXT
-from .claims import VERDICTS, claims_hash, interval_ends, interval_inline
+from .claims import VERDICTS, claims_hash, interval_ends, interval_inline, verdict_label
 from .statistics import SAMPLE_UNITS
 
 VERDICT_COLOURS = {"supported": "#1a7f37", "falsified": "#cf222e", "inconclusive": "#bf8700",
@@ -35,7 +35,7 @@ def verdict_badge(r: Mapping[str, Any]) -> str:
         return (f'<span class="verdict underpowered" style="background:{UNDERPOWERED_COLOUR}">'
                 f"{esc(r['verdict'])}: underpowered</span>")
     colour = VERDICT_COLOURS.get(r["verdict"], "#6e7781")
-    return f"<span class=\"verdict\" style=\"background:{colour}\">{esc(r['verdict'])}</span>"
+    return f"<span class=\"verdict\" style=\"background:{colour}\">{esc(verdict_label(r))}</span>"
 
 
 def glance_section(results: list[dict]) -> str:
@@ -121,7 +121,8 @@ def _calibration_text(result: Mapping[str, Any]) -> str:
 
 
 def _protocol_text(result: Mapping[str, Any]) -> str:
-    out = f"<br><small>protocol: {esc(result['protocol'])}</small>" if result.get("protocol") else ""
+    out = f'<br><b class="note">note: {esc(result["note"])}</b>' if result.get("note") else ""
+    out += f"<br><small>protocol: {esc(result['protocol'])}</small>" if result.get("protocol") else ""
     described = result.get("descriptive") or {}
     if described:
         out += "<br><small>beside it: " + esc("; ".join(

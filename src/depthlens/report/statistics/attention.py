@@ -136,7 +136,8 @@ def _contrast(which: str) -> Callable[[RunTables], Estimate]:
     def stat(t: RunTables) -> Estimate:
         final = _final_gaps(t, which)
         if not (final["source"] == "null").any():
-            raise NotTested("depth.parquet has no null samples to contrast with (--null-chunks 0?)")
+            raise NotTested("depth.parquet has no null samples to contrast with (--null-chunks 0?)",
+                            needs="--null-chunks 1 or more")
         return median_estimate(gap_contrasts(final, which), f"{which} contrasts")
 
     return stat
@@ -158,7 +159,7 @@ def _null_gap(t: RunTables) -> Estimate:
     final = _final_gaps(t)
     null = final[final["source"] == "null"]
     if null.empty:
-        raise NotTested("depth.parquet has no null samples (--null-chunks 0?)")
+        raise NotTested("depth.parquet has no null samples (--null-chunks 0?)", needs="--null-chunks 1 or more")
     return median_estimate(null.groupby("chunk")["gap_e1"].mean().to_numpy(dtype=float), "null gaps")
 
 

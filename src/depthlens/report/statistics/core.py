@@ -59,7 +59,57 @@ class Estimate:
 
 
 class NotTested(Exception):
-    """Raised inside a statistic when its inputs are missing (verdict ``not tested``)."""
+    """Raised inside a statistic when its inputs are missing (verdict ``not tested``).
+
+    Parameters
+    ----------
+    message : str
+        What is missing.
+    needs : str, optional
+        The command or flag that would give the inputs (``--null init``), shown as
+        ``not tested (needs --null init)``.
+    """
+
+    def __init__(self, message: str, needs: str | None = None) -> None:
+        super().__init__(message)
+        self.needs = needs
+
+
+#: What writes a missing output, as the flag or command a user would run.
+STAGE_NEEDS = {"census": "depthlens census, or --revisions", "lens": "depthlens lens"}
+
+
+def note_of(name: str, tables: RunTables) -> str | None:
+    """The :attr:`Statistic.note` of statistic ``name`` on ``tables`` (None without one, or
+    when it cannot be made: a note never takes a verdict down)."""
+    note = STATISTICS[name].note
+    if note is None:
+        return None
+    try:
+        return note(tables)
+    except Exception:  # noqa: BLE001 - NotTested, TooLittleData or an odd table: no note
+        return None
+
+
+def needs_of(name: str, tables: RunTables) -> str | None:
+    """What would test statistic ``name`` on a run where it is not tested: the command or flag
+    producing its first missing output (``depthlens census, or --revisions``; ``the jacobian
+    stage`` for a stage the run skipped), or the ``needs`` of the :class:`NotTested` it raises;
+    None when it is tested or nothing more specific is known."""
+    from ...schema import producer
+
+    stat = STATISTICS[name]
+    for need in stat.needs:
+        if not tables.has(need):
+            stage = producer(need)
+            return STAGE_NEEDS.get(stage or "", f"the {stage} stage" if stage else None)
+    try:
+        stat.func(tables)
+    except NotTested as exc:
+        return exc.needs
+    except Exception:  # noqa: BLE001 - tested, or failing for another reason: nothing to add
+        return None
+    return None
 
 
 class TooLittleData(Exception):
@@ -77,6 +127,8 @@ class Statistic:
     ``arrays/NAME``); when one is absent the claim is ``not tested`` without calling ``func``.
     ``samples`` maps the sample units of :data:`SAMPLE_UNITS` that the statistic rests on to
     a function counting them in a run (``None`` when the run does not record the count).
+    ``note``, when given, says in a sentence what the value rests on where that matters for
+    reading it (None when there is nothing to say); it is shown beside the verdict.
     """
 
     name: str
@@ -84,6 +136,7 @@ class Statistic:
     needs: tuple[str, ...]
     description: str
     samples: dict[str, SampleCounter] = field(default_factory=dict)
+    note: Callable[[RunTables], str | None] | None = None
 
 
 #: Every statistic of the study by name: the family registries, gathered by the package
@@ -94,12 +147,14 @@ Register = Callable[..., Callable[[Callable[[RunTables], Any]], Callable[[RunTab
 
 
 def registrar(registry: dict[str, Statistic]) -> Register:
-    """``register(name, needs, description, samples=None)``: a decorator that puts a statistic
-    function in ``registry`` under ``name``, with the counters of its sample units
-    (``samples``, keys from :data:`SAMPLE_UNITS`). A name registered twice is an error."""
+    """``register(name, needs, description, samples=None, note=None)``: a decorator that puts a
+    statistic function in ``registry`` under ``name``, with the counters of its sample units
+    (``samples``, keys from :data:`SAMPLE_UNITS`) and its :attr:`Statistic.note`. A name
+    registered twice is an error."""
 
     def register(name: str, needs: Sequence[str], description: str,
-                 samples: Mapping[str, SampleCounter] | None = None):
+                 samples: Mapping[str, SampleCounter] | None = None,
+                 note: Callable[[RunTables], str | None] | None = None):
         unknown = sorted(set(samples or {}) - set(SAMPLE_UNITS))
         if unknown:
             raise ValueError(f"statistic {name!r}: unknown sample unit {unknown[0]!r}")
@@ -107,7 +162,8 @@ def registrar(registry: dict[str, Statistic]) -> Register:
         def wrap(func: Callable[[RunTables], Any]) -> Callable[[RunTables], Any]:
             if name in registry:
                 raise ValueError(f"statistic {name!r} is registered twice")
-            registry[name] = Statistic(name, func, tuple(needs), " ".join(description.split()), dict(samples or {}))
+            registry[name] = Statistic(name, func, tuple(needs), " ".join(description.split()), dict(samples or {}),
+                                       note)
             return func
 
         return wrap

@@ -48,7 +48,8 @@ def _early_operators(t: RunTables, sublayers: tuple[str, ...], checkpoint: str =
     n_layers = int(df["layer"].max()) + 1
     df = df[(df["layer"] < math.ceil(n_layers / 3)) & df["sublayer"].isin(sublayers)]
     if df.empty:
-        raise NotTested(f"operators.parquet has no {'/'.join(sublayers)} rows of {checkpoint} ({jacobian_mode})")
+        raise NotTested(f"operators.parquet has no {'/'.join(sublayers)} rows of {checkpoint} ({jacobian_mode})",
+                        needs="--null init" if checkpoint == "init" else f"--jacobian-mode {jacobian_mode}")
     return df
 
 
@@ -120,7 +121,7 @@ def _compute_layer_rotations(t: RunTables, checkpoint: str) -> pd.Series:
     df = df[(df["checkpoint"] == checkpoint) & (df["layer"] < math.ceil(n_layers / 3))]
     if df.empty:
         raise NotTested(f"eigenvalues.parquet has no full-layer operators of {checkpoint} "
-                        "(the step-0 null: --null init)")
+                        "(the step-0 null: --null init)", needs="--null init" if checkpoint == "init" else None)
     return df.groupby("layer").apply(lambda g: weighted_rotation(numeric(g["re"]) + 1j * numeric(g["im"])))
 
 
@@ -189,14 +190,18 @@ def _funnel_curve(t: RunTables, checkpoint: str, alpha: float, direction: str, t
     modes = list(pd.unique(df["jacobian_mode"]))
     mode = jacobian_mode or ("isolated" if "isolated" in modes else modes[0])
     if mode not in modes:
-        raise NotTested(f"cumulative.parquet has no {mode} curves (run --jacobian-mode both or all)")
+        raise NotTested(f"cumulative.parquet has no {mode} curves (run --jacobian-mode both or all)",
+                        needs="--jacobian-mode both")
     df = df[df["jacobian_mode"] == mode]
     df = df[np.isclose(numeric(df["schur_alpha"]), alpha)]
     if alpha < 1 and "schur_order" in df.columns:
         df = df[df["schur_order"] == schur_order]
     if df.empty:
         raise NotTested(f"cumulative.parquet has no {direction} curve for {checkpoint} at α = {alpha:g}"
-                        + (f" in Schur order {schur_order}" if alpha < 1 else ""))
+                        + (f" in Schur order {schur_order}" if alpha < 1 else ""),
+                        needs="--null init" if checkpoint == "init" else (
+                            f"--funnel-alphas with {alpha:g} and --schur-orders with {schur_order}" if alpha < 1
+                            else None))
     is_exact = exact_rows(df)
     exact, capped = df[is_exact], df[~is_exact]
     if truncated and capped.empty and not exact.empty and exact["truncation"].max() <= CLAIM_RANK:
@@ -205,7 +210,8 @@ def _funnel_curve(t: RunTables, checkpoint: str, alpha: float, direction: str, t
     if df.empty:
         raise NotTested(f"cumulative.parquet has no {'rank-truncated' if truncated else 'exact'} curve "
                         "(--funnel-rank 0 computes exact products only; models wider than --funnel-exact-width "
-                        "rank-truncated ones only)")
+                        "rank-truncated ones only)",
+                        needs=f"--funnel-rank {CLAIM_RANK}" if truncated else "--funnel-exact-width at or above d")
     return df.sort_values("steps")
 
 
@@ -294,6 +300,88 @@ def _init_over_trained(direction: str, truncated: bool, mode: str | None, boot: 
     return stat
 
 
+#: Below this fraction of d, a one-step erank leaves the funnel no headroom (METHODS B3).
+COLLAPSED = 0.1
+#: A coordinate holding at least this share of a unit vector's squared norm carries it.
+CARRIES = 0.9
+#: Sub-layers of a layer in the order the residual passes them.
+SUBLAYER_ORDER = ("attn", "mlp", "ple")
+
+
+def _width(t: RunTables) -> int:
+    """The residual width d: the eigenvalues of one trained operator."""
+    eig = select_rows(t.table("eigenvalues"), "eigenvalues.parquet", checkpoint="trained")
+    require_columns(eig, "eigenvalues.parquet", "layer", "sublayer", "jacobian_mode")
+    first = eig.iloc[0]
+    return int(((eig["layer"] == first["layer"]) & (eig["sublayer"] == first["sublayer"])
+                & (eig["jacobian_mode"] == first["jacobian_mode"])).sum())
+
+
+def top_coordinate(J: np.ndarray) -> tuple[int, float]:
+    """The coordinate that carries most of ``J``'s top left singular vector u₁, and its share
+    ``u₁[i]²`` (of ``‖u₁‖² = 1``; exact to LAPACK's SVD).
+
+    Examples
+    --------
+    >>> top_coordinate(np.diag([1.0, 40.0, 2.0]))
+    (1, 1.0)
+    """
+    u = np.linalg.svd(np.asarray(J, dtype=np.float64))[0][:, 0]
+    i = int(np.argmax(u**2))
+    return i, float(u[i] ** 2)
+
+
+def _last_operator(t: RunTables, mode: str) -> np.ndarray:
+    """The trained mean Jacobian of the last sub-layer (the backward funnel's first step)."""
+    found = t.arrays(f"jacobians_trained_{mode}")
+    if found is None:
+        raise NotTested(f"the run saved no {mode} operators (arrays/jacobians_trained_{mode})",
+                        needs="--save-arrays float64")
+    arrays = found[0]
+    keys = [k.split(".", 1) for k in arrays]
+    last = max(int(layer) for layer, _ in keys)
+    kinds = [kind for layer, kind in keys if int(layer) == last]
+    kind = max(kinds, key=lambda k: SUBLAYER_ORDER.index(k) if k in SUBLAYER_ORDER else -1)
+    return arrays[f"{last}.{kind}"]
+
+
+def funnel_premise(t: RunTables) -> str | None:
+    """Where B2's ratio has no premise: when the one-step erank of the claims' funnel is below
+    :data:`COLLAPSED` · d, that every sub-layer operator is already rank-collapsed (with both
+    eranks as fractions of d), naming the residual coordinate that carries the first step's top
+    left singular vector when one holds ≥ :data:`CARRIES` of it; None otherwise (the fractions
+    are the descriptive statistics ``funnel_one_step_fraction`` and
+    ``funnel_full_depth_fraction``)."""
+    first, last = funnel_ends(t, "trained", 1.0, "backward", True)
+    d = _width(t)
+    if first >= COLLAPSED * d:
+        return None
+    text = (f"every sub-layer operator is already rank-collapsed: no headroom for a funnel (one-step erank "
+            f"{first:.3g} = {first / d:.1%} of d = {d}, full depth {last:.3g} = {last / d:.1%})")
+    mode = str(_funnel_curve(t, "trained", 1.0, "backward", True)["jacobian_mode"].iloc[0])
+    try:
+        i, share = top_coordinate(_last_operator(t, mode))
+    except NotTested:
+        return text
+    return text + (f"; residual coordinate {i} carries {share:.0%} of the first step's top singular vector"
+                   if share >= CARRIES else "")
+
+
+def _fraction(end: int) -> Callable[[RunTables], float]:
+    def stat(t: RunTables) -> float:
+        return funnel_ends(t, "trained", 1.0, "backward", True)[end] / _width(t)
+
+    return stat
+
+
+register("funnel_one_step_fraction", ["cumulative", "eigenvalues"],
+         "erank of the trained cumulative Jacobian after one step (backward, rank-truncated, α = 1) over d: how far "
+         "the single-step operator is from collapsed (B2's premise).")(_fraction(0))
+register("funnel_full_depth_fraction", ["cumulative", "eigenvalues"],
+         "erank of the trained cumulative Jacobian at full depth (backward, rank-truncated, α = 1) over d.")(
+    _fraction(1))
+
+
 #: The funnel's protocols, the claims' own first (the paper's figure: backward, rank 512, the
 #: funnel's Jacobian mode), which alone carries the bootstrap's 95% percentile interval
 #: (funnel_boot; the variants stay point estimates): the names of its three statistics
@@ -317,7 +405,8 @@ for _i, ((_trained, _init, _over), _direction, _truncated, _mode, _text) in enum
              "(chunks redrawn with replacement; unbounded with fewer than 40)") if _claims else ""
     register(_trained, ["cumulative"],
              f"erank of the trained cumulative Jacobian ({_text}, α = 1) at full depth over its value after one "
-             f"step{_boot}.", samples=_JACOBIAN_CHUNKS)(_ratio("trained", _direction, _truncated, _mode, _claims))
+             f"step{_boot}.", samples=_JACOBIAN_CHUNKS, note=funnel_premise if _claims else None)(
+        _ratio("trained", _direction, _truncated, _mode, _claims))
     register(_init, ["cumulative"],
              f"The same ratio on the step-0 (init) checkpoint ({_text}; descriptive)"
              + (", with its 95% percentile interval over the bootstrap replicates of the run seed's null"
@@ -371,7 +460,8 @@ def _schur_every_order(t: RunTables) -> Estimate:
         except NotTested:
             continue
     if "lapack" not in values:
-        raise NotTested("cumulative.parquet has no α = 0 curve in LAPACK's Schur order")
+        raise NotTested("cumulative.parquet has no α = 0 curve in LAPACK's Schur order",
+                        needs="--funnel-alphas with 0 and --schur-orders with lapack")
     finite = [v for v in values.values() if not math.isnan(v)]
     if len(values) < len(SCHUR_ORDERS):
         missing = ", ".join(o for o in SCHUR_ORDERS if o not in values)
@@ -417,8 +507,8 @@ def _monotone_rise(t: RunTables) -> Estimate:
     require_columns(df, "coupling.parquet", "checkpoint", "significant")
     present = [c for c in checkpoint_order(t) if c in set(df["checkpoint"])]
     if len(present) < 3:
-        raise TooLittleData(f"only {len(present)} checkpoint(s) ({', '.join(present)}); a monotone rise needs "
-                            "at least 3 (pass --revisions)")
+        raise NotTested(f"only {len(present)} checkpoint(s) ({', '.join(present)}); a monotone rise needs "
+                        "at least 3", needs="--revisions")
     counts = np.array([_significant(t, c).sum() for c in present])
     totals = np.array([len(_tested(t, c)) for c in present])
     return Estimate(*trend_interval(counts, totals))
