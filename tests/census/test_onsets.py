@@ -4,7 +4,9 @@ claims on synthetic series with a planted lag (supported), a reversed one (falsi
 
 from __future__ import annotations
 
+import hashlib
 import math
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -157,17 +159,65 @@ def test_replicates_are_further_layers_and_keep_the_first_series_draws() -> None
     other = pooled[pooled["replicate"] == 1].reset_index(drop=True)
     assert not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(first["null_lags"], other["null_lags"]))
     n, _, p = layer_lag_test(pooled)
-    per_unit = []  # the reference: the t-test over the (replicate, layer) means of u − ½
-    for (r, layer), g in pooled.groupby(["replicate", "layer"]):
-        u = []
-        for row in g.itertuples(index=False):
-            null = row.null_lags[np.isfinite(row.null_lags)]
-            entropy = [layer, row.head, *([r] if r else []), 1]
-            v = np.random.default_rng(np.random.SeedSequence(entropy)).random()
-            u.append(np.mean(null < row.lag - 1e-9) + v * np.mean(np.abs(null - row.lag) <= 1e-9) - 0.5)
-        per_unit.append(np.mean(u))
-    m = np.array(per_unit)
+    m = _reference_layer_means(pooled, seed=0)  # the reference: the t-test over the (replicate, layer) means
     assert n == 6 == m.size and math.isclose(p, st.t.sf(m.mean() / (m.std(ddof=1) / np.sqrt(6)), 5))
+
+
+def _reference_layer_means(onsets: pd.DataFrame, seed: int) -> np.ndarray:
+    """Per (replicate, layer), the mean of its heads' ``u − ½``, with the ``V`` of the heads in
+    (replicate, layer, head) order drawn from the sha256 of their packed values (struct)."""
+    rows = sorted(onsets.itertuples(index=False), key=lambda row: (row.replicate, row.layer, row.head))
+    digest = hashlib.sha256()
+    for row in rows:
+        null = row.null_lags[np.isfinite(row.null_lags)]
+        digest.update(struct.pack("<5d", row.replicate, row.layer, row.head, row.lag, null.size))
+        digest.update(struct.pack(f"<{null.size}d", *null))
+    key = int.from_bytes(digest.digest(), "little")
+    v = np.random.default_rng(np.random.SeedSequence([key, seed])).random(len(rows))
+    u: dict[tuple[int, int], list[float]] = {}
+    for row, w in zip(rows, v):
+        null = row.null_lags[np.isfinite(row.null_lags)]
+        below, tied = np.mean(null < row.lag - 1e-9), np.mean(np.abs(null - row.lag) <= 1e-9)
+        u.setdefault((row.replicate, row.layer), []).append(below + w * tied - 0.5)
+    return np.array([np.mean(u[k]) for k in sorted(u)])
+
+
+def test_the_tie_breaking_uniforms_follow_the_data_and_the_seed() -> None:
+    """Every lag equal to every null draw: each ``u`` is its ``V``, so ``p`` reads the ``V``
+    alone. The same table gives the same ``p``, in any row order; a table that differs in one
+    lag, or another seed, draws other ``V``."""
+    rows = 8 * 3
+    onsets = pd.DataFrame({"replicate": 0, "layer": np.arange(rows) // 3, "head": np.arange(rows) % 3,
+                           "lag": 0.0, "expected_lag": 0.0, "null_lags": [np.zeros(50)] * rows})
+    n, _, p = layer_lag_test(onsets)
+    m = _reference_layer_means(onsets, seed=0)
+    assert n == 8 and math.isclose(p, st.t.sf(m.mean() / (m.std(ddof=1) / np.sqrt(8)), 7))
+    assert layer_lag_test(onsets.iloc[::-1])[2] == p
+    other = onsets.assign(lag=[0.0] * (rows - 1) + [1.0])  # one head's lag differs: u = 1 there
+    m_other = _reference_layer_means(other, seed=0)
+    assert np.all(m_other[:-1] != m[:-1])  # the other layers draw other V too
+    assert math.isclose(layer_lag_test(other)[2], st.t.sf(m_other.mean() / (m_other.std(ddof=1) / np.sqrt(8)), 7))
+    m_seed = _reference_layer_means(onsets, seed=1)
+    assert np.all(m_seed != m)
+    assert math.isclose(layer_lag_test(onsets, seed=1)[2],
+                        st.t.sf(m_seed.mean() / (m_seed.std(ddof=1) / np.sqrt(8)), 7))
+
+
+@pytest.mark.full_leg  # the full leg only: a calibration of 400 draws, which no thread count or kernel changes
+def test_no_lag_at_twenty_layers_is_rarely_supported() -> None:
+    """C1's false-support rate at a true lag of 0 (the calibration scenario's null world, 20
+    layers of 4 heads, through the claim's own judgement) is at most 0.05 over 400 draws: the
+    tie-breaking ``V`` of the many heads whose lag equals most of their null draws is drawn
+    anew for every data set."""
+    from depthlens.report.calibration import SCENARIOS
+    from depthlens.report.claims import judge
+
+    claim = next(c for c in load_claims(default_claims_path()) if c.id == "C1-consolidation-after-formation")
+    found = SCENARIOS[claim.statistic]
+    sizes = {**found.default, "paired_layers": 20}
+    worlds = (found.simulate(np.random.default_rng(np.random.SeedSequence([63, i])), sizes, False) for i in range(400))
+    verdicts = [judge(claim, tables).verdict for tables in worlds]
+    assert verdicts.count("supported") / 400 <= 0.05
 
 
 def test_the_census_claim_pools_replicates_and_not_compared_series(tmp_path: Path) -> None:

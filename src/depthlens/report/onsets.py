@@ -26,6 +26,7 @@ its heads' mean, and a one-sided t-test over layers asks whether those are posit
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 import numpy as np
@@ -122,10 +123,10 @@ def _group(final: Mapping[str, float], routing: float, sink: float) -> str | Non
     return None
 
 
-def _entropy(replicate: int, layer: int, head: int, *rest: int) -> list[int]:
-    """Seed entropy of a head's Monte Carlo draws: its layer and index, and its replicate
-    beyond the first series (so a single series draws as it did before replicates)."""
-    return [int(layer), int(head), *([int(replicate)] if replicate else []), *rest]
+def _entropy(replicate: int, layer: int, head: int) -> list[int]:
+    """Seed entropy of a head's null draws (:func:`null_lags`): its layer and index, and its
+    replicate beyond the first series (so a single series draws as it did before replicates)."""
+    return [int(layer), int(head), *([int(replicate)] if replicate else [])]
 
 
 def head_onsets(heads: pd.DataFrame, *, routing: float = 0.3, sink: float = 0.5) -> pd.DataFrame:
@@ -198,19 +199,70 @@ def head_onsets(heads: pd.DataFrame, *, routing: float = 0.3, sink: float = 0.5)
     return pd.DataFrame(rows, columns=cols)
 
 
-def layer_lag_test(onsets: pd.DataFrame) -> tuple[int, float, float]:
+def _draw_key(keys: np.ndarray, lags: np.ndarray, nulls: list[np.ndarray]) -> int:
+    """A 256-bit integer that identifies the values a lag test reads: sha256 of each head's
+    ``(replicate, layer, head, lag, number of null draws)`` and its finite null lags, in the
+    order given, as little-endian float64 (``-0.0`` written as ``0.0``), so the same on every
+    machine.
+
+    Parameters
+    ----------
+    keys : ndarray
+        ``(n, 3)`` replicate, layer and head of each head.
+    lags : ndarray
+        ``(n,)`` each head's lag.
+    nulls : list of ndarray
+        Each head's finite null lags.
+
+    Returns
+    -------
+    int
+        The digest as an unsigned little-endian integer.
+    """
+    digest = hashlib.sha256()
+    for key, lag, null in zip(keys, lags, nulls):
+        digest.update((np.array([*key, lag, null.size], dtype="<f8") + 0.0).tobytes())
+        digest.update((null.astype("<f8") + 0.0).tobytes())
+    return int.from_bytes(digest.digest(), "little")
+
+
+def layer_lag_test(onsets: pd.DataFrame, *, seed: int = 0) -> tuple[int, float, float]:
     """``(n, median, p)`` of the calibrated lag over layers (of every replicate: a layer of
     another seed's series is another independent unit).
 
     Each head's lag is placed in its own null distribution (its :func:`null_lags` draws, a
     true lag of 0 under the same rule) by the randomised probability integral transform
-    ``u = P(L < lag) + V·P(L = lag)``, ``V`` uniform (seeded by the layer and head, so
-    deterministic): ``u`` is uniform under the null whatever the rule's bias and the lags'
-    discreteness. Heads of one layer are not independent, so each layer contributes the mean
-    of its heads' ``u − ½`` and ``p`` is the one-sided t-test over layers that those means are
-    positive (consolidation later than the rule alone gives; 0 or 1 when every layer has the
-    same mean, ½ when that mean is 0, 1 with fewer than 2 layers). ``n`` counts the layers,
-    ``median`` is the median over layers of the mean of ``lag − expected_lag``.
+    ``u = P(L < lag) + V·P(L = lag)``: ``u`` is uniform under the null whatever the rule's bias
+    and the lags' discreteness. Heads of one layer are not independent, so each layer
+    contributes the mean of its heads' ``u − ½`` and ``p`` is the one-sided t-test over layers
+    that those means are positive (consolidation later than the rule alone gives; 0 or 1 when
+    every layer has the same mean, ½ when that mean is 0, 1 with fewer than 2 layers). ``n``
+    counts the layers, ``median`` is the median over layers of the mean of ``lag − expected_lag``.
+
+    The ``V`` are the test's only random draws: with the ``n_heads`` heads that have a finite
+    lag sorted by ``(replicate, layer, head)``, the k-th head's ``V`` is the k-th of the
+    uniforms ``default_rng(SeedSequence([key, seed])).random(n_heads)``, where ``key`` is
+    :func:`_draw_key` of those heads' replicate, layer, head, lag and finite null lags. So the
+    same table and ``seed`` give the same ``p`` on every machine, and tables that differ in any
+    of those values draw independent ``V``, as do the heads of one table (a ``V`` fixed per head
+    position would decide alike, in every data set, the many heads whose lag equals most of
+    their null draws, and bias ``p``).
+
+    Parameters
+    ----------
+    onsets : DataFrame
+        :func:`head_onsets` rows: ``layer``, ``head``, ``lag``, ``expected_lag``, ``null_lags``
+        and optionally ``replicate`` (every row replicate 0 without it). Rows with a non-finite
+        lag are left out; a head without finite null lags counts in its layer's ``median``
+        term only.
+    seed : int
+        Run seed of the ``V`` stream.
+
+    Returns
+    -------
+    tuple of (int, float, float)
+        ``n`` (layers with at least one head that has finite null lags), ``median`` (NaN when
+        no layer counts) and the one-sided ``p``.
 
     Examples
     --------
@@ -221,29 +273,30 @@ def layer_lag_test(onsets: pd.DataFrame) -> tuple[int, float, float]:
     >>> n, median, round(p, 3)
     (3, 1.0, 0.333)
     """
-    paired = onsets[np.isfinite(pd.to_numeric(onsets["lag"], errors="coerce").to_numpy(dtype=float))]
+    ids = ["replicate", "layer", "head"]
+    lag = pd.to_numeric(onsets["lag"], errors="coerce").to_numpy(dtype=float)
+    paired = onsets[np.isfinite(lag)]
     if "replicate" not in paired.columns:
         paired = paired.assign(replicate=0)
-    means, excess = [], []
-    for (replicate, layer), group in paired.groupby(["replicate", "layer"], sort=True):
-        shifts = []
-        for row in group.itertuples(index=False):
-            null = np.asarray(row.null_lags, dtype=float)
-            null = null[np.isfinite(null)]
-            if null.size == 0:
-                continue
-            v = np.random.default_rng(np.random.SeedSequence(_entropy(replicate, layer, row.head, 1))).random()
-            shifts.append(float(np.mean(null < row.lag - 1e-9) + v * np.mean(np.abs(null - row.lag) <= 1e-9)) - 0.5)
-        if shifts:
-            means.append(float(np.mean(shifts)))
-            excess.append(float((group["lag"] - group["expected_lag"]).mean()))
-    n = len(means)
+    paired = paired.sort_values(ids, kind="stable")
+    lags = pd.to_numeric(paired["lag"]).to_numpy(dtype=float)
+    nulls = [np.asarray(v, dtype=float) for v in paired["null_lags"]]
+    nulls = [v[np.isfinite(v)] for v in nulls]
+    key = _draw_key(paired[ids].to_numpy(dtype=float), lags, nulls)
+    v = np.random.default_rng(np.random.SeedSequence([key, int(seed)])).random(len(nulls))
+    shift = np.array([np.mean(null < x - 1e-9) + w * np.mean(np.abs(null - x) <= 1e-9) - 0.5 if null.size else np.nan
+                      for null, x, w in zip(nulls, lags, v)], dtype=float)
+    units = pd.DataFrame({"replicate": paired["replicate"].to_numpy(), "layer": paired["layer"].to_numpy(),
+                          "shift": shift, "excess": lags - pd.to_numeric(paired["expected_lag"]).to_numpy(dtype=float)})
+    per_layer = units.groupby(["replicate", "layer"], sort=True)[["shift", "excess"]].mean()
+    per_layer = per_layer[np.isfinite(per_layer["shift"].to_numpy(dtype=float))]
+    means, excess = per_layer["shift"].to_numpy(dtype=float), per_layer["excess"].to_numpy(dtype=float)
+    n = means.size
     if n < 2:
-        return n, float(np.median(excess)) if excess else float("nan"), 1.0
-    m = np.array(means)
-    sd = float(m.std(ddof=1))
+        return n, float(np.median(excess)) if n else float("nan"), 1.0
+    sd = float(means.std(ddof=1))
     if sd == 0.0:
-        p = 0.5 if m[0] == 0 else (0.0 if m[0] > 0 else 1.0)
+        p = 0.5 if means[0] == 0 else (0.0 if means[0] > 0 else 1.0)
     else:
-        p = float(_st.t.sf(m.mean() / (sd / np.sqrt(n)), n - 1))
+        p = float(_st.t.sf(means.mean() / (sd / np.sqrt(n)), n - 1))
     return n, float(np.median(excess)), p
