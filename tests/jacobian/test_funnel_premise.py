@@ -60,3 +60,15 @@ def test_b2_says_when_every_operator_is_already_rank_collapsed(tmp_path: Path, c
     assert f"residual coordinate {MASSIVE} carries" in b2["note"]
     write_claims_json(out, [b2])
     assert any("note: every sub-layer operator" in line for line in verdict_lines(out))
+
+
+def test_a_funnel_over_one_chunk_says_it_has_no_interval(tmp_path: Path) -> None:
+    """One chunk is its own only resample: the stage keeps replicate 0 alone, and B2 and B3
+    say why they carry no interval."""
+    config = RunConfig(model="random:llama:num_hidden_layers=2", chunks=1, seq_len=16, jacobian_mode="isolated",
+                       funnel_rank=0, funnel_alphas=(1.0,), funnel_boot=5, init_seeds=1)
+    out = run(config, tmp_path / "run", stages=("jacobian",), execution=Execution(quiet=True, jobs=1))
+    results = {r["id"]: r for r in evaluate(load_claims(), out, calibrate=False)}
+    for cid in ("B2-funnel-trained", "B3-funnel-learned"):
+        assert "no interval: the bootstrap resampled nothing, since 1 chunk is its only resample" in (
+            results[cid]["note"] or ""), cid

@@ -18,7 +18,12 @@ share their chunks): a ratio between two checkpoints is bootstrapped in pairs.
 What an interval from the replicates means: their 2.5 and 97.5 percentiles (the percentile
 bootstrap) estimate how far the statistic would move had the run drawn another C chunks of
 the same text source; it covers the chunk sampling of the mean operators only, not other text
-sources, other weights or the protocol's choices.
+sources, other weights or the protocol's choices. A run of fewer than :data:`MIN_CHUNKS` chunks
+has nothing to resample (:func:`skip_reason`).
+
+Memory: the replicates' running products are held in memory up to :data:`HELD_BYTES` and
+parked on disk beyond it (:func:`~depthlens.jacobian.cumulative.cumulative_ends`'s
+``held_bytes``), so they take no more whatever the width and the number of replicates.
 """
 
 from __future__ import annotations
@@ -34,12 +39,51 @@ from ..errors import InputError
 from ..linalg._checks import as_square
 from .cumulative import cumulative_ends
 
-__all__ = ["BOOT_TAG", "bootstrap_weights", "funnel_bootstrap", "mean_of_chunks", "means_buffer", "resampled_means"]
+__all__ = ["BOOT_TAG", "HELD_BYTES", "MIN_CHUNKS", "bootstrap_weights", "funnel_bootstrap", "mean_of_chunks",
+           "means_buffer", "resampled_means", "skip_reason"]
 
 #: Second entry of the weights' ``SeedSequence([seed, BOOT_TAG])``: a stream of its own.
 BOOT_TAG = 0xB007
 #: Replicate means formed together: at most this many bytes of them at a time.
 _BLOCK_BYTES = 1 << 28
+#: Running products of the replicates held in memory (1 GiB); the others wait on disk
+#: (:func:`funnel_bootstrap`).
+HELD_BYTES = 1 << 30
+#: Fewest chunks a bootstrap resamples (:func:`skip_reason`).
+MIN_CHUNKS = 2
+
+
+def skip_reason(n_chunks: int) -> str | None:
+    """Why a bootstrap over ``n_chunks`` chunks is not run (one line naming ``--chunks``), or
+    None when it is: at least :data:`MIN_CHUNKS` chunks.
+
+    With n chunks a replicate is one of C(2n − 1, n) distinct resamples (multisets of n draws
+    from n chunks): 1, 3, 10, 35, 126 for n = 1 … 5. One chunk gives one resample, the chunk
+    itself: every replicate is the point estimate and the interval has zero width, a certainty
+    the run does not have, so a single chunk is not resampled at all. From two chunks on the
+    replicates differ and the interval spans the spread between chunks, the variation it is
+    meant to measure. With very few chunks the interval is coarse (its tails hold a few
+    distinct resamples) and covers less than its nominal 95%: a weak interval for the report
+    to weigh, not one that means nothing, so two chunks suffice.
+
+    Raises
+    ------
+    InputError
+        If ``n_chunks`` is not a positive integer.
+
+    Examples
+    --------
+    >>> print(skip_reason(1))
+    one chunk is its only resample, so every replicate would be the point estimate: no replicates, no interval; pass --chunks 2 or more for one.
+    >>> skip_reason(2) is None
+    True
+    """
+    if isinstance(n_chunks, bool) or not isinstance(n_chunks, (int, np.integer)) or n_chunks < 1:
+        raise InputError(f"n_chunks is {n_chunks!r}; pass an integer of at least 1.")
+    if n_chunks >= MIN_CHUNKS:
+        return None
+    return ("one chunk is its only resample, so every replicate would be the point estimate: no replicates, no "
+            f"interval; pass --chunks {MIN_CHUNKS} or more for one.")
 
 
 def bootstrap_weights(n_chunks: int, replicates: int, seed: int) -> np.ndarray:
@@ -189,7 +233,11 @@ def funnel_bootstrap(sums: Iterable[tuple[Any, np.ndarray, np.ndarray]], weights
     -----
     Cost: per sub-layer one ``(R, C) × (C, d²)`` product for the means; per replicate the
     products of one curve, O(L d² k), and two SVDs. Memory: one sub-layer's sums, a block of
-    replicate means and R running products (d × k each).
+    replicate means (at most 256 MiB) and at most :data:`HELD_BYTES` of running products (d × k
+    float64 each; at least 2 ``threads`` of them, the products in flight beside their new
+    ones); the other replicates are parked on disk (under ``$TMPDIR``) between steps, a write
+    and a read of d × k per replicate and step, with the same numbers bit for bit
+    (:func:`~depthlens.jacobian.cumulative.cumulative_ends`'s ``held_bytes``).
     """
     w = _check_weights(weights).astype(np.int64)
 
@@ -204,6 +252,7 @@ def funnel_bootstrap(sums: Iterable[tuple[Any, np.ndarray, np.ndarray]], weights
                 buffer = np.empty(means_buffer(len(w), point.shape[0]), dtype=np.float64)
             yield itertools.chain((point,), resampled_means(S, counts, w, buffer))
 
-    ends, failures = cumulative_ends(steps(), n_operators, direction, rank, device, threads, checked=True)
+    ends, failures = cumulative_ends(steps(), n_operators, direction, rank, device, threads, checked=True,
+                                     held_bytes=HELD_BYTES)
     return pd.DataFrame({"replicate": np.arange(len(ends)), "erank_one_step": ends[:, 0],
                          "erank_full_depth": ends[:, 1], "failure": pd.Series(failures, dtype=object)})

@@ -29,6 +29,7 @@ factor has orthonormal rows), so a truncated step costs O(d²r) instead of O(d³
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import tempfile
@@ -159,7 +160,7 @@ def cumulative_ranks(operators: Sequence[ArrayLike], direction: str = "forward",
 
 def cumulative_ends(steps: Iterable[Iterable[ArrayLike]], n_steps: int, direction: str = "forward",
                     rank: int | None = None, device: str | None = None, threads: int = 1, *,
-                    checked: bool = False) -> tuple[np.ndarray, list[str | None]]:
+                    checked: bool = False, held_bytes: int | None = None) -> tuple[np.ndarray, list[str | None]]:
     """Effective ranks after one step and at full depth of several cumulative products at once,
     their operators fed step by step (e.g. one product per bootstrap replicate).
 
@@ -197,6 +198,17 @@ def cumulative_ends(steps: Iterable[Iterable[ArrayLike]], n_steps: int, directio
         :func:`~depthlens.jacobian.bootstrap.funnel_bootstrap`): skip each one's finiteness
         check, a pass over d² entries per operator. A product that turns non-finite still
         raises.
+    held_bytes : int, optional
+        Bytes of running products in memory (or on ``device``) at once, each a factor of
+        ``s = d k`` entries of the first operator's dtype (k = min(r, d)). A product being
+        advanced holds its factor and the new product beside it, so ``2 × threads`` factors
+        are reserved for the products in flight: products 0 … n − 1 stay in memory, n =
+        ⌊held_bytes / s⌋ − 2 ``threads`` (none when that is negative), and every other product is
+        parked between its steps in a ``.npy`` file of a temporary folder (under ``$TMPDIR``),
+        read back by the thread that advances it. At most max(⌊held_bytes / s⌋, 2 ``threads``)
+        factors are in memory at any time. Parking copies the bits, so the numbers are the
+        same, bit for bit. None (the default) holds every product in memory. Either way a
+        product's factor is dropped once its last step is measured.
 
     Returns
     -------
@@ -209,14 +221,14 @@ def cumulative_ends(steps: Iterable[Iterable[ArrayLike]], n_steps: int, directio
     ------
     InputError
         As :func:`cumulative_ranks`, or if ``n_steps`` or ``threads`` is not a positive
-        integer, ``steps`` does not hold exactly ``n_steps`` steps, or a step holds another
-        number of operators than the first.
+        integer, ``held_bytes`` is not None or a non-negative integer, ``steps`` does not hold
+        exactly ``n_steps`` steps, or a step holds another number of operators than the first.
 
     Notes
     -----
     Cost per product: the products of :func:`cumulative_ranks`, O(L d² k) with k = min(r, d),
     and two SVDs (the first step's, which truncates, and the last); a curve computes one SVD at
-    every depth.
+    every depth. A parked product adds a write and a read of its d × k factor per step.
 
     Examples
     --------
@@ -230,13 +242,20 @@ def cumulative_ends(steps: Iterable[Iterable[ArrayLike]], n_steps: int, directio
     for name, value in (("n_steps", n_steps), ("threads", threads)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise InputError(f"{name} is {value!r}; pass a positive integer.")
+    if held_bytes is not None and (isinstance(held_bytes, bool) or not isinstance(held_bytes, (int, np.integer))
+                                   or held_bytes < 0):
+        raise InputError(f"held_bytes is {held_bytes!r}; pass None (every product in memory) or a non-negative "
+                         "integer of bytes.")
     accs: list[RunningProduct] = []
     ends: list[list[float]] = []
     failures: list[str | None] = []
     shape: tuple[int, ...] = ()
+    held = math.inf  # products 0 … held − 1 stay in memory (set from the first operator under held_bytes) ...
+    folder = Path()  # ... and the others are parked in this folder between their steps
 
     def advance(i: int, J: np.ndarray, step: int, last: bool) -> None:
-        """Multiply product i's operator in; record its ends, or why it has none."""
+        """Multiply product i's operator in; record its ends, or why it has none; park it, or
+        drop it after its last step."""
         if failures[i] is not None:
             return
         try:
@@ -247,10 +266,13 @@ def cumulative_ends(steps: Iterable[Iterable[ArrayLike]], n_steps: int, directio
         if step == 0:
             ends[i][0] = got[0]  # type: ignore[index]
         if last:
-            ends[i][1] = got[0]  # type: ignore[index]
+            ends[i][1], accs[i].factor = got[0], None  # type: ignore[index]
+        elif i >= held:
+            accs[i].park(_npy(folder, i))
 
     taken = 0
-    with ThreadPoolExecutor(max_workers=int(threads)) as workers, threadpool_limits(1, user_api="blas"):
+    with contextlib.ExitStack() as scratch, ThreadPoolExecutor(max_workers=int(threads)) as workers, \
+            threadpool_limits(1, user_api="blas"):
         for step, operators in enumerate(steps):
             if step >= n_steps:
                 raise InputError(f"steps holds more than n_steps = {n_steps} steps; pass one iterable per depth.")
@@ -261,6 +283,10 @@ def cumulative_ends(steps: Iterable[Iterable[ArrayLike]], n_steps: int, directio
                     if step == 0:
                         if i == 0:
                             shape = J.shape
+                            if held_bytes is not None:
+                                each = shape[0] * _cap(rank, shape[0]) * J.dtype.itemsize
+                                held = max(int(held_bytes) // each - 2 * int(threads), 0)
+                                folder = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="depthlens-ends-")))
                         accs.append(RunningProduct(_cap(rank, shape[0]), device))
                         ends.append([math.nan, math.nan])
                         failures.append(None)

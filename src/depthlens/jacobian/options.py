@@ -73,7 +73,9 @@ class JacobianOptions:
         the funnel's mode): per replicate the run's chunks are drawn again with replacement (from
         the run seed) and the erank after one step and at full depth recomputed from the
         resampled mean operators; the claims B2, B3 and C2 take 95% percentile intervals from
-        them (at least 40 replicates; 0: none, and no interval)
+        them (at least 40 replicates; 0: none, and no interval); over a single chunk nothing is
+        resampled (the funnel_boot table holds the point estimate alone, replicate 0, and there
+        is no interval)
     init_seeds : int
         step-0 nulls drawn for B3, with the initialisation of run seeds seed, seed + 1, ...: the
         first is the init checkpoint; the others get the bootstrapped funnel ends alone (needs

@@ -1,9 +1,11 @@
 """The running product of a cumulative curve (:mod:`depthlens.jacobian.cumulative`): a d × k
-factor scaled by powers of two, its singular values taken only at the steps that are measured."""
+factor scaled by powers of two, its singular values taken only at the steps that are measured,
+held in memory or parked in a file between steps."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,9 @@ class RunningProduct:
     ``device`` None keeps F in NumPy and decomposes with LAPACK (:mod:`depthlens.linalg.guarded`);
     a torch device keeps it there (products and SVDs in torch, :func:`~depthlens.linalg.guarded.
     svd_torch`), the same arithmetic to rounding.
+
+    :meth:`park` moves F out of memory into a file until the next :meth:`push` reads it back,
+    the same bits, so a parked product computes the very numbers of one held in memory.
     """
 
     def __init__(self, rank: int, device: str | None = None) -> None:
@@ -40,14 +45,32 @@ class RunningProduct:
         self.device = device
         self.factor: Any = None
         self.exponent = 0
+        self.parked: Path | None = None
+
+    def park(self, path: Path) -> None:
+        """Write the factor to the ``.npy`` file ``path`` (overwritten; through the host from a
+        device) and drop it from memory until the next :meth:`push` reads it back; the file
+        stays (the caller's to delete).
+
+        Raises
+        ------
+        InputError
+            If the product has no factor to park (no step yet, or parked already).
+        """
+        if self.factor is None:
+            raise InputError("the running product has no factor in memory to park; push an operator first.")
+        np.save(path, self.factor if self.device is None else self.factor.cpu().numpy())
+        self.factor, self.parked = None, path
 
     def push(self, J: np.ndarray, measure: bool = True) -> tuple[float, float, float, float] | None:
-        """Multiply J in on the left; return erank, erank_sigma, participation_ratio and ln‖C‖₂,
-        or None with ``measure`` False (no singular values, except where the step truncates)."""
+        """Multiply J in on the left (reading a parked factor back first); return erank,
+        erank_sigma, participation_ratio and ln‖C‖₂, or None with ``measure`` False (no singular
+        values, except where the step truncates)."""
+        if self.parked is not None:
+            path, self.parked = self.parked, None
+            self.factor = np.load(path) if self.device is None else _on_device(np.load(path), self.device)
         if self.device is not None:
-            import torch
-
-            J = torch.tensor(np.asarray(J), device=self.device)
+            J = _on_device(np.asarray(J), self.device)
         with np.errstate(over="ignore", invalid="ignore"):
             prod = J if self.factor is None else J @ self.factor
         owned = prod is not J  # a new array, scaled in place below
@@ -77,6 +100,13 @@ class RunningProduct:
         if sv[0] == 0:
             raise InputError(_ZERO)
         return float(erank(sv)), float(erank_sigma(sv)), float(participation_ratio(sv)), log_scale + float(np.log(sv[0]))
+
+
+def _on_device(x: np.ndarray, device: str) -> Any:
+    """A torch tensor on ``device`` with the entries of ``x`` (a copy)."""
+    import torch
+
+    return torch.tensor(x, device=device)
 
 
 def _peak(x: Any) -> float:

@@ -18,7 +18,7 @@ from ..executors.local import READ_AHEAD_BYTES, read_ahead
 from ..models.adapter import SUBLAYERS
 from ..runs import RunDirectory, atomic
 from . import engines
-from .bootstrap import funnel_bootstrap, mean_of_chunks
+from .bootstrap import funnel_bootstrap, mean_of_chunks, skip_reason
 from .options import JacobianOptions
 
 __all__ = ["LAYER", "PRIVATE", "STAGE", "boot_table", "bootstrapped", "checkpoints", "chunk_positions", "compute",
@@ -124,14 +124,22 @@ def sublayer_keys_backward(n_layers: int, sublayers: Sequence[str] = ("attn", "m
 def boot_table(sums, weights: np.ndarray, n_steps: int, d: int, opts: JacobianOptions, device: str | None,
           threads: int, out: dict | None = None) -> pd.DataFrame:
     """The bootstrapped funnel ends of per-chunk sums of ``n_steps`` sub-layers in backward
-    order, with the truncation used.
+    order (:func:`~depthlens.jacobian.bootstrap.funnel_bootstrap`'s table), with the truncation
+    used (column ``truncation`` first). Over fewer chunks than
+    :data:`~depthlens.jacobian.bootstrap.MIN_CHUNKS` (the columns of ``weights``) the
+    replicates are skipped (:func:`~depthlens.jacobian.bootstrap.skip_reason` says why): the
+    table holds replicate 0 alone, the point estimate, which tells a skipped bootstrap from one
+    that ran (replicates 1 … R) and from none at all (no table).
 
     Where one sub-layer's sums (``C × d²`` float64, C chunks) take at most
     :data:`~depthlens.executors.local.READ_AHEAD_BYTES`, the next sub-layer's are computed (:func:`~depthlens.executors.local.read_ahead`)
     while the replicates multiply the current one in: the same numbers, bit for bit, since
     the sums are computed under the same process-wide BLAS thread limit either way.
     """
-    if np.shape(weights)[-1] * d * d * 8 <= READ_AHEAD_BYTES:
+    n_chunks = np.shape(weights)[-1]
+    if skip_reason(n_chunks) is not None:
+        weights = np.asarray(weights)[:0]
+    if n_chunks * d * d * 8 <= READ_AHEAD_BYTES:
         sums = read_ahead(sums)
     rank = boot_rank(opts, d)
     table = funnel_bootstrap(sums, weights, n_steps, rank, "backward", out=out, device=device, threads=threads)

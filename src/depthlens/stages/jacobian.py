@@ -18,7 +18,11 @@ chunks (:mod:`depthlens.jacobian.bootstrap`): its mean operators are then summed
 (:func:`engines.chunk_operator_sums`, the same numbers to rounding), from the last sub-layer
 down, and every replicate's backward product runs as they pass (table ``boot`` of the unit);
 ``boot_init_<k>`` units do the same for the extra step-0 nulls of ``--init-seeds`` (run seed
-+ k), without any other analysis. The ``funnel_boot`` table gathers them.
++ k), without any other analysis. The ``funnel_boot`` table gathers them. Over fewer chunks than
+:data:`~depthlens.jacobian.bootstrap.MIN_CHUNKS` (a single one) there is nothing to resample
+(:func:`~depthlens.jacobian.bootstrap.skip_reason` says why, from the run's chunk count): each
+unit's ``boot`` table holds replicate 0 alone, the point estimate, and the extra nulls, which
+would give replicate 0 alone too, are not run.
 
 The operator units of one checkpoint share its forward passes (``Adapter.shared_passes``,
 opened on the checkpoint's model once loaded): the second Jacobian mode reads a copy of the
@@ -44,7 +48,7 @@ from ..data import as_chunks
 from ..errors import require_at_least
 from ..executors.local import executor
 from ..jacobian import engines, store
-from ..jacobian.bootstrap import bootstrap_weights
+from ..jacobian.bootstrap import bootstrap_weights, skip_reason
 from ..jacobian.cumulative import DIRECTIONS, schur_funnel
 from ..jacobian.metrics import metrics_and_eigenvalues
 from ..jacobian.options import JacobianOptions, init_seed_of
@@ -230,10 +234,12 @@ def _extra_nulls(run_dir, loaded, token_ids, opts: JacobianOptions, weights: np.
                  device: str | None, threads: int) -> list[pd.DataFrame]:
     """The bootstrapped funnel ends of the step-0 nulls of run seeds seed + 1, ..., seed +
     init_seeds − 1 (units ``boot_init_<k>``, the funnel's mode only, no other analysis), as
-    ``funnel_boot`` rows of checkpoint ``init``."""
+    ``funnel_boot`` rows of checkpoint ``init``; none where the bootstrap is skipped
+    (:func:`~depthlens.jacobian.bootstrap.skip_reason`: they would hold replicate 0 alone, which
+    nothing reads)."""
     from ..models import init_like
 
-    if opts.null != "init" or opts.funnel_boot == 0:
+    if opts.null != "init" or opts.funnel_boot == 0 or skip_reason(len(token_ids)) is not None:
         return []
     mode, out = opts.funnel_mode, []
     for k in range(1, opts.init_seeds):

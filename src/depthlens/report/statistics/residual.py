@@ -367,6 +367,33 @@ def funnel_premise(t: RunTables) -> str | None:
                    if share >= CARRIES else "")
 
 
+def boot_skipped(t: RunTables) -> str | None:
+    """Why the claims' funnel has no bootstrap interval although the run asked for one: its
+    ``funnel_boot`` table holds the point estimate alone (replicate 0), as the jacobian stage
+    writes it over a single chunk, which is its only resample; None otherwise."""
+    boot = t.table("funnel_boot")
+    if boot is None or boot.empty or "replicate" not in boot.columns or (numeric(boot["replicate"]) > 0).any():
+        return None
+    n = run_chunks(t)
+    return (f"no interval: the bootstrap resampled nothing, since {n} chunk is its only resample; pass --chunks 2 "
+            "or more" if n == 1 else "no interval: the bootstrap holds the point estimate alone")
+
+
+def _funnel_notes(premise: bool) -> Callable[[RunTables], str | None]:
+    """The note of a funnel claim: B2's premise (:func:`funnel_premise`, with ``premise``) and a
+    skipped bootstrap (:func:`boot_skipped`), joined."""
+    def note(t: RunTables) -> str | None:
+        parts = []
+        for part in ((funnel_premise, boot_skipped) if premise else (boot_skipped,)):
+            try:
+                parts.append(part(t))
+            except (NotTested, TooLittleData):
+                continue
+        return "; ".join(p for p in parts if p) or None
+
+    return note
+
+
 def _fraction(end: int) -> Callable[[RunTables], float]:
     def stat(t: RunTables) -> float:
         return funnel_ends(t, "trained", 1.0, "backward", True)[end] / _width(t)
@@ -405,7 +432,7 @@ for _i, ((_trained, _init, _over), _direction, _truncated, _mode, _text) in enum
              "(chunks redrawn with replacement; unbounded with fewer than 40)") if _claims else ""
     register(_trained, ["cumulative"],
              f"erank of the trained cumulative Jacobian ({_text}, α = 1) at full depth over its value after one "
-             f"step{_boot}.", samples=_JACOBIAN_CHUNKS, note=funnel_premise if _claims else None)(
+             f"step{_boot}.", samples=_JACOBIAN_CHUNKS, note=_funnel_notes(True) if _claims else None)(
         _ratio("trained", _direction, _truncated, _mode, _claims))
     register(_init, ["cumulative"],
              f"The same ratio on the step-0 (init) checkpoint ({_text}; descriptive)"
@@ -419,7 +446,8 @@ for _i, ((_trained, _init, _over), _direction, _truncated, _mode, _text) in enum
                  "null (--init-seeds) and a bootstrap replicate, each null's replicate over the trained replicate "
                  "of the same resampled chunks, so it covers the chunk sample and the initialisation (unbounded "
                  "with fewer than 40 pairs)" if _claims else "") + ".",
-             samples={**_JACOBIAN_CHUNKS, **({"init_seeds": _init_seeds} if _claims else {})})(
+             samples={**_JACOBIAN_CHUNKS, **({"init_seeds": _init_seeds} if _claims else {})},
+             note=_funnel_notes(False) if _claims else None)(
         _init_over_trained(_direction, _truncated, _mode, _claims))
 
 
