@@ -238,6 +238,7 @@ def test_relative_claims_registered_in_the_run_and_report_from_another_folder(
     import json
 
     from depthlens.report import default_claims_path
+    from depthlens.report.claims import verdict_label
     from depthlens.runs.atomic import read_index
 
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
@@ -266,7 +267,7 @@ def test_relative_claims_registered_in_the_run_and_report_from_another_folder(
     assert printed[0].startswith("verdicts")
     for result in doc["results"]:
         line = next(row for row in printed if row.split()[:1] == [result["id"]])
-        assert f"  {result['verdict']}  " in line
+        assert f"  {verdict_label(result)}  " in line
         assert line.endswith(result["criterion"]) or f"{result['criterion']} (" in line
         if result["value_text"]:
             assert f"  {result['value_text']}" in line

@@ -807,6 +807,8 @@ _CENSUS = {
                                  "dimensionless"),
         "erank_full_depth": Column("Its effective rank at full depth (same protocol).", "dimensionless"),
         "funnel_ratio": Column("`erank_full_depth` / `erank_one_step` (B2 on this checkpoint).", "dimensionless"),
+        "funnel_operators": Column("Sub-layer operators the funnel multiplies (its steps at full depth).", "count"),
+        "width": Column("The residual width d of the checkpoint's operators.", "count"),
         "funnel_step0_over": Column("B3 on this checkpoint: the full-depth erank of the series' step-0 checkpoint "
                                     "(else the first checkpoint's step-0 null) over this checkpoint's.",
                                     "dimensionless"),

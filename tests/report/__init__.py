@@ -99,8 +99,11 @@ def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str
     start_index(root)  # with the manifest's format marker, a run as depthlens report and compare take it
     write_json(root, "manifest", {
         "format": FORMAT, "format_version": FORMAT_VERSION,
-        "config": {"model": model, "seed": 0, "chunks": chunks, "attention": {"null_chunks": NULL_CHUNKS, "null_mode": "spec"},
-                   "revisions": ["step1000"], "topology": {"n_perm": 1000}, "null_samples": 8},
+        "config": {"model": model, "seed": 0, "chunks": chunks,
+                   "attention": {"null_chunks": NULL_CHUNKS, "null_mode": "spec", "probe_seqs": 16},
+                   "revisions": ["step1000"], "topology": {"n_perm": 1000}, "null_samples": 8,
+                   "clamp": {"control_seeds": 3, "clamp_null_samples": 2}, "contest": {"contest_perm": 1000},
+                   "jacobian": {"funnel_boot": 50}},
         "config_hash": "0123456789abcdef",
         "created": "2026-01-01T00:00:00+00:00",
         "model": {"name": model, "revision": None, "family": "llama", "sha256": "ab" * 32},
@@ -408,7 +411,8 @@ def _census(root: Path, ident: dict[str, str]) -> None:
                                   "significant": consolidated})
             rows.append({**key, "status": "done", "error": "", "family": "llama", "norm": norm,
                          "loss": 5.0 - 0.5 * k, "erank_one_step": 100.0, "erank_full_depth": 60.0 / (1 + k),
-                         "funnel_ratio": 0.6 / (1 + k), "funnel_step0_over": 1.0 + k,
+                         "funnel_ratio": 0.6 / (1 + k), "funnel_operators": 60.0, "width": 576.0,
+                         "funnel_step0_over": 1.0 + k,
                          "funnel_step0_over_lo": 0.95 * (1.0 + k), "funnel_step0_over_hi": 1.05 * (1.0 + k),
                          "coupling_significant": float(3 * k), "coupling_tested": 24.0,
                          "n_routing": 12.0 if k >= 2 else 0.0, "n_sink": 4.0 if k >= 2 else 0.0,

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from depthlens.report import calibration as calmod
@@ -230,3 +231,57 @@ def test_refreshing_refuses_a_path_that_is_not_a_run_before_writing(tmp_path: Pa
         with pytest.raises(InputError, match="is not a run directory"):
             calmod.refresh_shipped([path])
     assert calmod.SHIPPED.read_bytes() == before
+
+
+def test_every_size_a_scenario_takes_is_counted_from_the_run(tmp_path: Path) -> None:
+    """No size is borrowed from a scenario's defaults: on a run with every stage's tables each
+    claim's statistic counts every size its scenario takes, and the calibration is at those
+    sizes; a run with none of a unit (no routing heads) gets no calibration and its decisive
+    verdicts read inconclusive, naming the unit."""
+    from depthlens.report.calibration import run_sizes
+
+    run = build_run(tmp_path / "run")
+    tables = RunTables(run)
+    for claim in load_claims():
+        if claim.statistic not in SCENARIOS:
+            continue
+        sizes = run_sizes(claim, tables)
+        assert set(sizes) == set(SCENARIOS[claim.statistic].default), claim.id
+        assert all(isinstance(n, int) and n > 0 for n in sizes.values()), (claim.id, sizes)
+    results = {r["id"]: r for r in evaluate(load_claims(), run)}
+    for claim in load_claims():
+        cal = results[claim.id]["calibration"]
+        if cal is not None:
+            assert cal["sizes"] == run_sizes(claim, tables), claim.id
+    heads = pd.read_parquet(run / "tables" / "heads.parquet")
+    heads["role"] = heads["role"].replace("routing", "other")
+    heads.to_parquet(run / "tables" / "heads.parquet")
+    a5b = evaluate([c for c in load_claims() if c.id == "A5b-routing-tracks-prev-token"], run)[0]
+    assert a5b["calibration"] is None and a5b["uncalibrated"] == (
+        "not calibrated at this sample: the run has no routing heads")
+    assert a5b["verdict"] in ("inconclusive", "not tested")
+
+
+@pytest.mark.full_leg
+def test_a_quick_run_is_calibrated_at_its_own_sizes(tmp_path: Path) -> None:
+    """``depthlens run --preset quick`` on a tiny random model: every calibrated claim of its
+    claims.json is calibrated at the run's own counts, and every tested claim with a scenario
+    has a calibration or says which size the run lacks."""
+    from depthlens.cli import main
+    from depthlens.report.calibration import run_sizes
+
+    out = tmp_path / "quick"
+    assert main(["run", "--preset", "quick", "--model", "random:llama", "--out", str(out), "--quiet"]) == 0
+    results = read_json(out, "claims")["results"]
+    tables, by_id = RunTables(out), {c.id: c for c in load_claims()}
+    calibrated = 0
+    for r in results:
+        claim = by_id[r["id"]]
+        if r["calibration"] is not None:
+            calibrated += 1
+            assert r["calibration"]["sizes"] == run_sizes(claim, tables), r["id"]
+        elif claim.statistic in SCENARIOS and r["value"] is not None:
+            assert r["uncalibrated"], r["id"]
+    assert calibrated >= 3
+    assert by_id["B3-funnel-learned"] and next(r for r in results if r["id"] == "B3-funnel-learned")["needs"] == (
+        "--null init")

@@ -15,9 +15,10 @@ times (seeded), runs the claim's own statistic and verdict code on every draw
 A claim is accepted at a sample size when both error rates are at most
 :data:`ACCEPT` (0.05); :func:`~depthlens.report.claims.evaluate` turns a decisive verdict at a
 sample size where its claim is not accepted into "inconclusive: underpowered".
-:func:`calibration_at` calibrates a claim at the run's own sample sizes (counted by the
-statistic's sample counters, the scenario's defaults for a count the run does not record),
-with :data:`RUN_DRAWS` draws per world. A calibration is a deterministic function of the
+:func:`calibration_at` calibrates a claim at the run's own sample sizes, every one counted by
+the statistic's sample counters (:func:`run_sizes`), with :data:`RUN_DRAWS` draws per world; a
+run that lacks a size gets no calibration: with none of the unit (no routing heads) a decisive
+verdict reads inconclusive, naming it; with no record of the count the report says so. A calibration is a deterministic function of the
 claim's decision fields, the sample sizes, the draws and the code that decides (the modules of
 :data:`DECIDING`, fingerprinted by :func:`code_fingerprint`), so it is computed once and
 stored under that key: in the packaged ``calibrations.json`` (the embedded model's presets,
@@ -65,7 +66,7 @@ from ..runs.tables import RunTables
 
 __all__ = ["ACCEPT", "DECIDING", "RUN_DRAWS", "SCENARIOS", "SHIPPED", "MemoryTables", "Scenario", "calibrate",
            "calibration_at", "calibration_key", "calibration_points", "calibration_table", "code_fingerprint",
-           "refresh_shipped"]
+           "refresh_shipped", "run_sizes", "uncounted"]
 
 #: Largest acceptable P(supported | null) and P(falsified | effect).
 ACCEPT = 0.05
@@ -114,30 +115,40 @@ def calibrate(claim: Claim, sizes: Mapping[str, int] | None = None, draws: int =
             "null": found.null, "effect": found.effect}
 
 
-def run_sizes(claim: Claim, tables: RunTables) -> dict[str, int]:
-    """The run's count of each size the claim's scenario takes, where the statistic counts it
-    and the run records it."""
+def run_sizes(claim: Claim, tables: RunTables) -> dict[str, int | None]:
+    """The run's count of every size the claim's scenario takes, by the statistic's own
+    counters (:attr:`~depthlens.report.statistics.Statistic.samples`); None for a size the run
+    does not record (never the scenario's default). Empty for a claim without a scenario."""
     found = SCENARIOS.get(claim.statistic)
     counters = STATISTICS[claim.statistic].samples
-    out = {}
+    out: dict[str, int | None] = {}
     for unit in (found.default if found else {}):
-        if unit in counters:
-            try:
-                n = counters[unit](tables)
-            except Exception:  # noqa: BLE001 - an odd table: the scenario's default stands
-                n = None
-            if n is not None and n > 0:
-                out[unit] = int(n)
+        try:
+            n = counters[unit](tables) if unit in counters else None
+        except Exception:  # noqa: BLE001 - an odd table: the count is unknown
+            n = None
+        out[unit] = None if n is None else int(n)
     return out
 
 
 def calibration_at(claim: Claim, tables: RunTables, draws: int = RUN_DRAWS) -> dict[str, Any] | None:
     """:func:`calibrate` at the run's own sample sizes (:func:`run_sizes`): from the packaged
     or the user's stored calibrations when they hold its key (:func:`calibration_key`), else
-    computed and stored in the user cache; memoised per process."""
+    computed and stored in the user cache; memoised per process. None for a claim without a
+    scenario, and for a run that lacks a size (a count of 0, or none recorded:
+    :func:`uncounted` says which), where no calibration is at the run's sample."""
     if claim.statistic not in SCENARIOS:
         return None
-    return dict(_memo(claim, tuple(sorted(run_sizes(claim, tables).items())), draws))
+    sizes = run_sizes(claim, tables)
+    if any(not n for n in sizes.values()):
+        return None
+    return dict(_memo(claim, tuple(sorted(sizes.items())), draws))
+
+
+def uncounted(claim: Claim, tables: RunTables) -> dict[str, int | None]:
+    """The sizes of the claim's scenario that the run lacks: a count of 0 (e.g. no routing
+    heads) or None (not recorded), by unit."""
+    return {unit: n for unit, n in run_sizes(claim, tables).items() if not n}
 
 
 @lru_cache(maxsize=1)
@@ -193,10 +204,11 @@ def _memo(claim: Claim, sizes: tuple[tuple[str, int], ...], draws: int) -> dict[
 
 
 def refresh_shipped(runs: Sequence[str | Path] = (), claims: Sequence[Claim] | None = None) -> int:
-    """Rewrite :data:`SHIPPED` for the current code: every entry it holds recomputed, plus
-    every claim of ``claims`` (default: the packaged claims) at each run's sample sizes (run
-    directories, e.g. ``depthlens run --preset quick`` on the embedded model). Returns the
-    number of entries written.
+    """Rewrite :data:`SHIPPED` for the current code: every entry it holds at a full count of
+    its scenario's sizes recomputed, plus every claim of ``claims`` (default: the packaged
+    claims) at each run's sample sizes (run directories, e.g. ``depthlens run --preset quick``
+    on the embedded model) where the run has every size. Returns the number of entries
+    written.
 
     Raises
     ------
@@ -216,13 +228,16 @@ def refresh_shipped(runs: Sequence[str | Path] = (), claims: Sequence[Claim] | N
     for old in _shipped_entries().values():
         if old.get("claim") in by_id:
             claim, sizes = by_id[old["claim"]], {k: int(v) for k, v in old["sizes"].items()}
-            wanted[calibration_key(claim, sizes, old["draws"])] = (claim, sizes, int(old["draws"]))
+            found = SCENARIOS.get(claim.statistic)
+            if found is not None and set(sizes) == set(found.default):  # a run's full count, as run_sizes gives
+                wanted[calibration_key(claim, sizes, old["draws"])] = (claim, sizes, int(old["draws"]))
     for run in runs:
         tables = RunTables(Path(run))
         for claim in claims:
-            if claim.statistic in SCENARIOS:
-                sizes = run_sizes(claim, tables)
-                wanted[calibration_key(claim, sizes, RUN_DRAWS)] = (claim, sizes, RUN_DRAWS)
+            sizes = run_sizes(claim, tables)
+            if sizes and all(sizes.values()):
+                counted = {unit: int(n) for unit, n in sizes.items() if n}
+                wanted[calibration_key(claim, counted, RUN_DRAWS)] = (claim, counted, RUN_DRAWS)
     entries = {key: {"claim": claim.id, "sizes": sizes, "draws": draws, "result": calibrate(claim, sizes, draws)}
                for key, (claim, sizes, draws) in sorted(wanted.items())}
     write_json(SHIPPED, {"code": code_fingerprint(), "entries": entries})

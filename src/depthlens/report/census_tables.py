@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .statistics import (NotTested, TooLittleData, checkpoint_order, funnel_ends, funnel_pair_ratios,
-                                 funnel_replicates)
+from .statistics import (NotTested, TooLittleData, checkpoint_order, funnel_ends, funnel_operators,
+                         funnel_pair_ratios, funnel_replicates, funnel_width)
 from ..runs.tables import RunTables
 from ..stats import percentile_interval
 from ..revisions import step_of
@@ -101,6 +101,14 @@ def _funnel(tables: RunTables | None, checkpoint: str) -> tuple[float, float]:
         return math.nan, math.nan
 
 
+def _funnel_sizes(tables: RunTables | None) -> tuple[float, float]:
+    """The operators of the claims' funnel and the residual width (NaN where unknown)."""
+    if tables is None or not tables.has("cumulative"):
+        return math.nan, math.nan
+    return (float(funnel_operators(tables) or math.nan),
+            float(funnel_width(tables) or math.nan) if tables.has("eigenvalues") else math.nan)
+
+
 def _replicates(tables: RunTables | None, checkpoint: str) -> pd.DataFrame | None:
     """The bootstrap replicates of the claims' funnel (:func:`~depthlens.report.statistics.funnel_replicates`),
     None where the run has no such funnel."""
@@ -116,8 +124,9 @@ def _summary(p: Point) -> dict:
     heads = _rows(p.tables, "heads", p.source)
     coupling = _rows(p.tables, "coupling", p.source)
     first, last = _funnel(p.tables, p.source)
+    operators, width = _funnel_sizes(p.tables)
     out = {"erank_one_step": first, "erank_full_depth": last,
-           "funnel_ratio": last / first if first > 0 else math.nan,
+           "funnel_ratio": last / first if first > 0 else math.nan, "funnel_operators": operators, "width": width,
            "coupling_significant": np.nan, "coupling_tested": np.nan}
     if coupling is not None and len(coupling) and "significant" in coupling.columns:
         out["coupling_significant"] = float(coupling["significant"].astype(bool).sum())

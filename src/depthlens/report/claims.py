@@ -455,12 +455,14 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables, *, calibr
     ``inconclusive`` whatever the value), ``calibration`` (with ``calibrate``: the claim's
     error rates under planted nulls and effects at this run's sample size,
     :func:`~depthlens.report.calibration.calibration_at`; None when the claim has no
-    scenario or was not tested), ``protocol``, ``descriptive`` (statistic → value),
+    scenario, was not tested or the run lacks a size), ``uncalibrated`` (why a claim with a
+    scenario has no calibration: the sizes the run lacks; else None; a decisive verdict on a
+    run with none of a unit reads inconclusive, ``no routing heads``), ``protocol``, ``descriptive`` (statistic → value),
     ``sensitivity`` (one dict per variant: ``name``, ``statistic``, ``note``, ``value``,
     ``value_text``, ``verdict``, ``reason``) and ``fragile`` (:func:`fragile`). Reads tables
     and summaries only.
     """
-    from .calibration import calibration_at
+    from .calibration import calibration_at, uncounted
 
     tables = run_dir if isinstance(run_dir, RunTables) else RunTables(run_dir)
     results = []
@@ -470,6 +472,10 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables, *, calibr
         estimate = judged.estimate
         value = None if estimate is None else estimate.value
         calibration = calibration_at(claim, tables) if calibrate and estimate is not None else None
+        lacking = uncounted(claim, tables) if calibrate and estimate is not None else {}
+        absent = [SAMPLE_UNITS.get(unit, unit) for unit, n in lacking.items() if n == 0]
+        if absent and result in ("supported", "falsified"):
+            result, reason, short = "inconclusive", f"no {', no '.join(absent)}; {reason}", True
         edge = judged.marginal
         if calibration is not None and not calibration["accepted"] and result in ("supported", "falsified"):
             edge = False
@@ -510,6 +516,9 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables, *, calibr
             "sample": judged.sample,
             "underpowered": short,
             "calibration": calibration,
+            "uncalibrated": (f"not calibrated at this sample: the run has no {', no '.join(absent)}" if absent else
+                             "not calibrated at this sample: the run records no count of "
+                             + ", ".join(SAMPLE_UNITS.get(u, u) for u in lacking) if lacking else None),
             "protocol": claim.protocol,
             "descriptive": {name: _json_value(compute_statistic(name, tables)[0]) for name in claim.descriptive},
             "sensitivity": sensitivity,

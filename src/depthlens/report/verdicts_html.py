@@ -112,7 +112,8 @@ def _calibration_text(result: Mapping[str, Any]) -> str:
     """The claim's error rates under planted nulls and effects at this run's sample size."""
     cal = result.get("calibration")
     if not cal:
-        return ""
+        why = result.get("uncalibrated")
+        return f'<br><small class="calibration">{esc(why)}</small>' if why else ""
     mark = "" if cal["accepted"] else " (not accepted: above 0.05)"
     return (f'<br><small class="calibration">calibrated at this sample ({cal["draws"]} draws a world): '
             f"P(supported | null) = {cal['p_supported_null']:.2f}, P(falsified | effect) = "

@@ -23,11 +23,17 @@ scenario = registrar(SCENARIOS)
 
 
 # ----------------------------------------------------------------------------- Part B
-@scenario("rotation_gain_early", {"early_layers": 10, "width": 16},
-          null="trained and step-0 layers drawn alike: updates 70% symmetric",
+#: Width of the simulated operators of B1's worlds: a fixed parameter of the simulation, not a
+#: sample size (the statistic is a median of per-layer weighted rotations, which the shape of
+#: an eigenvalue cloud sets; a width of 576 would cost seconds a draw).
+ROTATION_WIDTH = 16
+
+
+@scenario("rotation_gain_early", {"early_layers": 10},
+          null=f"trained and step-0 layers drawn alike: updates 70% symmetric (width {ROTATION_WIDTH})",
           effect="step-0 updates 70% symmetric, trained early updates 70% skew (rotation-heavy)")
 def _sim_rotation(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
-    d, layers = n["width"], 3 * n["early_layers"]
+    d, layers = ROTATION_WIDTH, 3 * n["early_layers"]
     g = rng.standard_normal((2, layers, d, d))
     share = np.array([0.7, 0.3 if effect else 0.7])[:, None, None, None]  # init, trained
     sym, skew = (g + g.swapaxes(-1, -2)) / 2, (g - g.swapaxes(-1, -2)) / 2

@@ -18,16 +18,15 @@ from __future__ import annotations
 from . import attention, census, interventions, residual
 from .attention import gap_contrasts, role_rank_tests
 from .core import (SAMPLE_UNITS, STATISTICS, Estimate, NotTested, Statistic, TooLittleData, compute_estimate,
-                   compute_statistic, gather, median_estimate, needs_of, note_of, registrar,
-                   spearman_estimate)
-from .residual import (CLAIM_RANK, SCHUR_ORDERS, checkpoint_order, funnel_ends, funnel_pair_ratios,
-                       funnel_replicates, own_null, weighted_rotation)
+                   compute_statistic, gather, median_estimate, needs_of, note_of, registrar, spearman_estimate)
+from .residual import (CLAIM_RANK, SCHUR_ORDERS, checkpoint_order, funnel_ends, funnel_operators, funnel_pair_ratios,
+                       funnel_replicates, funnel_width, own_null, weighted_rotation)
 
 __all__ = ["CLAIM_RANK", "SAMPLE_UNITS", "SCHUR_ORDERS", "STATISTICS", "Estimate", "NotTested", "Statistic",
            "TooLittleData", "checkpoint_order", "compute_estimate", "compute_statistic", "funnel_ends",
-           "funnel_pair_ratios", "funnel_replicates", "gap_contrasts", "median_estimate", "needs_of", "note_of", "own_null",
-           "register",
-           "role_rank_tests", "spearman_estimate", "weighted_rotation"]
+           "funnel_operators", "funnel_pair_ratios", "funnel_replicates", "funnel_width", "gap_contrasts",
+           "median_estimate", "needs_of", "note_of", "own_null", "register", "role_rank_tests", "spearman_estimate",
+           "weighted_rotation"]
 
 gather(attention.STATISTICS, interventions.STATISTICS, residual.STATISTICS, census.STATISTICS)
 

@@ -12,8 +12,8 @@ import pandas as pd
 from ...runs.tables import RunTables
 from ...stats import head_rank_tests, induction_ratio_replicates, percentile_interval, proportion_interval, sign_test
 from .core import (Estimate, NotTested, SampleCounter, Statistic, TooLittleData, as_count, config_count, finite_median,
-                   finite_spearman, median_estimate, numeric, registrar, require_columns, run_chunks, select_rows,
-                   spearman_estimate)
+                   finite_spearman, median_estimate, numeric, option_count, registrar, require_columns, run_chunks,
+                   select_rows, spearman_estimate)
 
 STATISTICS: dict[str, Statistic] = {}
 register = registrar(STATISTICS)
@@ -148,13 +148,15 @@ for _name, _which in (("eig_gap_e1_contrast", "gap_e1"), ("eig_gap_e2_contrast",
              f"Median over chunks with nulls of the paired contrast {_which}(model) − mean over the chunk's "
              f"null samples of {_which}(null) at the final depth (mean-head operator): how many more "
              "orders of magnitude the model's eigenvalue prediction errs than its matched nulls'.",
-             samples={"null_chunks": _distinct_depth_chunks("null")})(_contrast(_which))
+             samples={"null_chunks": _distinct_depth_chunks("null"), "null_samples": option_count("null_samples")})(
+        _contrast(_which))
 
 
 @register("eig_gap_e1_null_chunks", ["depth"],
           "Median over chunks with nulls of the chunk's mean null gap_e1 at the final depth (mean-head operator), "
           "with its distribution-free 95% interval over chunks: whether the eigenvalue-prediction error is absent "
-          "in the matched nulls (near 0).", samples={"null_chunks": _distinct_depth_chunks("null")})
+          "in the matched nulls (near 0).",
+          samples={"null_chunks": _distinct_depth_chunks("null"), "null_samples": option_count("null_samples")})
 def _null_gap(t: RunTables) -> Estimate:
     final = _final_gaps(t)
     null = final[final["source"] == "null"]
@@ -206,9 +208,10 @@ def _induction_ratio(column: str, base: str) -> Callable[[RunTables], Estimate]:
 
 
 def _probe_seqs(t: RunTables) -> int | None:
-    """Probe sequences behind the induction ratios: the distinct ``seq`` of induction_seqs."""
+    """Probe sequences behind the induction ratios: the distinct ``seq`` of induction_seqs, else
+    the run's ``probe_seqs`` option."""
     seqs = t.trained("induction_seqs")
-    return None if seqs is None or "seq" not in seqs.columns else int(seqs["seq"].nunique())
+    return config_count(t, "probe_seqs") if seqs is None or "seq" not in seqs.columns else int(seqs["seq"].nunique())
 
 
 register("induction_ratio_median", ["heads"],

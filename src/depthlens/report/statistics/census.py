@@ -18,7 +18,7 @@ import pandas as pd
 from ..onsets import head_onsets, layer_lag_test
 from ...runs.tables import RunTables
 from ...stats import spearman, trend_interval
-from .core import Estimate, Statistic, TooLittleData, numeric, registrar, require_columns
+from .core import Estimate, Statistic, TooLittleData, numeric, option_count, registrar, require_columns
 
 STATISTICS: dict[str, Statistic] = {}
 register = registrar(STATISTICS)
@@ -59,6 +59,17 @@ def _paired(t: RunTables) -> int | None:
     if t.table("census_heads") is None:
         return None
     return _lag_test(t)[0]
+
+
+def _heads_per_layer(t: RunTables) -> int | None:
+    """Heads with a finite lag per paired layer (median over the layers of every replicate)."""
+    if t.table("census_heads") is None:
+        return None
+    onsets = _onsets(t)
+    finite = onsets[np.isfinite(numeric(onsets["lag"]))]
+    if finite.empty:
+        return 0
+    return int(round(float(np.median(finite.groupby(["replicate", "layer"]).size()))))
 
 
 def _checkpoints(t: RunTables) -> int | None:
@@ -106,7 +117,8 @@ def _lags(t: RunTables) -> tuple[float, float]:
           "checkpoint's role groups (previous-token, induction, sink) both onsets are the least-squares step of a "
           "continuous series (the role score; the excess reserve with the role's sign), the lag is placed in its "
           "null distribution under a common onset (same rule, randomised probability integral transform), and a "
-          "t-test runs over the layers' mean transforms.", samples={"paired_layers": _paired, "checkpoints": _checkpoints})
+          "t-test runs over the layers' mean transforms.",
+          samples={"paired_layers": _paired, "checkpoints": _checkpoints, "heads_per_layer": _heads_per_layer})
 def _lag_p(t: RunTables) -> float:
     return _lags(t)[1]
 
@@ -124,12 +136,27 @@ def _done(t: RunTables) -> pd.DataFrame:
     return census[census["status"] != "failed"]
 
 
+def _last_census(column: str) -> Callable[[RunTables], int | None]:
+    """A count from ``column`` of the census table: its last finished checkpoint's value."""
+    def count(t: RunTables) -> int | None:
+        census = t.table("census")
+        if census is None or column not in census.columns:
+            return None
+        values = numeric(_done(t)[column])
+        values = values[np.isfinite(values)]
+        return int(values[-1]) if values.size else None
+
+    return count
+
+
 @register("census_funnel_learned", ["census"],
           "B3 at the end of the series: full-depth erank of the step-0 checkpoint (else the first checkpoint's "
           "step-0 null) over that of the last checkpoint, under the B2 protocol (backward, rank-truncated, α = 1), "
           "with that checkpoint's 95% percentile interval over the bootstrap replicates (funnel_step0_over_lo, _hi; "
           "unbounded where the census table has none).",
-          samples={"checkpoints": _checkpoints})
+          samples={"checkpoints": _checkpoints, "chunks": option_count("chunks"),
+                   "replicates": option_count("funnel_boot"), "operators": _last_census("funnel_operators"),
+                   "width": _last_census("width")})
 def _funnel_learned(t: RunTables) -> Estimate:
     done = _done(t)
     values = numeric(done["funnel_step0_over"])

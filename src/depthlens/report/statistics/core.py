@@ -39,7 +39,18 @@ SAMPLE_UNITS = {
     "paired_layers": "layers with heads that have both onsets",
     "probe_seqs": "probe sequences (each with its length-matched control)",
     "init_seeds": "step-0 initialisations (--init-seeds) with bootstrapped funnel ends",
+    "control_seeds": "control clamps of random dimensions (--control-seeds)",
+    "clamped_layers": "layers from the first clamped one to the last",
+    "contest_perm": "label permutations of the contest (--contest-perm)",
+    "width": "residual width d",
+    "replicates": "bootstrap replicates of the funnel (--funnel-boot)",
+    "heads_per_layer": "query heads a layer",
 }
+
+
+def option_count(key: str) -> Callable[[RunTables], int | None]:
+    """A counter of the run option ``key`` (:func:`config_count`)."""
+    return lambda t: config_count(t, key)
 
 
 @dataclass(frozen=True)
@@ -235,11 +246,19 @@ def finite_median(values: np.ndarray, what: str) -> float:
 
 
 def select_rows(df: pd.DataFrame, table: str, **equal: Any) -> pd.DataFrame:
+    """The rows of ``df`` with every column of ``equal`` at its value.
+
+    Raises
+    ------
+    NotTested
+        A column is missing or no row is left (for the step-0 checkpoint, needing ``--null init``).
+    """
     require_columns(df, table, *equal)
     for col, value in equal.items():
         df = df[df[col] == value]
         if df.empty:
-            raise NotTested(f"{table} has no rows with {col} = {value}")
+            needs = "--null init" if (col, value) == ("checkpoint", "init") else None
+            raise NotTested(f"{table} has no rows with {col} = {value}", needs=needs)
     return df
 
 

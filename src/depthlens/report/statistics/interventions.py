@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 
 from ...runs.tables import RunTables
-from .core import (Estimate, NotTested, Statistic, TooLittleData, as_count, numeric, registrar, require_columns,
-                   run_chunks, select_rows)
+from .core import (Estimate, NotTested, Statistic, TooLittleData, as_count, numeric, option_count, registrar,
+                   require_columns, run_chunks, select_rows)
 
 STATISTICS: dict[str, Statistic] = {}
 register = registrar(STATISTICS)
@@ -29,6 +29,16 @@ def _contest_layers(t: RunTables) -> int | None:
     return None if df is None or "layer" not in df.columns else int(df["layer"].nunique())
 
 
+def _clamped_layers(t: RunTables) -> int | None:
+    """Layers from the first clamped one (``from_layer`` of the clamp table) to the model's last."""
+    clamp, heads = t.table("clamp"), t.trained("heads")
+    if clamp is None or heads is None or "from_layer" not in clamp.columns or "layer" not in heads.columns:
+        return None
+    first = numeric(clamp["from_layer"])
+    first = first[np.isfinite(first)]
+    return None if first.size == 0 else int(numeric(heads["layer"]).max()) + 1 - int(first.min())
+
+
 def _chain(t: RunTables) -> dict:
     """``interventions.json['clamp_chain']`` of a run in which the chain was tested."""
     chain = t.json("interventions").get("clamp_chain")
@@ -43,7 +53,8 @@ def _chain(t: RunTables) -> dict:
           "Number of massive-activation dimensions whose clamp supports the chain (sink mass "
           "falls monotonically in α, predicts the rise in reserve, control inert): "
           "len(interventions.json['clamp_chain']['dims']), 0 when the chain is not supported.",
-          samples={"chunks": _clamp_chunks})
+          samples={"chunks": _clamp_chunks, "control_seeds": option_count("control_seeds"),
+                   "null_samples": option_count("clamp_null_samples"), "clamped_layers": _clamped_layers})
 def _clamp_chain(t: RunTables) -> float:
     chain = _chain(t)
     if chain.get("supported") is False:
@@ -82,7 +93,7 @@ def _contest_rows(t: RunTables, target: str) -> pd.DataFrame:
 @register("contest_R_required", ["contest"],
           "Number of the targets depth persistence and routing identity for which the resolvent family R is "
           "required: the contest row `all-R` has `required` True (dropping R lowers the cross-validated score "
-          "with the layer-bootstrap interval excluding 0 and the drop significant, BH q ≤ 0.05).", samples={"layers": _contest_layers})
+          "with the layer-bootstrap interval excluding 0 and the drop significant, BH q ≤ 0.05).", samples={"layers": _contest_layers, "contest_perm": option_count("contest_perm")})
 def _contest_r_required(t: RunTables) -> float:
     count = 0
     for target in ("persistence", "routing"):
@@ -96,7 +107,7 @@ def _contest_r_required(t: RunTables) -> float:
 
 @register("contest_criticality_predicted", ["contest"],
           "Number of single-family feature sets (P, E, S, R) that predict ablation criticality: contest rows of "
-          "target `criticality` with a positive Spearman score and BH q ≤ 0.05.", samples={"layers": _contest_layers})
+          "target `criticality` with a positive Spearman score and BH q ≤ 0.05.", samples={"layers": _contest_layers, "contest_perm": option_count("contest_perm")})
 def _contest_criticality(t: RunTables) -> float:
     rows = _contest_rows(t, "criticality")
     single = rows[rows["features"].isin(["P", "E", "S", "R"])]
@@ -109,7 +120,7 @@ def _contest_criticality(t: RunTables) -> float:
           "The best single-family (P, E, S, R) cross-validated Spearman score for ablation criticality, with the "
           "interval [largest lower, largest upper] of the families' layer-bootstrap intervals: no family predicts "
           "criticality only when even the largest upper end is below the pre-registered margin.",
-          samples={"layers": _contest_layers})
+          samples={"layers": _contest_layers, "contest_perm": option_count("contest_perm")})
 def _criticality_best(t: RunTables) -> Estimate:
     rows = _contest_rows(t, "criticality")
     require_columns(rows, "contest.parquet", "score_lo", "score_hi")

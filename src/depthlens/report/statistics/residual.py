@@ -394,6 +394,29 @@ def _funnel_notes(premise: bool) -> Callable[[RunTables], str | None]:
     return note
 
 
+def funnel_operators(t: RunTables) -> int | None:
+    """Sub-layer operators of the claims' funnel: the steps of the trained curve at full depth."""
+    return _count(lambda: int(numeric(_funnel_curve(t, "trained", 1.0, "backward", True)["steps"]).max()))
+
+
+def funnel_width(t: RunTables) -> int | None:
+    """The residual width d (:func:`_width`)."""
+    return _count(lambda: _width(t))
+
+
+def _replicates(t: RunTables) -> int | None:
+    """Bootstrap replicates of the trained funnel (``funnel_boot`` rows with ``replicate`` ≥ 1;
+    0 when the run ran none or skipped them)."""
+    if t.table("cumulative") is None:
+        return None
+    return _count(lambda: len(funnel_replicates(t, "trained")))
+
+
+#: The sample units of the claims' funnel statistics.
+_FUNNEL_UNITS = {**_JACOBIAN_CHUNKS, "operators": funnel_operators, "width": funnel_width,
+                 "replicates": _replicates}
+
+
 def _fraction(end: int) -> Callable[[RunTables], float]:
     def stat(t: RunTables) -> float:
         return funnel_ends(t, "trained", 1.0, "backward", True)[end] / _width(t)
@@ -432,7 +455,8 @@ for _i, ((_trained, _init, _over), _direction, _truncated, _mode, _text) in enum
              "(chunks redrawn with replacement; unbounded with fewer than 40)") if _claims else ""
     register(_trained, ["cumulative"],
              f"erank of the trained cumulative Jacobian ({_text}, α = 1) at full depth over its value after one "
-             f"step{_boot}.", samples=_JACOBIAN_CHUNKS, note=_funnel_notes(True) if _claims else None)(
+             f"step{_boot}.", samples=_FUNNEL_UNITS if _claims else _JACOBIAN_CHUNKS,
+             note=_funnel_notes(True) if _claims else None)(
         _ratio("trained", _direction, _truncated, _mode, _claims))
     register(_init, ["cumulative"],
              f"The same ratio on the step-0 (init) checkpoint ({_text}; descriptive)"
@@ -446,7 +470,8 @@ for _i, ((_trained, _init, _over), _direction, _truncated, _mode, _text) in enum
                  "null (--init-seeds) and a bootstrap replicate, each null's replicate over the trained replicate "
                  "of the same resampled chunks, so it covers the chunk sample and the initialisation (unbounded "
                  "with fewer than 40 pairs)" if _claims else "") + ".",
-             samples={**_JACOBIAN_CHUNKS, **({"init_seeds": _init_seeds} if _claims else {})},
+             samples={**(_FUNNEL_UNITS if _claims else _JACOBIAN_CHUNKS), **({"init_seeds": _init_seeds} if _claims
+                                                                              else {})},
              note=_funnel_notes(False) if _claims else None)(
         _init_over_trained(_direction, _truncated, _mode, _claims))
 
@@ -479,7 +504,8 @@ for _name, _order in (("funnel_removed_by_schur", "lapack"), ("funnel_removed_by
 
 @register("funnel_removed_by_schur_every_order", ["cumulative"],
           "funnel_removed_by_schur in LAPACK's order with its range over every Schur order the run computed (the "
-          "α = 0 operator depends on the order): decisive only when every order agrees.", samples=_JACOBIAN_CHUNKS)
+          "α = 0 operator depends on the order): decisive only when every order agrees.",
+          samples={**_JACOBIAN_CHUNKS, "operators": funnel_operators})
 def _schur_every_order(t: RunTables) -> Estimate:
     values = {}
     for order in SCHUR_ORDERS:
