@@ -285,3 +285,23 @@ def test_a_quick_run_is_calibrated_at_its_own_sizes(tmp_path: Path) -> None:
     assert calibrated >= 3
     assert by_id["B3-funnel-learned"] and next(r for r in results if r["id"] == "B3-funnel-learned")["needs"] == (
         "--null init")
+
+
+def test_acceptance_reads_the_clopper_pearson_upper_bound() -> None:
+    """An error rate is bounded by its one-sided 95% Clopper–Pearson upper bound: the p at which
+    seeing at most k errors in n draws has probability 0.05 (checked with SciPy's binomial), so
+    3 errors in 100 draws (0.03, under 0.05) are not accepted while none are; a calibration
+    states the bounds it was accepted on, and the power beside them."""
+    from scipy.stats import binom
+
+    from depthlens.report.calibration import error_upper
+
+    for k, n in ((0, 100), (1, 100), (3, 100), (8, 400), (4, 200)):
+        assert binom.cdf(k, n, error_upper(k, n)) == pytest.approx(0.05, rel=1e-6)
+    assert error_upper(0, 100) <= ACCEPT < error_upper(3, 100)
+    claim = next(c for c in load_claims() if c.id == "B6-coupling-init")
+    result = calibrate(claim, draws=50)
+    for rate in ("p_supported_null", "p_falsified_effect"):
+        assert result[f"{rate}_upper"] == error_upper(round(result[rate] * 50), 50)
+    assert result["accepted"] == (max(result["p_supported_null_upper"], result["p_falsified_effect_upper"]) <= ACCEPT)
+    assert 0.0 <= result["p_supported_effect"] <= 1.0

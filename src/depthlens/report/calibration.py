@@ -12,8 +12,8 @@ times (seeded), runs the claim's own statistic and verdict code on every draw
 - ``p_falsified_effect``: P(falsified | effect), the false-refutation rate;
 - ``p_supported_effect``: P(supported | effect), the power.
 
-A claim is accepted at a sample size when both error rates are at most
-:data:`ACCEPT` (0.05); :func:`~depthlens.report.claims.evaluate` turns a decisive verdict at a
+A claim is accepted at a sample size when the one-sided Clopper–Pearson 95 % upper bound of
+each error rate is at most :data:`ACCEPT` (0.05), and its power is stated beside it; :func:`~depthlens.report.claims.evaluate` turns a decisive verdict at a
 sample size where its claim is not accepted into "inconclusive: underpowered".
 :func:`calibration_at` calibrates a claim at the run's own sample sizes, every one counted by
 the statistic's sample counters (:func:`run_sizes`), with :data:`RUN_DRAWS` draws per world; a
@@ -58,6 +58,7 @@ from ..cache import cache_root
 from ..errors import InputError
 from ..runs.atomic import write_json
 from ..runs.directory import not_a_run
+from ..stats import proportion_interval
 from .claims import Claim, judge
 from . import worlds_attention, worlds_residual
 from .statistics import STATISTICS
@@ -66,12 +67,13 @@ from ..runs.tables import RunTables
 
 __all__ = ["ACCEPT", "DECIDING", "RUN_DRAWS", "SCENARIOS", "SHIPPED", "MemoryTables", "Scenario", "calibrate",
            "calibration_at", "calibration_key", "calibration_points", "calibration_table", "code_fingerprint",
-           "refresh_shipped", "run_sizes", "uncounted"]
+           "error_upper", "refresh_shipped", "run_sizes", "uncounted"]
 
 #: Largest acceptable P(supported | null) and P(falsified | effect).
 ACCEPT = 0.05
-#: Draws per world when a run's report calibrates its claims.
-RUN_DRAWS = 100
+#: Draws per world when a run's report calibrates its claims: with 200, up to 4 errors (2 %)
+#: keep the Clopper–Pearson upper bound below :data:`ACCEPT`.
+RUN_DRAWS = 200
 #: The modules (paths under the package) whose code decides a calibration's numbers.
 DECIDING = ("report/calibration.py", "report/worlds.py", "report/worlds_attention.py", "report/worlds_residual.py",
             "report/statistics/__init__.py", "report/statistics/core.py", "report/statistics/attention.py",
@@ -96,8 +98,10 @@ def calibrate(claim: Claim, sizes: Mapping[str, int] | None = None, draws: int =
     draw])``, so the result is the same on every machine (``intervals=False``: the verdicts of
     the value alone, the point rule). Returns None when the claim's
     statistic has no scenario; else a dict with ``sizes``, ``draws``, ``p_supported_null``,
-    ``p_falsified_null``, ``p_supported_effect``, ``p_falsified_effect``, ``accepted``
-    (both error rates ≤ :data:`ACCEPT`), ``null`` and ``effect`` (what was planted).
+    ``p_falsified_null``, ``p_supported_effect`` (the power), ``p_falsified_effect``, the
+    one-sided 95 % upper bounds ``p_supported_null_upper`` and ``p_falsified_effect_upper``
+    (:func:`error_upper`), ``accepted`` (both bounds ≤ :data:`ACCEPT`), ``null`` and
+    ``effect`` (what was planted).
     """
     found = SCENARIOS.get(claim.statistic)
     if found is None:
@@ -110,9 +114,23 @@ def calibrate(claim: Claim, sizes: Mapping[str, int] | None = None, draws: int =
         name = "effect" if planted else "null"
         rates[f"p_supported_{name}"] = verdicts.count("supported") / draws
         rates[f"p_falsified_{name}"] = verdicts.count("falsified") / draws
-    return {"sizes": full, "draws": draws, **rates,
-            "accepted": rates["p_supported_null"] <= ACCEPT and rates["p_falsified_effect"] <= ACCEPT,
-            "null": found.null, "effect": found.effect}
+    upper = {f"{rate}_upper": error_upper(round(rates[rate] * draws), draws)
+             for rate in ("p_supported_null", "p_falsified_effect")}
+    return {"sizes": full, "draws": draws, **rates, **upper,
+            "accepted": all(u <= ACCEPT for u in upper.values()), "null": found.null, "effect": found.effect}
+
+
+def error_upper(errors: int, draws: int) -> float:
+    """The one-sided Clopper–Pearson 95 % upper bound of an error rate seen ``errors`` times in
+    ``draws`` draws: a claim is accepted when this bound, not the raw fraction, is at most
+    :data:`ACCEPT`.
+
+    Examples
+    --------
+    >>> round(error_upper(0, 100), 4), round(error_upper(8, 400), 4)
+    (0.0295, 0.0358)
+    """
+    return proportion_interval(errors, draws, level=0.90)[1]
 
 
 def run_sizes(claim: Claim, tables: RunTables) -> dict[str, int | None]:

@@ -481,8 +481,11 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables, *, calibr
             edge = False
             result, reason, short = "inconclusive", (
                 f"underpowered (calibration at this sample: P(supported | null) = "
-                f"{calibration['p_supported_null']:.2f}, P(falsified | effect) = "
-                f"{calibration['p_falsified_effect']:.2f}, each needs ≤ 0.05); {reason}"), True
+                f"{calibration['p_supported_null']:.2f} (95% upper bound "
+                f"{calibration.get('p_supported_null_upper', math.nan):.3f}), P(falsified | effect) = "
+                f"{calibration['p_falsified_effect']:.2f} (upper bound "
+                f"{calibration.get('p_falsified_effect_upper', math.nan):.3f}), each bound needs ≤ 0.05); "
+                f"{reason}"), True
         sensitivity = []
         for variant in claim.variants:
             v_est, v_note = compute_estimate(variant.statistic, tables)

@@ -114,11 +114,17 @@ def _calibration_text(result: Mapping[str, Any]) -> str:
     if not cal:
         why = result.get("uncalibrated")
         return f'<br><small class="calibration">{esc(why)}</small>' if why else ""
-    mark = "" if cal["accepted"] else " (not accepted: above 0.05)"
+    mark = "" if cal["accepted"] else " (not accepted: a 95% upper bound above 0.05)"
     return (f'<br><small class="calibration">calibrated at this sample ({cal["draws"]} draws a world): '
-            f"P(supported | null) = {cal['p_supported_null']:.2f}, P(falsified | effect) = "
-            f"{cal['p_falsified_effect']:.2f}{esc(mark)}, power P(supported | effect) = "
-            f"{cal['p_supported_effect']:.2f}</small>")
+            f"P(supported | null) = {cal['p_supported_null']:.2f}{_upper(cal, 'p_supported_null')}, "
+            f"P(falsified | effect) = {cal['p_falsified_effect']:.2f}{_upper(cal, 'p_falsified_effect')}"
+            f"{esc(mark)}, power P(supported | effect) = {cal['p_supported_effect']:.2f}</small>")
+
+
+def _upper(cal: Mapping[str, Any], rate: str) -> str:
+    """`` (≤ bound)``: the one-sided 95 % upper bound of an error rate, where the calibration has one."""
+    bound = cal.get(f"{rate}_upper")
+    return "" if bound is None else f" (≤ {bound:.3f})"
 
 
 def _protocol_text(result: Mapping[str, Any]) -> str:
