@@ -238,7 +238,7 @@ def test_relative_claims_registered_in_the_run_and_report_from_another_folder(
     import json
 
     from depthlens.report import default_claims_path
-    from depthlens.report.claims import verdict_label
+    from depthlens.report.verdict_text import verdict_label
     from depthlens.runs.atomic import read_index
 
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"

@@ -515,63 +515,21 @@ class Run:
 
     def readout(self, prompt: str, layer: int | None = None, *, top_k: int = 5, model: str | None = None
                 ) -> pd.DataFrame:
-        """A prompt's top next-token predictions through the run's Jacobian lens
-        (``arrays/lens.pt``, :func:`depthlens.lens.readout`) and beside them the logit lens, at
-        ``layer`` or at every source layer and the last.
-
-        Parameters
-        ----------
-        prompt : str
-            Tokenized as the run's prompts are (BOS prepended where the tokenizer has one).
-        layer : int, optional
-            One layer to read (default: every source layer of the lens, and the model's output).
-        top_k : int
-            Predictions per layer, position and lens.
-        model : str, optional
-            The model spec, for a run made from a lens file alone (``depthlens lens --from``),
-            which names none; a fitted run reads with its own model.
-
-        Returns
-        -------
-        DataFrame
-            ``prompt`` and :data:`depthlens.lens.readout.READOUT_COLUMNS`.
-
-        Raises
-        ------
-        RunError
-            The run has no lens, or was made from a lens file and ``model`` is not given.
-        InputError
-            A layer the lens has no matrix for, or a lens of another model's width.
+        """A prompt's top next-token predictions at ``layer`` (default: every source layer and the
+        last) through the run's Jacobian lens, beside the logit lens
+        (:func:`depthlens.workflow.lens_readout`; ``model``: the spec a run made from a lens file
+        alone reads through). Raises ``RunError`` without a lens (or a model for such a run),
+        ``InputError`` for a layer the lens lacks.
 
         Examples
         --------
-        >>> run = depthlens.open_run("runs/lens")                     # doctest: +SKIP
-        >>> table = run.readout("The capital of France is", top_k=3)  # doctest: +SKIP
-        >>> table.query("lens == 'jacobian' and rank == 0")          # doctest: +SKIP
+        >>> depthlens.open_run("runs/lens").readout("The capital of France is", top_k=3)  # doctest: +SKIP
         """
-        from .data import prompt_ids
-        from .lens import read_transport
-        from .lens.readout import readout
+        from .workflow import lens_readout
 
-        source = self.manifest.get("lens_from")
-        path = Path(source["file"]) if source else self.path / "arrays" / "lens.pt"
-        if not path.is_file():
-            raise RunError(f"the run in {self.path} has no Jacobian lens ({path} is missing); fit one with "
-                           "depthlens lens.")
-        if source:
-            if model is None:
-                raise RunError(f"the run in {self.path} analysed a lens file alone; pass the model it was fitted on "
-                               "(model=SPEC, or --model).")
-            from .models import load_model
-
-            loaded = load_model(model)
-        else:
-            loaded = self._prepare_head().loaded
-        ids = prompt_ids(prompt, loaded.tokenizer)
-        table = readout(loaded.adapter, read_transport(path), ids, layers=None if layer is None else [layer],
-                        top_k=top_k, decode=lambda t: loaded.tokenizer.decode([t]))
-        table.insert(0, "prompt", prompt)
-        return table
+        lens_from = "lens_from" in self.manifest
+        return lens_readout(self.path, prompt, layer=layer, top_k=top_k, model=model,
+                            loaded=None if lens_from else self._prepare_head().loaded)
 
     def _prepare_head(self) -> Any:
         """The run's model and chunks for :meth:`head`, prepared once (as the run prepared them)."""

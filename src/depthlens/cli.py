@@ -260,9 +260,9 @@ def _print_end(root: Path, *, report: bool, timings: bool, verdicts: bool = True
 
 
 def _print_verdicts(root: Path) -> None:
-    """The claims' verdicts at a glance (:func:`depthlens.report.claims.verdict_lines`), when
+    """The claims' verdicts at a glance (:func:`depthlens.report.verdict_text.verdict_lines`), when
     the run has them."""
-    from .report.claims import verdict_lines
+    from .report.verdict_text import verdict_lines
 
     lines = verdict_lines(root)
     if lines:

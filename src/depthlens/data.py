@@ -168,13 +168,8 @@ def _token_ids(text: str, tokenizer: Any) -> np.ndarray:
 
 def prompt_ids(text: str, tokenizer: Any) -> np.ndarray:
     """The token ids of one prompt as a run feeds it to a model: ``text`` tokenized alone,
-    without special tokens, with BOS prepended when the tokenizer has one.
-
-    Raises
-    ------
-    DataError
-        When the prompt gives fewer than 2 tokens (BOS included).
-    """
+    without special tokens, BOS first where the tokenizer has one. Raises ``DataError`` for
+    fewer than 2 tokens (BOS included)."""
     ids = _token_ids(text, tokenizer)
     if tokenizer.bos_token_id is not None:
         ids = np.concatenate([np.array([tokenizer.bos_token_id], dtype=np.int64), ids])

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 from . import data
@@ -29,7 +30,7 @@ from .executors import Execution
 from .stages.context import StageContext, with_identity
 from .environment import environment_block
 from .executors import check_execution
-from .errors import InputError, RunIncomplete, StorageError
+from .errors import InputError, RunError, RunIncomplete, StorageError
 from .models import LoadedModel, load_model
 from .models.loading import check_spec, series_checkpoints
 from .models.random_models import random_spec
@@ -260,26 +261,60 @@ def run(
     return run_dir.root
 
 
-def record_readout(root: str | Path, prompt: str, *, top_k: int = 5, model: str | None = None) -> Path:
-    """``depthlens lens --readout PROMPT``: the readout of ``prompt`` through the Jacobian lens of
-    the run in ``root`` (:meth:`depthlens.api.Run.readout`), written as its ``readout`` table
-    (replacing an earlier prompt's) with the run's identity columns. Returns the table's path.
+def lens_readout(root: str | Path, prompt: str, *, layer: int | None = None, top_k: int = 5,
+                 model: str | None = None, loaded: LoadedModel | None = None) -> pd.DataFrame:
+    """The readout of ``prompt`` through the Jacobian lens of the run in ``root``
+    (:func:`depthlens.lens.readout.readout`): ``prompt`` and the readout columns. What
+    :meth:`depthlens.api.Run.readout` returns.
+
+    ``loaded`` is the run's model when the caller holds it (else it is loaded as the run loaded
+    it); a run made from a lens file alone (``depthlens lens --from``) reads through ``model``.
 
     Raises
     ------
     RunError
         ``root`` has no lens, or was made from a lens file and ``model`` is not given.
     InputError
-        As :meth:`depthlens.api.Run.readout`.
+        A layer the lens has no matrix for, or a lens of another model's width.
     """
-    from .api import open_run
+    from .data import prompt_ids
+    from .lens import read_transport
+    from .lens.readout import readout
+
+    manifest = read_manifest(root)
+    source = manifest.get("lens_from")
+    path = Path(source["file"]) if source else Path(root) / "arrays" / "lens.pt"
+    if not path.is_file():
+        raise RunError(f"the run in {root} has no Jacobian lens ({path} is missing); fit one with depthlens lens.")
+    if source:
+        if model is None:
+            raise RunError(f"the run in {root} analysed a lens file alone; pass the model it was fitted on "
+                           "(model=SPEC, or --model).")
+        loaded = load_model(model)
+    elif loaded is None:
+        loaded = prepare(RunConfig(**(manifest.get("config") or {}))).loaded
+    ids = prompt_ids(prompt, loaded.tokenizer)
+    table = readout(loaded.adapter, read_transport(path), ids, layers=None if layer is None else [layer],
+                    top_k=top_k, decode=lambda t: loaded.tokenizer.decode([t]))
+    table.insert(0, "prompt", prompt)
+    return table
+
+
+def record_readout(root: str | Path, prompt: str, *, top_k: int = 5, model: str | None = None) -> Path:
+    """``depthlens lens --readout PROMPT``: :func:`lens_readout` written as the run's ``readout``
+    table (replacing an earlier prompt's) with the run's identity columns. Returns its path.
+
+    Raises
+    ------
+    RunError, InputError
+        As :func:`lens_readout`.
+    """
     from .schema import conform_table
 
-    run = open_run(root)
-    table = run.readout(prompt, top_k=top_k, model=model)
-    ident = run.table("transport")[["model", "revision", "text"]].iloc[0].to_dict()
+    table = lens_readout(root, prompt, top_k=top_k, model=model)
+    ident = pd.read_parquet(Path(root) / "tables" / "transport.parquet")[["model", "revision", "text"]].iloc[0]
     run_dir = RunDirectory(Path(root), read_manifest(root))
-    return run_dir.write_table("readout", conform_table("readout", with_identity(table, ident)))
+    return run_dir.write_table("readout", conform_table("readout", with_identity(table, ident.to_dict())))
 
 
 def analyse_transport_file(path: str | Path, out: str | Path, run_mode: RunMode = RunMode.NEW,

@@ -15,7 +15,8 @@ import torch
 from depthlens.config import RunConfig
 from depthlens.executors import Execution
 from depthlens.models import load_model, wrap_model
-from depthlens.report.claims import evaluate, load_claims, verdict_lines, write_claims_json
+from depthlens.report.claims import evaluate, load_claims, write_claims_json
+from depthlens.report.verdict_text import verdict_lines
 from depthlens.report.statistics.residual import top_coordinate
 from depthlens.runs.atomic import map_safetensors
 from depthlens.workflow import run

@@ -19,12 +19,11 @@ from depthlens.report.claims import (
     default_claims_path,
     evaluate,
     marginal,
-    verdict_label,
     load_claims,
     verdict,
-    verdict_lines,
     write_claims_json,
 )
+from depthlens.report.verdict_text import verdict_label, verdict_lines
 from depthlens.runs.tables import RunTables
 
 from . import build_run, drop_stage, read_json, read_table, set_stage, write_funnel_boot, write_json, write_table

@@ -77,7 +77,8 @@ RUN_DRAWS = 200
 #: The modules (paths under the package) whose code decides a calibration's numbers.
 DECIDING = ("report/calibration.py", "report/worlds.py", "report/worlds_attention.py", "report/worlds_residual.py",
             "report/statistics/__init__.py", "report/statistics/core.py", "report/statistics/attention.py",
-            "report/statistics/interventions.py", "report/statistics/residual.py", "report/statistics/census.py",
+            "report/statistics/interventions.py", "report/statistics/residual.py", "report/statistics/coupling.py",
+            "report/statistics/census.py",
             "report/claims.py", "runs/tables.py", "stats.py",
             "report/onsets.py", "contest/cv.py", "interventions/clamp.py", "interventions/clamp_verdict.py")
 #: The packaged calibrations: ``{"code": fingerprint, "entries": {key: {"claim", "sizes", "draws", "result"}}}``.

@@ -10,6 +10,8 @@ from matplotlib.figure import Figure
 __all__ = ["DPI", "ROLE_COLOURS", "Skip", "need", "new_figure", "prefer"]
 
 DPI = 100
+#: Widest figure, in inches (at :data:`DPI`, the report's 1100 px content width: no downscaling).
+MAX_WIDTH = 11.0
 ROLE_COLOURS = {"routing": "#1f77b4", "sink": "#d62728", "other": "#9a9a9a"}
 
 

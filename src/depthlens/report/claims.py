@@ -52,12 +52,11 @@ gives the verdicts.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 import tomllib
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -69,12 +68,12 @@ from ..runs.atomic import write_json
 from .statistics import (SAMPLE_UNITS, STATISTICS, Estimate, compute_estimate, compute_statistic, needs_of,
                          note_of)
 from ..runs.tables import RunTables
+from .verdict_text import CLAIMS_JSON, fmt
 
 #: The verdicts, in the order the report explains them.
 VERDICTS = ("supported", "falsified", "inconclusive", "not tested")
 #: Comparison tests a claim may use.
 TESTS = (">=", "<=", ">", "<", "between")
-CLAIMS_JSON = "claims.json"
 #: The run's own copy of the claims file, written when the run registers it (``depthlens
 #: report RUN`` scores against it by default).
 CLAIMS_COPY = "claims.toml"
@@ -120,9 +119,9 @@ class Claim:
         """The test as text, e.g. ``≥ 7`` or ``in [1.5, 3]``."""
         if self.test == "between":
             lo, hi = self.threshold  # type: ignore[misc]
-            return f"in [{_fmt(lo)}, {_fmt(hi)}]"
+            return f"in [{fmt(lo)}, {fmt(hi)}]"
         sym = {">=": "≥", "<=": "≤", ">": ">", "<": "<"}[self.test]
-        return f"{sym} {_fmt(self.threshold)}"  # type: ignore[arg-type]
+        return f"{sym} {fmt(self.threshold)}"  # type: ignore[arg-type]
 
 
 def default_claims_path() -> Path:
@@ -258,7 +257,7 @@ def _interval(x: Any, fail: Callable[[str], InputError], name: str) -> tuple[flo
         raise fail(f"{name} must be [lo, hi], two numbers.")
     lo, hi = float(x[0]), float(x[1])
     if not lo < hi:
-        raise fail(f"{name} [{_fmt(lo)}, {_fmt(hi)}] needs lo < hi.")
+        raise fail(f"{name} [{fmt(lo)}, {fmt(hi)}] needs lo < hi.")
     return lo, hi
 
 
@@ -318,18 +317,18 @@ def verdict(claim: Claim, value: float | None, interval: tuple[float, float] | N
     where = region(claim, value)
     met = _regions_met(claim, *interval) if interval is not None else {where}
     what = "range over protocol choices" if kind == "range" else "95% interval"
-    span = f"{what} [{_fmt(interval[0])}, {_fmt(interval[1])}]" if interval is not None else ""
+    span = f"{what} [{fmt(interval[0])}, {fmt(interval[1])}]" if interval is not None else ""
     if where in _DECISIVE:
         name, word, opposite, other = _DECISIVE[where]
         blocked = met != {where} if kind == "range" else opposite in met
-        text = f"{_fmt(value)} {word}{claim.criterion()}"
+        text = f"{fmt(value)} {word}{claim.criterion()}"
         if not blocked:
             return name, text + (f", {span}" if span else "")
         return "inconclusive", f"{text} but its {span} reaches " + (
             f"a choice that does not {where}" if kind == "range" else f"the {other} region")
     band = next(b for b in claim.inconclusive_band if b[0] <= value <= b[1])
-    return "inconclusive", (f"{_fmt(value)} fails {claim.criterion()} but lies in the "
-                            f"inconclusive band [{_fmt(band[0])}, {_fmt(band[1])}]")
+    return "inconclusive", (f"{fmt(value)} fails {claim.criterion()} but lies in the "
+                            f"inconclusive band [{fmt(band[0])}, {fmt(band[1])}]")
 
 
 def sample_sizes(claim: Claim, tables: RunTables) -> dict[str, int | None]:
@@ -377,26 +376,6 @@ def marginal(claim: Claim, verdict_: str, estimate: Estimate | None) -> bool:
     if verdict_ not in ("supported", "falsified") or estimate is None or estimate.kind != "confidence":
         return False
     return bool(claim.inconclusive_band) and "band" in _regions_met(claim, estimate.lo, estimate.hi)
-
-
-def verdict_label(result: Mapping[str, Any]) -> str:
-    """A claim result's verdict as it is shown: ``supported (marginal)`` for a marginal verdict,
-    ``not tested (needs --null init)`` where the result says what would test it, else the
-    verdict alone.
-
-    Examples
-    --------
-    >>> verdict_label({"verdict": "supported", "marginal": True})
-    'supported (marginal)'
-    >>> verdict_label({"verdict": "not tested", "needs": "--null init"})
-    'not tested (needs --null init)'
-    """
-    name = str(result.get("verdict", ""))
-    if result.get("marginal"):
-        return f"{name} (marginal)"
-    if name == "not tested" and result.get("needs"):
-        return f"{name} (needs {result['needs']})"
-    return name
 
 
 @dataclass(frozen=True)
@@ -537,7 +516,7 @@ def fragile(main: str, variants: Sequence[str]) -> bool:
 
 
 def _text(value: float | None) -> str:
-    return "—" if value is None or math.isnan(value) else _fmt(value)
+    return "—" if value is None or math.isnan(value) else fmt(value)
 
 
 def registered_claims(run_dir: str | Path | RunTables) -> dict[str, Any]:
@@ -584,74 +563,9 @@ def write_claims_json(run_dir: str | Path, results: list[dict[str, Any]], *,
     return path
 
 
-def verdict_lines(run_dir: str | Path) -> list[str]:
-    """The verdicts at a glance, one line per claim of ``RUN/claims.json`` (none when it is
-    absent or unreadable): id, verdict (:func:`verdict_label`), value with its interval
-    (``[lo, hi]``, a range over protocol choices as ``range lo..hi``), the test, and
-    ``(underpowered)`` or ``(fragile)`` where that holds; a claim with a ``note`` gets it on
-    a second line. What the terminal prints at the end of a run and the report's first
-    screen shows.
-
-    Examples
-    --------
-    >>> verdict_lines("/no/such/run")
-    []
-    """
-    try:
-        results = json.loads((Path(run_dir) / CLAIMS_JSON).read_text())["results"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-    rows = []
-    for r in results:
-        value = (r.get("value_text") or "—") + interval_inline(r)
-        notes = [n for n in ("underpowered", "fragile") if r.get(n)]
-        rows.append((str(r.get("id", "")), verdict_label(r), value, str(r.get("criterion", "")),
-                     f" ({', '.join(notes)})" if notes else ""))
-    if not rows:
-        return []
-    widths = [max(len(row[k]) for row in rows) for k in range(3)]
-    lines = []
-    for (a, b, c, d, e), r in zip(rows, results):
-        lines.append(f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}{e}".rstrip())
-        if r.get("note"):
-            lines.append(f"{'':<{widths[0]}}  note: {r['note']}")
-    return lines
-
-
 def _json_value(value: float | None) -> float | str | None:
     if value is None or math.isnan(value):
         return None
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return value
-
-
-def interval_ends(result: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The two ends of a claim result's ``interval`` as text (``−∞``/``+∞`` for infinite ends,
-    ``—`` for a missing one), or None when it has no interval; one format for the terminal,
-    the glance table and the claims table."""
-    interval = result.get("interval")
-    if not isinstance(interval, (list, tuple)) or len(interval) != 2:
-        return None
-    lo, hi = ("—" if x is None else _fmt(float(x)) for x in interval)  # float("-inf") reads the JSON text ends
-    return lo, hi
-
-
-def interval_inline(result: Mapping[str, Any]) -> str:
-    """`` [lo, hi]`` (a range over protocol choices: `` range lo..hi``) to follow a value, or
-    nothing when the interval is absent or an end is missing."""
-    ends = interval_ends(result)
-    if ends is None or "—" in ends:
-        return ""
-    lo, hi = ends
-    return f" range {lo}..{hi}" if result.get("interval_kind") == "range" else f" [{lo}, {hi}]"
-
-
-def _fmt(x: float) -> str:
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "+∞" if x > 0 else "−∞"
-    if x == int(x) and abs(x) < 1e6:
-        return str(int(x))
-    return f"{x:.3g}"

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ..runs.tables import STATUS_TEXT
-from .claims import VERDICTS, claims_hash, interval_ends, interval_inline, verdict_label
+from .claims import VERDICTS, claims_hash
+from .verdict_text import interval_ends, interval_inline, verdict_label
 from .statistics import SAMPLE_UNITS
 
 VERDICT_COLOURS = {"supported": "#1a7f37", "falsified": "#cf222e", "inconclusive": "#bf8700",

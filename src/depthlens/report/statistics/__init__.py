@@ -15,12 +15,13 @@ into :data:`STATISTICS` here, in that order. A statistic from outside the packag
 
 from __future__ import annotations
 
-from . import attention, census, interventions, residual
+from . import attention, census, coupling, interventions, residual
 from .attention import gap_contrasts, role_rank_tests
 from .core import (SAMPLE_UNITS, STATISTICS, Estimate, NotTested, Statistic, TooLittleData, compute_estimate,
                    compute_statistic, gather, median_estimate, needs_of, note_of, registrar, spearman_estimate)
-from .residual import (CLAIM_RANK, SCHUR_ORDERS, checkpoint_order, funnel_ends, funnel_operators, funnel_pair_ratios,
-                       funnel_replicates, funnel_width, own_null, weighted_rotation)
+from .coupling import checkpoint_order
+from .residual import (CLAIM_RANK, SCHUR_ORDERS, funnel_ends, funnel_operators, funnel_pair_ratios, funnel_replicates,
+                       funnel_width, own_null, weighted_rotation)
 
 __all__ = ["CLAIM_RANK", "SAMPLE_UNITS", "SCHUR_ORDERS", "STATISTICS", "Estimate", "NotTested", "Statistic",
            "TooLittleData", "checkpoint_order", "compute_estimate", "compute_statistic", "funnel_ends",
@@ -28,7 +29,7 @@ __all__ = ["CLAIM_RANK", "SAMPLE_UNITS", "SCHUR_ORDERS", "STATISTICS", "Estimate
            "median_estimate", "needs_of", "note_of", "own_null", "register", "role_rank_tests", "spearman_estimate",
            "weighted_rotation"]
 
-gather(attention.STATISTICS, interventions.STATISTICS, residual.STATISTICS, census.STATISTICS)
+gather(attention.STATISTICS, interventions.STATISTICS, residual.STATISTICS, coupling.STATISTICS, census.STATISTICS)
 
 #: ``register(name, needs, description, samples=None)``: add a statistic from outside the
 #: package to :data:`STATISTICS` (a name already taken is an error).
