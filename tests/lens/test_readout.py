@@ -58,16 +58,28 @@ def test_readout_equals_a_direct_float64_computation() -> None:
             h = hidden[layer + 1][0].double()
             for kind, x in (("jacobian", h @ torch.from_numpy(lens[layer]).T), ("logit", h)):
                 direct = model64.lm_head(model64.model.norm(x)).numpy()
-                got = table[(table["layer"] == layer) & (table["lens"] == kind)].sort_values(["position", "rank"])
-                ids_direct, logit_direct, prob_direct = top_predictions(direct, 3)
-                assert got["token_id"].to_numpy().reshape(9, 3).tolist() == ids_direct.tolist()
-                np.testing.assert_allclose(got["logit"].to_numpy().reshape(9, 3), logit_direct, rtol=1e-5, atol=1e-5)
-                np.testing.assert_allclose(got["prob"].to_numpy().reshape(9, 3), prob_direct, rtol=1e-4, atol=1e-6)
+                _check_against(table[(table["layer"] == layer) & (table["lens"] == kind)], direct, 3)
         output = loaded.model(input_ids=ids).logits[0].double().numpy()
     last = table[table["layer"] == 2]
     for kind in ("jacobian", "logit"):  # the last layer reads the model's own output
-        got = last[last["lens"] == kind].sort_values(["position", "rank"])
-        assert got["token_id"].to_numpy().reshape(9, 3).tolist() == top_predictions(output, 3)[0].tolist()
+        _check_against(last[last["lens"] == kind], output, 3)
+
+
+def _check_against(got: pd.DataFrame, direct: np.ndarray, k: int) -> None:
+    """Each reported prediction is the direct computation's logit of that token (float32 to
+    1e-4), the k of a position are distinct and none falls below the direct k-th largest by
+    more than that tolerance (so a near tie may swap two ranks, but no token is wrong), and
+    its probability is the direct softmax's."""
+    got = got.sort_values(["position", "rank"])
+    positions, ids = got["position"].to_numpy(), got["token_id"].to_numpy()
+    tol = 1e-4 * np.abs(direct).max()
+    np.testing.assert_allclose(got["logit"].to_numpy(), direct[positions, ids], rtol=0, atol=tol)
+    softmax = np.exp(direct - direct.max(axis=1, keepdims=True))
+    softmax /= softmax.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(got["prob"].to_numpy(), softmax[positions, ids], rtol=1e-3, atol=1e-6)
+    kth = np.sort(direct, axis=1)[:, -k]
+    assert (direct[positions, ids] >= kth[positions] - 2 * tol).all()
+    assert all(len(set(g)) == k for g in ids.reshape(-1, k))
 
 
 def test_the_identity_lens_is_the_logit_lens_and_a_streamed_model_reads_the_same() -> None:
