@@ -297,9 +297,9 @@ def test_the_lens_stage_runs_on_gemma4(tmp_path) -> None:
 
     run = depthlens.analyse("random:gemma4", out=tmp_path / "run", preset="quick", stages=["lens"], chunks=2, seq_len=20)
     transport = run.table("transport")
-    assert sorted(transport["layer"]) == list(range(6))
+    assert sorted(transport["layer"]) == list(range(5))  # source layers 0 .. L − 2
     artifact = read_transport(tmp_path / "run" / "arrays" / "lens.pt")
-    assert artifact.d_model == 64 and sorted(artifact.source_layers) == list(range(6))
+    assert artifact.d_model == 64 and sorted(artifact.source_layers) == list(range(5))
 
 
 def test_the_capture_stage_summarises_three_boundaries_a_layer(tmp_path) -> None:

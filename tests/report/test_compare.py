@@ -77,7 +77,9 @@ def test_verdict_table_holds_each_runs_own_evaluation(compared):
             assert f">{esc(result['verdict'])}" in cell and f"<br>{esc(result['value_text'])}" in cell
             assert f'title="{esc(result["reason"])}"' in cell  # the reason on hover
     verdicts = {c["id"]: c["verdicts"] for c in doc["claims"]}
-    assert verdicts["A7-clamp-chain"][FULL]["verdict"] == "supported"
+    # the synthetic clamp spans 3 layers: calibrated at that count, the chain is underpowered
+    assert verdicts["A7-clamp-chain"][FULL]["verdict"] == "inconclusive"
+    assert verdicts["A7-clamp-chain"][FULL]["underpowered"]
     assert verdicts["A7-clamp-chain"][SMALL]["verdict"] == "not tested"
     assert "stage clamp" in verdicts["A7-clamp-chain"][SMALL]["reason"]
     assert verdicts["A5-routing-positive"][SMALL]["underpowered"]

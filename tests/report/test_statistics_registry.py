@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 
 import depthlens.report.statistics as statistics_package
-from depthlens.report.statistics import STATISTICS, attention, census, interventions, residual
+from depthlens.report.statistics import STATISTICS, attention, census, coupling, interventions, residual
 from depthlens.report.statistics.core import gather, registrar
 
 PACKAGE = Path(statistics_package.__file__).parent
 
 
 def test_every_statistic_comes_from_exactly_one_family_in_order() -> None:
-    families = [attention.STATISTICS, interventions.STATISTICS, residual.STATISTICS, census.STATISTICS]
+    families = [attention.STATISTICS, interventions.STATISTICS, residual.STATISTICS, coupling.STATISTICS,
+                census.STATISTICS]
     names = [name for family in families for name in family]
     assert len(names) == len(set(names))
     assert list(STATISTICS)[:len(names)] == names
@@ -25,7 +26,8 @@ def test_every_statistic_comes_from_exactly_one_family_in_order() -> None:
 def test_every_statistic_name_is_written_out_in_its_family_module() -> None:
     """A name is declared as a string literal, never assembled, so grep finds its definition."""
     for module, family in ((attention, attention.STATISTICS), (interventions, interventions.STATISTICS),
-                           (residual, residual.STATISTICS), (census, census.STATISTICS)):
+                           (residual, residual.STATISTICS), (coupling, coupling.STATISTICS),
+                           (census, census.STATISTICS)):
         text = Path(module.__file__).read_text(encoding="utf-8")
         literals = set(re.findall(r'"(\w+)"', text))
         assert sorted(set(family) - literals) == [], module.__name__

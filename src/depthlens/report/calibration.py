@@ -226,8 +226,8 @@ def refresh_shipped(runs: Sequence[str | Path] = (), claims: Sequence[Claim] | N
     """Rewrite :data:`SHIPPED` for the current code: every entry it holds at a full count of
     its scenario's sizes recomputed, plus every claim of ``claims`` (default: the packaged
     claims) at each run's sample sizes (run directories, e.g. ``depthlens run --preset quick``
-    on the embedded model) where the run has every size. Returns the number of entries
-    written.
+    on the embedded model) where the run has every size, and each claim no entry covers at its
+    scenario's defaults. Returns the number of entries written.
 
     Raises
     ------
@@ -257,6 +257,11 @@ def refresh_shipped(runs: Sequence[str | Path] = (), claims: Sequence[Claim] | N
             if sizes and all(sizes.values()):
                 counted = {unit: int(n) for unit, n in sizes.items() if n}
                 wanted[calibration_key(claim, counted, RUN_DRAWS)] = (claim, counted, RUN_DRAWS)
+    covered = {claim.id for claim, _, _ in wanted.values()}
+    for claim in claims:  # a claim no run sizes (the census claims): at its scenario's defaults
+        if claim.statistic in SCENARIOS and claim.id not in covered:
+            sizes = dict(SCENARIOS[claim.statistic].default)
+            wanted[calibration_key(claim, sizes, RUN_DRAWS)] = (claim, sizes, RUN_DRAWS)
     entries = {key: {"claim": claim.id, "sizes": sizes, "draws": draws, "result": calibrate(claim, sizes, draws)}
                for key, (claim, sizes, draws) in sorted(wanted.items())}
     write_json(SHIPPED, {"code": code_fingerprint(), "entries": entries})
