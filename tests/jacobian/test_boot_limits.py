@@ -146,7 +146,7 @@ def test_parked_products_give_the_same_bits(rng: np.random.Generator, direction:
 
 
 def test_the_memory_plan_at_the_8b_width() -> None:
-    """README's memory plan at d = 4096: a rank-512 product 16 MiB, an exact one 128 MiB, 1 GiB
+    """The memory plan of docs/guide/usage.md at d = 4096: a rank-512 product 16 MiB, an exact one 128 MiB, 1 GiB
     of them held, and a block of replicate means of 256 MiB (two at a time)."""
     d, mib = 4096, 1 << 20
     assert (d * 512 * 8, d * d * 8) == (16 * mib, 128 * mib) and bootstrap.HELD_BYTES == 1024 * mib
