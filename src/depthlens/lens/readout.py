@@ -109,9 +109,12 @@ def readout(adapter: Adapter, transport: Transport | Mapping[int, ArrayLike], in
     ids = adapter.checked_ids(torch.as_tensor(np.asarray(input_ids)))
     if ids.shape[0] != 1:
         raise InputError(f"readout takes one prompt; got a batch of {ids.shape[0]}.")
-    matrices = transport if isinstance(transport, Transport) else {int(k): v for k, v in transport.items()}
-    fitted = list(matrices.source_layers) if isinstance(matrices, Transport) else sorted(matrices)
-    d = matrices.d_model if isinstance(matrices, Transport) else int(np.shape(matrices[fitted[0]])[0])
+    if isinstance(transport, Transport):
+        fitted, d, matrix = list(transport.source_layers), transport.d_model, transport.matrix
+    else:
+        given = {int(k): np.asarray(v, dtype=np.float64) for k, v in transport.items()}
+        fitted, matrix = sorted(given), given.__getitem__
+        d = given[fitted[0]].shape[0]
     L = adapter.n_layers
     if d != adapter.d_model:
         raise InputError(f"the lens is {d} wide and the model {adapter.d_model}: it was fitted on another model.")
@@ -132,9 +135,8 @@ def readout(adapter: Adapter, transport: Transport | Mapping[int, ArrayLike], in
             if layer == final:
                 lensed = logit_lens
             else:
-                J = matrices.matrix(layer) if isinstance(matrices, Transport) else np.asarray(matrices[layer],
-                                                                                               dtype=np.float64)
-                moved = torch.from_numpy(h.double().cpu().numpy() @ J.T).to(device=h.device, dtype=h.dtype)
+                moved = torch.from_numpy(h.double().cpu().numpy() @ matrix(layer).T).to(device=h.device,
+                                                                                          dtype=h.dtype)
                 lensed = adapter.unembed(moved[None])[0].double().cpu().numpy()
             parts += [_rows(layer, "jacobian", lensed, positions, top_k), _rows(layer, "logit", logit_lens, positions,
                                                                                  top_k)]

@@ -150,24 +150,26 @@ def run_sizes(claim: Claim, tables: RunTables) -> dict[str, int | None]:
     return out
 
 
-def calibration_at(claim: Claim, tables: RunTables, draws: int = RUN_DRAWS) -> dict[str, Any] | None:
+def calibration_at(claim: Claim, tables: RunTables, draws: int = RUN_DRAWS,
+                   sizes: dict[str, int | None] | None = None) -> dict[str, Any] | None:
     """:func:`calibrate` at the run's own sample sizes (:func:`run_sizes`): from the packaged
     or the user's stored calibrations when they hold its key (:func:`calibration_key`), else
     computed and stored in the user cache; memoised per process. None for a claim without a
     scenario, and for a run that lacks a size (a count of 0, or none recorded:
-    :func:`uncounted` says which), where no calibration is at the run's sample."""
+    :func:`uncounted` says which), where no calibration is at the run's sample. ``sizes`` are
+    :func:`run_sizes` when the caller has them."""
     if claim.statistic not in SCENARIOS:
         return None
-    sizes = run_sizes(claim, tables)
+    sizes = run_sizes(claim, tables) if sizes is None else sizes
     if any(not n for n in sizes.values()):
         return None
     return dict(_memo(claim, tuple(sorted(sizes.items())), draws))
 
 
-def uncounted(claim: Claim, tables: RunTables) -> dict[str, int | None]:
-    """The sizes of the claim's scenario that the run lacks: a count of 0 (e.g. no routing
-    heads) or None (not recorded), by unit."""
-    return {unit: n for unit, n in run_sizes(claim, tables).items() if not n}
+def uncounted(sizes: dict[str, int | None]) -> dict[str, int | None]:
+    """The sizes of :func:`run_sizes` that the run lacks: a count of 0 (e.g. no routing heads)
+    or None (not recorded), by unit."""
+    return {unit: n for unit, n in sizes.items() if not n}
 
 
 @lru_cache(maxsize=1)

@@ -441,7 +441,7 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables, *, calibr
     ``value_text``, ``verdict``, ``reason``) and ``fragile`` (:func:`fragile`). Reads tables
     and summaries only.
     """
-    from .calibration import calibration_at, uncounted
+    from .calibration import calibration_at, run_sizes, uncounted
 
     tables = run_dir if isinstance(run_dir, RunTables) else RunTables(run_dir)
     results = []
@@ -450,8 +450,9 @@ def evaluate(claims: Sequence[Claim], run_dir: str | Path | RunTables, *, calibr
         result, reason, short = judged.verdict, judged.reason, judged.underpowered
         estimate = judged.estimate
         value = None if estimate is None else estimate.value
-        calibration = calibration_at(claim, tables) if calibrate and estimate is not None else None
-        lacking = uncounted(claim, tables) if calibrate and estimate is not None else {}
+        sizes = run_sizes(claim, tables) if calibrate and estimate is not None else {}
+        calibration = calibration_at(claim, tables, sizes=sizes) if calibrate and estimate is not None else None
+        lacking = uncounted(sizes)
         absent = [SAMPLE_UNITS.get(unit, unit) for unit, n in lacking.items() if n == 0]
         if absent and result in ("supported", "falsified"):
             result, reason, short = "inconclusive", f"no {', no '.join(absent)}; {reason}", True
