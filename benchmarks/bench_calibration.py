@@ -16,8 +16,15 @@ by the same claims calibrated with the stage's own code (``stage code``: the con
 :func:`~depthlens.report.worlds_attention.real_contest` with 200 bootstrap resamples and 200
 permutations on every draw of the planted per-head worlds), with fewer draws (``--stage-draws``).
 
-``python benchmarks/bench_calibration.py [DRAWS] [--claims ID,...] [--stage-draws N]`` (default
-400 draws a world and 20 stage-code draws; the suite's check uses 100).
+Then the operating characteristic of every claim at the default sizes: P(supported) and
+P(falsified) over a grid of planted effect strengths from the null world (0) through the seed's
+effect (1) to twice it (2) (:func:`depthlens.report.calibration.operating_characteristic`, 400
+draws a point by default), printed with the statistic's typical value at each strength, and
+drawn as one figure per part (``docs/operating_characteristic_A.png`` and so on).
+
+``python benchmarks/bench_calibration.py [DRAWS] [--claims ID,...] [--stage-draws N] [--oc-draws N]
+[--figures DIR]`` (default 400 draws a world, 20 stage-code draws, 400 draws a point of the
+operating characteristic, figures in ``docs/``; ``--oc-draws 0`` skips it).
 """
 
 from __future__ import annotations
@@ -26,10 +33,14 @@ import argparse
 import math
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from depthlens.report.calibration import ACCEPT, SCENARIOS, MemoryTables, calibrate, calibration_points
+import pandas as pd
+
+from depthlens.report.calibration import (ACCEPT, SCENARIOS, STRENGTHS, MemoryTables, calibrate, calibration_points,
+                                          operating_characteristic)
 from depthlens.report.worlds_attention import contest_planted, contest_world, real_contest
 from depthlens.report.claims import Claim, judge, load_claims
 
@@ -43,7 +54,7 @@ def stage_rates(claim: Claim, layers: int, draws: int, seed: int = 0) -> dict[st
     own code on ``draws`` draws of each planted per-head world at ``layers`` layers."""
     rates = {}
     for world, effect in ((0, False), (1, True)):
-        resolvent, criticality = contest_planted(claim.statistic, effect)
+        resolvent, criticality = contest_planted(claim.statistic, float(effect))
         verdicts = []
         for i in range(draws):
             features, targets = contest_world(np.random.default_rng(np.random.SeedSequence([seed, world, i])), layers,
@@ -57,7 +68,84 @@ def stage_rates(claim: Claim, layers: int, draws: int, seed: int = 0) -> dict[st
     return rates
 
 
-def main(draws: int, only: set[str], stage_draws: int) -> int:
+def characteristics(claims: list[Claim], draws: int) -> dict[str, pd.DataFrame]:
+    """Print and return the operating characteristic of every claim with a scenario."""
+    print(f"\noperating characteristic at the default sizes, {draws} draws a point "
+          "(strength 0: null world, 1: the seed's effect; value: the statistic's median over the draws)")
+    print(f"{'claim':34s} {'threshold':>16s} " + " ".join(f"{s:>17.3g}" for s in STRENGTHS))
+    out = {}
+    for claim in claims:
+        start = time.perf_counter()
+        table = operating_characteristic(claim, STRENGTHS, draws)
+        if table is None:
+            continue
+        out[claim.id] = table
+        threshold = claim.threshold if isinstance(claim.threshold, float) else "–".join(map(str, claim.threshold))
+        cells = [f"{v:7.3g} S{s:4.2f} F{f:4.2f}" for v, s, f in table[["value", "p_supported", "p_falsified"]].values]
+        print(f"{claim.id:34s} {claim.test + ' ' + str(threshold):>16s} " + " ".join(f"{c:>17s}" for c in cells)
+              + f"  {time.perf_counter() - start:.0f} s", flush=True)
+    return out
+
+
+def _threshold_strength(table: pd.DataFrame, threshold: float) -> float | None:
+    """The strength at which the typical value crosses ``threshold`` (linear in between), if it does."""
+    values, strengths = table["value"].to_numpy(), table["strength"].to_numpy()
+    for i in range(len(values) - 1):
+        a, b = values[i] - threshold, values[i + 1] - threshold
+        if math.isfinite(a) and math.isfinite(b) and a * b <= 0 and a != b:
+            return float(strengths[i] + (strengths[i + 1] - strengths[i]) * a / (a - b))
+    return None
+
+
+def draw(tables: dict[str, pd.DataFrame], claims: list[Claim], folder: Path) -> list[Path]:
+    """One figure per part (the claim id's first letter): P(supported) and P(falsified) with their
+    95 % intervals against the strength, the typical value at each strength under the axis and the
+    threshold where the typical value crosses it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_id = {c.id: c for c in claims}
+    written = []
+    folder.mkdir(parents=True, exist_ok=True)
+    for part in sorted({cid[0] for cid in tables}):
+        ids = [cid for cid in tables if cid[0] == part]
+        cols = 3
+        rows = math.ceil(len(ids) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.1 * rows), squeeze=False)
+        for ax in axes.flat[len(ids):]:
+            ax.set_visible(False)
+        for ax, cid in zip(axes.flat, ids):
+            table, claim = tables[cid], by_id[cid]
+            x = table["strength"]
+            for name, colour in (("supported", "tab:green"), ("falsified", "tab:red")):
+                ax.fill_between(x, table[f"p_{name}_lo"], table[f"p_{name}_hi"], color=colour, alpha=0.2, lw=0)
+                ax.plot(x, table[f"p_{name}"], "o-", color=colour, ms=3, label=f"P({name})")
+                ax.plot(x, table[f"p_{name}_marginal"], "--", color=colour, lw=0.9, label=f"P({name}, marginal)")
+            ax.axhline(ACCEPT, color="grey", lw=0.6, ls=":")
+            for t in (claim.threshold if isinstance(claim.threshold, tuple) else (claim.threshold,)):
+                at = _threshold_strength(table, float(t))
+                if at is not None:
+                    ax.axvline(at, color="k", lw=0.8, ls="--")
+            ax.set_xticks(x)
+            ax.set_xticklabels([f"{s:g}\n{v:.3g}" for s, v in zip(x, table["value"])], fontsize=7)
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_title(cid, fontsize=9)
+            ax.set_xlabel("strength / typical value", fontsize=7)
+        axes.flat[0].legend(fontsize=7, loc="center right")
+        fig.suptitle(f"Part {part}: operating characteristic at the default sizes "
+                     f"({int(tables[ids[0]]['draws'].iloc[0])} draws a point; vertical: the threshold; dashed: marginal)", fontsize=10)
+        fig.tight_layout()
+        path = folder / f"operating_characteristic_{part}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+        print(f"figure: {path}")
+    return written
+
+
+def main(draws: int, only: set[str], stage_draws: int, oc_draws: int = 400, figures: Path | None = None) -> int:
     claims = [c for c in load_claims() if not only or c.id in only]
     print(f"{draws} draws a world; acceptance: P(supported | null) ≤ {ACCEPT} and P(falsified | effect) ≤ {ACCEPT}")
     print(f"{'claim':34s} {'at':8s} {'sizes':60s} {'S|null':>7s} {'F|eff':>7s} {'power':>6s} | point rule: "
@@ -90,6 +178,10 @@ def main(draws: int, only: set[str], stage_draws: int) -> int:
                 print(f"{'':34s} {at:8s} {text:60s} {stage['p_supported_null']:7.3f} "
                       f"{stage['p_falsified_effect']:7.3f} {stage['p_supported_effect']:6.2f} |  "
                       f"{time.perf_counter() - start:.0f}", flush=True)
+    if oc_draws:
+        tables = characteristics(claims, oc_draws)
+        if figures is not None:
+            draw(tables, claims, figures)
     if failed:
         print(f"not accepted: {'; '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
@@ -101,5 +193,10 @@ if __name__ == "__main__":
     parser.add_argument("--claims", default="", help="comma-separated claim ids (default: every claim)")
     parser.add_argument("--stage-draws", type=int, default=20,
                         help="draws a world of the contest claims with the stage's own code (default 20; 0 skips)")
+    parser.add_argument("--oc-draws", type=int, default=400,
+                        help="draws a point of the operating characteristic (default 400; 0 skips it)")
+    parser.add_argument("--figures", type=Path, default=Path(__file__).resolve().parent.parent / "docs",
+                        help="folder of the operating characteristic figures (default docs/)")
     args = parser.parse_args()
-    sys.exit(main(args.draws, {c for c in args.claims.split(",") if c}, args.stage_draws))
+    sys.exit(main(args.draws, {c for c in args.claims.split(",") if c}, args.stage_draws, args.oc_draws,
+                  args.figures))

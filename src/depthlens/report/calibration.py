@@ -65,7 +65,7 @@ from .statistics import STATISTICS
 from .worlds import MemoryTables, Scenario
 from ..runs.tables import RunTables
 
-__all__ = ["ACCEPT", "DECIDING", "RUN_DRAWS", "SCENARIOS", "SHIPPED", "MemoryTables", "Scenario", "calibrate",
+__all__ = ["ACCEPT", "DECIDING", "RUN_DRAWS", "SCENARIOS", "SHIPPED", "STRENGTHS", "MemoryTables", "Scenario", "calibrate",
            "calibration_at", "calibration_key", "calibration_points", "calibration_table", "code_fingerprint",
            "error_upper", "refresh_shipped", "run_sizes", "uncounted"]
 
@@ -109,7 +109,7 @@ def calibrate(claim: Claim, sizes: Mapping[str, int] | None = None, draws: int =
         return None
     full = {**found.default, **{k: int(v) for k, v in (sizes or {}).items() if k in found.default}}
     rates: dict[str, float] = {}
-    for world, planted in ((0, False), (1, True)):
+    for world, planted in ((0, 0.0), (1, 1.0)):
         verdicts = [judge(claim, found.simulate(np.random.default_rng(np.random.SeedSequence([seed, world, i])),
                                                 full, planted), intervals=intervals).verdict for i in range(draws)]
         name = "effect" if planted else "null"
@@ -119,6 +119,57 @@ def calibrate(claim: Claim, sizes: Mapping[str, int] | None = None, draws: int =
              for rate in ("p_supported_null", "p_falsified_effect")}
     return {"sizes": full, "draws": draws, **rates, **upper,
             "accepted": all(u <= ACCEPT for u in upper.values()), "null": found.null, "effect": found.effect}
+
+
+#: The effect strengths of an operating characteristic: the null world (0), the effect world
+#: (1, the seed's effect) and twice it, with the threshold somewhere in between.
+STRENGTHS = (0.0, 0.25, 0.375, 0.5, 0.625, 0.75, 1.0, 1.5, 2.0)
+
+
+def operating_characteristic(claim: Claim, strengths: Sequence[float] = STRENGTHS, draws: int = 400, seed: int = 0,
+                             sizes: Mapping[str, int] | None = None) -> pd.DataFrame | None:
+    """P(supported) and P(falsified) of ``claim`` over a grid of planted effect strengths.
+
+    At each ``strength`` (:class:`~depthlens.report.worlds.Scenario`: 0 the null world, 1 the
+    effect world) ``draws`` worlds are drawn at ``sizes`` (the scenario's defaults where not
+    given), each with the stream ``SeedSequence([seed, 2, k, draw])`` (``k`` the strength's
+    index), and judged as a run would be. Returns None when the claim has no scenario.
+
+    Returns
+    -------
+    DataFrame
+        One row per strength: ``strength``; ``value`` (the median of the statistic's value over
+        the draws that have one, the typical value a run at these sizes sees) with ``value_lo``
+        and ``value_hi`` (its 5th and 95th percentiles); ``p_supported``, ``p_falsified``,
+        ``p_inconclusive``, each a fraction of ``draws``, with the two-sided 95 % Clopper–Pearson
+        interval of the first two (``*_lo``, ``*_hi``); ``p_supported_marginal`` and
+        ``p_falsified_marginal`` (the part of each decisive verdict that is
+        :func:`~depthlens.report.claims.marginal`: on the wrong side of the threshold, a marginal
+        verdict's error rate); ``draws``.
+    """
+    found = SCENARIOS.get(claim.statistic)
+    if found is None:
+        return None
+    full = {**found.default, **{k: int(v) for k, v in (sizes or {}).items() if k in found.default}}
+    rows = []
+    for k, strength in enumerate(strengths):
+        judged = [judge(claim, found.simulate(np.random.default_rng(np.random.SeedSequence([seed, 2, k, i])), full,
+                                              float(strength))) for i in range(draws)]
+        values = np.array([j.estimate.value for j in judged if j.estimate is not None], dtype=float)
+        values = values[np.isfinite(values)]
+        verdicts = [j.verdict for j in judged]
+        row: dict[str, float] = {"strength": float(strength)}
+        row["value"], row["value_lo"], row["value_hi"] = (
+            (float(np.median(values)), *np.percentile(values, [5, 95]).tolist()) if len(values) else (np.nan,) * 3)
+        for name in ("supported", "falsified"):
+            count = verdicts.count(name)
+            row[f"p_{name}"] = count / draws
+            row[f"p_{name}_lo"], row[f"p_{name}_hi"] = proportion_interval(count, draws)
+            row[f"p_{name}_marginal"] = sum(j.marginal and j.verdict == name for j in judged) / draws
+        row["p_inconclusive"] = verdicts.count("inconclusive") / draws
+        row["draws"] = draws
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def error_upper(errors: int, draws: int) -> float:

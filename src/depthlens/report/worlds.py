@@ -15,7 +15,8 @@ import pandas as pd
 from ..runs.tables import RunTables
 from .statistics import STATISTICS
 
-__all__ = ["MemoryTables", "Scenario", "Simulator", "correlated_normals", "head_rows", "planted_ranks", "registrar"]
+__all__ = ["MemoryTables", "Scenario", "Simulator", "correlated_normals", "head_rows", "mix", "planted_ranks",
+           "registrar"]
 
 
 class MemoryTables(RunTables):
@@ -38,17 +39,21 @@ class MemoryTables(RunTables):
         self._cache.setdefault("json:manifest", {})
 
 
-Simulator = Callable[[np.random.Generator, Mapping[str, int], bool], RunTables]
+#: ``simulate(rng, sizes, strength)``: the tables of one draw of a world (see :class:`Scenario`).
+Simulator = Callable[[np.random.Generator, Mapping[str, int], float], RunTables]
 
 
 @dataclass(frozen=True)
 class Scenario:
     """The planted worlds of one statistic.
 
-    ``simulate(rng, sizes, effect)`` returns the tables the statistic reads, drawn with the
+    ``simulate(rng, sizes, strength)`` returns the tables the statistic reads, drawn with the
     sample sizes ``sizes`` (units of :data:`~depthlens.report.statistics.SAMPLE_UNITS`, plus the
-    scenario's own design sizes) in the null world (``effect`` False) or the effect world.
-    ``default`` holds the sizes of a run of the default preset on the embedded SmolLM2 (30
+    scenario's own design sizes) in the world of effect ``strength``: 0 is the null world, 1 the
+    effect world (the seed's effect), and values in between or beyond move every planted
+    parameter along the line through the two (:func:`mix`, clipped where a parameter has a
+    range), so the statistic's true value runs from the null through the threshold to twice the
+    seed's effect over ``strength`` in [0, 2]. ``default`` holds the sizes of a run of the default preset on the embedded SmolLM2 (30
     layers of 9 heads); ``null`` and ``effect`` say what is planted.
     """
 
@@ -76,6 +81,20 @@ def registrar(registry: dict[str, Scenario]) -> Callable[..., Callable[[Simulato
         return wrap
 
     return scenario
+
+
+def mix(null: float | np.ndarray, effect: float | np.ndarray, strength: float, *, low: float = -math.inf,
+        high: float = math.inf) -> float | np.ndarray:
+    """The planted parameter at effect ``strength``: ``(1 − s)·null + s·effect``, clipped to
+    [``low``, ``high``]; exactly ``null`` at ``s`` = 0 and exactly ``effect`` at ``s`` = 1.
+
+    Examples
+    --------
+    >>> mix(2.0, 9.0, 0.0), mix(2.0, 9.0, 1.0), mix(0.1, 0.75, 2.0, high=1.0)
+    (2.0, 9.0, 1.0)
+    """
+    value = (1.0 - strength) * null + strength * effect
+    return np.clip(value, low, high) if isinstance(value, np.ndarray) else min(max(value, low), high)
 
 
 def planted_ranks(rng: np.random.Generator, shift: np.ndarray, samples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -18,7 +18,7 @@ from ..interventions import clamp as cl
 from ..interventions import clamp_verdict
 from ..runs.tables import RunTables
 from ..stats import aggregate_induction
-from .worlds import MemoryTables, Scenario, Simulator, correlated_normals, head_rows, planted_ranks, registrar
+from .worlds import MemoryTables, Scenario, Simulator, correlated_normals, head_rows, mix, planted_ranks, registrar
 
 __all__ = ["CLAMP_DIMS", "CONTEST_HEADS", "CONTEST_METRIC", "CRITICALITY_RHO", "SCENARIOS", "contest_planted", "contest_row_model",
            "contest_world", "criticality_weight", "real_contest"]
@@ -42,26 +42,26 @@ def _depth(rng: np.random.Generator, chunks: int, samples: int, model: float, nu
 @scenario("eig_gap_e1_contrast", {"null_chunks": 10, "null_samples": 8},
           null="model and null gaps both N(2, 1) per chunk (the model errs no more than its nulls)",
           effect="model gap N(9, 1) (the seed's 7–11 orders), null gaps N(0.5, 1)")
-def _sim_contrast(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
-    model, null = (9.0, 0.5) if effect else (2.0, 2.0)
+def _sim_contrast(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
+    model, null = mix(2.0, 9.0, strength), mix(2.0, 0.5, strength)
     return MemoryTables({"depth": _depth(rng, n["null_chunks"], n["null_samples"], model, null)})
 
 
 @scenario("eig_gap_e1_null_chunks", {"null_chunks": 10, "null_samples": 8},
           null="null gaps N(4, 1) (the error is present in the matched nulls too)",
           effect="null gaps N(0.3, 1) (absent in the nulls, as the seed says)")
-def _sim_null_gap(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
-    return MemoryTables({"depth": _depth(rng, n["null_chunks"], n["null_samples"], 9.0, 0.3 if effect else 4.0)})
+def _sim_null_gap(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
+    return MemoryTables({"depth": _depth(rng, n["null_chunks"], n["null_samples"], 9.0, mix(4.0, 0.3, strength))})
 
 
 @scenario("induction_ratio_control_median", {"routing_heads": 24, "probe_seqs": 16},
           null="per routing head a control excess reserve |N(0.15, 0.12)| nats and a ratio exp N(0, 0.4) of the "
                "probe's to it; each sequence adds N(0, 0.025²) nats to both (SmolLM2's spread between sequences)",
           effect="the same with ratios exp N(log 2, 0.4): the seed's doubling")
-def _sim_induction(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
+def _sim_induction(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
     heads, seqs = head_rows(9, n["routing_heads"], "routing"), n["probe_seqs"]
     control = np.abs(0.15 + 0.12 * rng.standard_normal(len(heads)))
-    ratio = np.exp((math.log(2.0) if effect else 0.0) + 0.4 * rng.standard_normal(len(heads)))
+    ratio = np.exp(mix(0.0, math.log(2.0), strength) + 0.4 * rng.standard_normal(len(heads)))
     noise = 0.025 * rng.standard_normal((3, len(heads), seqs))
     rows = pd.DataFrame({"layer": np.repeat(heads["layer"], seqs), "head": np.repeat(heads["head"], seqs),
                          "seq": np.tile(np.arange(seqs), len(heads)),
@@ -75,10 +75,10 @@ def _sim_induction(rng: np.random.Generator, n: Mapping[str, int], effect: bool)
 def _roleplanted_ranks(role: str, sign: float) -> Simulator:
     """head_chunks and heads of ``role`` heads only (the claim's BH family): per head and chunk
     the rank of TR1 among ``null_samples`` nulls, TR1 ~ N(shift, 1) and nulls N(0, 1)."""
-    def simulate(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
+    def simulate(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
         heads = head_rows(9, n[f"{role}_heads"], role)
         chunks = n["null_chunks"]
-        shift = np.full((len(heads), chunks), sign * (1.0 if effect else 0.0))
+        shift = np.full((len(heads), chunks), sign * strength)
         rank, half, excess = planted_ranks(rng, shift, n["null_samples"])
         table = pd.DataFrame({"layer": np.repeat(heads["layer"], chunks), "head": np.repeat(heads["head"], chunks),
                               "chunk": np.tile(np.arange(chunks), len(heads)), "delta_TR1": excess.ravel(),
@@ -101,9 +101,9 @@ for _role, _sign, _size in (("routing", 1.0, 24), ("sink", -1.0, 120)):
 @scenario("routing_reserve_tracks_prev_token", {"routing_heads": 24},
           null="Δ_TR and the previous-token score independent over routing heads",
           effect="Gaussian-copula correlation 0.6 between them")
-def _sim_tracks(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
+def _sim_tracks(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
     heads = head_rows(9, n["routing_heads"], "routing")
-    x, y = correlated_normals(rng, len(heads), 0.6 if effect else 0.0)
+    x, y = correlated_normals(rng, len(heads), mix(0.0, 0.6, strength, high=0.99))
     return MemoryTables({"heads": heads.assign(delta_TR1=x, prev_token_score=0.5 + 0.1 * y)})
 
 
@@ -146,7 +146,7 @@ def _clamp_arm(rng: np.random.Generator, clean: tuple[np.ndarray, np.ndarray], c
                  "0.6, SmolLM2's 0.58), the control moves neither; every arm jitters per chunk by sd 0.03 in sink "
                  "mass and 0.006 nats in Δ_TR (at 2 null samples) at α = 0; the model's sink mass per head "
                  "N(0.53, 0.18) and Δ_TR N(0.035, 0.037), per chunk ± 0.1 and 0.03 (SmolLM2's clamped heads)")
-def _sim_clamp(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
+def _sim_clamp(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
     """The clamp stage's per-head tables of a model with 9 heads in each of the last
     ``clamped_layers`` of 30 layers (SmolLM2's massive dims emerge at layer 12), medians over
     ``chunks``, judged by the stage's own :func:`~depthlens.interventions.clamp_verdict.chain_verdict`
@@ -158,15 +158,26 @@ def _sim_clamp(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> 
              0.035 + 0.037 * rng.standard_normal((heads, 1)) + 0.03 * rng.standard_normal((heads, chunks)))
     full = base * rng.uniform(0.2, 0.8, heads)
 
+    unrelated = mix(1.0, 0.0, strength, low=0.0)
+
     def change(share: float) -> tuple[np.ndarray, np.ndarray]:
-        if not effect:
-            return 0.25 * rng.standard_normal(heads), 0.05 * rng.standard_normal(heads)
-        return share * full, 0.2 * share * full + 0.03 * share * rng.standard_normal(heads)
+        sink, reserve = np.zeros(heads), np.zeros(heads)
+        if unrelated:
+            sink += unrelated * 0.25 * rng.standard_normal(heads)
+            reserve += unrelated * 0.05 * rng.standard_normal(heads)
+        if strength:
+            sink += strength * share * full
+            reserve += strength * (0.2 * share * full + 0.03 * share * rng.standard_normal(heads))
+        return sink, reserve
+
+    def control() -> tuple[np.ndarray, np.ndarray]:
+        if not unrelated:
+            return np.zeros(heads), np.zeros(heads)
+        return unrelated * 0.25 * rng.standard_normal(heads), unrelated * 0.05 * rng.standard_normal(heads)
 
     massive = change(1.0)
     arms = [("massive", -1, a, massive) for a in (0.0, 0.25, 0.5, 0.75, 1.0)]
-    quiet = (np.zeros(heads), np.zeros(heads))
-    arms += [("control", s, 0.0, change(1.0) if not effect else quiet) for s in range(n["control_seeds"])]
+    arms += [("control", s, 0.0, control()) for s in range(n["control_seeds"])]
     dims = [(t, d, change(share)) for d in CLAMP_DIMS for t, share in (("alone", 1 / 3), ("left_out", 2 / 3))]
     layer = np.arange(heads) // 9 + 30 - n["clamped_layers"]
     head = np.arange(heads) % 9
@@ -268,15 +279,17 @@ def real_contest(features: pd.DataFrame, targets: pd.DataFrame, names: Sequence[
     return cv.with_qvalues(pd.concat(parts, ignore_index=True))
 
 
-def contest_planted(statistic: str, effect: bool) -> tuple[float, float]:
+def contest_planted(statistic: str, strength: float) -> tuple[float, float]:
     """The ``(resolvent, criticality)`` weights of :func:`contest_world` in the planted world of
-    a contest statistic's scenario: R required for persistence and routing (1) or adding nothing
-    (0), criticality predicted by P at Spearman 0.4 or by nothing; the other target's weight is
-    the seed's world (R required, nothing predicts criticality)."""
+    a contest statistic's scenario at effect ``strength`` (:class:`~depthlens.report.worlds.Scenario`):
+    R required for persistence and routing (weight ``strength``: 1 in the effect world, 0 adding
+    nothing), criticality predicted by P at Spearman 0.4 (the null world) down to nothing
+    (``strength`` ≥ 1); the other target's weight is the seed's world (R required, nothing
+    predicts criticality)."""
     if statistic == "contest_R_required":
-        return (1.0 if effect else 0.0), 0.0
+        return mix(0.0, 1.0, strength), 0.0
     if statistic == "contest_criticality_best_family":
-        return 1.0, (0.0 if effect else criticality_weight())
+        return 1.0, mix(criticality_weight(), 0.0, strength, low=0.0)
     raise ValueError(f"no planted contest world for {statistic!r}")
 
 
@@ -324,15 +337,28 @@ def contest_row_model(kind: str, layers: int) -> tuple[np.ndarray, np.ndarray, n
     return mean, sd, (1.0 - w) * corr(small[2]) + w * corr(large[2])
 
 
-def _contest_rows(rng: np.random.Generator, kinds: Sequence[str], null: str, layers: int, n_perm: int
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """(value, lower end, upper end) of one row of each kind (n × 3) and its permutation
-    p-value: ``(1 + B)/(1 + n_perm)`` with B ~ Binomial(n_perm, 1 − Φ((value − m₀)/s₀)), the
-    value's mean and standard deviation m₀, s₀ under the kind ``null`` (a row with nothing to
-    find gets a uniform p)."""
+def _mixed_row_model(null: str, effect: str, strength: float, layers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sampling model of a contest row at effect ``strength`` between the kinds ``null``
+    (0) and ``effect`` (1): means and standard deviations along the line through the two
+    (:func:`~depthlens.report.worlds.mix`, deviations floored at a tenth of the smaller), the
+    correlation matrix the mixture at ``strength`` clipped to [0, 1] (still a correlation
+    matrix)."""
+    (m0, s0, c0), (m1, s1, c1) = contest_row_model(null, layers), contest_row_model(effect, layers)
+    w = min(max(strength, 0.0), 1.0)
+    return (mix(m0, m1, strength), np.maximum(mix(s0, s1, strength), 0.1 * np.minimum(s0, s1)),
+            mix(c0, c1, w))
+
+
+def _contest_rows(rng: np.random.Generator, kinds: Sequence[tuple[str, str, float]], null: str, layers: int,
+                  n_perm: int) -> tuple[np.ndarray, np.ndarray]:
+    """(value, lower end, upper end) of one row of each kind (n × 3; a kind is ``(null kind,
+    effect kind, strength)``, :func:`_mixed_row_model`) and its permutation p-value:
+    ``(1 + B)/(1 + n_perm)`` with B ~ Binomial(n_perm, 1 − Φ((value − m₀)/s₀)), the value's
+    mean and standard deviation m₀, s₀ under the kind ``null`` (a row with nothing to find gets
+    a uniform p)."""
     out = np.empty((len(kinds), 3))
     for i, kind in enumerate(kinds):
-        mean, sd, corr = contest_row_model(kind, layers)
+        mean, sd, corr = _mixed_row_model(*kind, layers)
         out[i] = mean + sd * (np.linalg.cholesky(corr) @ rng.standard_normal(3))
     m0, s0 = (v[0] for v in contest_row_model(null, layers)[:2])
     p = (1.0 + rng.binomial(n_perm, ndtr(-(out[:, 0] - m0) / s0))) / (1.0 + n_perm)
@@ -357,15 +383,14 @@ _CONTEST_DESIGN = ("rows drawn from a sampling model of the stage's contest code
                "about persistence or routing); " + _CONTEST_DESIGN,
           effect="R carries as much of persistence and of routing identity as P, E and S together; "
                  + _CONTEST_DESIGN)
-def _sim_r_required(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
+def _sim_r_required(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
     """The ``contest`` table's 27 rows (3 targets × 9 feature sets), BH over all of them as the
     stage does: the ``all-R`` rows of persistence and routing from the sampling model (R
-    ``required`` or ``null``), every other row a p-value only (the permutation floor
+    between ``null`` and ``required`` at the strength), every other row a p-value only (the permutation floor
     1/(1 + n_perm) for a set that predicts its target in the planted world, uniform for the
     criticality rows, which nothing predicts), its other columns NaN (the statistic does not read
     them)."""
     layers, n_perm = n["layers"], n["contest_perm"]
-    world = "required" if effect else "null"
     sets = list(cv.feature_sets(cv.FEATURE_FAMILIES))
     rows = []
     for target in CONTEST_METRIC:
@@ -377,7 +402,7 @@ def _sim_r_required(rng: np.random.Generator, n: Mapping[str, int], effect: bool
             if target == "criticality":
                 row["p"] = (1.0 + rng.integers(0, n_perm + 1)) / (1.0 + n_perm)
             elif name == "all-R":
-                (value, lo, hi), p = (v[0] for v in _contest_rows(rng, [f"{target}_{world}"], f"{target}_null",
+                (value, lo, hi), p = (v[0] for v in _contest_rows(rng, [(f"{target}_null", f"{target}_required", strength)], f"{target}_null",
                                                                    layers, n_perm))
                 row.update(delta=value, delta_lo=lo, delta_hi=hi, required=bool(lo > 0), p=p)
             else:
@@ -390,11 +415,12 @@ def _sim_r_required(rng: np.random.Generator, n: Mapping[str, int], effect: bool
 @scenario("contest_criticality_best_family", _CONTEST_SIZES,
           null="P predicts criticality at population Spearman 0.4 (E, S and R predict nothing); " + _CONTEST_DESIGN,
           effect="no family predicts criticality (every score's population value 0); " + _CONTEST_DESIGN)
-def _sim_criticality(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
+def _sim_criticality(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
     """The four single-family ``criticality`` rows of the ``contest`` table (the statistic's rows;
     BH over them) from the sampling model: every family ``quiet``, or P ``predictive``."""
     layers = n["layers"]
-    kinds = ["quiet" if effect or family != "P" else "predictive" for family in cv.FEATURE_FAMILIES]
+    kinds = [("predictive", "quiet", min(strength, 1.0)) if family == "P" else ("quiet", "quiet", 0.0)
+             for family in cv.FEATURE_FAMILIES]
     values, p = _contest_rows(rng, kinds, "quiet", layers, n["contest_perm"])
     table = pd.DataFrame({"target": "criticality", "features": list(cv.FEATURE_FAMILIES), "metric": "spearman",
                           "score": values[:, 0], "score_lo": values[:, 1], "score_hi": values[:, 2], "r2": math.nan,

@@ -13,7 +13,7 @@ import pandas as pd
 from ..runs.tables import RunTables
 from ..stats import percentile_interval
 from .statistics import SCHUR_ORDERS
-from .worlds import MemoryTables, Scenario, registrar
+from .worlds import MemoryTables, Scenario, mix, registrar
 
 __all__ = ["SCENARIOS"]
 
@@ -23,6 +23,14 @@ scenario = registrar(SCENARIOS)
 
 
 # ----------------------------------------------------------------------------- Part B
+def _log_mix(null: float | np.ndarray, effect: float | np.ndarray, strength: float) -> float | np.ndarray:
+    """A positive planted quantity at effect ``strength``, along the line through ``null`` and
+    ``effect`` in log (exact at 0 and 1)."""
+    if strength == 0:
+        return null
+    if strength == 1:
+        return effect
+    return np.exp(mix(np.log(null), np.log(effect), strength))
 #: Width of the simulated operators of B1's worlds: a fixed parameter of the simulation, not a
 #: sample size (the statistic is a median of per-layer weighted rotations, which the shape of
 #: an eigenvalue cloud sets; a width of 576 would cost seconds a draw).
@@ -32,10 +40,10 @@ ROTATION_WIDTH = 16
 @scenario("rotation_gain_early", {"early_layers": 10},
           null=f"trained and step-0 layers drawn alike: updates 70% symmetric (width {ROTATION_WIDTH})",
           effect="step-0 updates 70% symmetric, trained early updates 70% skew (rotation-heavy)")
-def _sim_rotation(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
+def _sim_rotation(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
     d, layers = ROTATION_WIDTH, 3 * n["early_layers"]
     g = rng.standard_normal((2, layers, d, d))
-    share = np.array([0.7, 0.3 if effect else 0.7])[:, None, None, None]  # init, trained
+    share = np.array([0.7, mix(0.7, 0.3, strength, low=0.0, high=1.0)])[:, None, None, None]  # init, trained
     sym, skew = (g + g.swapaxes(-1, -2)) / 2, (g - g.swapaxes(-1, -2)) / 2
     lam = np.linalg.eigvals(np.eye(d) + (share * sym + (1 - share) * skew) / math.sqrt(d))
     return MemoryTables({"eigenvalues": pd.DataFrame({
@@ -46,11 +54,18 @@ def _sim_rotation(rng: np.random.Generator, n: Mapping[str, int], effect: bool) 
 @scenario("symmetry_depth_trend_trained", {"operators": 60},
           null="symmetry_update independent of depth (uniform on [0.3, 0.7])",
           effect="symmetry_update rising with depth: 0.3 + 0.4·layer/L plus N(0, 0.1)")
-def _sim_symmetry(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
+def _sim_symmetry(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
     ops = n["operators"]
     layer = np.arange(ops) // 2
     depth = layer / max(1, layer.max())
-    values = 0.3 + 0.4 * depth + 0.1 * rng.standard_normal(ops) if effect else rng.uniform(0.3, 0.7, ops)
+    if strength == 0:
+        values = rng.uniform(0.3, 0.7, ops)
+    elif strength == 1:
+        values = 0.3 + 0.4 * depth + 0.1 * rng.standard_normal(ops)
+    else:  # the centre along the line, the spread moving from the null's uniform to the effect's normal
+        w = min(max(strength, 0.0), 1.0)
+        values = (mix(0.5, 0.3 + 0.4 * depth, strength) + (1.0 - w) * (rng.uniform(0.3, 0.7, ops) - 0.5)
+                  + w * 0.1 * rng.standard_normal(ops))
     return MemoryTables({"operators": pd.DataFrame({
         "checkpoint": "trained", "jacobian_mode": "isolated", "layer": layer,
         "sublayer": np.where(np.arange(ops) % 2, "mlp", "attn"), "symmetry_update": values})})
@@ -67,8 +82,8 @@ def _coupling(rng: np.random.Generator, rates: Mapping[str, float], boundaries: 
 @scenario("coupling_monotone_rise", {"boundaries": 60},
           null="each boundary significant with probability 0.1 at init, mid-training and trained alike",
           effect="probabilities 0, 14/32 and 24/32 (the seed's 0 → 14 → 24 of OLMo's 32 layers)")
-def _sim_rise(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
-    rates = dict(zip(("init", "mid", "trained"), (0.0, 14 / 32, 24 / 32) if effect else (0.1, 0.1, 0.1)))
+def _sim_rise(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
+    rates = dict(zip(("init", "mid", "trained"), mix(np.full(3, 0.1), np.array([0.0, 14 / 32, 24 / 32]), strength, low=0.0, high=1.0)))
     return MemoryTables({"coupling": _coupling(rng, rates, n["boundaries"])},
                         {"manifest": {"config": {"revisions": ["mid"]}}})
 
@@ -76,19 +91,22 @@ def _sim_rise(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> R
 @scenario("coupling_significant_fraction_init", {"boundaries": 60},
           null="coupling present at init: each boundary significant with probability 0.3",
           effect="coupling absent at init: significant with probability 0.01 (false discoveries)")
-def _sim_init(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
-    return MemoryTables({"coupling": _coupling(rng, {"init": 0.01 if effect else 0.3}, n["boundaries"])})
+def _sim_init(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
+    return MemoryTables({"coupling": _coupling(rng, {"init": mix(0.3, 0.01, strength, low=0.0)}, n["boundaries"])})
 
 
 @scenario("coupling_sign_follows_type", {"boundaries": 60},
           null="each boundary significant with probability 0.75, its sign independent of symmetry_update",
           effect="significant with probability 0.75, sign positive above the median symmetry_update and "
                  "negative below with probability 0.9")
-def _sim_sign(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
+def _sim_sign(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
     b = n["boundaries"]
     symmetry = rng.uniform(0.2, 0.8, b)
     predicted = np.where(symmetry > np.median(symmetry), 1.0, -1.0)
-    sign = np.where(rng.random(b) < 0.9, predicted, -predicted) if effect else rng.choice([-1.0, 1.0], b)
+    if strength == 0:
+        sign = rng.choice([-1.0, 1.0], b)
+    else:
+        sign = np.where(rng.random(b) < mix(0.5, 0.9, strength, high=1.0), predicted, -predicted)
     return MemoryTables({"coupling": pd.DataFrame({
         "checkpoint": "trained", "boundary_index": np.arange(b), "symmetry_update": symmetry,
         "effect": sign * rng.uniform(0.05, 0.5, b), "significant": rng.random(b) < 0.75})})
@@ -145,20 +163,19 @@ def _funnel_tables(rng: np.random.Generator, n: Mapping[str, int], ends: Mapping
 @scenario("funnel_ratio_trained", _FUNNEL_SIZES,
           null="no funnel: the full-depth erank half the one-step erank (ratio 0.5), chunk spread as measured",
           effect="the seed's funnel, 436 after one step to 7 at full depth (ratio 0.016)")
-def _sim_funnel_ratio(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
-    return _funnel_tables(rng, n, {("trained", 0): (436.0, 7.0 if effect else 218.0)})
+def _sim_funnel_ratio(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
+    return _funnel_tables(rng, n, {("trained", 0): (436.0, _log_mix(218.0, 7.0, strength))})
 
 
 @scenario("funnel_init_over_trained", {**_FUNNEL_SIZES, "init_seeds": 3},
           null="step-0 keeps the trained full-depth erank (ratio 1; 20 at full depth for both), each "
                "initialisation off by N(0, 0.1) in log",
           effect="step-0 keeps 10 times the trained full-depth erank (7 trained, 70 at step 0)")
-def _sim_funnel_learned(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
-    trained = 7.0 if effect else 20.0
+def _sim_funnel_learned(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
+    trained, init = _log_mix(20.0, 7.0, strength), _log_mix(20.0, 70.0, strength)
     ends = {("trained", 0): (436.0, trained)}
     for seed in range(n["init_seeds"]):
-        ends[("init", seed)] = (436.0, 10.0 * 7.0 * math.exp(_FUNNEL_SEED_SD * rng.standard_normal()) if effect
-                                else trained * math.exp(_FUNNEL_SEED_SD * rng.standard_normal()))
+        ends[("init", seed)] = (436.0, init * math.exp(_FUNNEL_SEED_SD * rng.standard_normal()))
     return _funnel_tables(rng, n, ends)
 
 
@@ -172,7 +189,7 @@ _SCHUR_ORDER_SD = 1.0
           null="the Schur split removes a fraction U(0.1, 0.3) of the log-erank fall (436 after one step to 7 at "
                "full depth at α = 1)",
           effect="the split removes 70% of it (the seed's 'largely dissolves')")
-def _sim_schur(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
+def _sim_schur(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
     """The trained backward rank-truncated (512) ``cumulative`` curves at α = 1 and at α = 0 in
     each Schur order, log-linear from the erank after one step to the full-depth erank over
     ``operators`` sub-layers. Every curve's ends move with the chunks (:data:`_FUNNEL_CHUNK_SD`
@@ -182,7 +199,7 @@ def _sim_schur(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> 
     steps, chunks = n["operators"], n["chunks"]
     one_sd, full_sd = (sd / math.sqrt(chunks) for sd in _FUNNEL_CHUNK_SD)
     fall = math.log(436.0 / 7.0)
-    removed = 0.7 if effect else rng.uniform(0.1, 0.3)
+    removed = mix(rng.uniform(0.1, 0.3) if strength != 1 else 0.0, 0.7, strength, high=1.0)
     k = np.arange(1, steps + 1)
 
     def curve(alpha: float, order: str, first: float, last: float) -> pd.DataFrame:
@@ -207,7 +224,7 @@ def _sim_schur(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> 
           null="per head one latent onset for both series (true lag 0); the reserve noise (sd 0.15) half shared "
                "by the heads of a layer (heads are not independent), score noise 0.05",
           effect="consolidation two checkpoints after formation in every head, same noise")
-def _sim_onsets(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
+def _sim_onsets(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
     T, layers, per = n["checkpoints"], n["paired_layers"], n["heads_per_layer"]
     first = max(1, T // 5)
     onset = rng.integers(first, max(first + 1, T - 3), size=(layers, per))[..., None]
@@ -215,7 +232,7 @@ def _sim_onsets(rng: np.random.Generator, n: Mapping[str, int], effect: bool) ->
     shared = rng.standard_normal((layers, 1, T))
     noise = math.sqrt(0.5) * (shared + rng.standard_normal((layers, per, T)))
     score = 0.1 + 0.6 * (k >= onset) + 0.05 * rng.standard_normal((layers, per, T))
-    reserve = 0.4 * (k >= onset + (2 if effect else 0)) + 0.15 * noise
+    reserve = 0.4 * (k >= onset + 2.0 * strength) + 0.15 * noise
     grid = np.meshgrid(np.arange(layers), np.arange(per), k, indexing="ij")
     return MemoryTables({"census_heads": pd.DataFrame({
         "series": "s", "order": grid[2].ravel(), "step": 2.0 ** grid[2].ravel(), "layer": grid[0].ravel(),
@@ -226,9 +243,9 @@ def _sim_onsets(rng: np.random.Generator, n: Mapping[str, int], effect: bool) ->
 @scenario("census_coupling_trend", {"checkpoints": 8, "boundaries": 24},
           null="each boundary significant with probability 0.1 at every checkpoint",
           effect="probability rising linearly from 0 to 0.75 over the checkpoints (the seed's 0 → 24 of 32)")
-def _sim_census_trend(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
+def _sim_census_trend(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
     T, b = n["checkpoints"], n["boundaries"]
-    rates = np.linspace(0.0, 0.75, T) if effect else np.full(T, 0.1)
+    rates = mix(np.full(T, 0.1), np.linspace(0.0, 0.75, T), strength, low=0.0, high=1.0)
     return MemoryTables({"census": pd.DataFrame({
         "series": "s", "order": np.arange(T), "status": "done", "funnel_step0_over": np.nan,
         "erank_full_depth": np.nan, "coupling_significant": rng.binomial(b, rates).astype(float),
@@ -239,10 +256,10 @@ def _sim_census_trend(rng: np.random.Generator, n: Mapping[str, int], effect: bo
           null="every checkpoint keeps the step-0 full-depth erank (20; ratio 1), chunk spread as measured",
           effect="the full-depth erank falls log-linearly over training to a tenth of step 0's (70 to 7) at the last "
                  "checkpoint")
-def _sim_census_funnel(rng: np.random.Generator, n: Mapping[str, int], effect: bool) -> RunTables:
+def _sim_census_funnel(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
     T = n["checkpoints"]
     weights = rng.multinomial(n["chunks"], np.full(n["chunks"], 1.0 / n["chunks"]), size=n["replicates"])
-    full = 70.0 * 0.1 ** (np.arange(T) / max(1, T - 1)) if effect else np.full(T, 20.0)
+    full = _log_mix(np.full(T, 20.0), 70.0 * 0.1 ** (np.arange(T) / max(1, T - 1)), strength)
     ends = np.stack([_funnel_replicates(rng, (436.0, f), weights)[:, 1] for f in full])  # (T, 1 + R) full depth
     # as the census table: the step-0 checkpoint is the reference, replicate k paired with replicate k
     intervals = [percentile_interval(ends[0, 1:] / e[1:]) for e in ends]
