@@ -5,6 +5,7 @@ claims on synthetic series with a planted lag (supported), a reversed one (falsi
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import struct
 from pathlib import Path
@@ -12,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats as st
 
 from depthlens.report.onsets import head_onsets, layer_lag_test, step_onset
 from depthlens.report import default_claims_path, evaluate, load_claims
@@ -98,14 +98,20 @@ def test_groups_use_their_own_score_and_sign(group: str) -> None:
     assert head_onsets(flipped)["consolidation_order"].isna().all()
 
 
+def _flip_p(means: np.ndarray) -> float:
+    """The one-sided sign-flip p-value by brute force over every sign pattern."""
+    means = np.asarray(means, dtype=float)
+    patterns = [np.mean(np.array(signs) * np.abs(means)) for signs in itertools.product((-1.0, 1.0), repeat=means.size)]
+    return float(np.mean([m >= means.mean() - 1e-9 for m in patterns]))
+
+
 def test_layer_lag_test_counts_layers_not_heads() -> None:
     null = np.zeros(200)  # the rule gives lag 0 whenever the true lag is 0
     onsets = pd.DataFrame({"layer": [0] * 10 + [1, 2], "head": list(range(10)) + [0, 0],
                            "lag": [3.0] * 10 + [1.0, -1.0], "expected_lag": 0.0, "null_lags": [null] * 12})
     n, median, p = layer_lag_test(onsets)
     means = np.array([0.5, 0.5, -0.5])  # per layer: every head above (u = 1) or below (u = 0) its null
-    t = means.mean() / (means.std(ddof=1) / np.sqrt(3))
-    assert n == 3 and median == 1.0 and math.isclose(p, st.t.sf(t, 2))  # 3 layers, not 12 heads
+    assert n == 3 and median == 1.0 and math.isclose(p, _flip_p(means)) and p == 0.5  # 3 layers, not 12 heads
 
 
 def _run_with(tmp_path: Path, heads: pd.DataFrame) -> RunTables:
@@ -124,7 +130,7 @@ def test_planted_lag_recovers_its_sign(tmp_path: Path) -> None:
     formation = [1, 2, 3, 2, 1, 2, 3, 1, 2, 3, 1, 2]
     later = _run_with(tmp_path / "later", _series(formation, [f + 2 for f in formation]))
     p, _ = compute_statistic("census_onset_lag_p", later)
-    assert p < 1e-3 and _verdict(later) == "supported"  # 6 layers of 2 heads, each above its null
+    assert p == 2.0 ** -6 and _verdict(later) == "supported"  # 6 layers of 2 heads, each above its null: exact floor
     earlier = _run_with(tmp_path / "earlier", _series([f + 3 for f in formation], formation))
     p, _ = compute_statistic("census_onset_lag_p", earlier)
     assert p > 0.999 and _verdict(earlier) == "falsified"
@@ -160,7 +166,7 @@ def test_replicates_are_further_layers_and_keep_the_first_series_draws() -> None
     assert not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(first["null_lags"], other["null_lags"]))
     n, _, p = layer_lag_test(pooled)
     m = _reference_layer_means(pooled, seed=0)  # the reference: the t-test over the (replicate, layer) means
-    assert n == 6 == m.size and math.isclose(p, st.t.sf(m.mean() / (m.std(ddof=1) / np.sqrt(6)), 5))
+    assert n == 6 == m.size and math.isclose(p, _flip_p(m))
 
 
 def _reference_layer_means(onsets: pd.DataFrame, seed: int) -> np.ndarray:
@@ -191,16 +197,16 @@ def test_the_tie_breaking_uniforms_follow_the_data_and_the_seed() -> None:
                            "lag": 0.0, "expected_lag": 0.0, "null_lags": [np.zeros(50)] * rows})
     n, _, p = layer_lag_test(onsets)
     m = _reference_layer_means(onsets, seed=0)
-    assert n == 8 and math.isclose(p, st.t.sf(m.mean() / (m.std(ddof=1) / np.sqrt(8)), 7))
+    assert n == 8 and math.isclose(p, _flip_p(m))
     assert layer_lag_test(onsets.iloc[::-1])[2] == p
     other = onsets.assign(lag=[0.0] * (rows - 1) + [1.0])  # one head's lag differs: u = 1 there
     m_other = _reference_layer_means(other, seed=0)
     assert np.all(m_other[:-1] != m[:-1])  # the other layers draw other V too
-    assert math.isclose(layer_lag_test(other)[2], st.t.sf(m_other.mean() / (m_other.std(ddof=1) / np.sqrt(8)), 7))
+    assert math.isclose(layer_lag_test(other)[2], _flip_p(m_other))
     m_seed = _reference_layer_means(onsets, seed=1)
     assert np.all(m_seed != m)
     assert math.isclose(layer_lag_test(onsets, seed=1)[2],
-                        st.t.sf(m_seed.mean() / (m_seed.std(ddof=1) / np.sqrt(8)), 7))
+                        _flip_p(m_seed))
 
 
 @pytest.mark.full_leg  # the full leg only: a calibration of 400 draws, which no thread count or kernel changes
@@ -227,7 +233,7 @@ def test_the_census_claim_pools_replicates_and_not_compared_series(tmp_path: Pat
     three = _replicated(3, formation, 2)
     pooled = _run_with(tmp_path / "three", three)
     p, _ = compute_statistic("census_onset_lag_p", pooled)
-    assert p < 1e-3 and _verdict(pooled) == "supported"
+    assert p == 2.0 ** -6 and _verdict(pooled) == "supported"  # 3 replicates of 2 layers
     compared = three.assign(replicate=three["replicate"].where(three["replicate"] == 0, -1))
     assert _verdict(_run_with(tmp_path / "compared", compared)) == "inconclusive"  # --compare series: not pooled
 
@@ -253,3 +259,16 @@ def test_coupling_counts_are_summed_over_replicates(tmp_path: Path) -> None:
     estimate = stat.func(tables)
     assert (estimate.value, estimate.lo, estimate.hi) == (rho, lo, hi)
     assert stat.samples["boundaries"](tables) == 24 and stat.samples["checkpoints"](tables) == 5
+
+
+def test_sign_flip_p_draws_patterns_above_the_exact_limit() -> None:
+    """Above EXACT_FLIPS units the drawn patterns estimate the exact p (all 2^17 patterns here)."""
+    from depthlens.report.onsets import EXACT_FLIPS, FLIP_DRAWS, sign_flip_p
+
+    means = np.random.default_rng(4).normal(0.05, 0.2, EXACT_FLIPS + 1)
+    n = means.size
+    signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
+    exact = float(np.mean(signs @ np.abs(means) / n >= means.mean() - 1e-12))
+    drawn = sign_flip_p(means, np.random.SeedSequence(1))
+    assert abs(drawn - exact) <= 4.0 * math.sqrt(exact * (1 - exact) / FLIP_DRAWS) + 1.0 / FLIP_DRAWS
+    assert 0.0 < exact < 1.0

@@ -21,7 +21,7 @@ lag; ``expected_lag`` is their mean, the bias of the rule for that head.
 Heads of one layer share their residual stream and are not independent, so the claim's test
 is over layers (:func:`layer_lag_test`): each head's lag is placed in its own null distribution
 (a randomised probability integral transform, uniform under the null), each layer contributes
-its heads' mean, and a one-sided t-test over layers asks whether those are positive.
+its heads' mean, and a one-sided sign-flip test over layers asks whether those are positive.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
-from scipy import stats as _st
 
-__all__ = ["GROUPS", "NULL_DRAWS", "head_onsets", "layer_lag_test", "step_fit", "step_onset", "step_onsets"]
+__all__ = ["EXACT_FLIPS", "FLIP_DRAWS", "GROUPS", "NULL_DRAWS", "head_onsets", "layer_lag_test", "sign_flip_p", "step_fit",
+           "step_onset", "step_onsets"]
 
 #: Head groups: the score that forms them, and the sign of Δ_TR that consolidates them.
 GROUPS: dict[str, tuple[str, float]] = {
@@ -234,12 +234,17 @@ def layer_lag_test(onsets: pd.DataFrame, *, seed: int = 0) -> tuple[int, float, 
     true lag of 0 under the same rule) by the randomised probability integral transform
     ``u = P(L < lag) + V·P(L = lag)``: ``u`` is uniform under the null whatever the rule's bias
     and the lags' discreteness. Heads of one layer are not independent, so each layer
-    contributes the mean of its heads' ``u − ½`` and ``p`` is the one-sided t-test over layers
-    that those means are positive (consolidation later than the rule alone gives; 0 or 1 when
-    every layer has the same mean, ½ when that mean is 0, 1 with fewer than 2 layers). ``n``
+    contributes the mean of its heads' ``u − ½``, and ``p`` is the one-sided sign-flip test over
+    layers that those means are positive (consolidation later than the rule alone gives): the
+    fraction of the ``2^n`` sign patterns of the means whose mean is at least the observed one.
+    Under the null each layer's mean is symmetric about 0, so ``P(p ≤ α) ≤ α`` exactly at any
+    number of layers, with no normality assumed (a t-test over 6 layers is not); the smallest
+    ``p`` is ``2^−n``. Exact enumeration up to :data:`EXACT_FLIPS` layers, above that
+    :data:`FLIP_DRAWS` random patterns (``p = (1 + B)/(1 + draws)``, still valid); 1 with fewer
+    than 2 layers. ``n``
     counts the layers, ``median`` is the median over layers of the mean of ``lag − expected_lag``.
 
-    The ``V`` are the test's only random draws: with the ``n_heads`` heads that have a finite
+    The ``V`` (and the random sign patterns) are the test's only random draws: with the ``n_heads`` heads that have a finite
     lag sorted by ``(replicate, layer, head)``, the k-th head's ``V`` is the k-th of the
     uniforms ``default_rng(SeedSequence([key, seed])).random(n_heads)``, where ``key`` is
     :func:`_draw_key` of those heads' replicate, layer, head, lag and finite null lags. So the
@@ -271,7 +276,7 @@ def layer_lag_test(onsets: pd.DataFrame, *, seed: int = 0) -> tuple[int, float, 
     ...                        "expected_lag": 0.0, "null_lags": [zero] * 4})
     >>> n, median, p = layer_lag_test(onsets)
     >>> n, median, round(p, 3)
-    (3, 1.0, 0.333)
+    (3, 1.0, 0.5)
     """
     ids = ["replicate", "layer", "head"]
     lag = pd.to_numeric(onsets["lag"], errors="coerce").to_numpy(dtype=float)
@@ -294,9 +299,32 @@ def layer_lag_test(onsets: pd.DataFrame, *, seed: int = 0) -> tuple[int, float, 
     n = means.size
     if n < 2:
         return n, float(np.median(excess)) if n else float("nan"), 1.0
-    sd = float(means.std(ddof=1))
-    if sd == 0.0:
-        p = 0.5 if means[0] == 0 else (0.0 if means[0] > 0 else 1.0)
-    else:
-        p = float(_st.t.sf(means.mean() / (sd / np.sqrt(n)), n - 1))
-    return n, float(np.median(excess)), p
+    return n, float(np.median(excess)), sign_flip_p(means, np.random.SeedSequence([key, int(seed), 1]))
+
+
+#: Layers up to which :func:`sign_flip_p` enumerates every sign pattern.
+EXACT_FLIPS = 16
+#: Random sign patterns of :func:`sign_flip_p` above :data:`EXACT_FLIPS` layers.
+FLIP_DRAWS = 20_000
+
+
+def sign_flip_p(means: np.ndarray, seed: np.random.SeedSequence) -> float:
+    """One-sided sign-flip p-value that ``means`` (one per unit) are centred above 0: the share of
+    sign patterns ``s`` with ``mean(s·|means|) ≥ mean(means)`` (every pattern up to
+    :data:`EXACT_FLIPS` units; else :data:`FLIP_DRAWS` patterns drawn from ``seed``, with the
+    observed one counted, ``(1 + B)/(1 + draws)``). Exact under a null symmetric about 0.
+
+    Examples
+    --------
+    >>> round(sign_flip_p(np.array([0.5, 0.5, -0.5]), np.random.SeedSequence(0)), 3)
+    0.5
+    >>> sign_flip_p(np.full(6, 0.2), np.random.SeedSequence(0)) == 2.0 ** -6
+    True
+    """
+    n = means.size
+    observed = means.mean() - 1e-12 * max(1.0, float(np.abs(means).max()))
+    if n <= EXACT_FLIPS:
+        signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
+        return float(np.mean(signs @ np.abs(means) / n >= observed))
+    signs = np.where(np.random.default_rng(seed).random((FLIP_DRAWS, n)) < 0.5, -1.0, 1.0)
+    return float((1 + np.count_nonzero(signs @ np.abs(means) / n >= observed)) / (1 + FLIP_DRAWS))

@@ -117,7 +117,7 @@ def _lags(t: RunTables) -> tuple[float, float]:
           "checkpoint's role groups (previous-token, induction, sink) both onsets are the least-squares step of a "
           "continuous series (the role score; the excess reserve with the role's sign), the lag is placed in its "
           "null distribution under a common onset (same rule, randomised probability integral transform), and a "
-          "t-test runs over the layers' mean transforms.",
+          "sign-flip test runs over the layers' mean transforms.",
           samples={"paired_layers": _paired, "checkpoints": _checkpoints, "heads_per_layer": _heads_per_layer})
 def _lag_p(t: RunTables) -> float:
     return _lags(t)[1]
