@@ -80,7 +80,8 @@ DECIDING = ("report/calibration.py", "report/worlds.py", "report/worlds_attentio
             "report/statistics/interventions.py", "report/statistics/residual.py", "report/statistics/coupling.py",
             "report/statistics/census.py",
             "report/claims.py", "runs/tables.py", "stats.py",
-            "report/onsets.py", "contest/cv.py", "interventions/clamp.py", "interventions/clamp_verdict.py")
+            "report/onsets.py", "contest/cv.py", "interventions/clamp.py", "interventions/clamp_verdict.py",
+            "report/measured_nulls.py", "report/measured_nulls.json")
 #: The packaged calibrations: ``{"code": fingerprint, "entries": {key: {"claim", "sizes", "draws", "result"}}}``.
 SHIPPED = Path(__file__).with_name("calibrations.json")
 

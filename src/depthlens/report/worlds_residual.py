@@ -13,6 +13,7 @@ import pandas as pd
 from ..runs.tables import RunTables
 from ..stats import percentile_interval
 from .statistics import SCHUR_ORDERS
+from .measured_nulls import measured_values
 from .worlds import MemoryTables, Scenario, mix, registrar
 
 __all__ = ["SCENARIOS"]
@@ -31,23 +32,27 @@ def _log_mix(null: float | np.ndarray, effect: float | np.ndarray, strength: flo
     if strength == 1:
         return effect
     return np.exp(mix(np.log(null), np.log(effect), strength))
-#: Width of the simulated operators of B1's worlds: a fixed parameter of the simulation, not a
-#: sample size (the statistic is a median of per-layer weighted rotations, which the shape of
-#: an eigenvalue cloud sets; a width of 576 would cost seconds a draw).
-ROTATION_WIDTH = 16
+_MEASURED = "real random-init models at SmolLM2's shape (report/measured_nulls.json)"
 
 
 @scenario("rotation_gain_early", {"early_layers": 10},
-          null=f"trained and step-0 layers drawn alike: updates 70% symmetric (width {ROTATION_WIDTH})",
-          effect="step-0 updates 70% symmetric, trained early updates 70% skew (rotation-heavy)")
+          null="trained and step-0 early layers alike: each layer's weighted rotation resampled from those of the "
+               f"full-layer operators (width 576) of {_MEASURED}",
+          effect="the trained early layers' weighted rotation moved 70% of the way from there to 1 (rotation-heavy "
+                 "updates)")
 def _sim_rotation(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
-    d, layers = ROTATION_WIDTH, 3 * n["early_layers"]
-    g = rng.standard_normal((2, layers, d, d))
-    share = np.array([0.7, mix(0.7, 0.3, strength, low=0.0, high=1.0)])[:, None, None, None]  # init, trained
-    sym, skew = (g + g.swapaxes(-1, -2)) / 2, (g - g.swapaxes(-1, -2)) / 2
-    lam = np.linalg.eigvals(np.eye(d) + (share * sym + (1 - share) * skew) / math.sqrt(d))
+    """Each of ``3·early_layers`` layers' operator planted as the one eigenvalue pair
+    ``1 + e^{±iθ}``, whose weighted rotation is ``sin θ`` (the statistic reads nothing else of
+    an operator): step 0's and the trained one's resampled from the measured rotations, the
+    trained one then moved ``mix(0, 0.7, strength)`` of the way to 1."""
+    pool = measured_values("rotation_gain_early", "early-layer weighted rotation")
+    layers = 3 * n["early_layers"]
+    rotation = rng.choice(pool, size=(2, layers))  # init, trained
+    rotation[1] += mix(0.0, 0.7, strength, low=0.0, high=1.0) * (1.0 - rotation[1])
+    theta = np.arcsin(np.clip(rotation, 0.0, 1.0))
+    lam = 1.0 + np.exp(1j * np.stack([theta, -theta], axis=-1))
     return MemoryTables({"eigenvalues": pd.DataFrame({
-        "checkpoint": np.repeat(["init", "trained"], layers * d), "layer": np.tile(np.repeat(np.arange(layers), d), 2),
+        "checkpoint": np.repeat(["init", "trained"], 2 * layers), "layer": np.tile(np.repeat(np.arange(layers), 2), 2),
         "re": lam.real.ravel(), "im": lam.imag.ravel(), "jacobian_mode": "isolated", "sublayer": "layer"})})
 
 
@@ -116,35 +121,35 @@ def _sim_sign(rng: np.random.Generator, n: Mapping[str, int], strength: float) -
 #: mean over C chunks moves by σ/√C. From the bootstrap of SmolLM2's funnel over 8 chunks (the
 #: replicates' full-depth erank spread by about 20%, the one-step erank by about 2%).
 _FUNNEL_CHUNK_SD = (0.05, 0.6)
-#: Log-scale spread of the full-depth erank between step-0 initialisations (--init-seeds).
-_FUNNEL_SEED_SD = 0.1
 #: The funnel scenarios' sizes: SmolLM2 under the default preset (60 sub-layers of width 576,
 #: truncation 512, 32 chunks, --funnel-boot 50, --init-seeds 3).
 _FUNNEL_SIZES = {"chunks": 32, "operators": 60, "width": 576, "replicates": 50}
 
 
-def _funnel_replicates(rng: np.random.Generator, ends: tuple[float, float], weights: np.ndarray) -> np.ndarray:
+def _funnel_replicates(rng: np.random.Generator, ends: tuple[float, float], weights: np.ndarray,
+                       sd: tuple[float, float] = _FUNNEL_CHUNK_SD) -> np.ndarray:
     """One checkpoint's funnel ends ``(1 + R, 2)`` (erank after one step, at full depth): row 0
     every chunk once, row k the k-th replicate of ``weights`` ``(R, C)``. Each chunk shifts the
-    log ends by its own ``N(0, σ²)`` (:data:`_FUNNEL_CHUNK_SD`); an estimate is ``ends`` times
-    the exponential of the weighted mean shift of the chunks it averages."""
+    log ends by its own ``N(0, σ²)`` (``sd``, by default :data:`_FUNNEL_CHUNK_SD`); an estimate is
+    ``ends`` times the exponential of the weighted mean shift of the chunks it averages."""
     chunks = weights.shape[1]
-    shifts = rng.standard_normal((chunks, 2)) * np.asarray(_FUNNEL_CHUNK_SD)
+    shifts = rng.standard_normal((chunks, 2)) * np.asarray(sd)
     draws = np.vstack([np.ones((1, chunks)), weights])
     return np.exp(np.log(np.asarray(ends, dtype=float)) + draws @ shifts / chunks)
 
 
-def _funnel_tables(rng: np.random.Generator, n: Mapping[str, int], ends: Mapping[tuple[str, int], tuple[float, float]]
-                   ) -> MemoryTables:
+def _funnel_tables(rng: np.random.Generator, n: Mapping[str, int], ends: Mapping[tuple[str, int], tuple[float, float]],
+                   sd: Mapping[tuple[str, int], tuple[float, float]] | None = None) -> MemoryTables:
     """``cumulative`` (each checkpoint's backward α = 1 curves, rank-truncated and exact, from its
     row-0 ends, log-linear in between) and ``funnel_boot`` for the checkpoints and step-0 seed
-    offsets of ``ends`` (``("trained", 0)``, ``("init", k)``), all resampling the same chunks."""
+    offsets of ``ends`` (``("trained", 0)``, ``("init", k)``), all resampling the same chunks,
+    each with the chunk spread ``sd`` gives it (:data:`_FUNNEL_CHUNK_SD` where it gives none)."""
     steps, width = n["operators"], n["width"]
     truncation = min(512, width)
     weights = rng.multinomial(n["chunks"], np.full(n["chunks"], 1.0 / n["chunks"]), size=n["replicates"])
     curves, boots = [], []
     for (checkpoint, seed), truth in ends.items():
-        values = _funnel_replicates(rng, truth, weights)
+        values = _funnel_replicates(rng, truth, weights, (sd or {}).get((checkpoint, seed), _FUNNEL_CHUNK_SD))
         boots.append(pd.DataFrame({"checkpoint": checkpoint, "jacobian_mode": "isolated",
                                    "init_seed": float(seed) if checkpoint == "init" else np.nan,
                                    "truncation": truncation, "replicate": np.arange(len(values)),
@@ -160,23 +165,47 @@ def _funnel_tables(rng: np.random.Generator, n: Mapping[str, int], ends: Mapping
                          "funnel_boot": pd.concat(boots, ignore_index=True)})
 
 
+def _measured_funnel(rng: np.random.Generator, statistic: str, chunks: int
+                     ) -> tuple[float, float, float, tuple[float, float]]:
+    """One random init's funnel resampled from :data:`_MEASURED`: the erank after one step, at full
+    depth, the log spread of the full-depth erank between initialisations, and the per-chunk log
+    spreads of both ends (their bootstrap spreads times √chunks)."""
+    full = measured_values(statistic, "erank at full depth")
+    spread = tuple(float(rng.choice(measured_values(statistic, f"log spread of the {end} erank over chunk resamples")))
+                   * math.sqrt(chunks) for end in ("one-step", "full-depth"))
+    return (float(rng.choice(measured_values(statistic, "erank after one step"))), float(rng.choice(full)),
+            float(np.std(np.log(full), ddof=1)) if len(full) > 1 else 0.0, spread)  # type: ignore[return-value]
+
+
+def _chunk_sd(null: tuple[float, float], strength: float) -> tuple[float, float]:
+    """The per-chunk log spread of the ends at ``strength``: a random init's measured ``null`` at
+    0, the trained model's (:data:`_FUNNEL_CHUNK_SD`) at 1."""
+    return tuple(float(mix(a, b, strength, low=0.0)) for a, b in zip(null, _FUNNEL_CHUNK_SD))  # type: ignore[return-value]
+
+
 @scenario("funnel_ratio_trained", _FUNNEL_SIZES,
-          null="no funnel: the full-depth erank half the one-step erank (ratio 0.5), chunk spread as measured",
-          effect="the seed's funnel, 436 after one step to 7 at full depth (ratio 0.016)")
+          null=f"the trained model funnels no more than a random init: its ends and chunk spread resampled from "
+               f"{_MEASURED} (ratio about 0.1)",
+          effect="the seed's funnel, ratio 7/436 = 0.016, with the trained chunk spread measured on SmolLM2")
 def _sim_funnel_ratio(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
-    return _funnel_tables(rng, n, {("trained", 0): (436.0, _log_mix(218.0, 7.0, strength))})
+    one, full, _, spread = _measured_funnel(rng, "funnel_ratio_trained", n["chunks"])
+    ends = (one, one * _log_mix(full / one, 7.0 / 436.0, strength))
+    return _funnel_tables(rng, n, {("trained", 0): ends}, {("trained", 0): _chunk_sd(spread, strength)})
 
 
 @scenario("funnel_init_over_trained", {**_FUNNEL_SIZES, "init_seeds": 3},
-          null="step-0 keeps the trained full-depth erank (ratio 1; 20 at full depth for both), each "
-               "initialisation off by N(0, 0.1) in log",
-          effect="step-0 keeps 10 times the trained full-depth erank (7 trained, 70 at step 0)")
+          null=f"the trained model keeps a random init's full-depth erank: every checkpoint's ends resampled from "
+               f"{_MEASURED}, the initialisations apart by their measured spread",
+          effect="step-0 keeps 10 times the trained full-depth erank, with the trained chunk spread measured on "
+                 "SmolLM2")
 def _sim_funnel_learned(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
-    trained, init = _log_mix(20.0, 7.0, strength), _log_mix(20.0, 70.0, strength)
-    ends = {("trained", 0): (436.0, trained)}
+    one, full, between, spread = _measured_funnel(rng, "funnel_init_over_trained", n["chunks"])
+    ends = {("trained", 0): (one, full * _log_mix(1.0, 0.1, strength))}
+    sd = {("trained", 0): _chunk_sd(spread, strength)}
     for seed in range(n["init_seeds"]):
-        ends[("init", seed)] = (436.0, init * math.exp(_FUNNEL_SEED_SD * rng.standard_normal()))
-    return _funnel_tables(rng, n, ends)
+        ends[("init", seed)] = (one, full * math.exp(between * rng.standard_normal()))
+        sd[("init", seed)] = _chunk_sd(spread, 0.0)
+    return _funnel_tables(rng, n, ends, sd)
 
 
 #: Log-scale spread of the α = 0 full-depth erank between Schur orders (a factor e^{±1}; the
