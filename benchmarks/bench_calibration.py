@@ -1,13 +1,14 @@
 """The claims' calibration table: for every default claim with a planted scenario, its error
 rates under a planted null and a planted effect of the seed's size, at the default preset's
-sample sizes and at every corner between them and the claim's declared minimums
-(:func:`depthlens.report.calibration.calibration_points`).
+sample sizes (with ``--corners`` also at every corner between them and the claim's declared
+minimums, :func:`depthlens.report.calibration.calibration_points`).
 
 The naive method, measured in the same run on the same draws, is the point rule: the verdict of
 the statistic's value alone, without its interval (how the claims were judged before). Each row
 prints both rules' P(supported | null), P(falsified | effect) and power P(supported | effect),
+the interval rule's one-sided 95 % Clopper–Pearson upper bounds of the two error rates (``≤``),
 and the ratio of the point rule's worst error rate to the interval rule's (∞ where the interval
-rule made no error). Acceptance: both error rates ≤ 0.05 under the interval rule at every point
+rule made no error). Acceptance: both upper bounds ≤ 0.05 under the interval rule at every point
 (the exit status is 1 otherwise, naming the points).
 
 The contest claims' scenarios simulate the contest table's rows from a sampling model measured
@@ -31,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -74,16 +77,20 @@ def characteristics(claims: list[Claim], draws: int) -> dict[str, pd.DataFrame]:
           "(strength 0: null world, 1: the seed's effect; value: the statistic's median over the draws)")
     print(f"{'claim':34s} {'threshold':>16s} " + " ".join(f"{s:>17.3g}" for s in STRENGTHS))
     out = {}
+    start = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = {claim.id: pool.submit(operating_characteristic, claim, STRENGTHS, draws)
+                   for claim in claims if claim.statistic in SCENARIOS}
     for claim in claims:
-        start = time.perf_counter()
-        table = operating_characteristic(claim, STRENGTHS, draws)
-        if table is None:
+        if claim.id not in futures:
             continue
+        table = futures[claim.id].result()
         out[claim.id] = table
         threshold = claim.threshold if isinstance(claim.threshold, float) else "–".join(map(str, claim.threshold))
         cells = [f"{v:7.3g} S{s:4.2f} F{f:4.2f}" for v, s, f in table[["value", "p_supported", "p_falsified"]].values]
         print(f"{claim.id:34s} {claim.test + ' ' + str(threshold):>16s} " + " ".join(f"{c:>17s}" for c in cells)
-              + f"  {time.perf_counter() - start:.0f} s", flush=True)
+              , flush=True)
+    print(f"({time.perf_counter() - start:.0f} s on {os.cpu_count()} processes)")
     return out
 
 
@@ -145,17 +152,18 @@ def draw(tables: dict[str, pd.DataFrame], claims: list[Claim], folder: Path) -> 
     return written
 
 
-def main(draws: int, only: set[str], stage_draws: int, oc_draws: int = 400, figures: Path | None = None) -> int:
+def main(draws: int, only: set[str], stage_draws: int, oc_draws: int = 400, figures: Path | None = None,
+         corners: bool = False) -> int:
     claims = [c for c in load_claims() if not only or c.id in only]
     print(f"{draws} draws a world; acceptance: P(supported | null) ≤ {ACCEPT} and P(falsified | effect) ≤ {ACCEPT}")
-    print(f"{'claim':34s} {'at':8s} {'sizes':60s} {'S|null':>7s} {'F|eff':>7s} {'power':>6s} | point rule: "
+    print(f"{'claim':34s} {'at':8s} {'sizes':60s} {'S|null':>7s} {'≤':>6s} {'F|eff':>7s} {'≤':>6s} {'power':>6s} | point rule: "
           f"{'S|null':>7s} {'F|eff':>7s} {'power':>6s} {'ratio':>6s}  s")
     failed = []
     for claim in claims:
         if claim.statistic not in SCENARIOS:
             print(f"{claim.id:34s} no scenario")
             continue
-        for at, sizes in calibration_points(claim):
+        for at, sizes in calibration_points(claim)[: None if corners else 1]:
             start = time.perf_counter()
             rule = calibrate(claim, sizes, draws)
             point = calibrate(claim, sizes, draws, intervals=False)
@@ -165,7 +173,8 @@ def main(draws: int, only: set[str], stage_draws: int, oc_draws: int = 400, figu
             ratio = naive / worst if worst > 0 else (math.inf if naive > 0 else 1.0)
             text = ", ".join(f"{k}={v}" for k, v in rule["sizes"].items())
             print(f"{claim.id:34s} {at:8s} {text:60s} {rule['p_supported_null']:7.3f} "
-                  f"{rule['p_falsified_effect']:7.3f} {rule['p_supported_effect']:6.2f} |              "
+                  f"{rule['p_supported_null_upper']:6.3f} {rule['p_falsified_effect']:7.3f} "
+                  f"{rule['p_falsified_effect_upper']:6.3f} {rule['p_supported_effect']:6.2f} |              "
                   f"{point['p_supported_null']:7.3f} "
                   f"{point['p_falsified_effect']:7.3f} {point['p_supported_effect']:6.2f} {ratio:6.2f}  "
                   f"{time.perf_counter() - start:.0f}", flush=True)
@@ -193,10 +202,12 @@ if __name__ == "__main__":
     parser.add_argument("--claims", default="", help="comma-separated claim ids (default: every claim)")
     parser.add_argument("--stage-draws", type=int, default=20,
                         help="draws a world of the contest claims with the stage's own code (default 20; 0 skips)")
+    parser.add_argument("--corners", action="store_true",
+                        help="also calibrate at the corners between the default sizes and the claims' minimums")
     parser.add_argument("--oc-draws", type=int, default=400,
                         help="draws a point of the operating characteristic (default 400; 0 skips it)")
     parser.add_argument("--figures", type=Path, default=Path(__file__).resolve().parent.parent / "docs",
                         help="folder of the operating characteristic figures (default docs/)")
     args = parser.parse_args()
     sys.exit(main(args.draws, {c for c in args.claims.split(",") if c}, args.stage_draws, args.oc_draws,
-                  args.figures))
+                  args.figures, args.corners))
