@@ -29,6 +29,8 @@ demo: install
 test: install
 	VENV=$(VENV) MATRIX_LEGS="$(MATRIX_LEGS)" .ci/matrix.sh
 
+# Every benchmark, each section of benchmarks/RESULTS.md rewritten from its output;
+# `$(BIN)/python benchmarks/run_all.py NAME ...` refreshes only those sections.
 bench: install
 	$(BIN)/python benchmarks/run_all.py
 

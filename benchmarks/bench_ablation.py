@@ -1,4 +1,4 @@
-"""Ablation criticality (METHODS A7) on SmolLM2: 32 chunks × 128 tokens of python-docs, mean
+"""Ablation criticality (docs/methods.md#a7) on SmolLM2: 32 chunks × 128 tokens of python-docs, mean
 ablation of all 270 heads (30 layers × 9), batch size 4 (the run default).
 
 1. The stage's core (:func:`depthlens.interventions.ablation.criticality`: head means over the

@@ -1,4 +1,4 @@
-"""The feature-family contest (METHODS A7) at SmolLM2 size: a synthetic heads table of 30 layers
+"""The feature-family contest (docs/methods.md#a7) at SmolLM2 size: a synthetic heads table of 30 layers
 × 9 heads with the real families (P, E, S, R, 4 features each) and 3 targets (persistence,
 routing, criticality), 5 grouped folds, 1000 refitted layer-cluster bootstrap resamples and 1000
 within-layer permutations (of the labels for a family and ``all``, of the dropped family's columns

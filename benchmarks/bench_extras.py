@@ -1,4 +1,4 @@
-"""The attention stage's extra per-head quantities (METHODS A3) on deflated causal attention
+"""The attention stage's extra per-head quantities (docs/methods.md#a3) on deflated causal attention
 heads B = A − 1e₁ᵀ (n = 128, three of each kind of ``_matrices.KINDS``): the ε-pseudospectral
 radius for ε ∈ {1e-3, 1e-2, 1e-1} and the numerical radius.
 

@@ -1,4 +1,4 @@
-"""The Schur funnel (METHODS B3, B4) at SmolLM2 width against the previous implementation, same run.
+"""The Schur funnel (docs/methods.md §B3, §B4) at SmolLM2 width against the previous implementation, same run.
 
 The demo's funnel: 60 sub-layer operators of d = 576, ``--funnel-rank 512`` (exact and rank-512
 curves), α ∈ {0, 0.25, 0.5, 0.75, 1}, every Schur order, both directions; ``--operators N``

@@ -1,6 +1,6 @@
 """The jacobian stage's funnel units under ``--funnel-curves read`` (the default: the curves the
 claims, their variants and the figures read, α ∈ {0, 0.5, 1}) against what the stage computed
-before, ``--funnel-curves every`` with the METHODS grid α ∈ {0, 0.25, 0.5, 0.75, 1} (what
+before, ``--funnel-curves every`` with the paper's grid α ∈ {0, 0.25, 0.5, 0.75, 1} (what
 ``--preset paper`` computes), measured in the same run.
 
 The four funnel units of a default run: the trained model and its step-0 null, each with its

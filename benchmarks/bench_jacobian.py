@@ -1,4 +1,4 @@
-"""Exact sub-layer Jacobians of SmolLM2-135M (METHODS B1) against the naive autograd ways, same run.
+"""Exact sub-layer Jacobians of SmolLM2-135M (docs/methods.md#b1) against the naive autograd ways, same run.
 
 (a) In-context attention Jacobian of one layer at seq_len 128, last position: the closed-form
     engine (float64) against ``torch.func.jacrev`` through the Hugging Face attention module

@@ -1,6 +1,6 @@
 """Spectral norms of the powers ``B^k`` (k = 1 … 12) of deflated causal attention heads
 (n = 128, three of each kind of ``_matrices.KINDS``): what the Kreiss upper bound and the
-transient peak of every head read (METHODS A3).
+transient peak of every head read (docs/methods.md#a3).
 
 :func:`~depthlens.linalg.transients.spectral_norm` takes a power iteration on the Gram
 matrix with a Kato–Temple certificate (``O(n²)`` a step) where the matrix has a dominant

@@ -1,4 +1,4 @@
-"""Topology coupling (METHODS B5) per residual boundary at SmolLM2 width (d = 576, 64 × 128
+"""Topology coupling (docs/methods.md#b5) per residual boundary at SmolLM2 width (d = 576, 64 × 128
 observations): streaming correlation, top-k graph, resolution profile + signed Leiden,
 participation, 1000-permutation coupling test. Prints seconds per boundary, the projection
 to 60 boundaries, the vectorised permutation test against a naive loop measured in the same

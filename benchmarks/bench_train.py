@@ -12,7 +12,7 @@
    table (wall seconds between steps, so its checkpoint writes are not counted), the plain
    loop's from its own clock. Target: ours no slower (ratio ≥ 1 within the machine's noise).
 2. The preset end to end (``depthlens train --preset induction``, checkpoints included), then
-   every checkpoint through the repeated-random-token probe (METHODS A5: [BOS, r, r], 128
+   every checkpoint through the repeated-random-token probe (docs/methods.md#a5: [BOS, r, r], 128
    sequences, |r| = 64, the attention stage's :func:`~depthlens.attention.roles.probe_scores`):
    the first checkpoint with an induction head (score ≥ 0.3) and the training seconds up to it.
    Target: the whole preset run ≤ 10 min on 2 cores, step 0 without routing heads, the final

@@ -35,7 +35,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> Path:
 
 def test_committed_docs_equal_the_generated_pages():
     expected = pages()
-    assert set(expected) == {"README.md", *(f"{stage}.md" for stage in PRODUCERS)}
+    assert set(expected) == {"README.md", "methods.md", *(f"{stage}.md" for stage in PRODUCERS)}
     committed = {p.name for p in DOCS.glob("*.md")}
     assert committed == set(expected), "regenerate with: python -m depthlens.report.docs docs/"
     for name, text in expected.items():

@@ -114,14 +114,15 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str) -> argparse.Argume
     p = sub.add_parser(name, help=summary, description=summary)
     p.add_argument("--config", metavar="FILE", help="TOML file with run options; flags override it")
     p.add_argument("--preset", choices=PRESETS,
-                   help="sizes of the run: quick (smoke run), default, paper (METHODS.md protocol); "
+                   help="sizes of the run: quick (smoke run), default, paper (the protocol of docs/methods.md); "
                         "explicit flags and --config values override it (default: default)")
     add_flags(p, RunOptions, _by_preset)
     listed = list(run_stages()) if name in ("run", "census") else with_requirements([name])
     for stage in STAGES.values():
         group = p.add_argument_group(f"{stage.name} stage") if stage.name in listed else _Hidden(p)
         add_flags(group, stage.options, _by_preset)
-    p.add_argument("--claims", metavar="FILE", help="pre-registered claims TOML (default: the packaged claims)")
+    p.add_argument("--claims", metavar="FILE", help="pre-registered claims TOML (default: the packaged claims, each "
+                                                    "defined in docs/methods.md#claims)")
     if name == "lens":
         p.add_argument("--from", dest="lens_from", metavar="FILE",
                        help="analyse this Jacobian-lens artifact (.pt) alone, with no model: the transport table of "
@@ -200,7 +201,9 @@ def _sweep_parser(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``depthlens`` command."""
-    parser = argparse.ArgumentParser(prog="depthlens", description="Transformers as dynamical systems over depth.")
+    parser = argparse.ArgumentParser(prog="depthlens", description="Transformers as dynamical systems over depth.",
+                                     epilog="Every quantity and claim is defined in docs/methods.md (also written "
+                                            "beside each report, RUN/docs/methods.md).")
     parser.add_argument("--version", action="version", version=f"depthlens {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in ("run", *STAGES):

@@ -7,7 +7,7 @@ every table), its key columns (with the identity, what a row is about) and every
 is. :data:`SUMMARIES` and :data:`ARRAYS` declare the JSON summaries and the safetensors files.
 Stages write their tables through :meth:`depthlens.stages.context.StageContext.write_table`, which
 checks them against their declaration (:func:`check_table`); the report, the claims and the
-tests' synthetic runs read the same declarations. Symbols follow METHODS.md (``A`` a causal
+tests' synthetic runs read the same declarations. Symbols follow docs/methods.md (``A`` a causal
 attention matrix, ``P = 1e₁ᵀ`` its Perron projector, ``B = A − P``, ``J = I + U`` a mean
 sub-layer Jacobian).
 
@@ -39,22 +39,22 @@ class Column(NamedTuple):
 
 
 #: What writes outputs (the stages, then census, sweep and train), in report order, each with
-#: the METHODS sections its outputs implement.
+#: the sections of docs/methods.md its outputs implement (cited as §A3).
 PRODUCERS: dict[str, str] = {
-    "capture": "METHODS A3 (pattern features) and A7 (massive activations)",
-    "attention": "METHODS A2–A6",
-    "ablate": "METHODS A7 (ablation criticality)",
-    "clamp": "METHODS A7 (massive activations and the clamp chain)",
-    "contest": "METHODS A7 (the feature-family contest)",
-    "jacobian": "METHODS B1–B4",
-    "topology": "METHODS B5",
-    "lens": "the Jacobian-lens transport matrices (the true end-to-end operator that METHODS B3's funnel "
+    "capture": "§A3 (pattern features) and §A7 (massive activations)",
+    "attention": "§A2–§A6",
+    "ablate": "§A7 (ablation criticality)",
+    "clamp": "§A7 (massive activations and the clamp chain)",
+    "contest": "§A7 (the feature-family contest)",
+    "jacobian": "§B1–§B4",
+    "topology": "§B5",
+    "lens": "the Jacobian-lens transport matrices (the true end-to-end operator that §B3's funnel "
             "approximates; `depthlens lens`, not part of `depthlens run`)",
     "census": "the training-dynamics claims over a checkpoint series (`depthlens census`, or a run with "
               "`--revisions`)",
     "sweep": "the index of a sweep (`depthlens sweep SWEEP.toml`): one ordinary run per cell; its "
              "`tables/sweep.parquet`, not a run's",
-    "train": "METHODS B6 (the checkpoint series `depthlens train` writes; the `training` table is its "
+    "train": "§B6 (the checkpoint series `depthlens train` writes; the `training` table is its "
              "`tables/training.parquet`, not a run's)",
 }
 
@@ -82,7 +82,7 @@ _ID = {
                        "eigenvalues also `layer`, the full-layer operator: the product of the layer's mean "
                        "sub-layer operators, J̄_mlp · J̄_attn (Gemma 4: J̄_ple · J̄_mlp · J̄_attn; parallel-residual "
                        "models: J̄_attn + J̄_mlp − I, the layer's own Jacobian).", "text"),
-    "jacobian_mode": Column("Jacobian mode of the operator (METHODS B1): `isolated` (the paper's: the observed "
+    "jacobian_mode": Column("Jacobian mode of the operator (§B1): `isolated` (the paper's: the observed "
                             "pre-attention residual x through the whole block as a one-token sequence, the MLP at "
                             "the block-internal state x + Attn(x)), `isolated_observed` (each sub-layer one-token at "
                             "its own observed residual) or `in_context` (diagonal block with the rest of the chunk "
@@ -104,7 +104,7 @@ _ALIGN_K = (1, 8, 64)
 
 # ----------------------------------------------------------------------------- capture
 _PATTERN = {
-    "sink_mass": Column("Mean over rows i ≥ 2 of A[i, 1], the weight on the first token (METHODS A3); of a "
+    "sink_mass": Column("Mean over rows i ≥ 2 of A[i, 1], the weight on the first token (§A3); of a "
                         "prompt (a prompts file), over its analysed rows.",
                         "fraction in [0, 1]; exact float64 reduction"),
     "prev_weight": Column("Mean over rows i ≥ 2 of A[i, i−1], the weight on the previous token.",
@@ -138,7 +138,7 @@ _CAPTURE = {
         "max_abs": Column("Largest |h| at this boundary of this chunk.", "residual units; exact"),
         "max_pos": Column("Token position (0-based) of `max_abs`.", "integer"),
         "max_dim": Column("Residual dimension (0-based) of `max_abs`.", "integer"),
-        "n_massive": Column("Massive-activation entries (METHODS A7): |h| ≥ 100 and ≥ 1000 × the median |h| "
+        "n_massive": Column("Massive-activation entries (§A7): |h| ≥ 100 and ≥ 1000 × the median |h| "
                             "of the boundary.", "count; exact"),
     },
 }
@@ -199,7 +199,7 @@ _MATRIX = {
                            "First `extras_chunks` chunks only.",
                            "dimensionless; maximised over θ (grid, then refinement to 1e-10): a lower bound "
                            "exact to about 1e-10"),
-    "null_TR1_mean": Column("Mean of TR1 over the matched shuffle nulls of the matrix (METHODS A4; `null_samples` "
+    "null_TR1_mean": Column("Mean of TR1 over the matched shuffle nulls of the matrix (§A4; `null_samples` "
                             "samples of the run's null mode, default `spec`). First `null_chunks` chunks only.",
                             "nats; Monte Carlo mean"),
     "null_TR1_sd": Column("Sample standard deviation (ddof = 1) of TR1 over the matched nulls.",
@@ -252,7 +252,7 @@ def _per_head(name: str, col: Column) -> Column:
 
 _PROBE = {
     "prev_token_score": Column("Mean of A[p, p−1] over the second-copy query positions p of the repeated-random-"
-                               "token probe [BOS, r, r] (METHODS A5), averaged over probe sequences.",
+                               "token probe [BOS, r, r] (§A5), averaged over probe sequences.",
                                "fraction in [0, 1]; exact mean"),
     "duplicate_score": Column("Mean of A[p, p−m] (the same token's first occurrence; m the block length) over "
                               "second-copy queries of the probe.", "fraction in [0, 1]; exact mean"),
@@ -278,7 +278,7 @@ _ATTENTION = {
         "n_null_chunks": Column("Chunks with a null comparison (finite `null_rank_TR1`).", "count"),
         "null_q": Column("Benjamini–Hochberg q-value of `null_p` over all heads of the checkpoint.", "q-value"),
         **_PROBE,
-        "role": Column("Head role (METHODS A5): `routing` if `prev_token_score` or `induction_score` ≥ the routing "
+        "role": Column("Head role (§A5): `routing` if `prev_token_score` or `induction_score` ≥ the routing "
                        "threshold (default 0.3); else `sink` if `sink_mass` ≥ the sink threshold (default 0.5); "
                        "else `other`.", "text"),
         "excess_sign": Column("Sign of `delta_TR1`: `positive`, `negative` or `zero` (the data-driven split).",
@@ -329,7 +329,7 @@ _ATTENTION = {
     "induction_seqs": {
         **_keys("checkpoint", "layer", "head"),
         "seq": Column("Probe sequence, 0-based: the first `ratio_seqs` sequences of the repeated-random-token "
-                      "probe (METHODS A5), and their length-matched controls.", "integer"),
+                      "probe (§A5), and their length-matched controls.", "integer"),
         "delta_TR1_first_copy": Column("Excess reserve of the sequence's leading [BOS, r] block (before induction "
                                        "can engage) against its own matched null.", "nats"),
         "delta_TR1_second_copy": Column("Excess reserve of the whole [BOS, r, r] probe matrix (induction engaged) "
@@ -340,7 +340,7 @@ _ATTENTION = {
     },
     "depth": {
         **_keys("checkpoint", "chunk"),
-        "operator": Column("Per-layer operator A_l of the product (METHODS A6): `mean` (head mean), `rollout` "
+        "operator": Column("Per-layer operator A_l of the product (§A6): `mean` (head mean), `rollout` "
                            "(½(Ā_l + I)), `chain_routing` (per layer the head with the largest previous-token or "
                            "induction score), `chain_sink` (per layer the head with the largest sink mass).",
                            "text"),
@@ -365,7 +365,7 @@ _CI = "95% percentile bootstrap interval"
 _ABLATE = {
     "ablation": {
         **_keys("layer", "head"),
-        "method": Column("Ablation of the head's output before the output projection (METHODS A7): `mean` (its mean "
+        "method": Column("Ablation of the head's output before the output projection (§A7): `mean` (its mean "
                          "output vector over the tokens of the mean chunks), `zero`, or `resample` (its output on a mean "
                          "chunk, paired by index, in place of its output on the held-out chunk).", "text"),
         "criticality": Column("Ablation criticality ΔCE: next-token cross-entropy with the head ablated minus without, "
@@ -391,18 +391,18 @@ _TARGET = Column("What is clamped: `massive` (the massive dimensions at the firs
                  "direction ±: the control's change of the first token's residual has the massive clamp's Euclidean "
                  "norm at every layer and chunk; its α = 1 rows are the unclamped model's).", "text")
 _SEED = Column("Seed index of the control's random dimensions, 0-based; −1 for the massive clamp.", "integer")
-_ARM = Column("Clamp arm (METHODS A7): `dose` (each clamped entry set to α × its clean value at that layer input in "
+_ARM = Column("Clamp arm (§A7): `dose` (each clamped entry set to α × its clean value at that layer input in "
               "that chunk, so α = 0 is the zero arm and α = 1 the unclamped model; doses 0 and 1 always run) or "
               "`mean` (set to the dimension's mean over the ordinary positions 1 .. T−1 of the clamp chunks at that "
               "layer input).", "text")
 _ALPHA = Column("Dose α of the `dose` arm; NaN for `mean`.", "fraction in [0, 1]")
 _CLAMP_MEASURES = {
-    "sink_mass": Column("Sink mass of the head (METHODS A3) under the clamp: median over the clamp chunks.",
+    "sink_mass": Column("Sink mass of the head (§A3) under the clamp: median over the clamp chunks.",
                         "fraction in [0, 1]; exact float64 reduction"),
     "TR1": Column("Transient reserve log K(B) of the head under the clamp: median over the clamp chunks; measured for "
                   "the arms α = 0, α = 1 and `mean` (NaN for the other doses).", "nats; Kreiss search (lower bound, "
                   "typically exact to 1e-10 relative)"),
-    "delta_TR1": Column("Excess reserve Δ_TR = TR1 − mean TR1 of `clamp_null_samples` matched spec nulls (METHODS A4), "
+    "delta_TR1": Column("Excess reserve Δ_TR = TR1 − mean TR1 of `clamp_null_samples` matched spec nulls (§A4), "
                         "median over the clamp chunks; for the arms with TR1.", "nats"),
 }
 _CLAMP = {
@@ -414,7 +414,7 @@ _CLAMP = {
         "position": Column("Token position, 0-based.", "integer"),
         "dim": Column("Residual dimension, 0-based.", "integer"),
         "value": Column("The massive entry h[position, dim] (signed): |value| ≥ 100 and ≥ 1000 × the median |h| of "
-                        "the boundary in this chunk (METHODS A7).", "residual units; float32 forward"),
+                        "the boundary in this chunk (§A7).", "residual units; float32 forward"),
         "median_abs": Column("Median of |h| over the boundary's entries in this chunk.", "residual units"),
         "ratio": Column("|value| / `median_abs`.", "dimensionless, ≥ 1000"),
     },
@@ -564,7 +564,7 @@ _JACOBIAN = {
     "operators": {
         **_keys("checkpoint", "jacobian_mode", "layer", "sublayer"),
         **{k: Column(f"Of the mean sub-layer Jacobian J̄ = I + U, or of the layer operator (sublayer `layer`) "
-                     f"(METHODS B2): {c.definition}"
+                     f"(§B2): {c.definition}"
                      + (" NaN unless --operator-metrics every (--preset paper): nothing the claims, figures or "
                         "report read needs the singular vectors." if k.startswith("self_align_") else ""), c.unit)
            for k, c in _OPERATOR.items()},
@@ -582,7 +582,7 @@ _JACOBIAN = {
         **_keys("checkpoint"),
         "jacobian_mode": Column("Jacobian mode of the operators in the products (`isolated` when it was computed).",
                                 "text"),
-        "schur_order": Column("Eigenvalue order of the Schur forms of the split (METHODS B4): `lapack` (LAPACK's "
+        "schur_order": Column("Eigenvalue order of the Schur forms of the split (§B4): `lapack` (LAPACK's "
                               "own, as scipy.linalg.schur(J, output=\"complex\") returns it; the claims' "
                               "protocol), `canonical` (descending modulus, then imaginary, then real part), "
                               "`outside_first` (|λ| > 1 first) or `inside_first` (|λ| ≤ 1 first), the last two "
@@ -592,12 +592,12 @@ _JACOBIAN = {
                               "step-0 null and --revisions have α = 1 alone); α = 1 does not depend on the order "
                               "(J(1) = J) and is computed once, labelled with the first.", "text"),
         "schur_alpha": Column("Schur-split scale α of the non-normal part: every operator replaced by "
-                        "J(α) = Q(Λ + αN)Q* (METHODS B4); α = 1 the real operators, α = 0 their normal parts.",
+                        "J(α) = Q(Λ + αN)Q* (§B4); α = 1 the real operators, α = 0 their normal parts.",
                         "in [0, 1]"),
         "direction": Column("`forward`: C_b = J_b ⋯ J_0 (from the input side); `backward`: "
                             "C_b = J_{last} ⋯ J_b (from the output side).", "text"),
         "truncation": Column("Rank cap of the running product: min(r, d) for the truncated curve, d for the "
-                             "exact one (METHODS B3).", "integer rank"),
+                             "exact one (§B3).", "integer rank"),
         "exact": Column("Whether the curve is the exact product (truncation d). Models wider than "
                         "--funnel-exact-width (2048) have rank-truncated curves only.", "bool"),
         "depth": Column("Sub-layer index b of the product (0-based; attention then MLP of each layer).", "integer"),
@@ -907,7 +907,7 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
               "One row per (checkpoint, layer, head): per-chunk quantities aggregated over chunks, null statistics, "
               "probe scores, role, the certified Kreiss bracket and the induction-engagement ratio."),
     "head_chunks": (("checkpoint", "layer", "head", "chunk"),
-                    "One row per (checkpoint, layer, head, chunk): every METHODS A3 quantity of one attention matrix "
+                    "One row per (checkpoint, layer, head, chunk): every §A3 quantity of one attention matrix "
                     "A and its Perron deflation B = A − P."),
     "head_probe": (("checkpoint", "layer", "head"),
                    "One row per (checkpoint, layer, head): repeated-random-token probe scores."),
@@ -949,7 +949,7 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
                    "one step and of full depth (the same values as the whole curve's there)."),
     "funnel_boot": (("checkpoint", "jacobian_mode", "init_seed", "replicate"),
                     "One row per (checkpoint, step-0 seed, bootstrap replicate) with `--funnel-boot` above 0: the "
-                    "claims' funnel ends (METHODS B3 under the B2 protocol) from mean operators of chunks drawn with "
+                    "claims' funnel ends (§B3 under the B2 protocol) from mean operators of chunks drawn with "
                     "replacement; the claims B2, B3 and C2 take 95% percentile intervals from them."),
     "communities": (("checkpoint", "boundary_index"),
                     "One row per (checkpoint, boundary): the community partition of the correlation graph."),
@@ -958,7 +958,7 @@ _ROWS: dict[str, tuple[tuple[str, ...], str]] = {
               "of one residual coordinate."),
     "topology_profile": (("checkpoint", "gamma"), "One row per (checkpoint, γ): the resolution profile that chose γ."),
     "coupling": (("checkpoint", "boundary_index"),
-                 "One row per (checkpoint, boundary): topology–dynamics coupling (METHODS B5)."),
+                 "One row per (checkpoint, boundary): topology–dynamics coupling (§B5)."),
     "transport": (("layer",), "One row per source layer of the Jacobian lens: the spectral geometry of its "
                   "transport matrix to the last block's output."),
     "readout": (("layer", "position", "lens", "rank"),
@@ -989,7 +989,7 @@ SUMMARIES: dict[str, Summary] = {s.name: s for s in (
             "`revisions` holds the same summary (without the options) of each revision analysed."),
     Summary("topology", "topology", "Significant layers per checkpoint at the FDR level `q_level`, and the "
             "boundaries tested per checkpoint."),
-    Summary("interventions", "clamp", "The massive-activation clamp chain (METHODS A7): `clamp_chain` with `tested` "
+    Summary("interventions", "clamp", "The massive-activation clamp chain (§A7): `clamp_chain` with `tested` "
             "(false when a condition could not be tested: then `reason` names it and the option to change, and "
             "`supported` is null; with only `reason` when no dimension is massive at the first token of a layer "
             "input in half the chunks, or when clamp units failed), `supported`, `reason` (null when supported, "
@@ -1060,7 +1060,8 @@ def declare(stage: str, implements: str, tables: dict[str, tuple[str, tuple[str,
     stage : str
         The stage's name.
     implements : str
-        What its outputs implement (the METHODS sections, or a sentence), for the pages.
+        What its outputs implement (sections of docs/methods.md cited as §A3, or a sentence),
+        for the pages.
     tables : dict
         ``NAME`` → ``(row, keys, columns)``: what one row is, the key columns, and every
         column's :class:`Column` (the identity columns are added in front).

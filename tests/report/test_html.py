@@ -47,6 +47,17 @@ def test_report_written_with_claims_json(report):
     assert not list(path.parent.glob(".*.tmp"))
 
 
+def test_each_claim_links_its_section_of_the_methods_page(report):
+    from depthlens.report.methods_page import anchors, claim_anchor
+
+    path, text = report
+    claims = json.loads((path.parent / "claims.json").read_text())
+    written = anchors((path.parent / "docs" / "methods.md").read_text(encoding="utf-8"))
+    for r in claims["results"]:
+        assert r["methods"] == f"docs/methods.md#{claim_anchor(r['id'])}" and r["methods"].split("#")[1] in written
+        assert f'href="{r["methods"]}"' in text
+
+
 def test_claims_table_comes_first(report):
     _, text = report
     body = text[text.index("<body>"):]

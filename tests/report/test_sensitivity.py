@@ -138,7 +138,7 @@ def test_head_rank_tests_and_spearman_against_references(rng):
 
 def test_numerical_health_section(run):
     checks = {c.name: c for c in numerical_health(RunTables(run))}
-    pinned = checks["K(A) = √n for simple Perron roots (METHODS A2, a theorem)"]
+    pinned = checks["K(A) = √n for simple Perron roots (§A2, a theorem)"]
     assert pinned.value == "1.0000" and pinned.ok is True
     brackets = checks["certified Kreiss brackets"]
     assert brackets.ok is True and brackets.value.startswith("16 brackets")

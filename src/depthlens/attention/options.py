@@ -1,4 +1,4 @@
-"""Options of the ``attention`` stage (METHODS A2–A6)."""
+"""Options of the ``attention`` stage (docs/methods.md §A2–§A6)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ class AttentionOptions:
     Parameters
     ----------
     null_mode : {"spec", "sink", "full"}
-        shuffle null (METHODS A4); spec keeps the spectrum exactly
+        shuffle null (docs/methods.md#a4); spec keeps the spectrum exactly
     null_samples : int
-        null samples per matrix (S; METHODS A4 uses 16)
+        null samples per matrix (S; docs/methods.md#a4)
     null_chunks : int
         chunks (the first ones) that get nulls and null depth products
     extras_chunks : int
@@ -41,12 +41,12 @@ class AttentionOptions:
         budget of σ_min evaluations per certified bracket; a bracket that needs more is
         reported wider and flagged uncertified (kreiss_B_certified = 0)
     probe_seqs : int
-        repeated-random-token probe sequences (METHODS A5: 128)
+        repeated-random-token probe sequences (docs/methods.md#a5)
     probe_len : int
-        length of the repeated random block of the probe (METHODS A5: 64)
+        length of the repeated random block of the probe (docs/methods.md#a5)
     ratio_seqs : int
         probe sequences (the first ones) on which the excess reserve of each routing head is
-        measured for the induction-engagement ratios (METHODS A5): the probe, its first copy
+        measured for the induction-engagement ratios (docs/methods.md#a5): the probe, its first copy
         and the length-matched control [BOS, r, r'], each against its own matched null
         (3 (1 + null_samples) Kreiss searches per head and sequence)
     thresholds : RoleThresholds

@@ -1,4 +1,4 @@
-"""Options of the ``contest`` stage (METHODS A7)."""
+"""Options of the ``contest`` stage (docs/methods.md#a7)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ..options import check_distinct, check_fields
 __all__ = ["CONTEST_TARGETS", "ContestOptions", "ContestTarget"]
 
 ContestTarget = Literal["persistence", "routing", "criticality"]
-#: The contest's targets (METHODS A7): depth persistence, routing identity (the probe role),
+#: The contest's targets (docs/methods.md#a7): depth persistence, routing identity (the probe role),
 #: ablation criticality (the ablate stage's mean-ablation ΔCE).
 CONTEST_TARGETS: tuple[ContestTarget, ...] = ("persistence", "routing", "criticality")
 

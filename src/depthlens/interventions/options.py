@@ -1,4 +1,4 @@
-"""Options of the ``ablate`` and ``clamp`` stages (METHODS A7)."""
+"""Options of the ``ablate`` and ``clamp`` stages (docs/methods.md#a7)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ..options import check_distinct, check_fields
 __all__ = ["ABLATION_METHODS", "AblateOptions", "AblationMethod", "ClampOptions", "CLAMP_ALPHAS"]
 
 
-#: The doses of the clamp (METHODS A7): the massive entries set to α·value (α = 0 is the zero
+#: The doses of the clamp (docs/methods.md#a7): the massive entries set to α·value (α = 0 is the zero
 #: arm, α = 1 the unclamped model).
 CLAMP_ALPHAS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -25,7 +25,7 @@ class AblateOptions:
     ----------
     ablation_methods : tuple of str
         comma-separated ablations of one head's output before the output projection
-        (METHODS A7), distinct, of mean (its mean output over the mean chunks), zero and
+        (docs/methods.md#a7), distinct, of mean (its mean output over the mean chunks), zero and
         resample (its output on a mean chunk instead)
     heldout_chunks : int
         chunks (the last ones of the run) on which the cross-entropy change is measured; the

@@ -1,4 +1,4 @@
-"""Options of the ``jacobian`` stage (METHODS B1–B4)."""
+"""Options of the ``jacobian`` stage (docs/methods.md §B1–§B4)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ..options import check_distinct, check_fields
 __all__ = ["ALPHAS", "DEFAULT_ALPHAS", "FUNNEL_CURVES", "JACOBIAN_MODES", "JacobianMode", "JacobianOptions",
            "init_seed_of"]
 
-#: Scales of the non-normal part in METHODS B4 (``--funnel-alphas`` of ``--preset paper``).
+#: Scales of the non-normal part in docs/methods.md#b4 (``--funnel-alphas`` of ``--preset paper``).
 ALPHAS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: The default ``--funnel-alphas``: the ends the claims read (B4: α = 0 against α = 1) and the
 #: midpoint the Schur-split figure draws between them.
@@ -21,7 +21,7 @@ DEFAULT_ALPHAS: tuple[float, ...] = (0.0, 0.5, 1.0)
 FUNNEL_CURVES = ("read", "every")
 
 JacobianMode = Literal["isolated", "isolated_observed", "in_context"]
-#: The Jacobian modes of METHODS B1, in the order a run computes them.
+#: The Jacobian modes of docs/methods.md#b1, in the order a run computes them.
 JACOBIAN_MODES: tuple[JacobianMode, ...] = ("isolated", "isolated_observed", "in_context")
 #: What ``--jacobian-mode both`` runs (the default).
 _BOTH: tuple[JacobianMode, ...] = ("isolated", "in_context")
@@ -34,7 +34,7 @@ class JacobianOptions:
     Parameters
     ----------
     jacobian_mode : {"isolated", "isolated_observed", "in_context", "both", "all"}
-        Jacobian mode of the mean operators (METHODS B1): isolated (the paper's: the observed
+        Jacobian mode of the mean operators (docs/methods.md#b1): isolated (the paper's: the observed
         pre-attention residual through the whole block as a one-token sequence, the MLP at
         the block-internal state x + Attn(x)), isolated_observed (each sub-layer one-token at
         its own observed residual), in_context; both = isolated and in_context; all = the three
@@ -48,9 +48,9 @@ class JacobianOptions:
         exact step is a d × d product and its SVD (16 s at d = 4096 against 0.4 s truncated);
         --funnel-rank 0 computes the exact products whatever the width
     funnel_alphas : tuple of float
-        comma-separated α in [0, 1] of the funnel's Schur split (METHODS B4); 1 alone: no split
+        comma-separated α in [0, 1] of the funnel's Schur split (docs/methods.md#b4); 1 alone: no split
     schur_orders : tuple of str
-        comma-separated eigenvalue orders of the Schur split (METHODS B4), distinct, of lapack
+        comma-separated eigenvalue orders of the Schur split (docs/methods.md#b4), distinct, of lapack
         (LAPACK's own, as scipy.linalg.schur(J, output="complex") returns it: the claims'
         protocol), canonical (descending modulus), outside_first (|λ| > 1 first),
         inside_first (|λ| ≤ 1 first); the first gets every α, the others α = 0 only, and

@@ -1,7 +1,7 @@
 """The numerical health of a run: structural facts and numerical checks, not claims.
 
-The mask pins K(A) = √n for every causal stochastic matrix with a simple Perron root (METHODS
-A2): a theorem, so a miss is a numerical problem, not a finding. Beside it: how many Kreiss
+The mask pins K(A) = √n for every causal stochastic matrix with a simple Perron root
+(docs/methods.md#a2): a theorem, so a miss is a numerical problem, not a finding. Beside it: how many Kreiss
 brackets were certified and whether the search values lie inside them, which LAPACK drivers
 fell back, which rows no driver could compute, and which heads were aggregated by a plain
 median instead of a median of logs. Each check reads tables, summaries and the manifest only.
@@ -49,7 +49,7 @@ def numerical_health(tables: RunTables) -> list[HealthCheck]:
 
 
 def _kreiss_pinned(t: RunTables) -> HealthCheck:
-    name = "K(A) = √n for simple Perron roots (METHODS A2, a theorem)"
+    name = "K(A) = √n for simple Perron roots (§A2, a theorem)"
     value, note = compute_statistic("kreiss_A_pinned_fraction", t)
     if value is None or np.isnan(value):
         return HealthCheck(name, "—", None, note or "no matrix with a simple Perron root")

@@ -36,7 +36,8 @@ from .explorer import explorer_html
 from .figures import FIGURES, build_figures
 from .health import numerical_health
 from .statistics import STATISTICS
-from .verdicts_html import claims_section, esc, glance_section, num, status_badge
+from .methods_page import claim_link
+from .verdicts_html import claims_section, esc, glance_section, num, section_links, status_badge
 from ..runs.tables import RunTables
 
 REPORT = "report.html"
@@ -47,11 +48,11 @@ DOCS = "docs"
 PARTS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "A": ("Part A. The resolvent view of causal attention", ("capture", "attention", "ablate", "clamp", "contest"),
           "Per-head operators A and their Perron deflations B = A − P, matched shuffle nulls, head "
-          "roles and depth products (METHODS A1–A6); head ablation, the massive-activation clamp chain "
-          "and the feature-family contest (METHODS A7)."),
+          "roles and depth products (§A1–§A6); head ablation, the massive-activation clamp chain "
+          "and the feature-family contest (§A7)."),
     "B": ("Part B. Spectral geometry of the residual stream", ("jacobian", "topology", "lens"),
           "Mean sub-layer Jacobians, their spectra, the cumulative funnel with the Schur split, and "
-          "the coupling of activation topology to Jacobian amplification (METHODS B1–B6); with the lens "
+          "the coupling of activation topology to Jacobian amplification (§B1–§B6); with the lens "
           "stage, the true end-to-end transport beside the funnel of mean Jacobians."),
     "C": ("Part C. Training dynamics", ("census",),
           "The checkpoint census: head roles and reserve, the funnel and the coupling at every checkpoint of a "
@@ -97,8 +98,10 @@ table.glance .verdict{padding:0 .5em}div.wide{overflow-x:auto;max-width:100%}
 def render_report(run_dir: str | Path, *, claims_path: str | Path | None = None) -> Path:
     """Evaluate the claims, draw the figures and write ``RUN/report.html`` atomically.
 
-    Also writes ``RUN/claims.json`` and ``RUN/figures/*.png``. Reads tables, summaries and
-    arrays only; parts whose stage did not run are marked "not run".
+    Also writes ``RUN/claims.json`` (each result with ``methods``: the relative link of its
+    section of ``docs/methods.md``, None for a claim the page does not document), the reference
+    pages ``RUN/docs/*.md`` and ``RUN/figures/*.png``. Reads tables, summaries and arrays only;
+    parts whose stage did not run are marked "not run".
 
     Parameters
     ----------
@@ -131,11 +134,13 @@ def render_report(run_dir: str | Path, *, claims_path: str | Path | None = None)
     registered = registered_claims(tables).get("sha256")
     registered = registered if isinstance(registered, str) else None
     results = evaluate(claims, tables)
+    for result in results:  # each claim's section of the method reference, as the report links it
+        result["methods"] = claim_link(result["id"])
     write_claims_json(root, results, claims_path=claims_file, registered_hash=registered)
     figures = build_figures(tables)
     from .docs import write_docs  # here: ``python -m depthlens.report.docs`` runs it as __main__
 
-    write_docs(root / DOCS)  # the column reference the table sections link to
+    write_docs(root / DOCS)  # the column and method reference the report links to
     page = _page(tables, results, figures, claims_file, registered)
     path = root / REPORT
     write_bytes(path, page.encode("utf-8"))
@@ -200,7 +205,7 @@ def _rescored_banner(claims_file: Path, registered: str | None) -> str:
 def _health_section(tables: RunTables) -> str:
     """Numerical health: structural facts and numerical checks (not claims)."""
     marks = {True: "ok", False: "check", None: "—"}
-    rows = "".join(f"<tr><td>{esc(c.name)}</td><td class=\"num\">{esc(c.value)}</td><td>{marks[c.ok]}</td>"
+    rows = "".join(f"<tr><td>{section_links(esc(c.name))}</td><td class=\"num\">{esc(c.value)}</td><td>{marks[c.ok]}</td>"
                    f"<td><small>{esc(c.detail)}</small></td></tr>" for c in numerical_health(tables))
     return ('<section id="health"><h2>Numerical health</h2><p>Structural facts the analysis relies on and '
             "numerical checks of this run. They are not claims: a failed check is a numerical problem to look "
@@ -225,7 +230,7 @@ def _stages_section(tables: RunTables) -> str:
 
 def _part_section(key: str, title: str, stages: tuple[str, ...], blurb: str, tables: RunTables,
                   figures: Mapping[str, tuple[Path | None, str]]) -> str:
-    out = [f'<section id="part-{key.lower()}"><h2>{esc(title)}</h2><p>{esc(blurb)}</p>']
+    out = [f'<section id="part-{key.lower()}"><h2>{esc(title)}</h2><p>{section_links(esc(blurb))}</p>']
     statuses = {s: tables.stage_status(s) for s in stages}
     for stage, status in statuses.items():
         if status != "done":
@@ -329,7 +334,7 @@ def _interventions_summary(tables: RunTables) -> str:
                 if isinstance(cond, Mapping):
                     rows.append((f"{name}: held", cond.get("held")))
                     rows.extend((f"{name}: {k}", v) for k, v in cond.items() if k != "held")
-            out.append("<h3>Clamp chain (METHODS A7)</h3>" + _kv_table(_flatten(dict(rows))))
+            out.append(f"<h3>Clamp chain ({section_links('§A7')})</h3>" + _kv_table(_flatten(dict(rows))))
     contest = tables.table("contest")
     if contest is not None and {"target", "features", "required"} <= set(contest.columns):
         drop = contest[contest["features"].astype(str).str.startswith("all-")]
@@ -402,7 +407,7 @@ def figure_html(name: str, title: str, caption: str, png: bytes | None, why: str
 
 def _code_spans(text: str) -> str:
     """Escaped ``text`` with its markdown `code` spans as ``<code>``."""
-    return re.sub(r"`([^`]*)`", r"<code>\1</code>", esc(text))
+    return section_links(re.sub(r"`([^`]*)`", r"<code>\1</code>", esc(text)))
 
 
 def _tables_html(stages: tuple[str, ...], tables: RunTables) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..runs.tables import STATUS_TEXT
 from .claims import VERDICTS, claims_hash
+from .methods_page import METHODS_PAGE, link_sections
 from .verdict_text import interval_ends, interval_inline, verdict_label
 from .statistics import SAMPLE_UNITS
 
@@ -27,6 +28,12 @@ FRAGILE_BADGE = '<span class="verdict fragile" style="background:#bc4c00">fragil
 def esc(value: Any) -> str:
     """``html.escape`` of ``str(value)`` (quotes included)."""
     return html.escape(str(value), quote=True)
+
+
+def section_links(escaped: str, folder: str = "docs/") -> str:
+    """Escaped HTML ``escaped`` with each section citation (``§A4``) as a link to its section of
+    ``docs/methods.md`` (relative to the run directory, where the report writes ``docs/``)."""
+    return link_sections(escaped, lambda cite, anchor: f'<a href="{folder}{METHODS_PAGE}#{anchor}">{cite}</a>')
 
 
 def verdict_badge(r: Mapping[str, Any]) -> str:
@@ -59,7 +66,7 @@ def claims_section(results: list[dict], claims_file: Path, registered: str | Non
     for r in results:
         rows.append(
             f'<tr id="claim-{esc(r["id"])}">'
-            f"<td><b>{esc(r['id'])}</b></td>"
+            f"<td><b>{esc(r['id'])}</b>{_methods_link(r)}</td>"
             f"<td>{esc(r['prediction'])}<br><small>falsified if: {esc(r['falsifier'])}</small><br>"
             f"<small>source: {esc(r['source'])}</small>{_protocol_text(r)}</td>"
             f"<td><code>{esc(r['statistic'])}</code><br><small>{esc(r['statistic_description'])}</small></td>"
@@ -100,6 +107,12 @@ def claims_section(results: list[dict], claims_file: Path, registered: str | Non
     )
 
 
+def _methods_link(result: Mapping[str, Any]) -> str:
+    """A link to the claim's section of the method reference, where it has one."""
+    href = result.get("methods")
+    return f'<br><small><a class="methods" href="{esc(href)}">method</a></small>' if href else ""
+
+
 def _interval_text(result: Mapping[str, Any]) -> str:
     """The statistic's 95% interval (or range over protocol choices) under its value."""
     ends = interval_ends(result)
@@ -130,7 +143,7 @@ def _upper(cal: Mapping[str, Any], rate: str) -> str:
 
 def _protocol_text(result: Mapping[str, Any]) -> str:
     out = f'<br><b class="note">note: {esc(result["note"])}</b>' if result.get("note") else ""
-    out += f"<br><small>protocol: {esc(result['protocol'])}</small>" if result.get("protocol") else ""
+    out += f"<br><small>protocol: {section_links(esc(result['protocol']))}</small>" if result.get("protocol") else ""
     described = result.get("descriptive") or {}
     if described:
         out += "<br><small>beside it: " + esc("; ".join(

@@ -1,4 +1,4 @@
-"""The ``ablate`` stage: ablation criticality of every attention head (METHODS A7), computed
+"""The ``ablate`` stage: ablation criticality of every attention head (docs/methods.md#a7), computed
 by :mod:`depthlens.interventions.ablation`.
 
 The last ``heldout_chunks`` chunks of the run are held out; the others are the mean chunks.

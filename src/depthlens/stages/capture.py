@@ -5,7 +5,7 @@ One unit of work is one batch of chunks (fixed boundaries, so a resumed run reco
 exactly the same batches). Tables:
 
 - ``attention_patterns``: one row per (layer, head, chunk): ``sink_mass``, ``prev_weight``,
-  ``row_entropy`` (METHODS A3).
+  ``row_entropy`` (docs/methods.md#a3).
 - ``attention_summary``: one row per (layer, head): the median over chunks of each.
 - ``residual_summary``: one row per (chunk, boundary): see :func:`depthlens.residual.summarise_boundaries`.
 

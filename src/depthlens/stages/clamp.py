@@ -1,4 +1,4 @@
-"""The ``clamp`` stage: massive activations and the clamp chain (METHODS A7).
+"""The ``clamp`` stage: massive activations and the clamp chain (docs/methods.md#a7).
 
 Phases, each in resumable units:
 

@@ -1,4 +1,4 @@
-"""The ``contest`` stage (METHODS A7): which per-head feature family predicts what a head does.
+"""The ``contest`` stage (docs/methods.md#a7): which per-head feature family predicts what a head does.
 
 Two phases, each in resumable units:
 
@@ -9,7 +9,7 @@ Two phases, each in resumable units:
    persistence (:mod:`depthlens.contest.features`) are computed by the workers. A prompt's
    matrices (a prompts file) are trimmed to its length; its row averages (``mean_distance``,
    ``max_weight``, ``induction_mass``) are over its analysed positions. The per-head table ``contest_features`` is the median over chunks
-   (of logs for the scale quantities ``fro_B`` and ``sigma2_B``, METHODS A3).
+   (of logs for the scale quantities ``fro_B`` and ``sigma2_B``, docs/methods.md#a3).
 2. ``cv_<target>``: the contest of one target (:func:`depthlens.contest.cv.contest_target`)
    over the features of ``heads`` (attention stage) and ``contest_features``. The table
    ``contest`` gets BH q-values over all its rows.

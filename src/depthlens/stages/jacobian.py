@@ -1,4 +1,4 @@
-"""The ``jacobian`` stage over models (METHODS B1–B4, B6): mean sub-layer operators per
+"""The ``jacobian`` stage over models (docs/methods.md §B1–§B4, §B6): mean sub-layer operators per
 checkpoint and mode, the layer operators they compose to, their spectral metrics and
 eigenvalues, and the cumulative funnel with the Schur split in every Schur order asked for.
 

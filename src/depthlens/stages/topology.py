@@ -1,4 +1,4 @@
-"""The ``topology`` stage over models (METHODS B5): activation-correlation graphs at every
+"""The ``topology`` stage over models (docs/methods.md#b5): activation-correlation graphs at every
 sub-layer boundary, signed Leiden CPM communities, boundary nodes, and their coupling to the
 Jacobian amplification of the mean operators (from the ``jacobian`` stage), with BH-FDR.
 

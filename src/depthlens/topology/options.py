@@ -1,4 +1,4 @@
-"""Options of the ``topology`` stage (METHODS B5)."""
+"""Options of the ``topology`` stage (docs/methods.md#b5)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class TopologyOptions:
     skip_positions : int
         leading positions of every chunk left out of the correlations
     exclude_massive : bool
-        drop massive-activation dimensions (METHODS A7 rule) from the graphs
+        drop massive-activation dimensions (the docs/methods.md#a7 rule) from the graphs
     boundary_quantile : float
         participation-coefficient quantile, in (0, 1), above which a unit is a boundary node
     amplification : {"column", "row", "diagonal"}

@@ -14,7 +14,7 @@ __all__ = ["PRESET_SEEDS", "TRAINING_PRESETS", "resolve"]
 #: ``induction``: a 2-layer llama-like model (width 128, 4 heads, byte tokenizer) on
 #: python-docs with three sequences in four a repeated block of random tokens
 #: (``repeat_fraction``). Its final checkpoint has previous-token heads in layer 0 and
-#: induction heads in layer 1 by the repeated-random-token probe (METHODS A5: scores ≥ 0.3;
+#: induction heads in layer 1 by the repeated-random-token probe (docs/methods.md#a5: scores ≥ 0.3;
 #: 0.46 and 0.87 at seed 0, the first induction head at step-1002), step 0 none (0.01); about
 #: 4 minutes on 2 CPU cores, checkpoints included (4 min 12 s measured). Text alone does not
 #: form an induction head that generalises to the probe within this budget (in trials at this
