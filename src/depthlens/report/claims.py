@@ -12,7 +12,7 @@ A claims file is TOML with one ``[[claim]]`` table per claim::
     falsifier = "One sentence saying what would refute it."
     source = "Which paper figure it comes from."
     min_chunks = 6                                # optional: minimum sample, one min_UNIT per unit
-    protocol = "How it is measured (METHODS.md)." # optional: the operationalisation, traced to METHODS
+    protocol = "How it is measured (§A4)." # optional: the operationalisation, citing docs/methods.md
     descriptive = ["eig_gap_e1_model_final"]      # optional: statistics reported beside, no verdict
     [[claim.variant]]                             # optional, repeated: a sensitivity variant
     name = "second eigenvalue prediction"         #   what it changes
@@ -107,7 +107,7 @@ class Claim:
     inconclusive_band: tuple[tuple[float, float], ...] = field(default=())
     #: ``(unit, minimum)`` pairs from the ``min_UNIT`` fields, units of :data:`SAMPLE_UNITS`.
     min_sample: tuple[tuple[str, int], ...] = field(default=())
-    #: How the statistic is measured, traced to the sentence of METHODS.md or the seed it tests.
+    #: How the statistic is measured, citing the section of docs/methods.md it follows.
     protocol: str = ""
     #: Statistics reported beside the verdict, without one of their own.
     descriptive: tuple[str, ...] = field(default=())

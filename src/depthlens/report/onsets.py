@@ -1,6 +1,6 @@
 """Formation and consolidation onsets over a checkpoint series, and their calibrated lag.
 
-Seed 1 dates the resolvent organisation "to a consolidation phase after circuit formation".
+Paper A dates the resolvent organisation "to a consolidation phase after circuit formation".
 Operationally, per head of the final checkpoint's role groups, both onsets are found by the
 **same** rule on a continuous series:
 
