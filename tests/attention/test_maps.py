@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from depthlens.attention.patterns import prev_weight, sink_mass
 from depthlens.attention.picks import chosen_heads, parse_head, top_heads
 from depthlens.config import RunConfig
 from depthlens.errors import InputError
@@ -55,3 +56,17 @@ def test_saved_maps_are_the_heads_matrices(head_run) -> None:
         np.testing.assert_allclose(A, view.A, rtol=0, atol=1e-12)
         np.testing.assert_allclose(A.sum(axis=1), 1.0, atol=1e-9)
         assert np.all(np.triu(A, 1) == 0)  # causal
+
+
+def test_saved_maps_agree_with_the_capture_tables(head_run) -> None:
+    """The pattern features of each saved matrix, computed directly, are the capture stage's
+    attention_patterns row of that head and chunk (two forward passes, the same numbers)."""
+    from depthlens.report.pattern_figures import attention_maps
+
+    patterns = head_run.table("attention_patterns").set_index(["layer", "head", "chunk"])
+    maps = attention_maps(head_run._tables)
+    assert maps
+    for m in maps:
+        row = patterns.loc[(m["layer"], m["head"], m["chunk"])]
+        assert float(sink_mass(m["A"])) == pytest.approx(row["sink_mass"], abs=1e-9) == m["sink_mass"]
+        assert float(prev_weight(m["A"])) == pytest.approx(row["prev_weight"], abs=1e-9) == m["prev_weight"]
