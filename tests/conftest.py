@@ -46,10 +46,11 @@ HEAD_RUN_OPTIONS = {"chunks": 2, "seq_len": 16, "probe_seqs": 4, "probe_len": 6,
 
 @pytest.fixture(scope="session")
 def head_run(tmp_path_factory: pytest.TempPathFactory, text_file: Path):
-    """The attention stage of ``random:llama`` on :data:`SENTENCES` (:data:`HEAD_RUN_OPTIONS`),
-    as a :class:`depthlens.Run`; shared by the ``Run.head`` and head-explorer tests."""
+    """The capture and attention stages of ``random:llama`` on :data:`SENTENCES`
+    (:data:`HEAD_RUN_OPTIONS`), as a :class:`depthlens.Run`; shared by the ``Run.head``,
+    head-explorer and attention-map tests."""
     import depthlens
 
     out = tmp_path_factory.mktemp("head_run") / "run"
-    return depthlens.analyse("random:llama", text=str(text_file), stages=["attention"], out=out, preset="quick",
+    return depthlens.analyse("random:llama", text=str(text_file), stages=["capture", "attention"], out=out, preset="quick",
                              jobs=1, **HEAD_RUN_OPTIONS)

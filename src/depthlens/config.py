@@ -340,8 +340,14 @@ class RunConfig:
         The section of a stage outside ``depthlens run`` (``in_run`` false: ``lens``) enters it
         only when one of its options differs from its default. So adding such a stage leaves
         the hash of every run that does not change its options as it was, and a run made
-        before it existed can take that stage with ``--resume``."""
+        before it existed can take that stage with ``--resume``. An option marked
+        ``metadata={"hash": False}`` (one that chooses what the report draws, such as the
+        attention stage's ``heads``) never enters it."""
         values = self.to_dict()
+        for name, section in self.sections.items():  # options that choose what is drawn, not what is computed
+            for f in option_fields(type(section)):
+                if f.metadata.get("hash") is False and isinstance(values.get(name), dict):
+                    values[name].pop(f.name, None)
         for name, stage in STAGES.items():
             defaults = {f.name: f.default for f in option_fields(stage.options) if f.derived is None}
             if not stage.in_run and values.get(name) == _plain(defaults):

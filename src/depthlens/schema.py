@@ -1026,6 +1026,10 @@ ARRAYS: dict[str, ArrayFile] = {a.pattern: a for a in (
               "`transient` (layers, heads, 28) = ‖B^k‖ exactly at the powers `powers` (k = 1 … 16, then steps of "
               "2^¼ to 128), `eig` (layers, heads, n) the eigenvalues of B (its diagonal), `chunk` (layers, heads); "
               "NaN (chunk −1) for a head without a value."),
+    ArrayFile("attention_maps", "attention", "The attention matrices A (float64, n × n, n the chunk's length) of "
+              "the heads of --heads (default: the top routing head, largest previous-token or induction score, and "
+              "the top sink head, largest sink mass) of the trained model, each on its median chunk (by TR1), keyed "
+              "`LAYER.HEAD` (metadata: `heads`, `chunks`, `picked`); the report's attention-pattern figure."),
     ArrayFile("jacobians_<checkpoint>_<jacobian_mode>", "jacobian",
               "The mean sub-layer Jacobians of one checkpoint and mode, in the dtype of --save-arrays."),
     ArrayFile("lens", "lens", "The Jacobian-lens transport matrices in the reference artifact format that "

@@ -117,6 +117,8 @@ def build_run(root: Path, *, model: str = "synthetic:tiny", stages: Iterable[str
         _attention(root, rng, ident, pseudospectra, chunks)
         if explorer:
             write_head_spectra(root)
+    if "capture" in stages:
+        _capture(root, ident, chunks)
     if "ablate" in stages:
         _ablate(root, ident)
     if "clamp" in stages:
@@ -202,6 +204,59 @@ def _attention(root: Path, rng: np.random.Generator, ident: dict, pseudospectra:
             meta.update({f"{role}.layer": str(k), f"{role}.head": "1"})
         (root / "arrays").mkdir(exist_ok=True)
         save_file(arrays, str(root / "arrays" / "pseudospectra.safetensors"), metadata=meta)
+        write_attention_maps(root)
+
+
+#: The heads of the synthetic attention maps ((layer, head) → what picked it) and their chunk.
+MAP_HEADS = {(0, 0): "routing", (0, 1): "sink"}
+MAP_CHUNK = 1
+
+
+def attention_map(layer: int, head: int, n: int = 16) -> np.ndarray:
+    """A causal row-stochastic (n, n) matrix: a previous-token pattern for head 0, a sink
+    pattern for head 1, seeded noise under both."""
+    rng = np.random.default_rng(10 * layer + head)
+    A = np.tril(rng.uniform(0.0, 0.05, size=(n, n)))
+    i = np.arange(1, n)
+    A[i, i - 1 if head == 0 else 0] += 1.0
+    A[0, 0] = 1.0
+    return A / A.sum(axis=1, keepdims=True)
+
+
+def write_attention_maps(root: Path) -> None:
+    """Write ``arrays/attention_maps.safetensors`` as the attention stage lays it out."""
+    arrays = {f"{layer}.{head}": attention_map(layer, head) for layer, head in MAP_HEADS}
+    meta = {"config_hash": "0123456789abcdef", "heads": ",".join(arrays), "picked": ",".join(MAP_HEADS.values()),
+            "chunks": ",".join(str(MAP_CHUNK) for _ in arrays)}
+    (root / "arrays").mkdir(exist_ok=True)
+    save_file(arrays, str(root / "arrays" / "attention_maps.safetensors"), metadata=meta)
+
+
+def _capture(root: Path, ident: dict[str, str], chunks: int, layers: int = 4) -> None:
+    """``attention_patterns`` (every head of the synthetic model and chunk, the map heads'
+    rows computed from :func:`attention_map` on :data:`MAP_CHUNK`) and ``residual_summary``
+    (two boundaries a layer and the output; massive activations from layer 2 on)."""
+    from depthlens.attention.patterns import prev_weight, row_entropy, sink_mass
+
+    rows = []
+    for layer, head in _HEADS:
+        for chunk in range(chunks):
+            A = attention_map(layer, head) if (layer, head) in MAP_HEADS and chunk == MAP_CHUNK else None
+            rows.append({"layer": layer, "head": head, "chunk": chunk,
+                         "sink_mass": 0.3 if A is None else float(sink_mass(A)),
+                         "prev_weight": 0.2 if A is None else float(prev_weight(A)),
+                         "row_entropy": 1.0 if A is None else float(row_entropy(A))})
+    write_table(root, "attention_patterns", pd.DataFrame(rows), ident)
+    residual = []
+    for chunk in range(chunks):
+        for position, (layer, boundary) in enumerate(
+                [(lay, b) for lay in range(layers) for b in ("pre_attn", "pre_mlp")] + [(layers, "final")]):
+            massive = 2 + chunk % 2 if layer >= 2 else 0
+            residual.append({"chunk": chunk, "layer": layer, "boundary": boundary, "rms": 1.0 + 0.5 * position,
+                             "median_abs": 0.5 + 0.1 * position + 0.01 * chunk,
+                             "max_abs": (300.0 + 10 * chunk) if massive else 5.0 + chunk, "max_pos": 0,
+                             "max_dim": 7 if massive else chunk, "n_massive": massive})
+    write_table(root, "residual_summary", pd.DataFrame(residual), ident)
 
 
 _HEADS = [divmod(i, 4) for i in range(16)]  # (layer, head) of the synthetic heads table

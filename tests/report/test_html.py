@@ -43,8 +43,9 @@ def test_report_written_with_claims_json(report):
     claims = json.loads((path.parent / "claims.json").read_text())
     assert len(claims["results"]) == len(load_claims())
     for r in claims["results"]:
-        assert f"<b>{r['id']}</b>" in text
+        assert f'<section class="claim" id="claim-{r["id"]}">' in text
     assert not list(path.parent.glob(".*.tmp"))
+
 
 
 def test_each_claim_links_its_section_of_the_methods_page(report):
@@ -57,19 +58,27 @@ def test_each_claim_links_its_section_of_the_methods_page(report):
         assert r["methods"] == f"docs/methods.md#{claim_anchor(r['id'])}" and r["methods"].split("#")[1] in written
         assert f'href="{r["methods"]}"' in text
 
-
-def test_claims_table_comes_first(report):
+def test_page_order(report):
+    """Header facts, the verdict table, the contents, one section per claim (figure first, prose
+    folded), the figures no claim shows, the numbers-only sections, provenance last."""
     _, text = report
     body = text[text.index("<body>"):]
     assert body[body.index("<table"):].startswith('<table class="glance" id="verdicts"')  # verdicts at a glance
-    first_table = body.index('<table class="claims"')
-    assert first_table < body.index("<img") < body.index('id="provenance"')
-    assert body.index('id="claims"') < body.index('id="part-a"') < body.index('id="part-b"')
-    header = body[first_table: body.index("</thead>", first_table)]
-    assert [h for h in re.findall(r"<th>(.*?)</th>", header)] == [
-        "id", "prediction", "statistic", "value", "threshold", "verdict"]
+    order = ['id="facts"', 'id="sizes"', 'id="verdicts"', 'id="toc"', 'id="claims"', 'id="figures"', 'id="part-a"',
+             'id="part-b"', 'id="numbers"', 'id="health"', 'id="stages"', 'id="numbers-a"', 'id="provenance"']
+    positions = [body.index(anchor) for anchor in order]
+    assert positions == sorted(positions)
+    assert body.index('id="toc"') < body.index("<img") < body.index('id="figures"')
+    for section in re.findall(r'<section class="claim" id="claim-[^"]+">.*?</section>', body, re.S):
+        figure = min(i for i in (section.find("<figure"), section.find('class="seefig"'),
+                                 section.find('class="unavailable"')) if i >= 0)
+        assert figure < section.index('<details class="claim-prose">')
+    assert re.findall(r'href="#claim-([^"]+)"', body[body.index('id="toc"'):body.index('id="claims"')]) == \
+        [r["id"] for r in read_json(Path(report[0]).parent, "claims")["results"]]
     assert 'class="verdict" style="background:#1a7f37">supported' in body
     assert ">not tested</span>" in body
+    assert "<b>model</b> " + html_escaped(MALICIOUS) in body and "<b>seed</b> 0" in body
+    assert "10 chunks × 16 tokens" in body and 'id="smoke"' not in body and "smoke run" not in body
 
 
 def test_run_text_is_escaped(report):
@@ -126,12 +135,16 @@ def test_stage_not_run_and_failed(tmp_path):
     part_b = text[text.index('id="part-b"'): text.index('id="part-c"')]
     assert "Stage <b>topology</b>" in part_b and "not run" in part_b
     assert "Stage <b>jacobian</b>" in part_b and "failed" in part_b
-    assert "Topology–dynamics coupling: not available — stage topology not run" in part_b
+    b5 = text[text.index('id="claim-B5-coupling-rise"'):]
+    assert "Topology–dynamics coupling: not available — stage topology not run" in b5[: b5.index("</section>")]
     part_a = text[text.index('id="part-a"'): text.index('id="part-b"')]
     assert "arrays/pseudospectra.safetensors is absent" in part_a
-    # transient reserve, depth products, criticality, clamp dose, contest, the lens readout and the census's four
-    assert len(IMG.findall(text)) == 10
-    assert "stage jacobian failed: tables/operators.parquet is absent" in part_b
+    assert "arrays/attention_maps.safetensors is absent" in part_a
+    # transient reserve, depth products, criticality, clamp dose, contest, the residual profile, the lens
+    # readout and the census's four
+    assert len(IMG.findall(text)) == 11
+    b1b = text[text.index('id="claim-B1b-symmetric-late"'):]
+    assert "stage jacobian failed: tables/operators.parquet is absent" in b1b[: b1b.index("</section>")]
     claims = {r["id"]: r["verdict"] for r in json.loads((run / "claims.json").read_text())["results"]}
     assert claims["B5-coupling-rise"] == claims["B6-coupling-init"] == "not tested"
 
@@ -167,7 +180,7 @@ def test_report_in_headless_chromium(report, tmp_path):
     path, _ = report
     shot = tmp_path / "report.png"
     errors, found = in_chromium(path, {"widths": IMAGE_WIDTHS,
-                                       "claims_rows": "document.querySelectorAll('table.claims tbody tr').length",
+                                       "claims_rows": "document.querySelectorAll('section.claim').length",
                                        "first_table": "document.querySelector('table').className",
                                        "scripts": "document.querySelectorAll('script').length"}, screenshot=shot)
     assert errors == []
@@ -181,16 +194,16 @@ def test_report_in_headless_chromium(report, tmp_path):
 GLANCE_ROWS = ("Array.from(document.querySelectorAll('#verdicts tbody tr')).map(r => {const b = "
                "r.getBoundingClientRect(); return {cells: Array.from(r.cells).map(c => c.innerText.trim()), "
                "bottom: b.bottom, right: b.right, height: b.height};})")
-#: Per row of the full claims table: the right edge of its verdict cell.
-VERDICT_RIGHTS = ("Array.from(document.querySelectorAll('#claims-table tbody tr')).map(r => "
-                  "r.cells[5].getBoundingClientRect().right)")
+#: The right edge of every verdict badge of the claim sections.
+VERDICT_RIGHTS = ("Array.from(document.querySelectorAll('section.claim .verdict')).map(b => "
+                  "b.getBoundingClientRect().right)")
 
 
 @pytest.mark.parametrize("width", [1280, 1400, 1920])
 def test_every_verdict_is_on_the_first_screen(report, width):
     """At 1280 × 800 (and wider) the first screen shows every claim's verdict, value and test,
     one line per claim, and nothing of the page needs sideways scrolling (the full table's
-    verdict column was once off-screen at 1400 and 1920 px)."""
+    verdict column of the full claims table was once off-screen at 1400 and 1920 px)."""
     path, _ = report
     doc = read_json(path.parent, "claims")
     errors, found = in_chromium(path, {"glance": GLANCE_ROWS, "verdicts": VERDICT_RIGHTS,
@@ -225,7 +238,7 @@ def test_every_table_section_links_its_docs_page_and_has_a_glossary(report):
             present = set(re.findall(r"<td><code>([^<]*)</code></td>", section))
             assert present  # the run's own columns (or every described one when the table is absent)
     # part A holds the attention tables, part B the topology ones
-    assert text.index('id="table-heads"') < text.index('id="part-b"') < text.index('id="table-coupling"')
+    assert text.index('id="table-heads"') < text.index('id="numbers-b"') < text.index('id="table-coupling"')
     heads = text[text.index('id="table-heads"'):]
     assert "Transient reserve TR1 = log K(B)" in heads[: heads.index("</details>")]
     # the pages written beside the report are the generated ones

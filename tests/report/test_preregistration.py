@@ -227,7 +227,7 @@ def test_rescoring_against_an_edited_file_is_flagged(tmp_path):
     assert a2["criterion"] == "≥ 9"
     banner = text[text.index('id="rescored"'): text.index('id="claims"')]
     assert "Re-scored" in banner and registered in banner and claims_hash(edited) in banner
-    assert text.index('id="rescored"') < text.index('id="claims-table"')
+    assert text.index('id="rescored"') < text.index('id="verdicts"')
     # the registered copy is untouched: the default report is the pre-registered one again
     render_report(run)
     doc = json.loads((run / "claims.json").read_text())

@@ -51,6 +51,9 @@ class AttentionOptions:
         (3 (1 + null_samples) Kreiss searches per head and sequence)
     thresholds : RoleThresholds
         role rules (a ``[attention.thresholds]`` table in a config file)
+    heads : tuple of str
+        heads whose attention the report draws, as LAYER.HEAD (default: the top routing and
+        sink head)
     seed : int
         seed of nulls and probe: the run's seed
     """
@@ -66,6 +69,7 @@ class AttentionOptions:
     probe_len: int = field(default=64, metadata={"min": 1})
     ratio_seqs: int = field(default=16, metadata={"min": 1})
     thresholds: RoleThresholds = field(default_factory=RoleThresholds)
+    heads: tuple[str, ...] = field(default=(), metadata={"hash": False})
     seed: int = field(default=0, metadata={"derived": "seed"})
 
     def __post_init__(self) -> None:

@@ -99,7 +99,7 @@ def draw_census_formation(t: RunTables) -> Figure:
         frac = consolidated.groupby("order")["ok"].mean().reindex(by_order["order"]).to_numpy(dtype=float)
         colour = ROLE_COLOURS["sink" if group == "sink" else "routing"]
         ax.plot(x, mean, "-o", color=colour, ms=3, label=f"mean {score.replace('_', ' ')}")
-        ax.plot(x, frac, "--s", color="black", ms=3, label="fraction significant Δ_TR")
+        ax.plot(x, frac, "--s", color="black", ms=3, label=r"fraction significant $\Delta_\mathrm{TR}$")
         for col, style, what in (("formation_step", "-", "formation"), ("consolidation_step", "--", "consolidation")):
             onset = members[col].dropna()
             if len(onset):
@@ -205,7 +205,7 @@ def draw_census_norms(t: RunTables) -> Figure:
         norm = part["norm"].iloc[0] if len(part) else ""
         axes[0, k].set_title(f"{name}" + (f" ({norm})" if norm else ""), fontsize=9)
         axes[0, k].set_ylabel("heads")
-        axes[1, k].set_ylabel("mean Δ_TR (nats)")
+        axes[1, k].set_ylabel(r"mean $\Delta_\mathrm{TR}$ (nats)")
         axes[1, k].set_xlabel("relative depth")
         axes[0, k].legend(fontsize=7)
     return fig

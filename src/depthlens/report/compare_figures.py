@@ -153,17 +153,17 @@ PROFILES: tuple[ProfileSpec, ...] = (
         "Jacobian, trained model, against layer / (L − 1). Look for non-normal early layers giving way to "
         "near-normal late ones in trained models, and its absence at initialisation."), False,
         _layer_operator("henrici_update_rel")),
-    ProfileSpec("erank_funnel", "The erank funnel against depth", "erank of C_{0→b}", (
-        "Effective rank of the cumulative Jacobian C_{0→b} (forward from the input, α = 1, the least truncated "
+    ProfileSpec("erank_funnel", "The erank funnel against depth", r"erank of $C_{0\to b}$", (
+        "Effective rank of the cumulative Jacobian C(0→b) (forward from the input, α = 1, the least truncated "
         "product the run computed), trained model, against the normalised sub-layer step b / (S − 1). Look for "
         "a funnel (erank falling by an order of magnitude) in trained models and not at initialisation "
         "(claims B2, B3)."), True, _erank_funnel),
-    ProfileSpec("delta_tr_roles", "Excess reserve Δ_TR by head role against depth", "mean Δ_TR (nats)", (
+    ProfileSpec("delta_tr_roles", "Excess reserve Δ_TR by head role against depth", r"mean $\Delta_\mathrm{TR}$ (nats)", (
         "Mean excess transient reserve Δ_TR of the routing heads (solid) and of the sink heads (dashed) of each "
         "layer, trained model, against layer / (L − 1). Look for positive reserve in routing heads and negative "
         "in sink heads (claims A5, A6), and where along depth each model places them."), False, _delta_tr_roles),
     ProfileSpec("eig_gap", "Eigenvalue-prediction error against depth", "median log10(‖D‖ / E1)", (
-        "Eigenvalue-prediction error log10(‖D‖ / E1) of the head-mean depth products D_{1→b}, median over "
+        "Eigenvalue-prediction error log10(‖D‖ / E1) of the head-mean depth products D(1→b), median over "
         "chunks, for the model (solid) and its matched shuffle nulls (dashed), against (b − 1) / (L − 1); "
         "infinite gaps (E1 underflowing to 0) are not drawn. Look for a gap of many orders of magnitude on trained "
         "models and not on the nulls (claim A2)."), False, _eig_gap),

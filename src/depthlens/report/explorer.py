@@ -317,8 +317,11 @@ JS = r"""
     if (finite(K) && K > 0) hi = Math.max(hi, Math.log10(K));
     if (!isFinite(lo)) lo = -1;
     lo = Math.floor(Math.max(lo, hi - 12));
-    hi = Math.ceil(hi + 0.3);  // room above the peak for its label
+    hi = Math.ceil(hi);
     if (hi - lo < 1) hi = lo + 1;
+    var room = 16 / Hh;  // 16 px above the highest curve or line, for the labels drawn above them
+    var top_ = Math.max(Math.log10(Math.max(peak, 1e-300)), finite(K) && K > 0 ? Math.log10(K) : -Infinity, 0);
+    if ((hi - top_) / (hi - lo) < room) hi = (top_ - room * lo) / (1 - room);
     function px(k) { return left + Math.log10(k) / Math.log10(kmax) * W; }
     function py(v) { return top + (hi - Math.log10(v)) / (hi - lo) * Hh; }
     c.strokeStyle = "#d0d7de";
@@ -329,7 +332,7 @@ JS = r"""
     c.textAlign = "right";
     c.textBaseline = "middle";
     var dstep = Math.max(1, Math.ceil((hi - lo) / 6));
-    for (var e = lo; e <= hi; e += dstep) {
+    for (var e = lo; e <= Math.floor(hi); e += dstep) {
       c.fillText("1e" + e, left - 4, py(Math.pow(10, e)));
       c.beginPath();
       c.moveTo(left, py(Math.pow(10, e)));
@@ -351,7 +354,7 @@ JS = r"""
     c.beginPath();
     c.rect(left, top, W, Hh);
     c.clip();
-    function hline(v, style, dash, label) {
+    function hline(v, style, dash, label, below) {
       if (!(finite(v) && v > 0)) return;
       c.strokeStyle = style;
       c.setLineDash(dash);
@@ -362,11 +365,12 @@ JS = r"""
       c.setLineDash([]);
       c.fillStyle = style;
       c.textAlign = "right";
-      c.textBaseline = "bottom";
-      c.fillText(label, left + W - 2, py(v) - 1);
+      c.textBaseline = below ? "top" : "bottom";
+      c.fillText(label, left + W - 2, py(v) + (below ? 2 : -1));
     }
-    hline(1, "#57606a", [4, 3], "1");
-    hline(K, "#bc4c00", [1, 2], "K(B)");
+    // "1" under its line, "K(B)" over its own: apart even when K(B) is close to 1
+    hline(1, "#57606a", [4, 3], "1", true);
+    hline(K, "#bc4c00", [1, 2], "K(B)", false);
     c.strokeStyle = "#0969da";
     c.lineWidth = 1.6;
     c.beginPath();
@@ -383,9 +387,12 @@ JS = r"""
       c.beginPath();
       c.arc(px(kpeak), py(peak), 3.5, 0, 2 * Math.PI);
       c.fill();
+      // the note above the peak, left of the K(B) label when it is on the same line
+      var note = "max " + fmt(peak) + " at k = " + kpeak, nw = c.measureText(note).width;
+      var kw = finite(K) && K > 0 && Math.abs(py(K) - py(peak)) < 14 ? c.measureText("K(B)").width + 8 : 0;
       c.textAlign = "left";
       c.textBaseline = "bottom";
-      c.fillText("max " + fmt(peak) + " at k = " + kpeak, Math.min(px(kpeak) + 5, left + W - 110), py(peak) - 3);
+      c.fillText(note, Math.max(left + 2, Math.min(px(kpeak) + 5, left + W - nw - kw - 2)), Math.max(py(peak) - 3, top + 12));
     }
     c.restore();
     if (!points) {
@@ -449,7 +456,7 @@ JS = r"""
 """
 
 _SHOWN = (("role", "role"), ("delta_TR1", "Δ_TR (excess reserve)"), ("null_q", "q (BH)"),
-          ("kreiss_B", "K(B), median over chunks"), ("peak_B", "max ‖B^k‖, median over chunks"),
+          ("kreiss_B", "K(B), median over chunks"), ("peak_B", "max ‖Bᵏ‖, median over chunks"),
           ("peak_k", "its k"), ("sink_mass", "sink mass"), ("prev_token_score", "previous-token score"),
           ("induction_score", "induction score"))
 

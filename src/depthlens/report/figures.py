@@ -11,11 +11,13 @@ Figures (part A: attention; part B: residual stream):
 name                   part  what
 =====================  ====  ==================================================================
 pseudospectra          A     ε-pseudospectra of B for the most routing-like and most sink-like heads
+attention_patterns     A     the chosen heads' attention matrices (:mod:`.pattern_figures`)
 transient_reserve      A     TR1 = log K(B) per head against its matched-null mean, by role
 depth_products         A     ‖D‖ and the eigenvalue predictions E1, E2 against depth
 criticality            A     ablation criticality against TR1 (:mod:`.intervention_figures`)
 clamp_dose             A     sink mass and Δ_TR against the clamp dose, with the control
 contest                A     the feature-family contest: scores and drop-one deltas
+residual_profile       B     residual RMS, largest |h| and massive activations by layer (:mod:`.residual_figures`)
 eigenvalue_clouds      B     eigenvalues of the mean Jacobians, early / middle / late layer
 operator_profile       B     complex_frac, henrici_update_rel, symmetry against depth
 cumulative_erank       B     erank of the cumulative Jacobian for every Schur-split α
@@ -40,14 +42,17 @@ from matplotlib.ticker import MaxNLocator
 
 from ..runs.atomic import atomic_path
 from .canvas import DPI, MAX_WIDTH, ROLE_COLOURS, Skip, need, new_figure, prefer
-from .statistics import NotTested, TooLittleData
-from .statistics.residual import exact_rows, transport_against_product
+from .statistics.residual import exact_rows
 from .census_figures import CAPTIONS as CENSUS_CAPTIONS
 from .census_figures import draw_census_coupling, draw_census_formation, draw_census_funnel, draw_census_norms
 from .intervention_figures import CAPTIONS as INTERVENTION_CAPTIONS
 from .intervention_figures import draw_clamp_dose, draw_contest, draw_criticality
 from .lens_figures import CAPTIONS as LENS_CAPTIONS
 from .lens_figures import draw_lens_readout
+from .pattern_figures import CAPTIONS as PATTERN_CAPTIONS
+from .pattern_figures import draw_attention_patterns
+from .residual_figures import CAPTIONS as RESIDUAL_CAPTIONS
+from .residual_figures import draw_residual_profile, draw_transport_funnel
 from ..runs.tables import RunTables
 
 FIGURES_DIR = "figures"
@@ -101,18 +106,10 @@ CAPTIONS: dict[str, str] = {
         "trained model and its absence at init."
     ),
     "cumulative_erank": (
-        "Effective rank of the cumulative Jacobian C_{0→b} (forward, least truncation) against "
+        "Effective rank of the cumulative Jacobian C(0→b) (forward, least truncation) against "
         "depth for every Schur-split α (α = 1: the real operators; α = 0: non-normal part "
         "removed), trained solid, step 0 dashed. Look for a funnel (erank falling by an order of "
         "magnitude) at α = 1 in the trained model only, largely removed at α = 0."
-    ),
-    "transport_funnel": (
-        "Effective rank of the true transport from block ℓ to the last block's output (the Jacobian lens of "
-        "the lens stage: sources and targets over the valid positions, averaged over prompts and source "
-        "positions) and of the backward "
-        "product of the trained mean sub-layer Jacobians over the same sub-layers (α = 1), against ℓ. Look "
-        "for whether the product of per-layer means funnels as the end-to-end operator does, and where the "
-        "two part."
     ),
     "coupling": (
         "Coupling between topology and dynamics as a heatmap: one column per layer, one row per "
@@ -128,6 +125,8 @@ CAPTIONS: dict[str, str] = {
 CAPTIONS.update(INTERVENTION_CAPTIONS)
 CAPTIONS.update(LENS_CAPTIONS)
 CAPTIONS.update(CENSUS_CAPTIONS)
+CAPTIONS.update(PATTERN_CAPTIONS)
+CAPTIONS.update(RESIDUAL_CAPTIONS)
 
 
 @dataclass(frozen=True)
@@ -231,7 +230,7 @@ def draw_pseudospectra(t: RunTables) -> Figure:
         ax.set_aspect("equal")
         ax.set_xlim(x.min(), x.max())
         ax.set_ylim(y.min(), y.max())
-    fig.colorbar(mesh, ax=list(axes), shrink=0.8, label="log10 σ_min(zI − B)")
+    fig.colorbar(mesh, ax=list(axes), shrink=0.8, label=r"$\log_{10}\,\sigma_{\min}(zI - B)$")
     return fig
 
 
@@ -273,7 +272,7 @@ def draw_depth_products(t: RunTables) -> Figure:
     for ax in axes[len(ops):]:
         ax.set_visible(False)
     colours = {"norm_D": "black", "e1": "#ff7f0e", "e2": "#2ca02c"}
-    labels = {"norm_D": "‖D‖", "e1": "E1 = ρ(D)", "e2": "E2 = Π ρ(B_l)"}
+    labels = {"norm_D": "‖D‖", "e1": "E1 = ρ(D)", "e2": r"E2 = $\prod_l\,\rho(B_l)$"}
     for ax, op in zip(axes, ops):
         sub = df[df["operator"] == op]
         notes = []
@@ -404,28 +403,9 @@ def draw_cumulative_erank(t: RunTables) -> Figure:
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("sub-layer steps in the product")
-    ax.set_ylabel("erank of C_{0→b}")
+    ax.set_ylabel(r"erank of $C_{0\to b}$")
     ax.set_title(f"Cumulative erank, forward ({mode})", fontsize=10)
     ax.legend(fontsize=7, ncol=2)
-    return fig
-
-
-def draw_transport_funnel(t: RunTables) -> Figure:
-    try:
-        pairs = transport_against_product(t)
-    except (NotTested, TooLittleData) as exc:
-        raise Skip(str(exc)) from None
-    fig = new_figure(6.0, 4.0)
-    ax = fig.subplots()
-    ax.plot(pairs["layer"], pairs["erank_transport"], marker=".", label="true transport J_ℓ (lens)")
-    product = "product of mean Jacobians" + (" (rank-truncated)" if pairs["truncated"].any() else "")
-    ax.plot(pairs["layer"], pairs["erank_product"], marker=".", ls="--", label=product)
-    ax.set_yscale("log")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("source layer ℓ (the operator runs from block ℓ's output to the last block's)")
-    ax.set_ylabel("erank")
-    ax.set_title("The true funnel against the product of mean Jacobians", fontsize=10)
-    ax.legend(fontsize=7)
     return fig
 
 
@@ -455,7 +435,7 @@ def draw_schur_split(t: RunTables) -> Figure:
             if len(curve) < 2:
                 continue
             ax.plot(curve.index, curve.to_numpy(), ls=_checkpoint_style(checkpoint), marker="o", ms=3,
-                    color=matplotlib.colormaps["tab10"](j), label=f"{checkpoint}, {order}")
+                    color=matplotlib.colormaps["tab10"](j), label=f"{checkpoint}, {str(order).replace('_', ' ')}")
     ax.set_yscale("log")
     ax.set_xlabel("α (scale of the non-normal part N)")
     ax.set_ylabel("erank at full depth")
@@ -525,6 +505,8 @@ def draw_coupling(t: RunTables) -> Figure:
 FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec("pseudospectra", "A", "Pseudospectra of routing and sink heads", ("arrays/pseudospectra",),
                draw_pseudospectra),
+    FigureSpec("attention_patterns", "A", "Attention patterns of the chosen heads", ("arrays/attention_maps",),
+               draw_attention_patterns),
     FigureSpec("transient_reserve", "A", "Transient reserve against matched nulls", ("heads",),
                draw_transient_reserve),
     FigureSpec("depth_products", "A", "Depth products against eigenvalue predictions", ("depth",),
@@ -533,6 +515,8 @@ FIGURES: tuple[FigureSpec, ...] = (
                draw_criticality),
     FigureSpec("clamp_dose", "A", "The clamp chain against the dose", ("clamp",), draw_clamp_dose),
     FigureSpec("contest", "A", "The feature-family contest", ("contest",), draw_contest),
+    FigureSpec("residual_profile", "B", "Residual magnitude and massive activations by layer", ("residual_summary",),
+               draw_residual_profile),
     FigureSpec("eigenvalue_clouds", "B", "Eigenvalues of the mean Jacobians", ("eigenvalues",),
                draw_eigenvalue_clouds),
     FigureSpec("operator_profile", "B", "Operator type against depth", ("operators",), draw_operator_profile),

@@ -86,7 +86,7 @@ def draw_clamp_dose(t: RunTables) -> Figure:
     fig = new_figure(9.0, 3.8)
     axes = fig.subplots(1, 2)
     for ax, column, label in ((axes[0], "sink_mass", "head-mean sink mass"),
-                              (axes[1], "delta_TR1", "head-mean excess reserve Δ_TR (nats)")):
+                              (axes[1], "delta_TR1", r"head-mean excess reserve $\Delta_\mathrm{TR}$ (nats)")):
         for (target, seed), group in df.groupby(["target", "seed"], sort=True):
             massive = target == "massive"
             style = {"color": "#d62728" if massive else "0.55", "ls": "-" if massive else "--",

@@ -37,7 +37,7 @@ def draw_lens_readout(t: RunTables) -> Figure:
     fig = new_figure(width, 1.2 + 0.32 * len(layers) * 2)
     axes = fig.subplots(2, 1)
     cmap = matplotlib.colormaps["Blues"]
-    for ax, kind, name in zip(axes, ("jacobian", "logit"), ("Jacobian lens: J_ℓ h_ℓ", "logit lens: h_ℓ")):
+    for ax, kind, name in zip(axes, ("jacobian", "logit"), (r"Jacobian lens: $J_\ell\, h_\ell$", r"logit lens: $h_\ell$")):
         part = top[top["lens"] == kind]
         prob = part.pivot(index="layer", columns="position", values="prob").reindex(index=layers, columns=positions)
         word = part.pivot(index="layer", columns="position", values="prediction").reindex(index=layers,

@@ -1,11 +1,10 @@
-"""The claims' verdicts in HTML: the at-a-glance table, the claims section with each claim's
-interval, calibration, protocol, sensitivity and sample, and the badges the report and the
-cross-model comparison share."""
+"""The claims' verdicts in HTML: the at-a-glance table, each claim's folded prose (interval,
+calibration, protocol, sensitivity and sample), the verdict legend, and the badges the report
+and the cross-model comparison share."""
 
 from __future__ import annotations
 
 import html
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,36 +45,44 @@ def verdict_badge(r: Mapping[str, Any]) -> str:
     return f"<span class=\"verdict\" style=\"background:{colour}\">{esc(verdict_label(r))}</span>"
 
 
-def glance_section(results: list[dict]) -> str:
+#: The mark beside every verdict of a smoke run (see :mod:`.header_html`).
+SMOKE_MARK = ('<span class="smoke-mark" title="a smoke run: verdicts at these sizes are not measurements">'
+              "smoke run</span>")
+
+
+def glance_section(results: list[dict], smoke: bool = False) -> str:
     """Every claim's verdict, value (with its interval) and test on one line each, the first
     thing on the page (at 1280 × 800 the whole table is on the first screen); each id links to
-    the claim's row of the full table below."""
+    the claim's section below. With ``smoke``, every verdict says it is a smoke run's."""
     if not results:
         return ""
+    mark = " " + SMOKE_MARK if smoke else ""
     rows = "".join(
         f'<tr><td><a href="#claim-{esc(r["id"])}">{esc(r["id"])}</a></td><td>{verdict_badge(r)}'
-        f'{" " + FRAGILE_BADGE if r.get("fragile") else ""}</td>'
+        f'{" " + FRAGILE_BADGE if r.get("fragile") else ""}{mark}</td>'
         f'<td class="num">{esc(r["value_text"] or "—")}{esc(interval_inline(r))}</td>'
         f'<td class="num">{esc(r["criterion"])}</td></tr>' for r in results)
     return ('<section id="glance"><table class="glance" id="verdicts"><thead><tr><th>claim</th><th>verdict</th>'
             "<th>value [95% interval]</th><th>test</th></tr></thead><tbody>" + rows + "</tbody></table></section>")
 
 
-def claims_section(results: list[dict], claims_file: Path, registered: str | None = None) -> str:
-    rows = []
-    for r in results:
-        rows.append(
-            f'<tr id="claim-{esc(r["id"])}">'
-            f"<td><b>{esc(r['id'])}</b>{_methods_link(r)}</td>"
-            f"<td>{esc(r['prediction'])}<br><small>falsified if: {esc(r['falsifier'])}</small><br>"
-            f"<small>source: {esc(r['source'])}</small>{_protocol_text(r)}</td>"
-            f"<td><code>{esc(r['statistic'])}</code><br><small>{esc(r['statistic_description'])}</small></td>"
-            f"<td class=\"num\">{esc(r['value_text'])}{_interval_text(r)}</td>"
-            f"<td class=\"num\">{esc(r['criterion'])}{_band_text(r)}{_sample_text(r)}</td>"
-            f"<td>{verdict_badge(r)}<br><small>{esc(r['reason'])}</small>{_calibration_text(r)}"
-            f"{_sensitivity_html(r)}</td>"
-            "</tr>"
-        )
+def claim_details(r: Mapping[str, Any]) -> str:
+    """A claim's prose, folded: its prediction, falsifier, source and protocol, the statistic
+    with its value and interval, the threshold with its band and sample, and the verdict's
+    reason, calibration and sensitivity variants."""
+    return (
+        '<details class="claim-prose"><summary>Prediction, statistic and verdict</summary><dl>'
+        f"<dt>prediction</dt><dd>{esc(r['prediction'])}<br><small>falsified if: {esc(r['falsifier'])}</small><br>"
+        f"<small>source: {esc(r['source'])}</small>{_protocol_text(r)}{_methods_link(r)}</dd>"
+        f"<dt>statistic</dt><dd><code>{esc(r['statistic'])}</code>: {esc(r['statistic_description'])}</dd>"
+        f"<dt>value</dt><dd>{esc(r['value_text'] or '—')}{_interval_text(r)}</dd>"
+        f"<dt>threshold</dt><dd>{esc(r['criterion'])}{_band_text(r)}{_sample_text(r)}</dd>"
+        f"<dt>verdict</dt><dd>{esc(verdict_label(r))}: {esc(r['reason'])}{_calibration_text(r)}{_sensitivity_html(r)}</dd>"
+        "</dl></details>")
+
+
+def claims_legend(results: list[dict], claims_file: Path, registered: str | None = None) -> str:
+    """The verdict counts, the claims file with its hash, and what each verdict means."""
     counts = ", ".join(f"{sum(r['verdict'] == v for r in results)} {esc(v)}" for v in VERDICTS)
     n_under = sum(bool(r.get("underpowered")) for r in results)
     if n_under:
@@ -89,13 +96,9 @@ def claims_section(results: list[dict], claims_file: Path, registered: str | Non
         hashes = (f"sha256 <code>{esc(current)}</code>; registered with the run: sha256 "
                   f"<code>{esc(registered)}</code> (re-scored)")
     return (
-        '<section id="claims"><h2>Pre-registered claims</h2>'
-        '<table class="claims" id="claims-table"><thead><tr><th>id</th><th>prediction</th><th>statistic</th>'
-        "<th>value</th><th>threshold</th><th>verdict</th></tr></thead><tbody>"
-        + "".join(rows)
-        + "</tbody></table>"
-        f"<p class=\"meta\" id=\"claims-file\">{counts}. Claims file {esc(claims_file.name)}, {hashes}. "
-        "Verdicts: <i>not tested</i> = the statistic's inputs are missing (stage not run); "
+        f"<p class=\"meta\" id=\"claims-file\">{counts}. Claims file {esc(claims_file.name)}, {hashes}.</p>"
+        "<details class=\"legend\"><summary>What the verdicts mean</summary><p>"
+        "<i>not tested</i> = the statistic's inputs are missing (stage not run); "
         "<i>inconclusive</i> = too little data, or a near miss inside the pre-registered band; "
         "<i>inconclusive: underpowered</i> = the run's sample (chunks, heads, boundaries, ...) is "
         "below the claim's pre-registered minimum, or the claim's calibration at this sample (its error "
@@ -103,14 +106,8 @@ def claims_section(results: list[dict], claims_file: Path, registered: str | Non
         "is drawn from it; a decisive verdict also needs the statistic's 95% interval (or, for a range over "
         "protocol choices, every choice) to stay out of the opposite region; "
         "<i>fragile</i> = a decisive verdict that changes under one of the claim's sensitivity variants "
-        "(the same test on another operationalisation), listed under it.</p></section>"
+        "(the same test on another operationalisation), listed under it.</p></details>"
     )
-
-
-def _methods_link(result: Mapping[str, Any]) -> str:
-    """A link to the claim's section of the method reference, where it has one."""
-    href = result.get("methods")
-    return f'<br><small><a class="methods" href="{esc(href)}">method</a></small>' if href else ""
 
 
 def _interval_text(result: Mapping[str, Any]) -> str:
@@ -139,6 +136,13 @@ def _upper(cal: Mapping[str, Any], rate: str) -> str:
     """`` (≤ bound)``: the one-sided 95 % upper bound of an error rate, where the calibration has one."""
     bound = cal.get(f"{rate}_upper")
     return "" if bound is None else f" (≤ {bound:.3f})"
+
+
+def _methods_link(result: Mapping[str, Any]) -> str:
+    """A link to the claim's section of the method reference, where it has one."""
+    href = result.get("methods")
+    return f'<br><small><a class="methods" href="{esc(href)}">method: how it is measured and judged</a></small>' \
+        if href else ""
 
 
 def _protocol_text(result: Mapping[str, Any]) -> str:
@@ -202,5 +206,5 @@ def num(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return ", ".join(num(x) for x in v)
     if isinstance(v, Mapping):
-        return json.dumps(v, sort_keys=True, default=str)
+        return "; ".join(f"{k}: {num(x)}" for k, x in v.items()) if v else "none"
     return str(v)

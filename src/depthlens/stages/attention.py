@@ -5,8 +5,9 @@
 Checkpoints: the model as loaded (``trained``) and every extra hub revision of ``--revisions``,
 each analysed alone by the same phases, one at a time (a revision is loaded when one of its
 units has work to do, and released before the next). The tables hold every checkpoint's rows
-(key ``checkpoint``); ``attention.json``, the pseudospectra arrays and the head explorer's
-(``arrays/head_spectra.safetensors``, :func:`_explorer_phase`) are about the trained model.
+(key ``checkpoint``); ``attention.json``, the pseudospectra arrays, the head explorer's
+(``arrays/head_spectra.safetensors``, :func:`_explorer_phase`) and the chosen heads' attention
+matrices (``arrays/attention_maps.safetensors``, :func:`_maps_phase`) are about the trained model.
 Units: ``probe``, ``headsNNNNN``, ``certifyNNNNN``, ``induction`` and ``depthNNNNN`` for the
 trained model, the same keys behind the prefix of :func:`unit_prefix` for a revision.
 
@@ -49,6 +50,7 @@ from ..attention import analysis as an
 from ..attention import head_view as hv
 from ..attention.head_view import PSEUDO_GRID, PSEUDO_TOL
 from ..attention.options import AttentionOptions
+from ..attention.picks import chosen_heads, parse_head, top_heads
 from ..attention.roles import assign_roles, probe_scores, role_overlap
 from ..errors import InputError, require_at_least
 from ..executors import Execution
@@ -78,6 +80,8 @@ CAPTURE_BUDGET = 1 << 30
 #: operator B is then at least 1 x 1), and a probe block of at least one token.
 MIN_SEQ_LEN = 2
 MIN_PROBE_LEN = 1
+#: The array file of the chosen heads' attention matrices (:func:`_maps_phase`).
+MAPS = "attention_maps"
 #: Longest part of a revision's name kept in its unit keys (the hash tells revisions apart).
 SLUG_LEN = 64
 
@@ -90,10 +94,14 @@ def check(config: RunConfig) -> None:
     Raises
     ------
     InputError
-        Naming the flag (``--seq-len``, ``--probe-len``) and its minimum.
+        Naming the flag (``--seq-len``, ``--probe-len``) and its minimum, or a ``--heads``
+        item that is not ``LAYER.HEAD``.
     """
     require_at_least("--seq-len", config.seq_len, MIN_SEQ_LEN, an.STAGE)
     require_at_least("--probe-len", config.options(an.STAGE).probe_len, MIN_PROBE_LEN, an.STAGE)
+    for text in config.options(an.STAGE).heads:
+        parse_head(text)
+
 
 
 def check_context(config: RunConfig, context: int, name: str) -> None:
@@ -280,6 +288,7 @@ def analyse(run_dir: RunDirectory, loaded, token_ids: torch.Tensor | data.Chunks
         if checkpoint == TRAINED:
             _pseudospectra_phase(run_dir, batches, heads, chunks)
             _explorer_phase(run_dir, batches, chunks, pool, quiet)
+            _maps_phase(run_dir, batches, heads, chunks, opts.heads)
         del batches  # the kept captures
     summary = an.summarise(heads, depth)
     summary["role_overlap"] = role_overlap(heads["role"].to_numpy(), heads["delta_TR1"].to_numpy()).to_dict()
@@ -448,11 +457,8 @@ def _pseudospectra_phase(run_dir, batches: _Batches, heads, chunks) -> None:
     if path.is_file():
         return
     medians = an.median_chunks(chunks).set_index(["layer", "head"])["chunk"]
-    score = heads[["prev_token_score", "induction_score"]].max(axis=1)
-    picks = {"routing": heads.loc[score.idxmax()], "sink": heads.loc[heads["sink_mass"].idxmax()]}
     arrays, meta = {}, {}
-    for role, row in picks.items():
-        layer, head = int(row["layer"]), int(row["head"])
+    for role, (layer, head) in top_heads(heads).items():
         chunk = int(medians.loc[(layer, head)])
         start = chunk - chunk % batches.batch_size
         B = deflate(batches.matrix(next(batches.matrices(start, [layer]))[1], start, chunk, head))  # its own length
@@ -461,6 +467,36 @@ def _pseudospectra_phase(run_dir, batches: _Batches, heads, chunks) -> None:
                        f"{role}.eig": np.diagonal(B).copy()})
         meta.update({f"{role}.layer": layer, f"{role}.head": head, f"{role}.chunk": chunk})
     run_dir.write_arrays("pseudospectra", arrays, **meta)
+
+
+def _maps_phase(run_dir, batches: _Batches, heads: pd.DataFrame, chunks: pd.DataFrame, wanted: tuple[str, ...]) -> None:
+    """The attention matrix A (float64, trimmed to its chunk's length) of each head of ``wanted``
+    (``--heads``; default the top routing head, largest previous-token or induction score, and
+    the top sink head, largest sink mass), each on its median chunk, saved to
+    ``arrays/attention_maps.safetensors`` under the key ``LAYER.HEAD`` with the metadata
+    ``heads`` (the keys in order), ``chunks`` and ``picked`` (``--heads`` or the roles that
+    picked them). Kept when the file already holds these heads, written again otherwise.
+
+    Raises
+    ------
+    InputError
+        A ``--heads`` item outside the model's layers and heads.
+    """
+    picks = chosen_heads(heads, wanted)
+    label = ",".join(f"{layer}.{head}" for layer, head in picks)
+    if (run_dir.root / "arrays" / f"{MAPS}.safetensors").is_file() and run_dir.read_arrays(MAPS)[1].get("heads") == label:
+        return
+    medians = an.median_chunks(chunks).set_index(["layer", "head"])["chunk"]
+    targets = pd.DataFrame([(layer, head, int(medians.loc[(layer, head)])) for layer, head in picks],
+                           columns=["layer", "head", "chunk"])
+    found: dict[str, np.ndarray] = {}
+    for start, group in batches.groups(sorted(set(targets["chunk"]))):
+        for layer, head, _, matrix in _median_matrices(batches, targets, start, group):
+            found[f"{layer}.{head}"] = np.ascontiguousarray(matrix, dtype=np.float64)
+    arrays = {f"{layer}.{head}": found[f"{layer}.{head}"] for layer, head in picks}
+    run_dir.write_arrays(MAPS, arrays, heads=label, chunks=",".join(str(c) for c in targets["chunk"]),
+                         picked="--heads" if wanted else ",".join(picks.values()))
+
 
 
 def _explorer_phase(run_dir, batches: _Batches, chunks, pool, quiet) -> None:
