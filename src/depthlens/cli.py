@@ -53,7 +53,7 @@ from .config import (  # noqa: E402
 from . import __version__  # noqa: E402
 from .allocator import keep_freed_memory  # noqa: E402
 from .errors import DepthlensError, InputError, RunIncomplete, one_line  # noqa: E402
-from .options import Spelling, add_flags, flag_values, flags_restated  # noqa: E402
+from .options import CommandParser, Spelling, add_flags, flag_values, flags_restated  # noqa: E402
 from .stages import STAGES, run_stages, with_requirements  # noqa: E402
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ def _sweep_parser(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``depthlens`` command."""
-    parser = argparse.ArgumentParser(prog="depthlens", description="Transformers as dynamical systems over depth.")
+    parser = CommandParser(prog="depthlens", description="Transformers as dynamical systems over depth.")
     parser.add_argument("--version", action="version", version=f"depthlens {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in ("run", *STAGES):
@@ -289,12 +289,18 @@ def _config(args: argparse.Namespace) -> tuple[RunConfig, Spelling]:
             config_file_spelling(file_options(values) - flagged))
 
 
+def _check_early(args: argparse.Namespace, config: RunConfig) -> None:
+    """The checks of a stage command that need neither a model nor torch: the executor
+    (``--jobs``, ``--executor``) and ``--out``, refused before the analysis loads."""
+    from .executors import check_execution
+
+    check_execution(execution_from_args(args))
+    from .runs import check_target  # pandas, not torch
+
+    check_target(args.out, _run_mode(args), config.hash(), {"config": config.to_dict()})
+
+
 def _stage(args: argparse.Namespace) -> None:
-    from .workflow import run
-
-    if args.quiet:
-        _silence_libraries()
-
     readout = getattr(args, "readout", None)
     if readout is not None and (args.readout_top_k < 1 or not readout.strip()):
         raise InputError("--readout needs a prompt of some text" if not readout.strip() else
@@ -302,6 +308,8 @@ def _stage(args: argparse.Namespace) -> None:
     if getattr(args, "lens_from", None):  # a lens artifact alone: no model, no chunks
         from .workflow import analyse_transport_file
 
+        if args.quiet:
+            _silence_libraries()
         root = analyse_transport_file(args.lens_from, args.out, _run_mode(args), execution_from_args(args))
         if readout is not None:
             _readout(root, readout, args.readout_top_k, _config(args)[0].model)
@@ -310,9 +318,14 @@ def _stage(args: argparse.Namespace) -> None:
         _print_end(root, report=readout is not None, timings=True, verdicts=False)
         return
     config, spelling = _config(args)
-    run_mode = _run_mode(args)
     stages = run_stages() if args.command == "run" else (args.command,)
     with flags_restated(spelling, OPTION_CHOICES):
+        _check_early(args, config)
+        run_mode = _run_mode(args)
+        if args.quiet:
+            _silence_libraries()
+        from .workflow import run
+
         root = run(config, args.out, run_mode=run_mode, stages=stages, execution=execution_from_args(args),
                    claims=args.claims, report=args.command in ("run", "lens"))
         if readout is not None:
