@@ -217,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--claims", metavar="FILE",
                      help="re-score against this claims TOML (default: the run's registered copy RUN/claims.toml); "
                           "verdicts are marked re-scored when its hash differs from the registered one")
+    tab = sub.add_parser("tables", help="list a run's tables (rows, columns, what a row is), or export them as CSV")
+    tab.add_argument("run_dir", metavar="RUN", help="a run directory (of depthlens run, a stage, census or sweep)")
+    tab.add_argument("--csv", metavar="DIR", help="write every table as DIR/NAME.csv (DIR: absent or empty)")
+    tab.add_argument("--overwrite", action="store_true", help="replace an earlier CSV export in --csv DIR")
     cmp = sub.add_parser("compare", help="one cross-model report of several runs (claims per model, profiles)")
     cmp.add_argument("run_dirs", metavar="RUN_DIR", nargs="+")
     cmp.add_argument("--out", required=True, metavar="DIR",
@@ -416,6 +420,27 @@ def _report(args: argparse.Namespace) -> None:
     print(f"report: {page}")
 
 
+def _tables(args: argparse.Namespace) -> None:
+    """``depthlens tables RUN``: each table's name, rows, columns and description; with
+    ``--csv DIR`` every table written as ``DIR/NAME.csv``."""
+    from .runs.export import export_csv, run_tables
+
+    if args.csv is not None:
+        paths = export_csv(args.run_dir, args.csv, overwrite=args.overwrite)
+        print(f"{len(paths)} tables written as CSV to {Path(args.csv)}")
+        return
+    if args.overwrite:
+        raise InputError("--overwrite applies to --csv DIR only; add --csv DIR or drop --overwrite.")
+    infos = run_tables(args.run_dir)
+    if not infos:
+        print(f"the run in {args.run_dir} has no tables")
+        return
+    width = max(len("table"), *(len(i.name) for i in infos))
+    print(f"{'table':<{width}}  {'rows':>9}  {'columns':>7}  description")
+    for info in infos:
+        print(f"{info.name:<{width}}  {info.rows:>9}  {info.columns:>7}  {info.description}".rstrip())
+
+
 def _compare(args: argparse.Namespace) -> None:
     from .report.compare import render_comparison
 
@@ -489,6 +514,8 @@ def _command(args: argparse.Namespace) -> int:
             _report(args)
         elif args.command == "compare":
             _compare(args)
+        elif args.command == "tables":
+            _tables(args)
         elif args.command == "census":
             _census(args)
         elif args.command == "sweep":
