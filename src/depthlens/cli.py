@@ -448,6 +448,15 @@ def _compare(args: argparse.Namespace) -> None:
     print(f"report: {render_comparison(args.run_dirs, args.out, labels=labels)}")
 
 
+def _interrupted(args: argparse.Namespace) -> str:
+    """The one line of an interrupted command: it advises ``--resume`` only where the command
+    takes it and its ``--out`` holds a folder to continue (one with a manifest)."""
+    out = getattr(args, "out", None)
+    if hasattr(args, "resume") and out and (Path(out) / "manifest.json").is_file():
+        return "depthlens: interrupted; continue with --resume"
+    return "depthlens: interrupted"
+
+
 def _internal_error(args: argparse.Namespace, exc: Exception) -> Path:
     """Write the traceback of a bug to the run's ``logs/depthlens.log`` (or a temporary file
     when there is no run directory yet) and return its path."""
@@ -538,7 +547,7 @@ def _command(args: argparse.Namespace) -> int:
         print(f"depthlens: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("depthlens: interrupted; continue with --resume", file=sys.stderr)
+        print(_interrupted(args), file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - a bug: the traceback goes to a log, the terminal gets one line
         log = _internal_error(args, exc)
