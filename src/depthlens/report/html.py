@@ -86,8 +86,8 @@ table.claims{width:100%;table-layout:fixed}table.claims td{overflow-wrap:anywher
 table.claims td.num{white-space:normal}table.claims th:nth-child(1){width:11%}
 table.claims th:nth-child(2){width:33%}table.claims th:nth-child(3){width:17%}
 table.claims th:nth-child(4),table.claims th:nth-child(5){width:10%}table.claims th:nth-child(6){width:19%}
-table.glance{font-size:.82em;margin:.3em 0}table.glance td,table.glance th{padding:.08em .5em;white-space:nowrap}
-table.glance .verdict{padding:0 .5em}div.wide{overflow-x:auto;max-width:100%}
+table.claims .verdict{white-space:normal}table.glance{font-size:.82em;margin:.3em 0}table.glance td,table.glance th{padding:.08em .5em;white-space:nowrap}
+table.glance .verdict{padding:0 .5em;display:inline-block;max-width:14em;overflow:hidden;text-overflow:ellipsis;vertical-align:bottom}div.wide{overflow-x:auto;max-width:100%}
 .verdict.underpowered{border:2px dashed #fff;outline:1px solid #8250df}
 .rescored{background:#fff8c5;border:2px solid #bf8700;border-radius:.4em;padding:.6em .9em;margin:1em 0}
 .tableref{margin:.8em 0}.tableref h4{margin:.2em 0}details summary{cursor:pointer;color:#0969da}

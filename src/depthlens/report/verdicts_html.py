@@ -36,7 +36,8 @@ def verdict_badge(r: Mapping[str, Any]) -> str:
         return (f'<span class="verdict underpowered" style="background:{UNDERPOWERED_COLOUR}">'
                 f"{esc(r['verdict'])}: underpowered</span>")
     colour = VERDICT_COLOURS.get(r["verdict"], "#6e7781")
-    return f"<span class=\"verdict\" style=\"background:{colour}\">{esc(verdict_label(r))}</span>"
+    label = esc(verdict_label(r))  # the glance table may cut a long one short: the title holds it whole
+    return f"<span title=\"{label}\" class=\"verdict\" style=\"background:{colour}\">{label}</span>"
 
 
 def glance_section(results: list[dict]) -> str:
