@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import functools
 import os
 import signal
@@ -261,6 +262,18 @@ def _print_end(root: Path, *, report: bool, timings: bool, verdicts: bool = True
     if report:
         print(f"report: {root / 'report.html'}")
     print(disk_line(root))
+    if report and verdicts:
+        _print_smoke_run(root)
+
+
+def _print_smoke_run(root: Path) -> None:
+    """For a run of ``--preset quick``, a last line saying that its verdicts are no measurements."""
+    from .runs.directory import read_manifest
+
+    with contextlib.suppress(DepthlensError):
+        if (read_manifest(root).get("config") or {}).get("preset") == "quick":
+            print("smoke run (--preset quick): its verdicts at these sizes are not measurements; "
+                  "use --preset default or paper to measure")
 
 
 def _print_verdicts(root: Path) -> None:
@@ -418,6 +431,7 @@ def _report(args: argparse.Namespace) -> None:
     page = render_report(args.run_dir, claims_path=args.claims)
     _print_verdicts(Path(args.run_dir))
     print(f"report: {page}")
+    _print_smoke_run(Path(args.run_dir))
 
 
 def _tables(args: argparse.Namespace) -> None:
