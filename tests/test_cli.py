@@ -14,8 +14,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import depthlens
 from depthlens.cli import main
 
+#: The folder this depthlens is imported from, for a child process started in another folder.
+SOURCE = str(Path(depthlens.__file__).resolve().parents[1])
 
 
 
@@ -534,10 +537,10 @@ def test_python_m_ends_an_interrupt_caught_from_string_code_with_130(tmp_path: P
         "cli._stage = stage\n"
         "runpy.run_module('depthlens', run_name='__main__')\n")
     proc = subprocess.run([sys.executable, "-m", "interrupt_in_string_code", "attention", "--out", str(tmp_path / "run")],
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True,
-                          timeout=120)
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), SOURCE])},
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 130, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines() == ["depthlens: interrupted; continue with --resume"]
+    assert proc.stderr.strip().splitlines() == ["depthlens: interrupted"]  # no run folder: nothing to resume
 
 
 def test_the_manifest_records_the_command_line_and_the_source(text_file: Path, tmp_path: Path) -> None:
@@ -635,3 +638,33 @@ def test_command_line_asks_torch_for_huge_pages_unless_told_otherwise() -> None:
     huge, small = _tensor_page_faults(base), _tensor_page_faults({**base, "THP_MEM_ALLOC_ENABLE": "0"})
     assert small > 5 * 2**24 * 4 // 4096 // 2  # 4 KiB pages: about one fault per page
     assert huge * 8 < small
+
+
+#: Runs the command line on argv[1:] and prints its exit status, then whether torch was loaded.
+_STATUS_AND_TORCH = """\
+import sys
+from depthlens.cli import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as stop:
+    status = stop.code
+print(status, "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["run", "--seq-lenn", "4"], ["depthlens run: error: unrecognized arguments: --seq-lenn 4",
+                                  "did you mean --seq-len?", "depthlens run --help"]),
+    (["run", "--null", "bogus"], ["depthlens run: error: argument --null: invalid choice"]),
+    (["run", "--chunks", "0"], ["depthlens: error: --chunks 0 must be at least 1"]),
+    (["run", "--jobs", "0"], ["depthlens: error: --jobs 0 is invalid"]),
+    (["attention", "--executor", "foo"], ["depthlens: error: --executor 'foo' is not understood"]),
+])
+def test_a_bad_flag_is_refused_in_one_line_before_torch_loads(argv: list[str], words: list[str],
+                                                              tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", _STATUS_AND_TORCH, *argv, "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["2", "False"], (proc.stdout, proc.stderr[-2000:])
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and all(w in err[0] for w in words), err
+    assert not (tmp_path / "run").exists()

@@ -200,3 +200,22 @@ DECLARATIVE = {"schema.py": "the declarations of every table, column, summary an
 def test_no_source_file_over_600_lines() -> None:
     lengths = {str(p.relative_to(SRC)): len(p.read_text(encoding="utf-8").splitlines()) for p in SRC.rglob("*.py")}
     assert {name: n for name, n in lengths.items() if n > 600 and name not in DECLARATIVE} == {}
+
+
+def test_dir_and_tab_completion_offer_the_public_api() -> None:
+    """``dir(depthlens)`` is ``__all__`` (no helper the package imports, such as ``sys``), loads
+    nothing, and completing ``depthlens.`` offers every public name."""
+    code = ("import depthlens, rlcompleter, sys\n"
+            "names = dir(depthlens)\n"
+            "loaded = sorted(m for m in ('torch', 'depthlens.api') if m in sys.modules)\n"
+            "complete = rlcompleter.Completer({'depthlens': depthlens}).complete\n"
+            "found = []\n"
+            "while (match := complete('depthlens.', len(found))) is not None:\n"
+            "    found.append(match.removeprefix('depthlens.').rstrip('('))\n"
+            "print([names, loaded, sorted(found), sorted(depthlens.__all__)])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    names, loaded, found, exported = ast.literal_eval(out.strip().splitlines()[-1])
+    assert names == exported and loaded == []
+    assert found == [n for n in exported if not n.startswith("_")]
+    assert {"analyse", "open_run", "Run"} <= set(found)
+    assert not {"Any", "sys", "types"} & set(names)

@@ -8,9 +8,8 @@ light::
     run.heads  # a pandas DataFrame
 """
 
-import sys
-import types
-from typing import Any
+import sys as _sys
+import types as _types
 
 __version__ = "0.1.0"
 
@@ -18,22 +17,22 @@ __all__ = ["Run", "RunConfig", "__version__", "analyse", "census", "open_run", "
 _API = ("Run", "analyse", "census", "open_run", "sweep")
 
 
-class _Package(types.ModuleType):
+class _Package(_types.ModuleType):
     """This package's module type. ``census`` and ``sweep`` name both an API function and a
     subpackage; importing a subpackage binds it to the parent's attribute, which would hide
     the function. The binding is dropped here, so ``depthlens.census`` stays the function
     (the subpackages are imported by their full names, through ``sys.modules``)."""
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _API and isinstance(value, types.ModuleType):
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _API and isinstance(value, _types.ModuleType):
             return
         super().__setattr__(name, value)
 
 
-sys.modules[__name__].__class__ = _Package
+_sys.modules[__name__].__class__ = _Package
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _API:
         from . import api
 
@@ -43,3 +42,8 @@ def __getattr__(name: str) -> Any:
 
         return RunConfig
     raise AttributeError(f"module 'depthlens' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public API (``__all__``): what ``dir(depthlens)`` and tab completion list."""
+    return sorted(__all__)

@@ -430,6 +430,14 @@ class Run:
 
         return health_table(numerical_health(self._tables))
 
+    def to_csv(self, folder: str | Path, *, overwrite: bool = False) -> list[Path]:
+        """Write every table as ``FOLDER/NAME.csv`` and return the paths, as ``depthlens tables
+        RUN --csv FOLDER`` (:func:`depthlens.runs.export.export_csv`; ``overwrite`` replaces an
+        earlier export, a folder of CSV files alone)."""
+        from .runs.export import export_csv
+
+        return export_csv(self.path, folder, overwrite=overwrite, flag="overwrite=True")
+
     def report(self, claims: str | Path | None = None) -> Path:
         """Render ``report.html`` from the tables (as ``depthlens report``) and return its path."""
         from .report import render_report

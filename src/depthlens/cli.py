@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import functools
 import os
 import signal
@@ -53,7 +54,7 @@ from .config import (  # noqa: E402
 from . import __version__  # noqa: E402
 from .allocator import keep_freed_memory  # noqa: E402
 from .errors import DepthlensError, InputError, RunIncomplete, one_line  # noqa: E402
-from .options import Spelling, add_flags, flag_values, flags_restated  # noqa: E402
+from .options import CommandParser, Spelling, add_flags, flag_values, flags_restated  # noqa: E402
 from .stages import STAGES, run_stages, with_requirements  # noqa: E402
 
 if TYPE_CHECKING:
@@ -201,9 +202,9 @@ def _sweep_parser(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``depthlens`` command."""
-    parser = argparse.ArgumentParser(prog="depthlens", description="Transformers as dynamical systems over depth.",
-                                     epilog="Every quantity and claim is defined in docs/methods.md (also written "
-                                            "beside each report, RUN/docs/methods.md).")
+    parser = CommandParser(prog="depthlens", description="Transformers as dynamical systems over depth.",
+                           epilog="Every quantity and claim is defined in docs/methods.md (also written "
+                                  "beside each report, RUN/docs/methods.md).")
     parser.add_argument("--version", action="version", version=f"depthlens {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in ("run", *STAGES):
@@ -220,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--claims", metavar="FILE",
                      help="re-score against this claims TOML (default: the run's registered copy RUN/claims.toml); "
                           "verdicts are marked re-scored when its hash differs from the registered one")
+    tab = sub.add_parser("tables", help="list a run's tables (rows, columns, what a row is), or export them as CSV")
+    tab.add_argument("run_dir", metavar="RUN", help="a run directory (of depthlens run, a stage, census or sweep)")
+    tab.add_argument("--csv", metavar="DIR", help="write every table as DIR/NAME.csv (DIR: absent or empty)")
+    tab.add_argument("--overwrite", action="store_true", help="replace an earlier CSV export in --csv DIR")
     cmp = sub.add_parser("compare", help="one cross-model report of several runs (claims per model, profiles)")
     cmp.add_argument("run_dirs", metavar="RUN_DIR", nargs="+")
     cmp.add_argument("--out", required=True, metavar="DIR",
@@ -260,6 +265,18 @@ def _print_end(root: Path, *, report: bool, timings: bool, verdicts: bool = True
     if report:
         print(f"report: {root / 'report.html'}")
     print(disk_line(root))
+    if report and verdicts:
+        _print_smoke_run(root)
+
+
+def _print_smoke_run(root: Path) -> None:
+    """For a run of ``--preset quick``, a last line saying that its verdicts are no measurements."""
+    from .runs.directory import read_manifest
+
+    with contextlib.suppress(DepthlensError):
+        if (read_manifest(root).get("config") or {}).get("preset") == "quick":
+            print("smoke run (--preset quick): its verdicts at these sizes are not measurements; "
+                  "use --preset default or paper to measure")
 
 
 def _print_verdicts(root: Path) -> None:
@@ -292,12 +309,18 @@ def _config(args: argparse.Namespace) -> tuple[RunConfig, Spelling]:
             config_file_spelling(file_options(values) - flagged))
 
 
+def _check_early(args: argparse.Namespace, config: RunConfig) -> None:
+    """The checks of a stage command that need neither a model nor torch: the executor
+    (``--jobs``, ``--executor``) and ``--out``, refused before the analysis loads."""
+    from .executors import check_execution
+
+    check_execution(execution_from_args(args))
+    from .runs import check_target  # pandas, not torch
+
+    check_target(args.out, _run_mode(args), config.hash(), {"config": config.to_dict()})
+
+
 def _stage(args: argparse.Namespace) -> None:
-    from .workflow import run
-
-    if args.quiet:
-        _silence_libraries()
-
     readout = getattr(args, "readout", None)
     if readout is not None and (args.readout_top_k < 1 or not readout.strip()):
         raise InputError("--readout needs a prompt of some text" if not readout.strip() else
@@ -305,6 +328,8 @@ def _stage(args: argparse.Namespace) -> None:
     if getattr(args, "lens_from", None):  # a lens artifact alone: no model, no chunks
         from .workflow import analyse_transport_file
 
+        if args.quiet:
+            _silence_libraries()
         root = analyse_transport_file(args.lens_from, args.out, _run_mode(args), execution_from_args(args))
         if readout is not None:
             _readout(root, readout, args.readout_top_k, _config(args)[0].model)
@@ -313,9 +338,14 @@ def _stage(args: argparse.Namespace) -> None:
         _print_end(root, report=readout is not None, timings=True, verdicts=False)
         return
     config, spelling = _config(args)
-    run_mode = _run_mode(args)
     stages = run_stages() if args.command == "run" else (args.command,)
     with flags_restated(spelling, OPTION_CHOICES):
+        _check_early(args, config)
+        run_mode = _run_mode(args)
+        if args.quiet:
+            _silence_libraries()
+        from .workflow import run
+
         root = run(config, args.out, run_mode=run_mode, stages=stages, execution=execution_from_args(args),
                    claims=args.claims, report=args.command in ("run", "lens"))
         if readout is not None:
@@ -404,6 +434,28 @@ def _report(args: argparse.Namespace) -> None:
     page = render_report(args.run_dir, claims_path=args.claims)
     _print_verdicts(Path(args.run_dir))
     print(f"report: {page}")
+    _print_smoke_run(Path(args.run_dir))
+
+
+def _tables(args: argparse.Namespace) -> None:
+    """``depthlens tables RUN``: each table's name, rows, columns and description; with
+    ``--csv DIR`` every table written as ``DIR/NAME.csv``."""
+    from .runs.export import export_csv, run_tables
+
+    if args.csv is not None:
+        paths = export_csv(args.run_dir, args.csv, overwrite=args.overwrite)
+        print(f"{len(paths)} tables written as CSV to {Path(args.csv)}")
+        return
+    if args.overwrite:
+        raise InputError("--overwrite applies to --csv DIR only; add --csv DIR or drop --overwrite.")
+    infos = run_tables(args.run_dir)
+    if not infos:
+        print(f"the run in {args.run_dir} has no tables")
+        return
+    width = max(len("table"), *(len(i.name) for i in infos))
+    print(f"{'table':<{width}}  {'rows':>9}  {'columns':>7}  description")
+    for info in infos:
+        print(f"{info.name:<{width}}  {info.rows:>9}  {info.columns:>7}  {info.description}".rstrip())
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -411,6 +463,15 @@ def _compare(args: argparse.Namespace) -> None:
 
     labels = None if args.labels is None else args.labels.split(",")
     print(f"report: {render_comparison(args.run_dirs, args.out, labels=labels)}")
+
+
+def _interrupted(args: argparse.Namespace) -> str:
+    """The one line of an interrupted command: it advises ``--resume`` only where the command
+    takes it and its ``--out`` holds a folder to continue (one with a manifest)."""
+    out = getattr(args, "out", None)
+    if hasattr(args, "resume") and out and (Path(out) / "manifest.json").is_file():
+        return "depthlens: interrupted; continue with --resume"
+    return "depthlens: interrupted"
 
 
 def _internal_error(args: argparse.Namespace, exc: Exception) -> Path:
@@ -479,6 +540,8 @@ def _command(args: argparse.Namespace) -> int:
             _report(args)
         elif args.command == "compare":
             _compare(args)
+        elif args.command == "tables":
+            _tables(args)
         elif args.command == "census":
             _census(args)
         elif args.command == "sweep":
@@ -501,7 +564,7 @@ def _command(args: argparse.Namespace) -> int:
         print(f"depthlens: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("depthlens: interrupted; continue with --resume", file=sys.stderr)
+        print(_interrupted(args), file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - a bug: the traceback goes to a log, the terminal gets one line
         log = _internal_error(args, exc)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import re
 import types
 import typing
@@ -35,7 +36,7 @@ from typing import Any
 
 from .errors import DepthlensError, InputError
 
-__all__ = ["OptionField", "Spelling", "add_flags", "check_distinct", "check_fields", "check_type", "field_help",
+__all__ = ["CommandParser", "OptionField", "Spelling", "add_flags", "check_distinct", "check_fields", "check_type", "field_help",
            "flag_name", "flag_values", "flags_restated", "option_choices", "option_fields", "parse_flag",
            "restate_flags"]
 
@@ -389,3 +390,30 @@ def flag_values(args: argparse.Namespace, classes: typing.Iterable[type]) -> dic
                     raise InputError(f"{flag_name(f.name)} {exc}") from None
             out[f.name] = value
     return out
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (exit status 2): what is wrong, the flag
+    meant where one is close (``--seq-lenn``: ``--seq-len``), and which help to read. Its
+    subcommands' parsers are of its class (argparse's default), so they say the same."""
+
+    def parse_args(self, args: Iterable[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """The arguments parsed; words no parser knows are refused by the parser of the
+        command they follow, which names its flags and its help."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            subs = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+            command = next((a.choices[getattr(parsed, a.dest)] for a in subs
+                            if getattr(parsed, a.dest, None) in a.choices), self)
+            command.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def error(self, message: str) -> typing.NoReturn:
+        """Print ``message`` on one line, with the closest flag to an unknown one, and exit 2."""
+        if message.startswith("unrecognized arguments: "):
+            known = [o for a in self._actions for o in a.option_strings]
+            words = [w.split("=")[0] for w in message.split(": ", 1)[1].split() if w.startswith("-")]
+            close = [m for w in words for m in difflib.get_close_matches(w, known, n=1)]
+            message += f" (did you mean {close[0]}?)" if close else ""
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")

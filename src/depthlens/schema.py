@@ -990,9 +990,9 @@ SUMMARIES: dict[str, Summary] = {s.name: s for s in (
     Summary("topology", "topology", "Significant layers per checkpoint at the FDR level `q_level`, and the "
             "boundaries tested per checkpoint."),
     Summary("interventions", "clamp", "The massive-activation clamp chain (§A7): `clamp_chain` with `tested` "
-            "(false when a condition could not be tested: then `reason` names it and the option to change, and "
-            "`supported` is null; with only `reason` when no dimension is massive at the first token of a layer "
-            "input in half the chunks, or when clamp units failed), `supported`, `reason` (null when supported, "
+            "(false when a condition could not be tested: then `reason` names it and the option to change, `needs` "
+            "says what would test it, and `supported` is null; with only `reason` and `needs` when no dimension is "
+            "massive at the first token of a layer input in half the chunks, or when clamp units failed), `supported`, `reason` (null when supported, "
             "else the conditions that failed), `conditions` (`monotone` with `held`, `alphas`, `sink_mass`, "
             "`nondecreasing`, `n_heads`, `frac_positive`, `p`; `predicts` with `held`, `rho`, `p` (one-sided "
             "within-layer permutation p of the zero arm's Spearman ρ between per-head sink drop and reserve rise), "

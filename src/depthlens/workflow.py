@@ -247,10 +247,10 @@ def run(
         with kept_workers(), shared:
             for stage in plan:
                 _run_stage(run_dir, stage, prepared, execution)
-    except StorageError:
-        raise  # a full disk or read-only file system: no report, it could not be written
+    except (StorageError, KeyboardInterrupt):
+        raise  # a full disk: no report, it could not be written; Ctrl-C: no wait (depthlens report RUN renders it)
     except BaseException:
-        if render is not None:  # interrupted: the report of what finished
+        if render is not None:  # stopped: the report of what finished
             render()
         raise
     conclude(run_dir, render)  # private copies (e.g. float64 operators) stay for --resume

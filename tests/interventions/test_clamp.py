@@ -221,6 +221,7 @@ def test_without_control_the_chain_is_not_tested(single_without_control: Path) -
     assert chain["conditions"]["control_inert"]["held"] is None and chain["all_dims"] == [DIM]
     claim = next(r for r in evaluate(load_claims(), root) if r["id"] == "A7-clamp-chain")
     assert claim["verdict"] == "not tested" and "--control-seeds" in claim["reason"]
+    assert chain["needs"] == claim["needs"] == "--control-seeds 1 or more"
     tables = _tables(root)
     assert set(tables["clamp"]["target"]) == {"massive"} and (tables["clamp"]["dims"] == str(DIM)).all()
     heads, dims = tables["clamp_heads"], tables["clamp_dims"]
@@ -237,6 +238,8 @@ def test_no_massive_activation_is_not_tested(tmp_path: Path, text_file: Path) ->
     root = _run(loaded, text_file, tmp_path / "run")
     chain = _chain(root)
     assert chain["tested"] is False and "massive" in chain["reason"] and "\n" not in chain["reason"]
+    claim = next(r for r in evaluate(load_claims(), root) if r["id"] == "A7-clamp-chain")
+    assert chain["needs"] == claim["needs"] == "a model with massive activations"
     for name in ("clamp", "clamp_heads", "clamp_dims"):
         table = pd.read_parquet(root / "tables" / f"{name}.parquet")
         assert table.empty and list(table.columns) == list(SCHEMA[name].columns)

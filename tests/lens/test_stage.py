@@ -181,3 +181,25 @@ def test_the_report_sets_the_transport_beside_the_product_of_mean_jacobians(tmp_
     spec = next(f for f in FIGURES if f.name == "transport_funnel")
     path, why = render_figure(spec, tables, tmp_path / "figures")
     assert path is not None and path.is_file(), why
+
+
+def test_a_resume_of_a_finished_lens_run_renders_the_report_and_prints_the_transport(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``depthlens lens --resume`` into a finished run recomputes nothing, renders report.html
+    again and prints each source layer's transport erank as the run's table holds it."""
+    out = tmp_path / "run"
+    argv = ["lens", "--model", "random:llama:num_hidden_layers=4", "--chunks", "2", "--seq-len", "20", "--lens-chunks",
+            "1", "--lens-layers", "0,2", "--lens-skip-first", "4", "--out", str(out), "--quiet", "--jobs", "1"]
+    assert main(argv) == 0
+    (out / "report.html").unlink()
+    capsys.readouterr()
+    assert main([*argv, "--resume"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert (out / "report.html").is_file()
+    start = next(i for i, line in enumerate(printed) if line.startswith("transport erank by source layer"))
+    rows = [line.split() for line in printed[start + 1:] if line.startswith("  layer ")]
+    shown = {int(words[1].rstrip(":")): float(words[2]) for words in rows}
+    table = pd.read_parquet(out / "tables" / "transport.parquet")
+    assert sorted(shown) == sorted(int(layer) for layer in table["layer"]) == [0, 2]
+    for layer, erank in zip(table["layer"], table["erank"]):
+        assert shown[int(layer)] == pytest.approx(float(erank), abs=0.0051)

@@ -76,7 +76,8 @@ def test_page_order(report):
     assert re.findall(r'href="#claim-([^"]+)"', body[body.index('id="toc"'):body.index('id="claims"')]) == \
         [r["id"] for r in read_json(Path(report[0]).parent, "claims")["results"]]
     assert 'class="verdict" style="background:#1a7f37">supported' in body
-    assert ">not tested</span>" in body
+    assert ">not tested (needs a model with massive activations)</span>" in body  # every badge says what it needs
+    assert ">not tested</span>" not in body
     assert "<b>model</b> " + html_escaped(MALICIOUS) in body and "<b>seed</b> 0" in body
     assert "10 chunks × 16 tokens" in body and 'id="smoke"' not in body and "smoke run" not in body
 

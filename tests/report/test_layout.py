@@ -30,9 +30,11 @@ window.addEventListener("load", () => setTimeout(() => {
   const box = (el) => el.getBoundingClientRect();
   const visible = (el) => el.getClientRects().length > 0 && getComputedStyle(el).visibility !== "hidden";
   const scrolls = (el) => ["auto", "scroll"].includes(getComputedStyle(el).overflowX);
+  // cut short on purpose: an ellipsis, with the whole text in the title
+  const clipped = (el) => getComputedStyle(el).textOverflow === "ellipsis" && el.title === el.textContent;
   const overflowing = [];
   for (const el of document.body.querySelectorAll("*")) {
-    if (!visible(el) || scrolls(el) || el.closest("pre, .wide") || el.clientWidth === 0) continue;
+    if (!visible(el) || scrolls(el) || clipped(el) || el.closest("pre, .wide") || el.clientWidth === 0) continue;
     if (el.scrollWidth > el.clientWidth + 1) {
       overflowing.push(el.tagName.toLowerCase() + (el.id ? "#" + el.id : "") + "." + el.className + ": " +
                        el.scrollWidth + " > " + el.clientWidth + " " + el.textContent.slice(0, 60));

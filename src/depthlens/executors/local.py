@@ -152,11 +152,33 @@ def _stops_held() -> Iterator[None]:
 class _WorkerProcess(SpawnProcess):
     """A spawned worker process that starts with BLAS, OpenMP and numba on one thread: the
     environment says so while it starts (it is read when the libraries load), and only then,
-    so this process's own libraries are left alone."""
+    so this process's own libraries are left alone. It ignores Ctrl-C (:func:`_ctrl_c_ignored`)."""
 
     def start(self) -> None:
-        with environ(SINGLE_THREADED), _main_file_hidden():
+        with environ(SINGLE_THREADED), _main_file_hidden(), _ctrl_c_ignored():
             super().start()
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored() -> Iterator[None]:
+    """While active, SIGINT is ignored, which the processes started then inherit (Python keeps
+    an ignored SIGINT ignored); a SIGINT that arrives meanwhile is held and delivered after.
+
+    Ctrl-C reaches every process of the terminal's process group: a worker would stop with a
+    traceback of its own, where the parent alone handles it and kills its workers. Off the
+    main thread, or for a handler not installed from Python, nothing changes."""
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGINT) if main else None
+    if handler is None:
+        yield
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @contextlib.contextmanager

@@ -102,11 +102,11 @@ table.claims td.num{white-space:normal}table.claims th:nth-child(1){width:11%}
 table.claims th:nth-child(2){width:33%}table.claims th:nth-child(3){width:17%}
 table.claims th:nth-child(4),table.claims th:nth-child(5){width:10%}table.claims th:nth-child(6){width:19%}
 table.glance{font-size:.82em;margin:.3em 0}table.glance td,table.glance th{padding:.08em .5em;white-space:nowrap}
-table.glance .verdict{padding:0 .5em}div.wide{overflow-x:auto;max-width:100%}
+table.glance .verdict{padding:0 .5em;display:inline-block;max-width:14em;overflow:hidden;text-overflow:ellipsis;vertical-align:bottom}div.wide{overflow-x:auto;max-width:100%}
 .verdict.underpowered{border:2px dashed #fff;outline:1px solid #8250df}
 .rescored{background:#fff8c5;border:2px solid #bf8700;border-radius:.4em;padding:.6em .9em;margin:1em 0}
 .tableref{margin:.8em 0}.tableref h4{margin:.2em 0}details summary{cursor:pointer;color:#0969da}
-.verdict.underpowered{white-space:normal;max-width:100%;box-sizing:border-box}
+.verdict.underpowered{white-space:normal;max-width:100%;box-sizing:border-box}table.glance .verdict.underpowered{white-space:nowrap}
 #facts,#sizes{margin:.15em 0}#facts b,#sizes b{color:#424a53;font-weight:600}
 .smoke{background:#fff1e5;border:2px solid #bc4c00;border-radius:.4em;padding:.4em .8em;margin:.5em 0}
 .smoke-mark{font-size:.75em;color:#bc4c00;border:1px solid #bc4c00;border-radius:.6em;padding:0 .4em;

@@ -92,11 +92,16 @@ def interval_inline(result: Mapping[str, Any]) -> str:
 
 def fmt(x: float) -> str:
     """A number as the claims show it: an integer plainly, else 3 significant digits; ±∞ and nan
-    spelled out."""
+    spelled out; a negative number with the minus sign ``−`` (U+2212), as ``−∞``.
+
+    Examples
+    --------
+    >>> fmt(-0.10512), fmt(0.293), fmt(-3.0), fmt(float("-inf")), fmt(-2.5e-7)
+    ('−0.105', '0.293', '−3', '−∞', '−2.5e-07')
+    """
     if math.isnan(x):
         return "nan"
     if math.isinf(x):
         return "+∞" if x > 0 else "−∞"
-    if x == int(x) and abs(x) < 1e6:
-        return str(int(x))
-    return f"{x:.3g}"
+    text = str(int(x)) if x == int(x) and abs(x) < 1e6 else f"{x:.3g}"
+    return "−" + text[1:] if text.startswith("-") else text

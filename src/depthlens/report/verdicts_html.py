@@ -39,10 +39,12 @@ def verdict_badge(r: Mapping[str, Any]) -> str:
     """The coloured badge of a claim result's (or a sensitivity variant's) ``verdict``; an
     underpowered inconclusive verdict gets its own colour and says so."""
     if r.get("underpowered"):
-        return (f'<span class="verdict underpowered" style="background:{UNDERPOWERED_COLOUR}">'
-                f"{esc(r['verdict'])}: underpowered</span>")
+        label = f"{esc(r['verdict'])}: underpowered"
+        return (f'<span title="{label}" class="verdict underpowered" style="background:{UNDERPOWERED_COLOUR}">'
+                f"{label}</span>")
     colour = VERDICT_COLOURS.get(r["verdict"], "#6e7781")
-    return f"<span class=\"verdict\" style=\"background:{colour}\">{esc(verdict_label(r))}</span>"
+    label = esc(verdict_label(r))  # the glance table may cut a long one short: the title holds it whole
+    return f"<span title=\"{label}\" class=\"verdict\" style=\"background:{colour}\">{label}</span>"
 
 
 #: The mark beside every verdict of a smoke run (see :mod:`.header_html`).

@@ -116,7 +116,7 @@ def run(context: StageContext) -> None:
         if plan is None:
             reason = (f"no residual dimension is massive at the first token of a layer input in at least half of "
                       f"the {n_detect} chunks ({len(massive)} massive entries in all)")
-            _write_untested(context, reason)
+            _write_untested(context, reason, "a model with massive activations")
             return
         ids = context.chunks.take(slice(0, opts.clamp_chunks))
         targets, control_reason = cl.clamp_targets(plan, cl.ordinary_dims(massive, adapter.d_model),
@@ -136,11 +136,11 @@ def run(context: StageContext) -> None:
     missing = [u.key for u in units if u.source is None and u.key not in done]
     if missing:
         _write_untested(context, f"{len(missing)} clamp units failed (first: {missing[0]}); see logs/{STAGE}.log "
-                                 "and rerun with --resume", tables=False)
+                                 "and rerun with --resume", "--resume", tables=False)
         return
     verdict = clamp_verdict.chain_verdict(heads[chain_rows], heads[~chain_rows], plan.dims, opts.seed, control_reason,
                                _delta_ce(ce))
-    chain = {**verdict, "emergence_layers": list(plan.emergence), "from_layer": plan.from_layer,
+    chain = {**verdict, "needs": _needs(verdict, opts.control_seeds), "emergence_layers": list(plan.emergence), "from_layer": plan.from_layer,
              "n_chunks": len(ids), "detection_chunks": n_detect, "alphas": list(cl.arm_alphas(opts.clamp_alphas)),
              "control_dims": [list(t.dims) for t in targets if t.name == "control"]}
     run_dir.write_json("interventions", clamp_verdict.json_safe({"clamp_chain": chain}))
@@ -148,14 +148,25 @@ def run(context: StageContext) -> None:
         print(f"clamp: chain not tested: {verdict['reason']}.")
 
 
-def _write_untested(context: StageContext, reason: str, tables: bool = True) -> None:
+def _needs(verdict: dict, control_seeds: int) -> str | None:
+    """What would test a chain that ``verdict`` (:func:`clamp_verdict.chain_verdict`) left
+    untested: control seeds where only the control was missing them, else a model with more heads
+    (the other conditions' tests lack heads, which no option adds); None for a tested chain."""
+    untested = [name for name, c in verdict["conditions"].items() if c["held"] is None]
+    if not untested:
+        return None
+    return "--control-seeds 1 or more" if untested == ["control_inert"] and control_seeds == 0 else \
+        "a model with more heads in its clamped layers"
+
+
+def _write_untested(context: StageContext, reason: str, needs: str, tables: bool = True) -> None:
     """Write empty ``clamp`` / ``clamp_heads`` / ``clamp_dims`` tables (with ``tables``) and ``interventions.json``
-    saying the chain was not tested and why; say so on one line unless quiet."""
+    saying the chain was not tested, why, and what would test it (``needs``); say so on one line unless quiet."""
     if tables:
         for name, columns in (("clamp_heads", cl.HEAD_COLUMNS), ("clamp_dims", cl.DIM_COLUMNS),
                               ("clamp", cl.CLAMP_COLUMNS)):
             context.write_table(name, pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in columns}))
-    context.run_dir.write_json("interventions", {"clamp_chain": {"tested": False, "reason": reason}})
+    context.run_dir.write_json("interventions", {"clamp_chain": {"tested": False, "reason": reason, "needs": needs}})
     if not context.execution.quiet:
         print(f"clamp: chain not tested: {reason}.")
 

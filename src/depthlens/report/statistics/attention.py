@@ -12,8 +12,8 @@ import pandas as pd
 from ...runs.tables import RunTables
 from ...stats import head_rank_tests, induction_ratio_replicates, percentile_interval, proportion_interval, sign_test
 from .core import (Estimate, NotTested, SampleCounter, Statistic, TooLittleData, as_count, config_count, finite_median,
-                   finite_spearman, median_estimate, numeric, option_count, registrar, require_columns, run_chunks,
-                   select_rows, spearman_estimate)
+                   finite_spearman, median_estimate, numeric, option_count, registrar, require_columns, rerun,
+                   run_chunks, select_rows, spearman_estimate)
 
 STATISTICS: dict[str, Statistic] = {}
 register = registrar(STATISTICS)
@@ -104,7 +104,8 @@ def _gap(source: str, which: str) -> Callable[[RunTables], float]:
         final = _final_gaps(t, which)
         final = final[final["source"] == source]
         if final.empty:
-            raise NotTested(f"depth.parquet has no {source} rows")
+            raise NotTested(f"depth.parquet has no {source} rows",
+                            needs="--null-chunks 1 or more" if source == "null" else rerun("depth.parquet"))
         return finite_median(numeric(final[which]), f"{which} ({source}) at the final depth")
 
     return stat
@@ -233,7 +234,7 @@ def _summary_value(key: str, what: str) -> Callable[[RunTables], float]:
     def stat(t: RunTables) -> float:
         summary = t.json("attention")
         if key not in summary:
-            raise NotTested(f"attention.json lacks {key!r}")
+            raise NotTested(f"attention.json lacks {key!r}", needs=rerun("attention.json"))
         value = summary[key]
         if value is None:
             raise TooLittleData(f"no {what}")
@@ -285,7 +286,8 @@ def role_rank_tests(t: RunTables, role: str, rank: str = "null_rank_TR1", first_
         kept = np.sort(chunks["chunk"].unique())[:first_chunks]
         chunks = chunks[chunks["chunk"].isin(kept)]
     if chunks.empty:
-        raise NotTested(f"head_chunks.parquet has no {rank} of {role} heads (--null-chunks 0?)")
+        raise NotTested(f"head_chunks.parquet has no {rank} of {role} heads (--null-chunks 0?)",
+                        needs="--null-chunks 1 or more")
     chunks = chunks.assign(null_n_half=np.ceil(numeric(chunks["null_n"]) / 2))
     tests = head_rank_tests(chunks, "delta_TR1", rank, samples)
     centre = chunks.assign(excess=numeric(chunks[rank]) - numeric(chunks[samples]) / 2).groupby(

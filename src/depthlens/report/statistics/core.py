@@ -228,10 +228,27 @@ def compute_estimate(name: str, tables: RunTables) -> tuple[Estimate | None, str
     return value, ("too little data" if math.isnan(value.value) else "")
 
 
+def rerun(output: str) -> str:
+    """What would give a run the ``output`` (``NAME.parquet``, ``NAME.json``, ``NAME``) in
+    today's form, where the run holds an older one: its stage made again by this depthlens.
+
+    Examples
+    --------
+    >>> rerun("heads.parquet")
+    'the attention stage made again by this depthlens (--overwrite)'
+    """
+    from ...schema import producer
+
+    stage = producer(output.removesuffix(".parquet"))
+    return f"the {stage} stage made again by this depthlens (--overwrite)" if stage else "a run by this depthlens"
+
+
 def require_columns(df: pd.DataFrame, name: str, *cols: str) -> None:
+    """Raise :class:`NotTested` (saying what would give them) when ``df``, the table ``name``,
+    lacks any of the columns ``cols``."""
     missing = [c for c in cols if c not in df.columns]
     if missing:
-        raise NotTested(f"{name} lacks column {missing[0]!r}")
+        raise NotTested(f"{name} lacks column {missing[0]!r}", needs=rerun(name))
 
 
 def numeric(s: pd.Series) -> np.ndarray:
@@ -245,21 +262,38 @@ def finite_median(values: np.ndarray, what: str) -> float:
     return float(np.median(values))
 
 
-def select_rows(df: pd.DataFrame, table: str, **equal: Any) -> pd.DataFrame:
+def select_rows(df: pd.DataFrame, table: str, *, needs: str | None = None, **equal: Any) -> pd.DataFrame:
     """The rows of ``df`` with every column of ``equal`` at its value.
 
     Raises
     ------
     NotTested
-        A column is missing or no row is left (for the step-0 checkpoint, needing ``--null init``).
+        A column is missing or no row is left, with what would give the rows: ``needs`` when
+        given, else :func:`rows_needs`.
     """
     require_columns(df, table, *equal)
     for col, value in equal.items():
         df = df[df[col] == value]
         if df.empty:
-            needs = "--null init" if (col, value) == ("checkpoint", "init") else None
-            raise NotTested(f"{table} has no rows with {col} = {value}", needs=needs)
+            raise NotTested(f"{table} has no rows with {col} = {value}", needs=needs or rows_needs(table, col, value))
     return df
+
+
+def rows_needs(table: str, column: str, value: Any) -> str:
+    """What would give the table ``table`` rows with ``column`` = ``value``: the step-0 null
+    (``--null init``), a revision (``--revisions``), every Jacobian mode, else the table's stage
+    made again (:func:`rerun`).
+
+    Examples
+    --------
+    >>> rows_needs("operators.parquet", "checkpoint", "init"), rows_needs("coupling.parquet", "checkpoint", "step1")
+    ('--null init', '--revisions with step1')
+    """
+    if column == "checkpoint" and value != "trained":
+        return "--null init" if value == "init" else f"--revisions with {value}"
+    if column == "jacobian_mode":
+        return "--jacobian-mode all"
+    return rerun(table)
 
 
 def as_count(value: Any) -> int | None:

@@ -11,7 +11,7 @@ import pandas as pd
 
 from ...runs.tables import RunTables
 from .core import (Estimate, NotTested, Statistic, TooLittleData, as_count, numeric, option_count, registrar,
-                   require_columns, run_chunks, select_rows)
+                   require_columns, rerun, run_chunks, select_rows)
 
 STATISTICS: dict[str, Statistic] = {}
 register = registrar(STATISTICS)
@@ -39,13 +39,19 @@ def _clamped_layers(t: RunTables) -> int | None:
     return None if first.size == 0 else int(numeric(heads["layer"]).max()) + 1 - int(first.min())
 
 
+#: What would test the clamp chain where the run does not say (the common cause: no massive
+#: activations to clamp).
+CHAIN_NEEDS = "a model with massive activations"
+
+
 def _chain(t: RunTables) -> dict:
     """``interventions.json['clamp_chain']`` of a run in which the chain was tested."""
     chain = t.json("interventions").get("clamp_chain")
     if not isinstance(chain, dict):
-        raise NotTested("interventions.json lacks 'clamp_chain'")
+        raise NotTested("interventions.json lacks 'clamp_chain'", needs=rerun("interventions.json"))
     if chain.get("tested") is False:
-        raise NotTested(str(chain.get("reason") or "the clamp chain was not tested"))
+        raise NotTested(str(chain.get("reason") or "the clamp chain was not tested"),
+                        needs=str(chain.get("needs") or CHAIN_NEEDS))
     return chain
 
 
@@ -61,7 +67,7 @@ def _clamp_chain(t: RunTables) -> float:
         return 0.0
     dims = chain.get("dims")
     if not isinstance(dims, list):
-        raise NotTested("interventions.json lacks 'clamp_chain.dims'")
+        raise NotTested("interventions.json lacks 'clamp_chain.dims'", needs=rerun("interventions.json"))
     return float(len(dims))
 
 
@@ -69,7 +75,8 @@ def _chain_condition(name: str) -> Callable[[RunTables], float]:
     def stat(t: RunTables) -> float:
         held = ((_chain(t).get("conditions") or {}).get(name) or {}).get("held")
         if held is None:
-            raise NotTested(f"the clamp chain's condition {name!r} was not evaluated")
+            raise NotTested(f"the clamp chain's condition {name!r} was not evaluated",
+                            needs=str(_chain(t).get("needs") or rerun("interventions.json")))
         return float(bool(held))
 
     return stat
@@ -84,10 +91,21 @@ for _statistic, _name, _what in (
              f"interventions.json['clamp_chain']['conditions']['{_name}']['held'].")(_chain_condition(_name))
 
 
+def _target_needs(t: RunTables, target: str) -> str:
+    """What would give the contest rows of ``target``: the target in ``--contest-targets``, else
+    heads it can be cross-validated over (the contest skips a target without them)."""
+    targets = ((t.manifest.get("config") or {}).get("contest") or {}).get("contest_targets")
+    if isinstance(targets, list) and target not in targets:
+        return f"--contest-targets with {target}"
+    if target == "routing":
+        return "a model with routing heads and others"
+    return f"heads with a {target} value in 2 or more layers"
+
+
 def _contest_rows(t: RunTables, target: str) -> pd.DataFrame:
     df = t.table("contest")
     require_columns(df, "contest.parquet", "target", "features", "score", "q", "required")
-    return select_rows(df, "contest.parquet", target=target)
+    return select_rows(df, "contest.parquet", needs=_target_needs(t, target), target=target)
 
 
 @register("contest_R_required", ["contest"],
@@ -100,7 +118,7 @@ def _contest_r_required(t: RunTables) -> float:
         rows = _contest_rows(t, target)
         drop = rows[rows["features"] == "all-R"]
         if drop.empty:
-            raise NotTested(f"contest.parquet has no all-R row for {target}")
+            raise NotTested(f"contest.parquet has no all-R row for {target}", needs=_target_needs(t, target))
         count += bool(drop["required"].iloc[0])
     return float(count)
 
@@ -112,7 +130,8 @@ def _contest_criticality(t: RunTables) -> float:
     rows = _contest_rows(t, "criticality")
     single = rows[rows["features"].isin(["P", "E", "S", "R"])]
     if single.empty:
-        raise NotTested("contest.parquet has no single-family rows for criticality")
+        raise NotTested("contest.parquet has no single-family rows for criticality",
+                        needs=_target_needs(t, "criticality"))
     return float(((numeric(single["score"]) > 0) & (numeric(single["q"]) <= 0.05)).sum())
 
 
@@ -126,7 +145,8 @@ def _criticality_best(t: RunTables) -> Estimate:
     require_columns(rows, "contest.parquet", "score_lo", "score_hi")
     single = rows[rows["features"].isin(["P", "E", "S", "R"])]
     if single.empty:
-        raise NotTested("contest.parquet has no single-family rows for criticality")
+        raise NotTested("contest.parquet has no single-family rows for criticality",
+                        needs=_target_needs(t, "criticality"))
     score, lo, hi = (numeric(single[c]) for c in ("score", "score_lo", "score_hi"))
     if not np.isfinite(score).any():
         raise TooLittleData("no single family has a finite criticality score")

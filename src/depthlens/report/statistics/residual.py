@@ -561,11 +561,11 @@ def transport_against_product(t: RunTables) -> pd.DataFrame:
     transport = t.table("transport")
     if transport is None:
         raise NotTested("needs the lens stage's transport table: run depthlens lens into this run directory "
-                        "with --resume")
+                        "with --resume", needs="depthlens lens")
     require_columns(transport, "transport.parquet", "layer", "erank")
     if t.table("cumulative") is None or t.table("operators") is None:
         raise NotTested("needs the jacobian stage's cumulative and operators tables: run depthlens jacobian into "
-                        "this run directory with --resume")
+                        "this run directory with --resume", needs="the jacobian stage")
     try:
         curve, truncated = _funnel_curve(t, "trained", 1.0, "backward", False), False
     except NotTested:
