@@ -36,7 +36,7 @@ from .statistics import residual as residual_statistics
 from .statistics.core import numeric
 
 __all__ = ["INPUTS", "KEEP", "MEASURED", "NULL_MODELS", "SHAPE", "STAGE_OPTIONS", "Inputs", "compare", "matches", "measure",
-           "measured", "measured_values", "run_models"]
+           "measured", "measured_summary", "measured_values", "run_models"]
 
 #: The package's measured null inputs (:func:`measure`).
 MEASURED = Path(__file__).with_name("measured_nulls.json")
@@ -55,8 +55,14 @@ KEEP = 2000
 Inputs = Callable[[RunTables, Sequence[str]], dict[str, np.ndarray]]
 
 
+def _has(t: RunTables, name: str) -> bool:
+    """Whether the run has a non-empty table ``name``."""
+    df = t.table(name)
+    return df is not None and not df.empty
+
+
 def _final_gaps(t: RunTables, checkpoints: Sequence[str]) -> dict[str, np.ndarray]:
-    if "trained" not in checkpoints:
+    if "trained" not in checkpoints or not _has(t, "depth"):
         return {}
     final = attention_statistics._final_gaps(t)
     return {f"{source} gap_e1 (orders)": numeric(final.loc[final["source"] == source, "gap_e1"])
@@ -64,13 +70,17 @@ def _final_gaps(t: RunTables, checkpoints: Sequence[str]) -> dict[str, np.ndarra
 
 
 def _null_ranks(t: RunTables, checkpoints: Sequence[str]) -> dict[str, np.ndarray]:
-    if "trained" not in checkpoints:
+    if "trained" not in checkpoints or not _has(t, "head_chunks"):
         return {}
     rows = t.trained("head_chunks")
-    return {"rank of TR1 among its nulls / null samples": numeric(rows["null_rank_TR1"]) / numeric(rows["null_n"])}
+    rows = rows.assign(fraction=numeric(rows["null_rank_TR1"]) / numeric(rows["null_n"]))
+    return {"rank of TR1 among its nulls / null samples": rows["fraction"].to_numpy(dtype=float),
+            "a head's mean of that over its chunks": rows.groupby(["layer", "head"])["fraction"].mean().to_numpy(dtype=float)}
 
 
 def _rotations(t: RunTables, checkpoints: Sequence[str]) -> dict[str, np.ndarray]:
+    if not _has(t, "eigenvalues"):
+        return {}
     found = {c: residual_statistics._layer_rotations(t, c) for c in checkpoints
              if c in set(t.table("eigenvalues")["checkpoint"])}
     if not found:
@@ -83,6 +93,8 @@ def _rotations(t: RunTables, checkpoints: Sequence[str]) -> dict[str, np.ndarray
 
 
 def _funnel_ends(t: RunTables, checkpoints: Sequence[str]) -> dict[str, np.ndarray]:
+    if not _has(t, "funnel_boot"):
+        return {}
     boot = t.table("funnel_boot")
     boot = boot[boot["checkpoint"].isin(checkpoints) & (boot["jacobian_mode"] == "isolated")]
     if boot.empty:
@@ -95,13 +107,17 @@ def _funnel_ends(t: RunTables, checkpoints: Sequence[str]) -> dict[str, np.ndarr
     def spread(column: str) -> np.ndarray:
         return replicates[column].apply(lambda v: float(np.std(np.log(numeric(v)), ddof=1))).to_numpy(dtype=float)
 
+    full = np.log(numeric(first["erank_full_depth"]))
     return {"erank after one step": numeric(first["erank_one_step"]),
             "erank at full depth": numeric(first["erank_full_depth"]),
+            "log spread of the full-depth erank between checkpoints": np.array([full.std(ddof=1)] if len(full) > 1 else []),
             "log spread of the one-step erank over chunk resamples": spread("erank_one_step"),
             "log spread of the full-depth erank over chunk resamples": spread("erank_full_depth")}
 
 
 def _init_coupling(t: RunTables, checkpoints: Sequence[str]) -> dict[str, np.ndarray]:
+    if not _has(t, "coupling"):
+        return {}
     rows = t.table("coupling")
     rows = rows[rows["checkpoint"].isin(checkpoints)]
     return {"boundary FDR-significant (0/1)": rows["significant"].to_numpy(dtype=float)} if len(rows) else {}
@@ -141,10 +157,7 @@ def measure(runs: Sequence[str | Path]) -> dict[str, Any]:
         sources.append({"model": manifest["config"]["model"], "checkpoints": checkpoints,
                         "stages": sorted(manifest.get("stages", {}))})
         for statistic, (inputs, _) in INPUTS.items():
-            try:
-                found = inputs(tables, checkpoints)
-            except (FileNotFoundError, KeyError, ValueError, LookupError):
-                continue
+            found = inputs(tables, checkpoints)
             for name, values in found.items():
                 pooled.setdefault(statistic, {}).setdefault(name, []).append(np.asarray(values, dtype=float))
     out: dict[str, Any] = {}
@@ -163,6 +176,18 @@ def measure(runs: Sequence[str | Path]) -> dict[str, Any]:
 def measured() -> dict[str, Any]:
     """The package's measured null inputs (``{}`` when none are shipped)."""
     return json.loads(MEASURED.read_text())["inputs"] if MEASURED.exists() else {}
+
+
+def measured_summary(statistic: str, name: str) -> dict[str, float]:
+    """``n``, ``mean`` and ``sd`` of one measured input.
+
+    Raises
+    ------
+    KeyError
+        When the package has no such measured input.
+    """
+    found = measured()[statistic][name]
+    return {key: float(found[key]) for key in ("n", "mean", "sd")}
 
 
 def measured_values(statistic: str, name: str) -> np.ndarray:
@@ -199,7 +224,8 @@ def compare(statistic: str, draws: int = 20, seed: int = 0) -> pd.DataFrame:
     """Each measured input of ``statistic`` beside the same input of its planted world (the world
     :data:`INPUTS` names, at the scenario's default sizes, pooled over ``draws`` draws): one row per
     input with ``n``, ``mean`` and ``sd`` of both, and ``matches`` (:func:`matches`). Empty when
-    nothing is measured for it."""
+    nothing is measured for it; an input the world does not plant at all (the spread between
+    checkpoints of a world with one checkpoint) is left out."""
     from .calibration import SCENARIOS
 
     inputs, world = INPUTS[statistic]
@@ -215,12 +241,14 @@ def compare(statistic: str, draws: int = 20, seed: int = 0) -> pd.DataFrame:
     for name, meas in real.items():
         values = np.concatenate(pooled.get(name, [np.array([])]))
         values = values[np.isfinite(values)]
+        if not len(values):
+            continue
         planted = {"n": len(values), "mean": float(values.mean()) if len(values) else math.nan,
                    "sd": float(values.std(ddof=1)) if len(values) > 1 else 0.0}
         rows.append({"statistic": statistic, "input": name, "world": world, "world_n": planted["n"],
                      "world_mean": planted["mean"], "world_sd": planted["sd"], "measured_n": meas["n"],
                      "measured_mean": meas["mean"], "measured_sd": meas["sd"],
-                     "matches": bool(len(values)) and matches(planted, meas)})
+                     "matches": matches(planted, meas)})
     return pd.DataFrame(rows)
 
 

@@ -11,13 +11,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.special import ndtr
+from scipy.special import ndtr, ndtri
 
 from ..contest import cv
 from ..interventions import clamp as cl
 from ..interventions import clamp_verdict
 from ..runs.tables import RunTables
 from ..stats import aggregate_induction
+from .measured_nulls import measured_summary, measured_values
 from .worlds import MemoryTables, Scenario, Simulator, correlated_normals, head_rows, mix, planted_ranks, registrar
 
 __all__ = ["CLAMP_DIMS", "CONTEST_HEADS", "CONTEST_METRIC", "CRITICALITY_RHO", "SCENARIOS", "contest_planted", "contest_row_model",
@@ -28,30 +29,41 @@ SCENARIOS: dict[str, Scenario] = {}
 scenario = registrar(SCENARIOS)
 
 
-def _depth(rng: np.random.Generator, chunks: int, samples: int, model: float, null: float) -> pd.DataFrame:
-    """Final-depth rows of the mean-head depth products: per chunk the model's gap
-    ``N(model, 1)`` and ``samples`` null gaps ``N(null, 1)`` (orders of magnitude)."""
+_MEASURED = "real random-init models (llama, gpt_neox) at SmolLM2's shape (report/measured_nulls.json)"
+
+
+def _depth(rng: np.random.Generator, statistic: str, chunks: int, samples: int, shift: float,
+           absent: float = 0.0) -> pd.DataFrame:
+    """Final-depth rows of the mean-head depth products (orders of magnitude), resampled from
+    :data:`_MEASURED`: per chunk the model's gap (plus ``shift``) and ``samples`` null gaps,
+    each null gap moved the share ``absent`` of the way to N(0.3, 1) (an error absent in the
+    nulls)."""
+    model = rng.choice(measured_values(statistic, "model gap_e1 (orders)"), chunks) + shift
+    nulls = rng.choice(measured_values(statistic, "null gap_e1 (orders)"), (chunks, samples))
+    if absent:
+        nulls = (1.0 - absent) * nulls + absent * (0.3 + rng.standard_normal((chunks, samples)))
     rows = []
     for c in range(chunks):
-        rows.append({"chunk": c, "source": "model", "sample": -1, "gap_e1": model + rng.standard_normal()})
-        rows += [{"chunk": c, "source": "null", "sample": s, "gap_e1": null + g}
-                 for s, g in enumerate(rng.standard_normal(samples))]
+        rows.append({"chunk": c, "source": "model", "sample": -1, "gap_e1": float(model[c])})
+        rows += [{"chunk": c, "source": "null", "sample": s, "gap_e1": float(g)} for s, g in enumerate(nulls[c])]
     return pd.DataFrame(rows).assign(operator="mean", depth=30, gap_e2=lambda d: d["gap_e1"])
 
 
 @scenario("eig_gap_e1_contrast", {"null_chunks": 10, "null_samples": 8},
-          null="model and null gaps both N(2, 1) per chunk (the model errs no more than its nulls)",
-          effect="model gap N(9, 1) (the seed's 7–11 orders), null gaps N(0.5, 1)")
+          null=f"model and null gaps resampled from {_MEASURED} (the model errs as much as its nulls, about 3.5 "
+               "orders each)",
+          effect="the model's gaps 8.5 orders above those (the seed's 7–11 orders over its nulls)")
 def _sim_contrast(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
-    model, null = mix(2.0, 9.0, strength), mix(2.0, 0.5, strength)
-    return MemoryTables({"depth": _depth(rng, n["null_chunks"], n["null_samples"], model, null)})
+    return MemoryTables({"depth": _depth(rng, "eig_gap_e1_contrast", n["null_chunks"], n["null_samples"],
+                                         mix(0.0, 8.5, strength))})
 
 
 @scenario("eig_gap_e1_null_chunks", {"null_chunks": 10, "null_samples": 8},
-          null="null gaps N(4, 1) (the error is present in the matched nulls too)",
+          null=f"null gaps resampled from {_MEASURED} (the error is present in the nulls, about 3.5 orders)",
           effect="null gaps N(0.3, 1) (absent in the nulls, as the seed says)")
 def _sim_null_gap(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
-    return MemoryTables({"depth": _depth(rng, n["null_chunks"], n["null_samples"], 9.0, mix(4.0, 0.3, strength))})
+    return MemoryTables({"depth": _depth(rng, "eig_gap_e1_null_chunks", n["null_chunks"], n["null_samples"], 0.0,
+                                         mix(0.0, 1.0, strength, low=0.0, high=1.0))})
 
 
 @scenario("induction_ratio_control_median", {"routing_heads": 24, "probe_seqs": 16},
@@ -72,13 +84,35 @@ def _sim_induction(rng: np.random.Generator, n: Mapping[str, int], strength: flo
                          "induction_seqs": rows})
 
 
+#: The measured inputs of the null ranks (:mod:`~depthlens.report.measured_nulls`).
+_RANKS, _HEAD_RANKS = "rank of TR1 among its nulls / null samples", "a head's mean of that over its chunks"
+
+
+def rank_bias(statistic: str) -> tuple[float, float]:
+    """The mean ``μ`` and between-head spread ``τ`` of the latent shift of a head's TR1 over its
+    nulls (TR1 ~ N(shift, 1) against N(0, 1) nulls, so a chunk's expected rank fraction is
+    Φ(shift/√2)) that give the measured rank fractions of :data:`_MEASURED`: ``μ`` from their
+    mean, ``τ`` from the spread of the heads' means beyond what their chunks alone give."""
+    ranks, heads = measured_summary(statistic, _RANKS), measured_summary(statistic, _HEAD_RANKS)
+    m = min(max(ranks["mean"], 0.02), 0.98)
+    chunks = ranks["n"] / heads["n"]
+    between = math.sqrt(max(0.0, heads["sd"] ** 2 - ranks["sd"] ** 2 / chunks))
+    z = float(ndtri(m))
+    return math.sqrt(2.0) * z, between * math.sqrt(2.0) / (math.exp(-z * z / 2.0) / math.sqrt(2.0 * math.pi))
+
+
 def _roleplanted_ranks(role: str, sign: float) -> Simulator:
     """head_chunks and heads of ``role`` heads only (the claim's BH family): per head and chunk
-    the rank of TR1 among ``null_samples`` nulls, TR1 ~ N(shift, 1) and nulls N(0, 1)."""
+    the rank of TR1 among ``null_samples`` nulls, TR1 ~ N(shift, 1) and nulls N(0, 1), the
+    shift of a head drawn as the measured random inits' (:func:`rank_bias`) plus the effect."""
+    statistic = f"{role}_{'positive' if sign > 0 else 'negative'}_rank_fraction"
+
     def simulate(rng: np.random.Generator, n: Mapping[str, int], strength: float) -> RunTables:
         heads = head_rows(9, n[f"{role}_heads"], role)
         chunks = n["null_chunks"]
-        shift = np.full((len(heads), chunks), sign * strength)
+        mu, tau = rank_bias(statistic)
+        bias = mu + tau * rng.standard_normal(len(heads))
+        shift = np.repeat((bias + sign * strength)[:, None], chunks, axis=1)
         rank, half, excess = planted_ranks(rng, shift, n["null_samples"])
         table = pd.DataFrame({"layer": np.repeat(heads["layer"], chunks), "head": np.repeat(heads["head"], chunks),
                               "chunk": np.tile(np.arange(chunks), len(heads)), "delta_TR1": excess.ravel(),
@@ -93,9 +127,12 @@ def _roleplanted_ranks(role: str, sign: float) -> Simulator:
 for _role, _sign, _size in (("routing", 1.0, 24), ("sink", -1.0, 120)):
     scenario(f"{_role}_{'positive' if _sign > 0 else 'negative'}_rank_fraction",
              {f"{_role}_heads": _size, "null_chunks": 10, "null_samples": 8},
-             null=f"every {_role} head's TR1 exchangeable with its nulls (N(0, 1) each)",
-             effect=f"every {_role} head's TR1 one null standard deviation {'above' if _sign > 0 else 'below'} its "
-                    "nulls' mean in every chunk")(_roleplanted_ranks(_role, _sign))
+             null=f"every {_role} head's TR1 placed among its nulls as those of real random-init models (llama, gpt_neox) "
+                  "at SmolLM2's shape (report/measured_nulls.json) "
+                  "(TR1 ~ N(shift, 1) against N(0, 1) nulls, each head's shift drawn to give their rank fractions: "
+                  "not exchangeable, TR1 tends to lie above its shuffles)",
+             effect=f"every {_role} head's TR1 one null standard deviation further {'above' if _sign > 0 else 'below'} "
+                    "its nulls in every chunk")(_roleplanted_ranks(_role, _sign))
 
 
 @scenario("routing_reserve_tracks_prev_token", {"routing_heads": 24},

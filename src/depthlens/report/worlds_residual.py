@@ -168,13 +168,14 @@ def _funnel_tables(rng: np.random.Generator, n: Mapping[str, int], ends: Mapping
 def _measured_funnel(rng: np.random.Generator, statistic: str, chunks: int
                      ) -> tuple[float, float, float, tuple[float, float]]:
     """One random init's funnel resampled from :data:`_MEASURED`: the erank after one step, at full
-    depth, the log spread of the full-depth erank between initialisations, and the per-chunk log
-    spreads of both ends (their bootstrap spreads times √chunks)."""
+    depth, the log spread of the full-depth erank between the initialisations of one run, and the
+    per-chunk log spreads of both ends (their bootstrap spreads times √chunks)."""
     full = measured_values(statistic, "erank at full depth")
     spread = tuple(float(rng.choice(measured_values(statistic, f"log spread of the {end} erank over chunk resamples")))
                    * math.sqrt(chunks) for end in ("one-step", "full-depth"))
-    return (float(rng.choice(measured_values(statistic, "erank after one step"))), float(rng.choice(full)),
-            float(np.std(np.log(full), ddof=1)) if len(full) > 1 else 0.0, spread)  # type: ignore[return-value]
+    between = float(rng.choice(measured_values(statistic, "log spread of the full-depth erank between checkpoints")))
+    return (float(rng.choice(measured_values(statistic, "erank after one step"))), float(rng.choice(full)), between,
+            spread)  # type: ignore[return-value]
 
 
 def _chunk_sd(null: tuple[float, float], strength: float) -> tuple[float, float]:
