@@ -448,7 +448,7 @@ class Run:
         """One head's operators on one chunk, recomputed on demand in float64 from the run's
         model and text: the attention matrix ``A``, the deflated operator ``B = A − P``, its
         eigenvalues, ``σ_min(zI − B)`` on the grid of the report's pseudospectra, the transient
-        ``‖B^k‖`` with its peak, the Kreiss constant with its bounds, every METHODS A3 quantity,
+        ``‖B^k‖`` with its peak, the Kreiss constant with its bounds, every §A3 quantity,
         and the run's ``head_chunks`` and ``heads`` rows of that head when present
         (:class:`~depthlens.attention.head_view.HeadView`).
 

@@ -1,5 +1,5 @@
 """Text sources, token chunks, prompts files, the repeated-random-token probe and its control
-(METHODS A5).
+(§A5).
 
 Sources are named (``"python-docs"``, the offline default; ``"wikitext-2"``, through the
 ``datasets`` library) or a path to a UTF-8 text file. A loaded source carries the SHA-256 of
@@ -535,7 +535,7 @@ def _sequences(start: int, blocks: list[np.ndarray]) -> torch.Tensor:
 
 
 def repeated_random_tokens(tokenizer: Any, n_seqs: int = 128, length: int = 64, seed: int = 0) -> torch.Tensor:
-    """The induction probe ``[BOS, r, r]`` with ``r`` uniform random tokens (METHODS A5).
+    """The induction probe ``[BOS, r, r]`` with ``r`` uniform random tokens (§A5).
 
     Parameters
     ----------

@@ -28,7 +28,7 @@ def boundary_names(n_layers: int, boundaries: tuple[str, ...] = BOUNDARIES) -> l
 
 
 def massive_mask(h: np.ndarray, abs_min: float = MASSIVE_ABS, ratio: float = MASSIVE_RATIO) -> np.ndarray:
-    """Massive activations of one boundary (METHODS A7).
+    """Massive activations of one boundary (§A7).
 
     An entry is massive when ``|h| >= abs_min`` and ``|h| >= ratio * median(|h|)``, the
     median taken over all entries of that boundary (all tokens and dimensions given).

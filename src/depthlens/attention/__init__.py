@@ -1,5 +1,5 @@
 """Per-head attention operators: pattern features, resolvent features, nulls, roles, depth
-products (METHODS A1–A6). :mod:`.features`, :mod:`.roles`, :mod:`.depth` and :mod:`.patterns`
+products (§A1–A6). :mod:`.features`, :mod:`.roles`, :mod:`.depth` and :mod:`.patterns`
 take attention matrices as arrays; :mod:`depthlens.stages.attention` runs them over a model."""
 
 from .options import AttentionOptions, RoleThresholds

@@ -1,4 +1,4 @@
-"""Workers and aggregation of the attention stage (METHODS A1–A6): arrays and seeds in,
+"""Workers and aggregation of the attention stage (§A1–A6): arrays and seeds in,
 rows and tables out. :mod:`depthlens.stages.attention` runs them over a model in phases:
 
 1. ``probe``: the ``[BOS, r, r]`` probe gives previous-token, duplicate and induction scores

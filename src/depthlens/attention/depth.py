@@ -1,5 +1,5 @@
 """Depth products of per-layer attention operators and their eigenvalue predictions
-(METHODS A6), as tables.
+(§A6), as tables.
 
 Per layer one operator per kind: ``mean`` (head mean, the default), ``rollout`` (½(Ā + I))
 and ``chain_<role>`` (one chosen head per layer, e.g. the most routing-like head). The

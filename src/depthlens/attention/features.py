@@ -1,4 +1,4 @@
-"""Per-matrix quantities of METHODS A3 for one causal attention matrix, in float64.
+"""Per-matrix quantities of §A3 for one causal attention matrix, in float64.
 
 Kept model-free: a matrix in, a flat dict of named numbers out, so every column of the
 attention tables traces back to one function here.
@@ -42,7 +42,7 @@ def kreiss_b(B: np.ndarray, **options: object) -> KreissResult:
 def kreiss_a_check(A: np.ndarray, deltas: Sequence[float] = KREISS_A_DELTAS) -> float:
     """Lower bound on ``K(A)``: the largest ``δ / σ_min((1+δ)I − A)`` over ``δ`` in ``deltas``.
 
-    For a causal row-stochastic ``A``, ``K(A) ≤ sup_k ‖A^k‖ ≤ √n`` exactly (METHODS A2), and
+    For a causal row-stochastic ``A``, ``K(A) ≤ sup_k ‖A^k‖ ≤ √n`` exactly (§A2), and
     ``(z−1)(zI−A)⁻¹ = P/z + (z−1)(zI−B)⁻¹`` tends to ``P`` (norm √n) as ``z → 1⁺``, so each
     value lies within about ``δ(√n + ‖(I−B)⁻¹‖)`` below √n when the Perron root is simple.
     Several ``δ`` cover heads whose largest self-weight is close to 1 (``‖(I−B)⁻¹‖`` large);
@@ -74,7 +74,7 @@ def matrix_features(
     A: np.ndarray, *, extras: bool, eps: Sequence[float] = EPSILONS, certify: tuple[float, int] | None = None,
     rows: np.ndarray | None = None,
 ) -> dict[str, float]:
-    """All METHODS A3 quantities of one causal attention matrix.
+    """All §A3 quantities of one causal attention matrix.
 
     Parameters
     ----------
@@ -158,7 +158,7 @@ def matrix_features(
 
 
 def null_reserves(A: np.ndarray, null_mode: str, n_samples: int, rng: np.random.Generator) -> np.ndarray:
-    """``TR1 = log K(B̃)`` of ``n_samples`` matched shuffle nulls of ``A`` (METHODS A4)."""
+    """``TR1 = log K(B̃)`` of ``n_samples`` matched shuffle nulls of ``A`` (§A4)."""
     nulls = shuffle_null(A, null_mode, n_samples, rng=rng)
     return np.array([math.log(kreiss_b(B, upper=False).value) for B in deflate(nulls)])
 

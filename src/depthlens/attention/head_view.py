@@ -1,6 +1,6 @@
 """One head's operators, whole: the attention matrix ``A``, its Perron deflation ``B = A − P``,
 the spectrum, the ε-pseudospectrum on the report's grid and the transient ``‖B^k‖`` with its
-peak and the Kreiss constant (METHODS A1–A3), for one (layer, head, chunk).
+peak and the Kreiss constant (§A1–A3), for one (layer, head, chunk).
 
 Model-free, like the rest of the analysis: a float64 matrix in, records out. Two callers:
 
@@ -73,7 +73,7 @@ class HeadView:
     transient : ndarray, shape (kmax + 1,)
         ``‖B^k‖₂`` for those powers (exact up to rounding, :func:`~depthlens.linalg.transients.power_norms`).
     values : dict
-        Every per-matrix quantity of METHODS A3 (the ``head_chunks`` columns of
+        Every per-matrix quantity of §A3 (the ``head_chunks`` columns of
         :func:`~depthlens.attention.features.matrix_features`, with the ε-pseudospectral radii
         and the certified Kreiss bracket ``kreiss_B_lo``/``kreiss_B_hi``).
     chunk_row : dict or None

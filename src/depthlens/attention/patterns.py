@@ -1,4 +1,4 @@
-"""Pattern features of causal attention matrices (METHODS A3, first rows of the table).
+"""Pattern features of causal attention matrices (§A3, first rows of the table).
 
 All functions take a batch of causal row-stochastic matrices ``(..., n, n)`` in float64 and
 return one value per matrix ``(...)``. They are exact reductions (no iteration); the only

@@ -1,4 +1,4 @@
-"""Head roles from the repeated-random-token probe and natural-text sink mass (METHODS A5).
+"""Head roles from the repeated-random-token probe and natural-text sink mass (§A5).
 
 The probe is ``[BOS, r, r]`` with ``r`` of length ``m``: position 0 is BOS, the first copy
 occupies positions ``1..m`` and the second copy ``m+1..2m`` (0-based). At a second-copy

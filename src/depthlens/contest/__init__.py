@@ -1,4 +1,4 @@
-"""The feature-family contest (METHODS A7): which family of per-head features predicts what
+"""The feature-family contest (§A7): which family of per-head features predicts what
 a head does, cross-validated across layers. :mod:`.features` and :mod:`.cv` take arrays and
 tables; :mod:`depthlens.stages.contest` runs them over a model."""
 

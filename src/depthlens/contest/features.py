@@ -1,4 +1,4 @@
-"""Per-head features the contest computes itself (METHODS A7): pattern, eigenvalue and norm
+"""Per-head features the contest computes itself (§A7): pattern, eigenvalue and norm
 features of one attention matrix, and the depth persistence of a head's deviation.
 
 Pure array functions on float64 causal row-stochastic matrices. The per-matrix features take a
@@ -38,7 +38,7 @@ DIAG_QUANTILES = (25, 50, 75)
 #: The per-matrix features of :func:`head_features`, in table order.
 HEAD_FEATURES = ("mean_distance", "max_weight", *(f"diag_q{q}" for q in DIAG_QUANTILES), "fro_B", "sigma2_B",
                  "stable_rank_B")
-#: Scale quantities among them, aggregated over chunks by the median of logs (METHODS A3).
+#: Scale quantities among them, aggregated over chunks by the median of logs (§A3).
 SCALE_FEATURES = ("fro_B", "sigma2_B")
 
 
@@ -169,7 +169,7 @@ def head_features(A: ArrayLike, rows: np.ndarray | None = None) -> dict[str, np.
 
 
 def persistence(A: ArrayLike) -> np.ndarray:
-    """Depth persistence of every head's deviation in one chunk (METHODS A7).
+    """Depth persistence of every head's deviation in one chunk (§A7).
 
     ``persistence[l, h] = log ‖S_l B_{l,h}‖₂ − log ‖S_l B̄_l‖₂`` with ``S_l = B̄_{L−1} ⋯ B̄_{l+1}``
     (``S_{L−1} = I``), ``B_{l,h} = A_{l,h} − P`` and ``B̄_l`` the head mean of layer l's deflated

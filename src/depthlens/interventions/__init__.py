@@ -1,4 +1,4 @@
-"""Causal interventions on a model (METHODS A7): head ablation criticality (:mod:`.ablation`,
+"""Causal interventions on a model (§A7): head ablation criticality (:mod:`.ablation`,
 run by the ``ablate`` stage, :mod:`depthlens.stages.ablate`) and the massive-activation clamp
 chain (:mod:`.clamp`, run by the ``clamp`` stage, :mod:`depthlens.stages.clamp`)."""
 

@@ -1,4 +1,4 @@
-"""Ablation criticality of attention heads (METHODS A7): the change in next-token
+"""Ablation criticality of attention heads (§A7): the change in next-token
 cross-entropy when one head's output is replaced before the output projection.
 
 The run's chunks are split in two disjoint sets (:func:`split_chunks`): the last

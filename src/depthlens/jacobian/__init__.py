@@ -1,4 +1,4 @@
-"""Sub-layer Jacobians of the residual stream (METHODS B1–B4).
+"""Sub-layer Jacobians of the residual stream (§B1–B4).
 
 :mod:`.metrics` (per-operator spectral metrics, B2), :mod:`.cumulative` (cumulative
 products over depth and the Schur funnel, B3–B4) and :mod:`.bootstrap` (the funnel's ends

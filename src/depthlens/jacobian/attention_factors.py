@@ -1,4 +1,4 @@
-"""Attention sub-layer factors: isolated (one-token) and in-context (METHODS B1).
+"""Attention sub-layer factors: isolated (one-token) and in-context (§B1).
 
 ``isolated`` (both isolated modes): the token's residual as a one-token sequence; softmax
 weight 1, so attention is its value-output path ``Wo E Wv`` between the pre- and post-norm

@@ -1,4 +1,4 @@
-"""A bootstrap over chunks of the funnel's two ends under the claims' protocol (METHODS B3; claims B2, B3, C2).
+"""A bootstrap over chunks of the funnel's two ends under the claims' protocol (§B3; claims B2, B3, C2).
 
 The mean operators average over the run's C text chunks, so the funnel's erank after one step
 and at full depth are functions of that sample of chunks. A replicate draws C chunks with
@@ -190,7 +190,7 @@ def funnel_bootstrap(sums: Iterable[tuple[Any, np.ndarray, np.ndarray]], weights
                      rank: int | None = None, direction: str = "backward",
                      out: MutableMapping[Any, np.ndarray] | None = None, device: str | None = None,
                      threads: int = 1) -> pd.DataFrame:
-    """Erank after one step and at full depth of the funnel of every replicate (METHODS B3).
+    """Erank after one step and at full depth of the funnel of every replicate (§B3).
 
     Parameters
     ----------

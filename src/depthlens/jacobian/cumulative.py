@@ -1,4 +1,4 @@
-"""Cumulative products of sub-layer operators over depth and their Schur funnel (METHODS B3, B4).
+"""Cumulative products of sub-layer operators over depth and their Schur funnel (§B3, B4).
 
 For operators ``J_0, …, J_{L−1}`` in depth order:
 
@@ -110,7 +110,7 @@ def _oriented(J: np.ndarray, direction: str) -> np.ndarray:
 
 
 def cumulative_ranks(operators: Sequence[ArrayLike], direction: str = "forward", rank: int | None = None) -> pd.DataFrame:
-    """Effective ranks of the cumulative products at every depth (METHODS B3).
+    """Effective ranks of the cumulative products at every depth (§B3).
 
     Parameters
     ----------
@@ -325,7 +325,7 @@ def schur_funnel(
     label: str = "",
     device: str | None = None,
 ) -> pd.DataFrame:
-    """Cumulative effective ranks with the non-normal part of every operator scaled by α (METHODS B4).
+    """Cumulative effective ranks with the non-normal part of every operator scaled by α (§B4).
 
     Each operator is split as ``J(α) = Q(Λ + αN)Q* = (1 − α) M₀ + α J`` with its Schur form in
     a given eigenvalue order (:func:`depthlens.linalg.schur.schur_form`) and normal part

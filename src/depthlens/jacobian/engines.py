@@ -1,4 +1,4 @@
-"""Exact sub-layer Jacobians of the residual stream (METHODS B1), in closed form.
+"""Exact sub-layer Jacobians of the residual stream (§B1), in closed form.
 
 Operators
     For every layer ``l`` two maps, skip connection included, ``J = I + U``:

@@ -1,4 +1,4 @@
-"""Per-operator spectral metrics of sub-layer Jacobians ``J = I + U`` (METHODS B2).
+"""Per-operator spectral metrics of sub-layer Jacobians ``J = I + U`` (§B2).
 
 Every metric of one operator comes from two decompositions, each computed once:
 
@@ -61,7 +61,7 @@ METRICS: tuple[str, ...] = (
     "participation_ratio",
     "stable_rank",
 )
-"""The metric columns of :func:`metrics_table`, in order (names as in METHODS B2)."""
+"""The metric columns of :func:`metrics_table`, in order (names as in §B2)."""
 
 TRIVIAL_TOL = STRUCTURAL_TOL
 """An eigenvalue λ = 1 + μ of J is structurally 1 (trivial) when ``|μ| ≤ TRIVIAL_TOL ·
@@ -144,7 +144,7 @@ def _relative(value: float, norm: float) -> float:
 
 
 def operator_metrics(J: ArrayLike, self_alignment: bool = True) -> dict[str, float]:
-    """Every METHODS B2 metric of one operator ``J = I + U``.
+    """Every §B2 metric of one operator ``J = I + U``.
 
     Parameters
     ----------

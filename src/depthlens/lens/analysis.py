@@ -1,6 +1,6 @@
 """The spectral geometry of a set of transport matrices, without the model.
 
-Each ``J_ℓ`` gets the operator metrics of METHODS B2 (:func:`depthlens.jacobian.metrics.operator_metrics`:
+Each ``J_ℓ`` gets the operator metrics of §B2 (:func:`depthlens.jacobian.metrics.operator_metrics`:
 condition number, Henrici departure, symmetry, complex and expanding fractions, spectral
 radius, self-alignment, effective ranks), so the erank of the transport against depth reads
 as the operators table's ``erank`` does. The metrics written ``*_update`` and

@@ -3,8 +3,8 @@
 Every causal attention matrix ``A`` (lower triangular, non-negative, ``A 1 = 1``) has first
 row ``e_1ᵀ``, so the Perron projector ``P = 1 e_1ᵀ`` satisfies ``AP = PA = P`` and the
 deflated operator ``B = A − P`` carries everything that distinguishes one head from another
-(METHODS A2). For any operators with ``A_l 1 = 1`` and ``e_1ᵀ A_l = e_1ᵀ`` the depth product
-factorises exactly, ``A_L ⋯ A_1 − P = B_L ⋯ B_1`` (METHODS A6). The functions here refuse
+(§A2). For any operators with ``A_l 1 = 1`` and ``e_1ᵀ A_l = e_1ᵀ`` the depth product
+factorises exactly, ``A_L ⋯ A_1 − P = B_L ⋯ B_1`` (§A6). The functions here refuse
 inputs for which that identity fails (bidirectional masks, rows that do not sum to one).
 """
 
@@ -172,7 +172,7 @@ def flag_nonsimple_perron(A: ArrayLike, atol: float = 0.0) -> np.ndarray:
     """Flag matrices whose Perron root 1 may not be simple: some row i ≥ 2 attends only to itself.
 
     Such a row has ``A_ii = 1``; then ``K(A)`` can be smaller than ``√n`` (``K(I) = 1``), and
-    the raw Kreiss check value of METHODS A2 does not apply. Rows with that property are
+    the raw Kreiss check value of §A2 does not apply. Rows with that property are
     ``np.nonzero(np.diagonal(A, axis1=-2, axis2=-1)[..., 1:] >= 1 - atol)`` (offset by one).
 
     Parameters
@@ -199,7 +199,7 @@ def flag_nonsimple_perron(A: ArrayLike, atol: float = 0.0) -> np.ndarray:
 
 
 def mean_operator(heads: ArrayLike) -> np.ndarray:
-    """Head mean ``Ā = (1/H) Σ_h A_h`` (METHODS A6 ``mean``, the default operator).
+    """Head mean ``Ā = (1/H) Σ_h A_h`` (§A6 ``mean``, the default operator).
 
     Parameters
     ----------
@@ -222,7 +222,7 @@ def mean_operator(heads: ArrayLike) -> np.ndarray:
 
 
 def rollout_operator(A: ArrayLike) -> np.ndarray:
-    """Attention rollout ``½(A + I)`` (METHODS A6 ``rollout``), batched.
+    """Attention rollout ``½(A + I)`` (§A6 ``rollout``), batched.
 
     Parameters
     ----------
@@ -243,7 +243,7 @@ def rollout_operator(A: ArrayLike) -> np.ndarray:
 
 
 def chain_operator(heads: ArrayLike, choice: Sequence[int]) -> np.ndarray:
-    """One chosen head per layer (METHODS A6 ``chain``).
+    """One chosen head per layer (§A6 ``chain``).
 
     Parameters
     ----------
@@ -283,7 +283,7 @@ def _stack_ops(ops: ArrayLike | Sequence[ArrayLike], atol: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class DepthProduct:
-    """Depth product of per-layer causal stochastic operators (METHODS A6).
+    """Depth product of per-layer causal stochastic operators (§A6).
 
     Attributes
     ----------
@@ -355,7 +355,7 @@ def depth_product(ops: ArrayLike | Sequence[ArrayLike], atol: float = 1e-10) -> 
 
 @dataclass(frozen=True)
 class EigPredictions:
-    """Eigenvalue predictions for the surviving deviation (METHODS A6).
+    """Eigenvalue predictions for the surviving deviation (§A6).
 
     Attributes
     ----------

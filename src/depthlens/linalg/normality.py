@@ -1,4 +1,4 @@
-"""Departure from normality and the numerical range (METHODS A3 and B2).
+"""Departure from normality and the numerical range (§A3 and B2).
 
 Matrix functions take ``(..., n, n)`` batches; spectrum functions take eigenvalues or
 singular values ``(..., n)`` (the last axis is reduced).
@@ -246,7 +246,7 @@ def _spectrum(values: ArrayLike, name: str) -> np.ndarray:
 
 
 def complex_fraction(eigvals: ArrayLike, rel: float = 1e-8) -> np.ndarray:
-    """Fraction of eigenvalues off the real axis: ``|Im λ| > rel · max|λ|`` (METHODS B2 ``complex_frac``).
+    """Fraction of eigenvalues off the real axis: ``|Im λ| > rel · max|λ|`` (§B2 ``complex_frac``).
 
     Parameters
     ----------
@@ -270,7 +270,7 @@ def complex_fraction(eigvals: ArrayLike, rel: float = 1e-8) -> np.ndarray:
 
 
 def rotation_angle_mean(eigvals: ArrayLike, rel: float = 1e-5) -> np.ndarray:
-    """Mean rotation angle ``mean |arg μ|`` in radians, in [0, π] (METHODS B2 ``rot_angle_mean``, on U's eigenvalues).
+    """Mean rotation angle ``mean |arg μ|`` in radians, in [0, π] (§B2 ``rot_angle_mean``, on U's eigenvalues).
 
     Parameters
     ----------
@@ -300,7 +300,7 @@ def rotation_angle_mean(eigvals: ArrayLike, rel: float = 1e-5) -> np.ndarray:
 
 
 def expansion_fraction(values: ArrayLike, tol: float = 1e-3) -> np.ndarray:
-    """Fraction of moduli above one, ``|v| > 1 + tol`` (METHODS B2 ``expand_eig`` on eigenvalues, ``expand_sv`` on singular values).
+    """Fraction of moduli above one, ``|v| > 1 + tol`` (§B2 ``expand_eig`` on eigenvalues, ``expand_sv`` on singular values).
 
     Parameters
     ----------

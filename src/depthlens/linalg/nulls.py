@@ -1,4 +1,4 @@
-"""Matched shuffle nulls for causal attention matrices (METHODS A4).
+"""Matched shuffle nulls for causal attention matrices (§A4).
 
 Each null sample permutes the weights of every row among that row's allowed positions, so
 row sums, the causal support and each row's multiset of weights are preserved exactly
@@ -38,7 +38,7 @@ def shuffle_null(
 ) -> np.ndarray:
     """Draw matched shuffle nulls of causal attention matrices.
 
-    Modes (1-based positions as in METHODS A4): ``full`` permutes row i over {1..i};
+    Modes (1-based positions as in §A4): ``full`` permutes row i over {1..i};
     ``sink`` keeps ``A_i1`` and permutes over {2..i}; ``spec`` (default) keeps ``A_i1`` and
     ``A_ii`` and permutes over {2..i−1}, which keeps the exact spectrum of A and of
     ``B = A − P`` (the diagonal is untouched and the result stays triangular).

@@ -1,4 +1,4 @@
-"""The orders of a Schur form's diagonal that depthlens offers (METHODS B4), without numpy:
+"""The orders of a Schur form's diagonal that depthlens offers (§B4), without numpy:
 the stages' options name them before any numerics load (:mod:`.schur` explains each)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Effective ranks and singular-subspace alignment (METHODS B2 and B3).
+"""Effective ranks and singular-subspace alignment (§B2 and B3).
 
 The rank functions accept either a matrix batch ``(..., n, n)`` or a 1-D array of singular
 values ``(n,)``: a 1-D argument is read as singular values (non-negative, any order), two or
@@ -44,7 +44,7 @@ def _entropy_rank(p: np.ndarray) -> np.ndarray:
 
 
 def erank(M_or_sv: ArrayLike) -> np.ndarray:
-    """Effective rank ``exp(H(p))`` with ``p_i = σ_i² / Σσ²`` (METHODS B2 default).
+    """Effective rank ``exp(H(p))`` with ``p_i = σ_i² / Σσ²`` (§B2 default).
 
     Parameters
     ----------

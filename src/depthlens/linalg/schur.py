@@ -1,4 +1,4 @@
-"""Complex Schur split: scale the non-normal part of an operator and keep its spectrum (METHODS B4).
+"""Complex Schur split: scale the non-normal part of an operator and keep its spectrum (§B4).
 
 With ``M = Q (Λ + N) Q*`` (Q unitary, Λ diagonal, N strictly upper triangular),
 ``J(α) = Q (Λ + αN) Q* = (1 − α) M₀ + α M`` where ``M₀ = Q Λ Q*`` is the normal part:
@@ -295,7 +295,7 @@ def schur_split(M: ArrayLike | SchurForm, alpha: float | Sequence[float], order:
     M : array_like, shape (n, n), or SchurForm
         The operator, or its :func:`schur_form` (reused, not recomputed, in its own order).
     alpha : float or sequence of float
-        Scale(s) of the non-normal part; METHODS B4 uses 0, 0.25, 0.5, 0.75, 1. Any finite
+        Scale(s) of the non-normal part; §B4 uses 0, 0.25, 0.5, 0.75, 1. Any finite
         real value is accepted.
     order : {"canonical", "lapack", "outside_first", "inside_first"}
         Eigenvalue order of the Schur form of an array ``M`` (module notes).

@@ -1,4 +1,4 @@
-"""The ablation methods the adapters implement (METHODS A7), importable without torch: the
+"""The ablation methods the adapters implement (§A7), importable without torch: the
 ablate stage's options validate against them before any model loads."""
 
 from __future__ import annotations
@@ -8,6 +8,6 @@ from typing import Literal
 __all__ = ["ABLATION_METHODS", "AblationMethod"]
 
 AblationMethod = Literal["zero", "mean", "resample"]
-#: The ways a head is ablated (METHODS A7): its output set to zero, to its mean over the mean
+#: The ways a head is ablated (§A7): its output set to zero, to its mean over the mean
 #: chunks, or to its output on another chunk.
 ABLATION_METHODS: tuple[AblationMethod, ...] = ("zero", "mean", "resample")

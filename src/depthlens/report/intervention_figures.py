@@ -1,4 +1,4 @@
-"""The report's figures of the interventions and the contest (METHODS A7), drawn from the
+"""The report's figures of the interventions and the contest (§A7), drawn from the
 ablate, clamp and contest stages' tables.
 
 =====================  ====  ==================================================================

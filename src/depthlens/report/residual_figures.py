@@ -23,7 +23,7 @@ from .statistics.residual import transport_against_product
 
 __all__ = ["CAPTIONS", "MASSIVE_ABS", "draw_residual_profile", "draw_transport_funnel", "residual_profile"]
 
-#: The absolute part of the massive-activation rule (METHODS A7: |h| ≥ 100 and ≥ 1000 × the median).
+#: The absolute part of the massive-activation rule (§A7: |h| ≥ 100 and ≥ 1000 × the median).
 MASSIVE_ABS = 100.0
 #: Order of the boundaries inside a layer; ``final`` (the last block's output) comes last.
 BOUNDARY_ORDER = {"pre_attn": 0, "pre_mlp": 1, "pre_ple": 2, "final": 3}

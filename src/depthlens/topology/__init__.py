@@ -1,4 +1,4 @@
-"""Topology coupling (METHODS B5): correlation graphs of residual coordinates, signed Leiden
+"""Topology coupling (§B5): correlation graphs of residual coordinates, signed Leiden
 CPM communities, boundary nodes and their coupling to Jacobian amplification, with FDR over
 layers. Model-free: arrays in, arrays, records and tables out. Each module loads on first use
 of one of its names, so importing :mod:`.options` loads neither igraph nor leidenalg."""

@@ -1,4 +1,4 @@
-"""Signed Leiden CPM communities and the resolution profile (METHODS B5).
+"""Signed Leiden CPM communities and the resolution profile (§B5).
 
 The signed constant Potts model on a graph with signed weights ``w_ij`` scores a partition as
 

@@ -1,4 +1,4 @@
-"""Streaming Pearson correlation of residual coordinates and its signed top-k graph (METHODS B5).
+"""Streaming Pearson correlation of residual coordinates and its signed top-k graph (§B5).
 
 Nodes are the d coordinates of the residual stream at one boundary; observations are token
 activations, added batch by batch. The graph keeps, per node, its k strongest correlations

@@ -1,4 +1,4 @@
-"""Boundary nodes and their coupling to Jacobian amplification (METHODS B5).
+"""Boundary nodes and their coupling to Jacobian amplification (§B5).
 
 Boundary nodes are residual coordinates whose positive correlations spread over several
 communities (high participation coefficient). The coupling of a layer is the rank-biserial
