@@ -16,7 +16,9 @@ import pytest
 
 import depthlens
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and process groups")
+# The full leg only: signal handling and process groups, which no thread count or BLAS kernel changes.
+pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and process groups"),
+              pytest.mark.full_leg]
 
 #: The folder this depthlens is imported from, for a child process started in another folder.
 SOURCE = str(Path(depthlens.__file__).resolve().parents[1])
@@ -39,6 +41,14 @@ if __name__ == "__main__":
     load, workflow.load_model = workflow.load_model, interrupted_load
     runpy.run_module("depthlens", run_name="__main__")
 """
+
+
+def _default_sigint() -> None:
+    """In the child before it runs: SIGINT back to its default, which Python then turns into
+    KeyboardInterrupt. A shell starts background jobs with SIGINT ignored, and a process that
+    inherits that disposition keeps ignoring SIGINT, as a background job should; the test is of a
+    command started from a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _ended(proc: subprocess.Popen[str]) -> tuple[str, float]:
@@ -68,7 +78,8 @@ def test_ctrl_c_during_model_loading(text_file: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), SOURCE])}
     proc = subprocess.Popen([sys.executable, "-m", "interrupt_while_loading", str(stamp), "run", *SIZES, "--text",
                              str(text_file), "--out", str(out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)
     err, ended = _ended(proc)
     _check_one_line(err, proc, out)
     assert not out.exists()
@@ -90,7 +101,8 @@ def test_ctrl_c_mid_stage_stops_the_workers_at_once(text_file: Path, tmp_path: P
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "depthlens", "run", "--model", "random:llama", "--preset", "quick",
                              "--text", str(text_file), "--out", str(out), "--jobs", "2", "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 600
         while not _running(out, "contest"):

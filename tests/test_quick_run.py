@@ -13,6 +13,9 @@ import pytest
 from depthlens.cli import main
 from depthlens.report.verdict_text import fmt
 
+# The full leg only: a quick run's terminal and claims text, which no thread count or BLAS kernel changes.
+pytestmark = pytest.mark.full_leg
+
 #: An ASCII hyphen used as a minus sign: before a digit or ∞, not inside a word or a number.
 HYPHEN_MINUS = re.compile(r"(?<![\w.])-(?=[\d∞])")
 

@@ -14,6 +14,9 @@ from depthlens.report.calibration import SCENARIOS
 
 from . import build_run
 
+# The full leg only: simulated worlds against measured tables, which no thread count or BLAS kernel changes.
+pytestmark = pytest.mark.full_leg
+
 
 def test_every_measured_input_is_a_statistic_with_a_scenario():
     assert mn.measured(), "the package ships measured null inputs"

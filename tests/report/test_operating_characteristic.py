@@ -13,6 +13,9 @@ from depthlens.report.calibration import SCENARIOS, operating_characteristic
 from depthlens.report.claims import load_claims, region
 from depthlens.report.worlds import mix
 
+# The full leg only: simulated worlds judged by the claims' code, which no thread count or BLAS kernel changes.
+pytestmark = pytest.mark.full_leg
+
 
 def _claim(claim_id: str):
     return next(c for c in load_claims() if c.id == claim_id)
