@@ -26,8 +26,8 @@
 # `depthlens run` of every stage on SmolLM2, with every Schur order, on the legs that change the
 # LAPACK kernels (where a decomposition can fail to converge); the legs that change only thread
 # counts or torch's float32 forwards get the fast tier, whose tests set both thread counts
-# themselves where results depend on them (tests/test_determinism.py). That keeps the full leg's
-# pytest under 20 minutes on 2 cores (the whole matrix under an hour). Before each leg the kernels
+# themselves where results depend on them (tests/test_determinism.py), which keeps the matrix
+# short (its measured time: README.md, Set-up). Before each leg the kernels
 # threadpoolctl and torch report under its settings are printed, and a setting
 # that did not take effect (another OpenBLAS kernel, another torch thread count) fails the leg.
 #

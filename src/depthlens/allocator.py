@@ -5,11 +5,9 @@ mapping and unmaps it on ``free``; memory freed at the top of the heap beyond th
 goes back to the kernel as well. Either way the next array of that size faults every 4 KiB page
 in again, zeroed by the kernel. The analyses allocate and drop arrays of tens to hundreds of MB
 thousands of times (per-chunk Jacobian stacks, bootstrap blocks, attention matrices, logits),
-so on SmolLM2 ``make demo`` took 45.8 million minor page faults and 139 s of system CPU time.
-With :func:`keep_freed_memory` every block comes from the heap and stays there once freed:
-``make demo`` then took 1.7 million page faults, 38 s of system time and 732 s of wall time
-instead of 785, with a peak resident memory of 4.38 GB instead of 4.23 (the clamp stage alone:
-5.5 against 0.37 million faults).
+so without a policy a run spends much of its system time faulting pages in. With
+:func:`keep_freed_memory` every block comes from the heap and stays there once freed (what it
+saves: benchmarks/RESULTS.md, section ``bench_hugepages``).
 
 The cost is that memory freed late in a run is not given back to the system before the process
 ends; the peak, which is what a machine must hold, does not change. Numbers do not change either:

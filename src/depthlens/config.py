@@ -47,8 +47,8 @@ MAX_SEED = 2**64 - 1
 PRESETS = ("quick", "default", "paper")
 #: The values each preset gives the options it controls, by option name; ``default`` is every
 #: option's own default. An option given explicitly (a flag, a --config key, a keyword) always
-#: wins. ``"all"`` stands for the run's chunk count. ``quick`` is a smoke run of 1 to 2.5 minutes
-#: on SmolLM2 (2 cores), without the step-0 null; ``paper`` the papers' protocol as docs/methods.md gives it
+#: wins. ``"all"`` stands for the run's chunk count. ``quick`` is a smoke run without the step-0 null
+#: (timings: benchmarks/RESULTS.md, bench_quick); ``paper`` the papers' protocol as docs/methods.md gives it
 #: (§A3: every chunk's pseudospectral radii; §A4: S = 16 nulls per observed matrix, on every chunk; §B4: the five
 #: α of the Schur split, on every checkpoint, every Schur order in both directions; §A7: every control seed at
 #: every clamp dose; §B2: the self-alignment of every operator).

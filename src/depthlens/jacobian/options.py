@@ -45,7 +45,7 @@ class JacobianOptions:
     funnel_exact_width : int
         largest model width d at which the funnel also computes the exact products (truncation
         d, the claims' exact variants); above it only the rank --funnel-rank curves, since an
-        exact step is a d × d product and its SVD (16 s at d = 4096 against 0.4 s truncated);
+        exact step is a d × d product and its SVD, a truncated one d × rank;
         --funnel-rank 0 computes the exact products whatever the width
     funnel_alphas : tuple of float
         comma-separated α in [0, 1] of the funnel's Schur split (docs/methods.md#b4); 1 alone: no split

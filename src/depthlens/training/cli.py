@@ -33,10 +33,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                               "--model DIR --revision step-N.")
     p.add_argument("--preset", choices=tuple(TRAINING_PRESETS),
                    help="named option values (induction: a 2-layer model that forms previous-token and induction "
-                        "heads in about 4 minutes on 2 cores; census: 10 layers and 11 checkpoints in about 7 minutes, "
-                        "a series whose census has C2's and C3's minimum samples; replicates: the induction "
-                        "preset at batch 16, whose seeds 0-4 pooled by census --replicates have C1's, C2's and "
-                        "C3's); explicit flags override them")
+                        "heads; census: 10 layers and 11 checkpoints, a series whose census has C2's and C3's "
+                        "minimum samples; replicates: the induction preset at batch 16, whose seeds 0-4 pooled by "
+                        "census --replicates have C1's, C2's and C3's); explicit flags override them (timings: "
+                        "benchmarks/RESULTS.md, section bench_train)")
     add_flags(p, TrainOptions, _preset_values)
     p.add_argument("--out", default="runs/train", help="series folder (default runs/train)")
     group = p.add_mutually_exclusive_group()
