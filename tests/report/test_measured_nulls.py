@@ -11,6 +11,7 @@ import pytest
 
 from depthlens.report import measured_nulls as mn
 from depthlens.report.calibration import SCENARIOS
+from depthlens.runs.tables import RunTables
 
 from . import build_run
 
@@ -47,10 +48,9 @@ def test_measure_pools_the_null_checkpoints_of_random_runs(tmp_path: Path):
     the reduction's mean and spread are those of the extractor's values."""
     random_run = build_run(tmp_path / "random", model="random:llama")
     trained_run = build_run(tmp_path / "trained")
-    assert mn._null_checkpoints(random_run) == ["trained", "init"]
-    assert mn._null_checkpoints(trained_run) == ["init"]
+    assert mn._null_checkpoints(RunTables(random_run).manifest) == ["trained", "init"]
+    assert mn._null_checkpoints(RunTables(trained_run).manifest) == ["init"]
     result = mn.measure([random_run])
-    from depthlens.runs.tables import RunTables
 
     for statistic, named in result["inputs"].items():
         direct = mn.INPUTS[statistic][0](RunTables(random_run), ["trained", "init"])

@@ -137,9 +137,9 @@ INPUTS: dict[str, tuple[Inputs, str]] = {
 }
 
 
-def _null_checkpoints(run: Path) -> list[str]:
-    """The checkpoints of ``run`` that are nulls: all of a random model's run, else ``init``."""
-    manifest = json.loads((run / "manifest.json").read_text())
+def _null_checkpoints(manifest: Mapping[str, Any]) -> list[str]:
+    """The checkpoints of the run of ``manifest`` that are nulls: all of a random model's run,
+    else ``init``."""
     model = str(manifest.get("config", {}).get("model", ""))
     return ["trained", "init"] if model.startswith("random:") else ["init"]
 
@@ -152,8 +152,9 @@ def measure(runs: Sequence[str | Path]) -> dict[str, Any]:
     pooled: dict[str, dict[str, list[np.ndarray]]] = {}
     sources = []
     for run in map(Path, runs):
-        tables, checkpoints = RunTables(run), _null_checkpoints(run)
-        manifest = json.loads((run / "manifest.json").read_text())
+        tables = RunTables(run)
+        manifest = tables.manifest
+        checkpoints = _null_checkpoints(manifest)
         sources.append({"model": manifest["config"]["model"], "checkpoints": checkpoints,
                         "stages": sorted(manifest.get("stages", {}))})
         for statistic, (inputs, _) in INPUTS.items():

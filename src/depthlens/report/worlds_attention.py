@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -88,6 +89,7 @@ def _sim_induction(rng: np.random.Generator, n: Mapping[str, int], strength: flo
 _RANKS, _HEAD_RANKS = "rank of TR1 among its nulls / null samples", "a head's mean of that over its chunks"
 
 
+@lru_cache(maxsize=None)
 def rank_bias(statistic: str) -> tuple[float, float]:
     """The mean ``μ`` and between-head spread ``τ`` of the latent shift of a head's TR1 over its
     nulls (TR1 ~ N(shift, 1) against N(0, 1) nulls, so a chunk's expected rank fraction is
